@@ -1,0 +1,34 @@
+# graftzoo: `make demo` runs the main job, `make test` runs the tests. Both set up .venv when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo demo-full bench clean
+
+$(STAMP): setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+demo: $(STAMP)
+	$(BIN)/graftzoo demo
+
+demo-full: $(STAMP)
+	$(BIN)/graftzoo demo --full
+
+bench: $(STAMP)
+	$(BIN)/pip install -e ".[bench]"
+	$(BIN)/python bench/verifier.py
+	$(BIN)/python bench/compare_trl.py
+	$(BIN)/python bench/graft_overhead.py
+
+clean:
+	rm -rf runs wandb .pytest_cache

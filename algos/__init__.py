@@ -1,0 +1,5 @@
+"""graftzoo.algos: the Learner interface, pure functions (``functional``) and one module per algorithm."""
+from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch  # noqa: F401
+from graftzoo.registry import register_algo  # noqa: F401
+
+from graftzoo.algos import dapo, dr_grpo, grpo, gspo, rloo  # noqa: F401,E402  (registration)

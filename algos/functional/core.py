@@ -1,0 +1,320 @@
+"""GRPO-family formulas as pure tensor functions (spec algos_single §1, algos_peer §1.2-1.3).
+
+Conventions used throughout:
+
+* ``group_index`` is a 1-D integer tensor giving each response's group id (verl's ``uid``). Ids need
+  not be contiguous; per-group outputs follow the order of ``torch.unique(group_index)`` (ascending).
+* Token tensors are ``[B, T]`` (B responses padded to T tokens) with a 0/1 ``mask``.
+* Losses are in minimization form (the negative of the spec's objectives).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+SINGLETON_MODES = ("zero", "verl")
+
+
+# --------------------------------------------------------------------------------------------
+# group statistics
+# --------------------------------------------------------------------------------------------
+
+def _as_float(x, name: str) -> Tensor:
+    t = torch.as_tensor(x)
+    if t.dim() != 1:
+        raise ValueError(f"{name}: expected a 1-D tensor, got shape {tuple(t.shape)}")
+    return t if t.is_floating_point() else t.to(torch.get_default_dtype())
+
+
+def _group_inverse(group_index, n: int) -> tuple[Tensor, int]:
+    """Map arbitrary group ids to 0..K-1 (ascending id order); returns (inverse [n], K)."""
+    g = torch.as_tensor(group_index)
+    if g.dim() != 1 or g.numel() != n:
+        raise ValueError(f"group_index: expected shape ({n},), got {tuple(g.shape)}")
+    if g.is_floating_point() or g.dtype == torch.bool:
+        raise ValueError(f"group_index: expected an integer tensor, got dtype {g.dtype}")
+    uniq, inv = torch.unique(g, return_inverse=True)
+    return inv, int(uniq.numel())
+
+
+def group_stats(values: Tensor, group_index: Tensor) -> dict:
+    """Per-group count, mean, unbiased std, min and max (spec algos_single §0 "Std", §1.1 step 3).
+
+    Returns a dict of ``[K]`` tensors ("count", "mean", "std", "min", "max") plus "inverse" (``[N]``,
+    each response's position among the K groups). The std of a singleton group is 0.
+    """
+    v = _as_float(values, "values")
+    inv, k = _group_inverse(group_index, v.numel())
+    zeros = torch.zeros(k, dtype=v.dtype)
+    count = zeros.index_add(0, inv, torch.ones_like(v))
+    mean = zeros.index_add(0, inv, v) / count
+    dev = v - mean[inv]
+    var = zeros.index_add(0, inv, dev * dev) / (count - 1).clamp(min=1)
+    vmin = zeros.scatter_reduce(0, inv, v, reduce="amin", include_self=False)
+    vmax = zeros.scatter_reduce(0, inv, v, reduce="amax", include_self=False)
+    return {"count": count, "mean": mean, "std": var.sqrt(), "min": vmin, "max": vmax, "inverse": inv}
+
+
+def _singleton_check(singleton: str) -> None:
+    if singleton not in SINGLETON_MODES:
+        raise ValueError(f"singleton={singleton!r}: expected one of {SINGLETON_MODES}")
+
+
+def group_advantages(rewards: Tensor, group_index: Tensor, std_normalize: bool = True,
+                     eps: float = 1e-6, singleton: str = "zero") -> Tensor:
+    """GRPO outcome advantage, one scalar per response (spec algos_single §1.1 step 3, §1.2, §1.1.5;
+    algos_peer §1.2).
+
+    ``A_i = (r_i - mean_g) / (std_g + eps)`` with the unbiased (n-1) std of the response's own group;
+    with ``std_normalize=False`` (Dr. GRPO) ``A_i = r_i - mean_g``. Groups may have different sizes
+    (HORA). A group whose rewards are all equal gets exactly 0. ``eps=1e-6`` is verl's value (TRL: 1e-4).
+
+    Singleton groups: ``singleton="zero"`` gives A = 0 (the spec's RECOMMENDED resolution, §1.1.5);
+    ``singleton="verl"`` reproduces verl (mean 0, std 1, so ``A = r/(1+eps)``, or ``r`` without std).
+    """
+    _singleton_check(singleton)
+    r = _as_float(rewards, "rewards")
+    st = group_stats(r, group_index)
+    inv = st["inverse"]
+    adv = r - st["mean"][inv]
+    if std_normalize:
+        adv = adv / (st["std"][inv] + eps)
+    adv = torch.where((st["max"] == st["min"])[inv], torch.zeros_like(adv), adv)
+    single = (st["count"] == 1)[inv]
+    if singleton == "verl":
+        return torch.where(single, r / (1.0 + eps) if std_normalize else r, adv)
+    return torch.where(single, torch.zeros_like(adv), adv)
+
+
+def rloo_advantages(rewards: Tensor, group_index: Tensor, singleton: str = "zero") -> Tensor:
+    """RLOO leave-one-out advantage (spec algos_single §1.4).
+
+    ``A_i = r_i - mean_{j != i} r_j = n/(n-1) * (r_i - mean_g)`` with each group's own size n.
+    Singleton groups: 0 (RECOMMENDED) or ``singleton="verl"`` for verl's ``A = r``.
+    """
+    _singleton_check(singleton)
+    r = _as_float(rewards, "rewards")
+    st = group_stats(r, group_index)
+    inv = st["inverse"]
+    n = st["count"][inv]
+    adv = (r - st["mean"][inv]) * n / (n - 1).clamp(min=1)
+    adv = torch.where((st["max"] == st["min"])[inv], torch.zeros_like(adv), adv)
+    single = n == 1
+    return torch.where(single, r if singleton == "verl" else torch.zeros_like(r), adv)
+
+
+def zero_variance_groups(rewards: Tensor, group_index: Tensor, drop_singletons: bool = True) -> Tensor:
+    """DAPO dynamic-sampling predicate: True for groups with no reward contrast (spec algos_single §1.3
+    step 3 and edge cases).
+
+    Returns ``BoolTensor[K]`` over groups in ascending id order. DAPO keeps a group iff its std > 0 or it
+    has exactly one response; the spec RECOMMENDS dropping singletons instead (``drop_singletons=True``);
+    ``drop_singletons=False`` gives verl's keep rule. Pass correctness (``acc`` metric) or sequence
+    rewards as ``rewards``; equality is tested exactly (max == min), not through a float std.
+    """
+    st = group_stats(_as_float(rewards, "rewards"), group_index)
+    flat = st["max"] == st["min"]
+    if not drop_singletons:
+        flat = flat & (st["count"] > 1)
+    return flat
+
+
+def dapo_overlong_penalty(lengths, max_len: int, cache_len: int, penalty_factor: float = 1.0) -> Tensor:
+    """DAPO soft overlong punishment R_len(L) times ``penalty_factor`` (spec algos_single §1.3).
+
+    0 for ``L <= max_len - cache_len``; ``((max_len - cache_len) - L) / cache_len`` inside the buffer;
+    -1 beyond ``max_len``. Added to the correctness reward of every response, correct or not.
+    """
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"dapo_overlong_penalty: need 0 < cache_len <= max_len, got cache_len={cache_len}, "
+                         f"max_len={max_len}")
+    L = torch.as_tensor(lengths, dtype=torch.get_default_dtype())
+    expected = max_len - cache_len
+    pen = ((expected - L) / cache_len).clamp(min=-1.0, max=0.0)
+    return penalty_factor * pen
+
+
+# --------------------------------------------------------------------------------------------
+# token losses
+# --------------------------------------------------------------------------------------------
+
+def _check_tokens(loss_mat: Tensor, mask: Tensor, where: str) -> Tensor:
+    if loss_mat.dim() != 2:
+        raise ValueError(f"{where}: expected a [B, T] tensor, got shape {tuple(loss_mat.shape)}")
+    if tuple(mask.shape) != tuple(loss_mat.shape):
+        raise ValueError(f"{where}: mask shape {tuple(mask.shape)} != loss shape {tuple(loss_mat.shape)}")
+    return mask.to(loss_mat.dtype)
+
+
+def _safe_div(num: Tensor, den: Tensor) -> Tensor:
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: Optional[float] = None) -> Tensor:
+    """Aggregate a ``[B, T]`` token loss into a scalar (spec algos_single §1.1.3, exact table).
+
+    With ``m`` the mask and ``N'`` the number of rows with at least one masked-in token:
+
+    * ``token-mean``:           ``sum(m*l) / sum(m)`` (DAPO; use ``normalizer`` = the global
+      mini-batch token count when a mini-batch is split into micro-batches, the RECOMMENDED form);
+    * ``seq-mean-token-sum``:   ``sum_i sum_t m*l / N'``;
+    * ``seq-mean-token-mean``:  ``sum_i (sum_t m*l / sum_t m) / N'`` (original GRPO);
+    * ``seq-mean-token-sum-norm`` (Dr. GRPO): ``sum(m*l) / (N * L_max)``. Without ``normalizer`` this
+      uses N = B rows and L_max = the padded width T; learners should pass
+      ``normalizer = N * max_response_length`` (fixed for the run), the spec's RECOMMENDED constant.
+
+    ``normalizer`` replaces the denominator in every mode (token count, sequence count or constant).
+    A fractional mask is used as given in numerator and denominator (as verl does). An all-zero mask
+    gives a loss of exactly 0 that still backpropagates (zero gradient), never NaN.
+    """
+    m = _check_tokens(loss_mat, mask, "agg_loss")
+    if mode not in AGG_MODES:
+        raise ValueError(f"agg_loss: unknown mode {mode!r}; expected one of {AGG_MODES}")
+    if normalizer is not None and not normalizer > 0:
+        raise ValueError(f"agg_loss: normalizer must be > 0, got {normalizer}")
+    masked = loss_mat * m
+    if mode == "token-mean":
+        den = m.sum() if normalizer is None else torch.as_tensor(float(normalizer), dtype=loss_mat.dtype)
+        return _safe_div(masked.sum(), den)
+    if mode == "seq-mean-token-sum-norm":
+        den = float(normalizer) if normalizer is not None else float(loss_mat.shape[0] * loss_mat.shape[1])
+        return masked.sum() / den if den > 0 else masked.sum() * 0.0
+    row_tokens = m.sum(dim=1)
+    row = masked.sum(dim=1)
+    if mode == "seq-mean-token-mean":
+        row = _safe_div(row, row_tokens)
+    n_seq = (row_tokens > 0).sum().to(loss_mat.dtype)
+    den = n_seq if normalizer is None else torch.as_tensor(float(normalizer), dtype=loss_mat.dtype)
+    return _safe_div(row.sum(), den)
+
+
+def ratio_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
+                    dual_clip_c: Optional[float] = None) -> tuple[Tensor, dict]:
+    """PPO clipped surrogate for a given importance ratio, minimization form (spec algos_single §1.1.2,
+    algos_peer §1.2; GSPO §1.5 when ``ratio`` is a sequence ratio).
+
+    ``loss = max(-A*rho, -A*clip(rho, 1-eps_low, 1+eps_high))``; with dual clip (verl) and ``A < 0``:
+    ``loss = min(loss, -A*c)``. ``advantages`` broadcasts against ``ratio`` (``[B]`` advantages are
+    expanded over the token axis of a ``[B, T]`` ratio). ``eps_low = eps_high = math.inf`` gives the
+    unclipped surrogate ``-A*rho`` (GRAFT's "w/o token-level ratio" ablation, algos_peer §4.4.4).
+
+    Info (bool tensors shaped like the loss): "clipped_low" (A<0 and rho<1-eps_low), "clipped_high"
+    (A>0 and rho>1+eps_high), "dual_clipped"; and "ratio". Masking them is the caller's job.
+    """
+    adv = advantages
+    if ratio.dim() == 2 and adv.dim() == 1:
+        if adv.shape[0] != ratio.shape[0]:
+            raise ValueError(f"ratio_surrogate: advantages shape {tuple(adv.shape)} does not match ratio rows "
+                             f"{ratio.shape[0]}")
+        adv = adv.unsqueeze(1)
+    adv = adv.to(ratio.dtype)
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(min=lo, max=hi)
+    loss = torch.maximum(pg1, pg2)
+    clipped_low = (adv < 0) & (ratio < lo)
+    clipped_high = (adv > 0) & (ratio > hi)
+    dual = torch.zeros_like(clipped_low)
+    if dual_clip_c is not None:
+        if not dual_clip_c > 1.0:
+            raise ValueError(f"ratio_surrogate: dual_clip_c must be > 1, got {dual_clip_c}")
+        cap = -adv * dual_clip_c
+        dual = (adv < 0) & (loss > cap)
+        loss = torch.where(adv < 0, torch.minimum(loss, cap), loss)
+    info = {"ratio": ratio.detach(), "clipped_low": clipped_low.expand_as(loss),
+            "clipped_high": clipped_high.expand_as(loss), "dual_clipped": dual.expand_as(loss)}
+    return loss, info
+
+
+def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float = 0.2,
+                      eps_high: float = 0.2, dual_clip_c: Optional[float] = None,
+                      clamp: float = 20.0) -> tuple[Tensor, dict]:
+    """Token-level PPO/GRPO clipped loss ``[B, T]`` (spec algos_single §1.1.2, algos_peer §1.2).
+
+    ``rho = exp(clamp(logp - old_logp, -clamp, clamp))`` (verl clamps the log-ratio to +-20), then
+    :func:`ratio_surrogate`. ``advantages`` is ``[B]`` (broadcast over tokens) or ``[B, T]``.
+    verl default dual clip is ``c = 3.0`` (DAPO/ExTra scripts 10.0); TRL has none (``None``).
+    """
+    if logp.shape != old_logp.shape:
+        raise ValueError(f"clipped_surrogate: logp shape {tuple(logp.shape)} != old_logp shape "
+                         f"{tuple(old_logp.shape)}")
+    ratio = torch.exp((logp - old_logp).clamp(min=-clamp, max=clamp))
+    return ratio_surrogate(ratio, advantages, eps_low, eps_high, dual_clip_c)
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: Optional[float] = 20.0, kl_clamp: Optional[float] = 10.0,
+          kind: str = "k3") -> Tensor:
+    """Per-token k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) (spec algos_single §1.1.1-1.1.2).
+
+    ``d = clamp(ref_logp - logp, -clamp, clamp)``; ``k = clamp(exp(d) - d - 1, -kl_clamp, kl_clamp)``
+    (verl's clamps; pass ``None`` for TRL's unclamped value). ``kind="k3+"``: forward value of k3, gradient
+    of k2 = ``0.5 (logp - ref_logp)^2`` (straight-through). Always >= 0.
+    """
+    if kind not in ("k3", "k3+"):
+        raise ValueError(f"kl_k3: kind must be 'k3' or 'k3+', got {kind!r}")
+    d = ref_logp - logp
+    if clamp is not None:
+        d = d.clamp(min=-clamp, max=clamp)
+    k = torch.exp(d) - d - 1.0
+    if kl_clamp is not None:
+        k = k.clamp(min=-kl_clamp, max=kl_clamp)
+    if kind == "k3+":
+        k2 = 0.5 * (logp - ref_logp) ** 2
+        k = k2 + (k - k2).detach()
+    return k
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Token entropy ``H_t = -sum_v p log p`` of the next-token distribution (spec algos_single §0)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+# --------------------------------------------------------------------------------------------
+# sequence ratios
+# --------------------------------------------------------------------------------------------
+
+def sequence_mean_logp(logp: Tensor, mask: Tensor) -> Tensor:
+    """Length-normalized sequence log-prob ``l(y) = (1/L) sum_t logp_t`` per row (spec algos_peer §1.1).
+
+    Rows with no valid token give 0 (verl clamps the length to 1).
+    """
+    m = _check_tokens(logp, mask, "sequence_mean_logp")
+    return (logp * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)
+
+
+def gspo_sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: Optional[float] = 10.0) -> Tensor:
+    """GSPO sequence ratio ``s_i = exp(mean_t (logp - old_logp))``, shape ``[B]`` (spec algos_single §1.5,
+    algos_peer §1.3).
+
+    The log-ratio is clamped to ``[-clamp, clamp]`` (verl/HACPO use 10). Empty rows give 1.
+    Use with :func:`ratio_surrogate` (GSPO clips 3e-4 / 4e-4) for the sequence-level loss.
+    """
+    log_s = sequence_mean_logp(logp - old_logp, mask)
+    if clamp is not None:
+        log_s = log_s.clamp(min=-clamp, max=clamp)
+    return torch.exp(log_s)
+
+
+def gspo_token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: Optional[float] = 10.0) -> Tensor:
+    """GSPO-token ratio ``s_{i,t} = sg[s_i] * exp(logp_t - sg[logp_t])``, shape ``[B, T]``
+    (spec algos_single §1.5, the variant verl implements).
+
+    Numerically equal to ``s_i`` on every token; its gradient is ``s_i * grad logp_t``. Aggregate the
+    resulting :func:`ratio_surrogate` loss with ``seq-mean-token-mean`` and no dual clip, as verl does.
+    """
+    log_s = sequence_mean_logp(logp - old_logp, mask).detach()
+    log_tok = log_s.unsqueeze(1) + logp - logp.detach()
+    if clamp is not None:
+        log_tok = log_tok.clamp(max=clamp)
+    return torch.exp(log_tok)
+
+
+__all__ = [
+    "AGG_MODES", "group_stats", "group_advantages", "rloo_advantages", "zero_variance_groups",
+    "dapo_overlong_penalty", "agg_loss", "ratio_surrogate", "clipped_surrogate", "kl_k3",
+    "entropy_from_logits", "sequence_mean_logp", "gspo_sequence_ratio", "gspo_token_ratio",
+]

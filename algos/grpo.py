@@ -1,0 +1,8 @@
+"""GRPO [grpo] (spec algos_single §1.1): the Learner defaults, registered under its name."""
+from graftzoo.algos.base import Learner
+from graftzoo.registry import register_algo
+
+
+@register_algo("grpo")
+class GRPO(Learner):
+    """Group-relative advantages, token-level clipped surrogate, token-mean aggregation."""

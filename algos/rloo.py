@@ -1,0 +1,15 @@
+"""RLOO [rloo] (spec algos_single §1.4): leave-one-out baseline advantages."""
+from dataclasses import dataclass
+
+from graftzoo.algos.base import Learner, LearnerConfig
+from graftzoo.registry import register_algo
+
+
+@dataclass
+class RLOOConfig(LearnerConfig):
+    estimator: str = "rloo"
+
+
+@register_algo("rloo")
+class RLOO(Learner):
+    Config = RLOOConfig

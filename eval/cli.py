@@ -1,0 +1,62 @@
+"""``graftzoo report``: tables and figures from run directories (wired into the main CLI)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from graftzoo.eval.artifacts import ArtifactError, load_runs
+from graftzoo.eval.plots import plot_fractions, plot_score_vs_compute
+from graftzoo.eval.report import (build_table1, clip_fraction_table, log_table_to_wandb,
+                                  to_csv, to_latex, to_markdown)
+
+
+@click.command("report")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--out", "out_dir", default="report", show_default=True,
+              type=click.Path(file_okay=False), help="Folder for the tables and figures.")
+@click.option("--baseline", default="GRPO (n=8)", show_default=True,
+              help="Method label that the Δ column is measured against.")
+@click.option("--wandb/--no-wandb", "use_wandb", default=False, show_default=True,
+              help="Also log the tables and figures to a wandb run (offline without an API key).")
+def report_cmd(runs, out_dir, baseline, use_wandb):
+    """Write table1.md/.csv/.tex, clip_table.md, score_vs_compute.png and fractions.png
+    from RUNS (run directories or folders holding them) into --out, and print Table 1."""
+    try:
+        records = load_runs(runs)
+        table = build_table1(records, baseline=baseline)
+    except (ArtifactError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = to_markdown(table)
+    (out / "table1.md").write_text(md, encoding="utf-8")
+    (out / "table1.csv").write_text(to_csv(table), encoding="utf-8")
+    (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
+    clip = clip_fraction_table(records)
+    (out / "clip_table.md").write_text(to_markdown(clip), encoding="utf-8")
+    figures = []
+    for name, plot in (("score_vs_compute.png", lambda p: plot_score_vs_compute(records, p, baseline)),
+                       ("fractions.png", lambda p: plot_fractions(records, p))):
+        try:
+            figures.append(plot(out / name))
+        except ValueError as e:
+            click.echo(f"skipped {name}: {e}", err=True)
+    click.echo(md)
+    if use_wandb:
+        _log_wandb(table, clip, figures)
+
+
+def _log_wandb(table, clip, figures) -> None:
+    import wandb
+
+    mode = None if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY") else "offline"
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "graftzoo"), job_type="report",
+                     mode=mode)
+    try:
+        log_table_to_wandb(table, run)
+        log_table_to_wandb(clip, run)
+        run.log({p.stem: wandb.Image(str(p)) for p in figures})
+    finally:
+        run.finish()

@@ -1,0 +1,129 @@
+"""Compute accounting: phase timers for the trainer and the charging rule for the report.
+
+Convention (spec algos_peer §5.3, DERIVED): ``GPU-h = Σ_phases #GPUs held × wall-clock hours``.
+Each phase is recorded per model: wall seconds, process CPU seconds (``time.process_time``: all
+threads of this process) and GPU-hours. Phases of one meter should not nest or overlap (nested
+phases are counted twice); co-located models that share GPUs sequentially (offload, vLLM sleep)
+therefore sum correctly. Log-prob recompute of grafted text, update and evaluation are separate
+phase names, e.g. "generate", "logprob", "update", "eval".
+
+Summary format (``ComputeMeter.summary()``, stored as ``summary.json["compute"]``)::
+
+    {"models": {"<model>": {"phases": {"generate": {"wall_s": .., "cpu_s": .., "gpu_h": ..}, ...},
+                            "total": {"wall_s": .., "cpu_s": .., "gpu_h": ..}}, ...},
+     "total": {"wall_s": .., "cpu_s": .., "gpu_h": ..}}
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Mapping, Optional
+
+FIELDS = ("wall_s", "cpu_s", "gpu_h")
+
+
+def _zero() -> dict:
+    return {k: 0.0 for k in FIELDS}
+
+
+def _add(a: Mapping, b: Mapping) -> dict:
+    return {k: float(a.get(k, 0.0)) + float(b.get(k, 0.0)) for k in FIELDS}
+
+
+def _default_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+class ComputeMeter:
+    """Accumulates wall / CPU / GPU time per (model, phase).
+
+    ``gpus``: GPUs held by this process (default: all visible CUDA devices, 0 without CUDA);
+    a phase may override it. ``clock`` and ``cpu_clock`` are injectable for tests.
+    """
+
+    def __init__(self, gpus: Optional[int] = None, clock: Callable[[], float] = time.perf_counter,
+                 cpu_clock: Callable[[], float] = time.process_time):
+        self.gpus = _default_gpus() if gpus is None else int(gpus)
+        self._clock, self._cpu_clock = clock, cpu_clock
+        self._rec: dict = {}
+        self._lock = threading.Lock()
+
+    def add(self, model_id: str, phase: str, wall_s: float = 0.0, cpu_s: float = 0.0,
+            gpu_h: float = 0.0) -> None:
+        """Record an already measured amount (e.g. reported back by a Ray actor)."""
+        if min(wall_s, cpu_s, gpu_h) < 0:
+            raise ValueError(f"negative compute for {model_id}/{phase}: "
+                             f"wall_s={wall_s} cpu_s={cpu_s} gpu_h={gpu_h}")
+        with self._lock:
+            per = self._rec.setdefault(model_id, {})
+            per[phase] = _add(per.get(phase, _zero()),
+                              {"wall_s": wall_s, "cpu_s": cpu_s, "gpu_h": gpu_h})
+
+    @contextmanager
+    def phase(self, model_id: str, name: str, gpus: Optional[int] = None):
+        """Time the body as phase ``name`` of ``model_id`` (recorded even if the body raises)."""
+        held = self.gpus if gpus is None else int(gpus)
+        w0, c0 = self._clock(), self._cpu_clock()
+        try:
+            yield
+        finally:
+            wall = max(self._clock() - w0, 0.0)
+            cpu = max(self._cpu_clock() - c0, 0.0)
+            self.add(model_id, name, wall, cpu, held * wall / 3600.0)
+
+    def summary(self) -> dict:
+        """Per-model per-phase figures, per-model totals and the grand total (format above)."""
+        with self._lock:
+            models, total = {}, _zero()
+            for m, phases in self._rec.items():
+                m_total = _zero()
+                for rec in phases.values():
+                    m_total = _add(m_total, rec)
+                models[m] = {"phases": {p: dict(r) for p, r in phases.items()}, "total": m_total}
+                total = _add(total, m_total)
+            return {"models": models, "total": total}
+
+
+def model_total(compute: Mapping, model_id: str, exclude=("eval",)) -> dict:
+    """One model's figures summed over its phases, leaving out the phases in ``exclude``."""
+    models = compute.get("models", {})
+    if model_id not in models:
+        raise KeyError(f"no compute recorded for model {model_id!r} (have {sorted(models)})")
+    out = _zero()
+    for phase, rec in models[model_id]["phases"].items():
+        if phase not in exclude:
+            out = _add(out, rec)
+    return out
+
+
+def joint_charge(summary: Mapping, exclude=("eval",)) -> dict:
+    """Compute charged to each model of a run (spec algos_peer §5.3, the conservative rule).
+
+    ``summary`` is a ``summary.json`` payload (``compute``, ``peers``, ``peer_source``,
+    ``peer_run_compute``). Phases in ``exclude`` (evaluation by default) are not training cost.
+    Per model ``m`` the result is ``{"charged": {...}, "amortized": {...} or None, "rule": ...}``:
+
+    - no peer (``peers[m]`` is null): ``rule="own"``, charged = m's own cost;
+    - live co-training: ``rule="joint"``, charged = m's cost + its peer's cost, i.e. both models'
+      rollout and training (each model of a pair is charged the whole pair);
+    - stored peer logs: ``rule="stored"``, charged = m's own cost (the peer run is sunk);
+      amortized = charged + ``peer_run_compute`` when the summary gives it.
+    """
+    compute = summary.get("compute") or {}
+    source = summary.get("peer_source")
+    out = {}
+    for m, peer in summary["peers"].items():
+        own = model_total(compute, m, exclude)
+        if peer is None:
+            out[m] = {"charged": own, "amortized": None, "rule": "own"}
+        elif source == "stored":
+            extra = summary.get("peer_run_compute")
+            out[m] = {"charged": own, "amortized": None if extra is None else _add(own, extra),
+                      "rule": "stored"}
+        else:
+            out[m] = {"charged": _add(own, model_total(compute, peer, exclude)),
+                      "amortized": None, "rule": "joint"}
+    return out

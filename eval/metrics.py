@@ -1,0 +1,160 @@
+"""Evaluation metrics: unbiased pass@k, avg@k, maj@k and t confidence intervals (spec algos_single §1.6).
+
+Pure Python (no scipy): the Student-t quantile comes from the regularized incomplete beta function,
+evaluated by its continued fraction and inverted by bisection.
+"""
+from __future__ import annotations
+
+import math
+from typing import Hashable, Optional, Sequence
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with n samples, c correct (spec algos_single §1.6, Chen et al. 2021):
+    ``1 - C(n-c, k) / C(n, k)``, computed as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)`` (1 when ``n - c < k``).
+    Requires ``0 <= c <= n`` and ``1 <= k <= n``."""
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 1 <= k <= n, got n={n}, k={k}")
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int) -> float:
+    """Benchmark pass@k: mean of :func:`pass_at_k` over problems given as ``(n, c)`` pairs (spec §1.6)."""
+    if not counts:
+        raise ValueError("mean_pass_at_k: no problems")
+    return sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
+
+
+def _rows(matrix) -> list[list[float]]:
+    rows = matrix.tolist() if hasattr(matrix, "tolist") else matrix
+    out = []
+    for i, row in enumerate(rows):
+        vals = [float(v) for v in row]
+        if not vals:
+            raise ValueError(f"avg_at_k: problem {i} has no samples")
+        out.append(vals)
+    if not out:
+        raise ValueError("avg_at_k: no problems")
+    return out
+
+
+def avg_at_k(correct_matrix) -> float:
+    """avg@k (= mean@k): ``(1/|D|) sum_x (1/k) sum_j correct(y_{x,j})`` (spec algos_single §1.6).
+
+    ``correct_matrix`` holds one row of 0/1 (or bool) outcomes per problem: nested lists (rows may differ
+    in length; each uses its own k), a 2-D tensor or a numpy array."""
+    rows = _rows(correct_matrix)
+    return sum(sum(r) / len(r) for r in rows) / len(rows)
+
+
+def maj_at_k(answers: Sequence[Sequence[Optional[Hashable]]], correct: Sequence[Sequence[bool]]) -> float:
+    """maj@k: fraction of problems whose most frequent answer is correct (spec algos_single §1.6).
+
+    ``answers[x][j]`` is the equivalence-normalized answer of sample j (None = none extracted, never the
+    majority); ``correct[x][j]`` its correctness. Ties go to the answer seen first. A problem with no
+    answer at all counts as wrong."""
+    if len(answers) != len(correct) or not answers:
+        raise ValueError(f"maj_at_k: {len(answers)} answer rows vs {len(correct)} correctness rows (need >= 1)")
+    hits = 0
+    for x, (ans, cor) in enumerate(zip(answers, correct)):
+        if len(ans) != len(cor):
+            raise ValueError(f"maj_at_k: problem {x}: {len(ans)} answers vs {len(cor)} correctness flags")
+        votes: dict = {}
+        first_correct: dict = {}
+        for a, c in zip(ans, cor):
+            if a is not None:
+                votes[a] = votes.get(a, 0) + 1
+                first_correct.setdefault(a, bool(c))
+        if votes:
+            hits += first_correct[max(votes, key=lambda a: votes[a])]
+    return hits / len(answers)
+
+
+# --------------------------------------------------------------------------------------------
+# Student t quantiles and confidence intervals
+# --------------------------------------------------------------------------------------------
+
+def _beta_cf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz), valid for x < (a+1)/(a+b+2)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 1000):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta ``I_x(a, b)`` for ``a, b > 0`` and ``0 <= x <= 1``."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"betainc: x={x} outside [0, 1]")
+    if x in (0.0, 1.0):
+        return x
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                 + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _beta_cf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _beta_cf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student-t CDF: ``1 - I_{df/(df+t^2)}(df/2, 1/2) / 2`` for t >= 0, by symmetry below 0."""
+    if df <= 0:
+        raise ValueError(f"t_cdf: df must be > 0, got {df}")
+    tail = 0.5 * betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Inverse Student-t CDF by bisection on :func:`t_cdf` (absolute accuracy ~1e-12)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile: p={p} outside (0, 1)")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-13 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_sd_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float, float]:
+    """Mean, sample sd (n-1) and the two-sided t-interval ``mean -+ t_{(1+level)/2, n-1} * sd / sqrt(n)``
+    (e.g. over seeds). With one value sd and the bounds are NaN."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("mean_sd_ci: no values")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"mean_sd_ci: level={level} outside (0, 1)")
+    n = len(vals)
+    mean = sum(vals) / n
+    if n == 1:
+        return mean, math.nan, math.nan, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+    half = t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
+    return mean, sd, mean - half, mean + half
+
+
+__all__ = ["pass_at_k", "mean_pass_at_k", "avg_at_k", "maj_at_k", "betainc", "t_cdf", "t_quantile", "mean_sd_ci"]

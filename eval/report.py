@@ -1,0 +1,434 @@
+"""Paper-style result tables from run directories (GRAFT paper Table 1 and Table 9 layouts).
+
+Table 1 (``build_table1``), precisely:
+
+- Rows are methods (``summary.variant``); a method's cell aggregates its runs over training
+  seeds. A run contributes to a model's rows when it holds ``eval/<model>.json``; runs with status
+  "failed" are skipped; two runs of the same (model, peer, method, seed) are an error.
+- Blocks: one per updated model and peer, titled "<model> (peer: <peer>)". Single-model methods
+  (``peers[model]`` is null) are the *baselines*; they appear in every block of their model. A
+  model with baselines only gets one block titled "<model>".
+- Columns: benchmarks, then Avg. A benchmark cell is mean ± sd over seeds of the eval ``avg``;
+  Avg is mean ± sd over seeds of the per-seed mean over the table's benchmarks. A cell needs
+  every seed of its row (else "–"); sd is the sample sd (``mean_sd_ci``) and is left out with a
+  single seed. Scores are shown x100 (points).
+- Δ = Avg mean of the row − Avg mean of the baseline row (default "GRPO (n=8)") of the same block.
+- Bold: the highest Avg mean among the block's rows with the same rollout budget (``rollout_n``,
+  rollouts per prompt per model), only where at least two such rows exist; ties are all bold.
+- Marks, for non-baseline rows, with ``budgets=(16, 32)``: a row *beats* a baseline when its
+  Avg mean is strictly greater than the baseline's Avg mean (unrounded). A tier k is *covered*
+  in a block when some baseline there has budget exactly k. † = tier 16 covered and the row
+  beats every baseline of the block with budget ≤ 16; ‡ = tier 32 covered and the row beats
+  every baseline with budget ≤ 32. ‡ is the stronger claim and is shown alone.
+
+Each row also carries the compute charged to its model (``joint_charge``; mean over seeds), used
+by ``graftzoo.eval.plots.plot_score_vs_compute``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from graftzoo.eval.artifacts import RunRecord
+from graftzoo.eval.compute import FIELDS, joint_charge
+from graftzoo.eval.metrics import mean_sd_ci
+
+DASH = "–"
+MARKS = ("†", "‡")
+
+
+@dataclass
+class Stat:
+    """mean and sample sd over seeds (sd None with one value; mean None with none)."""
+
+    mean: Optional[float]
+    sd: Optional[float]
+    n: int
+
+
+def _stat(values: Sequence[float]) -> Stat:
+    if not values:
+        return Stat(None, None, 0)
+    if len(values) == 1:
+        return Stat(float(values[0]), None, 1)
+    mean, sd, _, _ = mean_sd_ci(list(values))
+    return Stat(float(mean), float(sd), len(values))
+
+
+@dataclass
+class Row:
+    method: str
+    budget: int
+    baseline: bool                      # a single-model method
+    seeds: list
+    runs: list                          # run directory paths
+    scores: dict                        # benchmark -> Stat (fractions)
+    avg: Stat
+    delta: Optional[float] = None       # fraction; None for the baseline row itself
+    bold: bool = False
+    mark: str = ""
+    compute: Optional[dict] = None      # mean charged {"wall_s","cpu_s","gpu_h"}
+    compute_amortized: Optional[dict] = None
+
+
+@dataclass
+class Block:
+    model: str
+    peer: Optional[str]
+    rows: list
+
+    @property
+    def title(self) -> str:
+        return self.model if self.peer is None else f"{self.model} (peer: {self.peer})"
+
+
+@dataclass
+class Table:
+    benchmarks: list
+    blocks: list
+    baseline: str
+    budgets: tuple
+    digits: int = 1
+
+
+@dataclass
+class ClipRow:
+    method: str
+    model: str
+    peer: Optional[str]
+    seeds: list
+    own: Stat
+    peer_tokens: Stat
+
+
+@dataclass
+class ClipTable:
+    rows: list = field(default_factory=list)
+    digits: int = 2
+
+
+def _mean_dicts(dicts: list) -> Optional[dict]:
+    if not dicts or any(d is None for d in dicts):
+        return None
+    return {k: sum(d[k] for d in dicts) / len(dicts) for k in FIELDS}
+
+
+def _group(runs: Sequence[RunRecord]) -> dict:
+    """(model, peer, method) -> list of (run, model); duplicate seeds are an error."""
+    groups: dict = {}
+    for run in runs:
+        if run.status == "failed":
+            continue
+        for model in run.evals:
+            key = (model, run.peers[model], run.variant)
+            for other, _ in groups.get(key, []):
+                if other.seed == run.seed:
+                    raise ValueError(f"two runs of {key[2]!r} for model {model!r} "
+                                     f"(peer {key[1]!r}) with seed {run.seed}: "
+                                     f"{other.path} and {run.path}")
+            groups.setdefault(key, []).append((run, model))
+    return groups
+
+
+def _charges(run: RunRecord, model: str) -> tuple:
+    try:
+        c = joint_charge(run.summary)[model]
+    except KeyError:
+        return None, None
+    return c["charged"], c["amortized"]
+
+
+def _make_row(method: str, members: list, benchmarks: list) -> Row:
+    members = sorted(members, key=lambda rm: rm[0].seed)
+    budgets = {run.rollout_n for run, _ in members}
+    if len(budgets) > 1:
+        raise ValueError(f"method {method!r}: runs disagree on rollout_n {sorted(budgets)}: "
+                         + ", ".join(str(r.path) for r, _ in members))
+    per_bench = {b: [] for b in benchmarks}
+    per_seed_avg, complete = [], True
+    for run, model in members:
+        got = run.evals[model]["benchmarks"]
+        for b in benchmarks:
+            if b in got:
+                per_bench[b].append(float(got[b]["avg"]))
+        if all(b in got for b in benchmarks):
+            per_seed_avg.append(sum(float(got[b]["avg"]) for b in benchmarks) / len(benchmarks))
+        else:
+            complete = False
+    n = len(members)
+    scores = {b: _stat(v) if len(v) == n else Stat(None, None, len(v))
+              for b, v in per_bench.items()}
+    charged, amortized = zip(*(_charges(run, model) for run, model in members))
+    first_run, model = members[0]
+    return Row(method=method, budget=budgets.pop(), baseline=first_run.peers[model] is None,
+               seeds=[r.seed for r, _ in members], runs=[str(r.path) for r, _ in members],
+               scores=scores, avg=_stat(per_seed_avg) if complete else Stat(None, None, 0),
+               compute=_mean_dicts(list(charged)), compute_amortized=_mean_dicts(list(amortized)))
+
+
+def _order(rows: list, methods: Optional[Sequence[str]]) -> list:
+    first = list(methods or [])
+
+    def key(r: Row):
+        if r.method in first:
+            return (0, first.index(r.method), 0, "")
+        return (1 if r.baseline else 2, 0, r.budget, r.method)
+
+    return sorted(rows, key=key)
+
+
+def _decorate(block: Block, baseline: str, budgets: tuple) -> None:
+    rows = [r for r in block.rows if r.avg.mean is not None]
+    base = next((r for r in rows if r.method == baseline), None)
+    for r in block.rows:
+        if r is not base and base is not None and r.avg.mean is not None:
+            r.delta = r.avg.mean - base.avg.mean
+    by_budget: dict = {}
+    for r in rows:
+        by_budget.setdefault(r.budget, []).append(r)
+    for same in by_budget.values():
+        if len(same) >= 2:
+            best = max(r.avg.mean for r in same)
+            for r in same:
+                r.bold = r.avg.mean >= best - 1e-12
+    baselines = [r for r in rows if r.baseline]
+    for r in rows:
+        if r.baseline:
+            continue
+        for mark, k in reversed(list(zip(MARKS, budgets))):
+            tier = [b for b in baselines if b.budget <= k]
+            if any(b.budget == k for b in tier) and all(r.avg.mean > b.avg.mean for b in tier):
+                r.mark = mark
+                break
+
+
+def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
+                 budgets: tuple = (16, 32), benchmarks: Optional[Sequence[str]] = None,
+                 methods: Optional[Sequence[str]] = None, digits: int = 1) -> Table:
+    """Table 1 of the GRAFT paper from loaded runs (layout and marks: module docstring).
+
+    ``budgets`` are the (†, ‡) budget tiers; ``benchmarks`` fixes the column order (default: order
+    of first appearance); ``methods`` puts those rows first in that order (default: baselines by
+    budget then name, then the other methods by budget then name).
+    """
+    if len(budgets) != 2 or budgets[0] >= budgets[1]:
+        raise ValueError(f"budgets must be two increasing tiers for (†, ‡), got {budgets}")
+    groups = _group(runs)
+    if not groups:
+        raise ValueError("no run with an eval/<model>.json to tabulate")
+    if benchmarks is None:
+        benchmarks = []
+        for run in runs:
+            for ev in run.evals.values():
+                benchmarks += [b for b in ev["benchmarks"] if b not in benchmarks]
+    benchmarks = list(benchmarks)
+    blocks = []
+    for model in sorted({m for m, _, _ in groups}):
+        peers = sorted({p for m, p, _ in groups if m == model and p is not None}) or [None]
+        for peer in peers:
+            rows = [_make_row(meth, mem, benchmarks) for (m, p, meth), mem in groups.items()
+                    if m == model and (p is None or p == peer)]
+            block = Block(model=model, peer=peer, rows=_order(rows, methods))
+            labels = [r.method for r in block.rows]
+            if len(set(labels)) != len(labels):
+                clash = sorted({x for x in labels if labels.count(x) > 1})
+                raise ValueError(f"block {block.title!r}: method label(s) {clash} used by both a "
+                                 f"single-model run and a run with a peer; give them distinct "
+                                 f"run.variant labels")
+            _decorate(block, baseline, tuple(budgets))
+            blocks.append(block)
+    labels = {r.method for b in blocks for r in b.rows}
+    if baseline not in labels:
+        raise ValueError(f"baseline {baseline!r} is not a method of these runs; "
+                         f"methods: {sorted(labels)}")
+    return Table(benchmarks=benchmarks, blocks=blocks, baseline=baseline,
+                 budgets=tuple(budgets), digits=digits)
+
+
+def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "peer/clip_frac_own",
+                        peer_key: str = "peer/clip_frac_peer") -> ClipTable:
+    """Table 9 of the GRAFT paper: fraction of clipped tokens, own vs peer tokens.
+
+    Per run and model, the mean over logged steps of each metric; then mean ± sd over seeds.
+    Rows are (method, model, peer) with at least one of the two metrics; failed runs skipped.
+    """
+    groups: dict = {}
+    for run in runs:
+        if run.status == "failed":
+            continue
+        for model in run.models:
+            vals = {}
+            for key in (own_key, peer_key):
+                _, v = run.series(model, key)
+                vals[key] = sum(v) / len(v) if v else None
+            if all(v is None for v in vals.values()):
+                continue
+            groups.setdefault((run.variant, model, run.peers[model]), []).append((run.seed, vals))
+    rows = []
+    for (method, model, peer), items in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        items.sort(key=lambda sv: sv[0])
+
+        def stat(key):
+            v = [vals[key] for _, vals in items]
+            return _stat(v) if all(x is not None for x in v) else Stat(None, None, 0)
+
+        rows.append(ClipRow(method=method, model=model, peer=peer, seeds=[s for s, _ in items],
+                            own=stat(own_key), peer_tokens=stat(peer_key)))
+    return ClipTable(rows=rows)
+
+
+# ---------------------------------------------------------------- rendering
+
+def _fmt(stat: Stat, digits: int, scale: float = 100.0, pm: str = " ± ") -> str:
+    if stat.mean is None:
+        return DASH
+    text = f"{stat.mean * scale:.{digits}f}"
+    return text if stat.sd is None else f"{text}{pm}{stat.sd * scale:.{digits}f}"
+
+
+def _fmt_delta(delta: Optional[float], digits: int) -> str:
+    return DASH if delta is None else f"{delta * 100:+.{digits}f}"
+
+
+def _legend(table: Table) -> str:
+    lo, hi = table.budgets
+    return (f"Scores are avg@k x100, mean ± sd over training seeds. Δ = Avg − {table.baseline}. "
+            f"Bold: best Avg among methods with the same rollout budget n. "
+            f"†: beats every single-model baseline with n ≤ {lo}; "
+            f"‡: beats every single-model baseline with n ≤ {hi}.")
+
+
+def _clip_header() -> list:
+    return ["Method", "Model", "Peer", "Own tokens clipped (%)", "Peer tokens clipped (%)"]
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def _clip_cells(row: ClipRow, digits: int, pm: str = " ± ", text=_same, num=_same) -> list:
+    return [text(row.method), text(row.model), text(row.peer or DASH),
+            num(_fmt(row.own, digits, pm=pm)), num(_fmt(row.peer_tokens, digits, pm=pm))]
+
+
+def _md_row(cells: list) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def to_markdown(table) -> str:
+    """Markdown: one titled table per block (Table) or a single table (ClipTable)."""
+    if isinstance(table, ClipTable):
+        lines = [_md_row(_clip_header()), _md_row(["---"] * 5)]
+        lines += [_md_row(_clip_cells(r, table.digits)) for r in table.rows]
+        return "\n".join(lines) + "\n"
+    d = table.digits
+    header = ["Method", "n"] + table.benchmarks + ["Avg", "Δ"]
+    out = []
+    for block in table.blocks:
+        out += [f"**{block.title}**", "", _md_row(header), _md_row(["---"] * len(header))]
+        for r in block.rows:
+            avg = _fmt(r.avg, d)
+            if r.bold:
+                avg = f"**{avg}**"
+            out.append(_md_row([r.method, str(r.budget)]
+                               + [_fmt(r.scores[b], d) for b in table.benchmarks]
+                               + [avg + r.mark, _fmt_delta(r.delta, d)]))
+        out.append("")
+    out.append(_legend(table))
+    return "\n".join(out) + "\n"
+
+
+def _round(x: Optional[float], digits: int) -> Optional[float]:
+    return None if x is None else round(x * 100, digits + 2)
+
+
+def flat_rows(table) -> tuple:
+    """(header, rows) with numbers, for CSV and wandb; scores and Δ in points (x100)."""
+    if isinstance(table, ClipTable):
+        header = ["method", "model", "peer", "n_seeds", "own_mean", "own_sd", "peer_mean", "peer_sd"]
+        rows = [[r.method, r.model, r.peer, len(r.seeds),
+                 _round(r.own.mean, 2), _round(r.own.sd, 2),
+                 _round(r.peer_tokens.mean, 2), _round(r.peer_tokens.sd, 2)] for r in table.rows]
+        return header, rows
+    header = ["block", "model", "peer", "method", "budget", "baseline", "n_seeds", "seeds"]
+    for b in table.benchmarks:
+        header += [f"{b}_mean", f"{b}_sd"]
+    header += ["avg_mean", "avg_sd", "delta", "best_in_budget", "mark"]
+    header += [f"charged_{k}" for k in FIELDS] + [f"amortized_{k}" for k in FIELDS]
+    rows = []
+    for block in table.blocks:
+        for r in block.rows:
+            row = [block.title, block.model, block.peer, r.method, r.budget, r.baseline,
+                   len(r.seeds), " ".join(str(s) for s in r.seeds)]
+            for b in table.benchmarks:
+                row += [_round(r.scores[b].mean, 2), _round(r.scores[b].sd, 2)]
+            row += [_round(r.avg.mean, 2), _round(r.avg.sd, 2), _round(r.delta, 2), r.bold, r.mark]
+            for comp in (r.compute, r.compute_amortized):
+                row += [None if comp is None else comp[k] for k in FIELDS]
+            rows.append(row)
+    return header, rows
+
+
+def to_csv(table) -> str:
+    """CSV text, one line per row of every block (``flat_rows``); empty cells for missing values."""
+    header, rows = flat_rows(table)
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows([["" if v is None else v for v in row] for row in rows])
+    return buf.getvalue()
+
+
+_TEX_ESC = {"–": "--", "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+            "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}"}
+
+
+def _tex(text: str) -> str:
+    return "".join(_TEX_ESC.get(ch, ch) for ch in text)
+
+
+def to_latex(table) -> str:
+    """A booktabs ``tabular``; block titles are italic rows spanning the table."""
+    pm = r" $\pm$ "
+
+    def num(text: str) -> str:
+        return text.replace(DASH, "--")
+
+    if isinstance(table, ClipTable):
+        cols = "lll" + "c" * 2
+        lines = [rf"\begin{{tabular}}{{{cols}}}", r"\toprule",
+                 " & ".join(_tex(h) for h in _clip_header()) + r" \\", r"\midrule"]
+        lines += [" & ".join(_clip_cells(r, table.digits, pm=pm, text=_tex, num=num)) + r" \\"
+                  for r in table.rows]
+        return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+    d = table.digits
+    ncol = 4 + len(table.benchmarks)
+    tex_marks = {"": "", "†": r"$^\dagger$", "‡": r"$^\ddagger$"}
+    lines = [rf"\begin{{tabular}}{{lr{'c' * (len(table.benchmarks) + 1)}r}}", r"\toprule",
+             " & ".join(["Method", "$n$"] + [_tex(b) for b in table.benchmarks]
+                        + ["Avg", r"$\Delta$"]) + r" \\"]
+    for block in table.blocks:
+        lines += [r"\midrule", rf"\multicolumn{{{ncol}}}{{l}}{{\textit{{{_tex(block.title)}}}}} \\",
+                  r"\midrule"]
+        for r in block.rows:
+            avg = num(_fmt(r.avg, d, pm=pm))
+            if r.bold:
+                avg = rf"\textbf{{{avg}}}"
+            cells = ([_tex(r.method), str(r.budget)]
+                     + [num(_fmt(r.scores[b], d, pm=pm)) for b in table.benchmarks]
+                     + [avg + tex_marks[r.mark], num(_fmt_delta(r.delta, d))])
+            lines.append(" & ".join(cells) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def log_table_to_wandb(table, run, key: Optional[str] = None):
+    """Log ``table`` (Table or ClipTable, as ``flat_rows``) to a wandb run; returns the wandb.Table."""
+    import wandb
+
+    header, rows = flat_rows(table)
+    wt = wandb.Table(columns=header, data=rows)
+    run.log({key or ("clip_table" if isinstance(table, ClipTable) else "table1"): wt})
+    return wt

@@ -1,0 +1,106 @@
+"""The ``graftzoo`` command line (click)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from graftzoo.config import ConfigError
+
+
+def _progress_printer(label: str):
+    """A rich progress bar: step, reward, all-fail fraction and tokens/s per model."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    state = {}
+
+    def update(step, total, mets):
+        if "bar" not in state:
+            state["bar"] = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    TimeElapsedColumn(), TextColumn("{task.fields[info]}"), transient=False)
+            state["bar"].start()
+            state["task"] = state["bar"].add_task(label, total=total, info="")
+        info = "  ".join(f"{m}: r={v.get('reward/acc') or 0:.2f} dead={v.get('groups/all_fail') or 0:.2f} "
+                         f"tok/s={v.get('perf/tokens_per_s') or 0:.0f}" for m, v in mets.items())
+        state["bar"].update(state["task"], completed=step + 1, info=info)
+        if step + 1 >= total:
+            state["bar"].stop()
+
+    return update
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """graftzoo: RLVR on language models: a Gymnasium math environment, an algorithm zoo
+    (GRPO family, HACPO, SGT, HORA, ExTra, OM-GRPO, GRAFT) and peer exchange between models."""
+
+
+@main.command()
+@click.option("--algo", required=True, help="algorithm name or preset (configs/algos/NAME.yaml)")
+@click.option("--pair", default="tiny", show_default=True, help="model pair (configs/pairs/NAME.yaml)")
+@click.option("--peer", default=None, help="online | stored:PATH | mixed:PATH | none")
+@click.option("--config", "-c", "files", multiple=True, type=click.Path(exists=True), help="extra YAML config files")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="dotted override, e.g. optim.lr=1e-5")
+@click.option("--run-dir", default=None, help="run directory (default: run.out_dir/run.name)")
+@click.option("--no-resume", is_flag=True, help="start over even if the run directory has checkpoints")
+@click.option("--no-track", is_flag=True, help="turn wandb off (metrics.jsonl is still written)")
+def train(algo, pair, peer, files, overrides, run_dir, no_resume, no_track):
+    """Train one model or co-train a pair: graftzoo train --algo grpo --pair tiny [--set key=value ...]."""
+    from graftzoo.config import load_config
+    from graftzoo.trainer import train as run_train
+    overrides = list(overrides)
+    if peer:
+        kind, _, path = peer.partition(":")
+        overrides.append(f"peer.source={kind}")
+        if path:
+            overrides.append(f"peer.path={path}")
+    if no_track:
+        overrides.append("run.track=false")
+    try:
+        cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)
+    except ConfigError as e:
+        raise click.UsageError(str(e))
+    progress = _progress_printer(f"{cfg['algo']['name']} on {cfg['pair']['name']}") if cfg["run"]["progress"] else None
+    out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress)
+    click.echo(f"run directory: {out}")
+
+
+@main.group()
+def algos():
+    """Registered algorithms and plugins."""
+
+
+@algos.command("list")
+def algos_list():
+    """Show each algorithm's name, source and module; failed plugins are reported by name."""
+    from graftzoo.registry import list_algos
+    entries, failed = list_algos()
+    width = max(len(e.name) for e in entries)
+    for e in entries:
+        click.echo(f"{e.name:<{width}}  {e.source:<20}  {e.module}")
+    for name, why in failed.items():
+        click.echo(f"{name:<{width}}  FAILED              {why.splitlines()[0]}", err=True)
+    if failed:
+        sys.exit(1)
+
+
+def _mount():
+    from graftzoo.envs.cli import env_group
+    from graftzoo.eval.cli import report_cmd
+    main.add_command(env_group, "env")
+    main.add_command(report_cmd, "report")
+    for modname, attr, name in (("graftzoo.eval.runner", "eval_cmd", "eval"), ("graftzoo.grid", "grid_cmd", "grid"),
+                                ("graftzoo.demo", "demo_cmd", "demo")):
+        try:
+            mod = __import__(modname, fromlist=[attr])
+        except ModuleNotFoundError as e:
+            if e.name != modname:
+                raise
+            continue
+        main.add_command(getattr(mod, attr), name)
+
+
+_mount()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Run configuration: YAML files plus dotted overrides, checked against a schema.
+
+A run config is a nested dict with the sections below. ``load_config`` merges, in order:
+DEFAULTS <- configs/pairs/<pair>.yaml <- configs/algos/<algo>.yaml (a preset, if one exists)
+<- extra YAML files <- ``key=value`` overrides. Every key must exist in DEFAULTS (or, under
+``algo.``, in the learner's Config dataclass); an unknown key raises ``ConfigError`` naming it.
+Free-form maps (model specs, task mixes) are marked in FREE and not checked key by key.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the key and the file."""
+
+
+DEFAULTS: dict = {
+    "run": {
+        "name": None,            # run directory name under out_dir (default: algo-pair-seed)
+        "out_dir": "runs",
+        "seed": 0,
+        "steps": 20,             # RL steps (a step = one prompt batch for every model)
+        "epochs": None,          # if set, steps = epochs * ceil(len(dataset) / prompts_per_step)
+        "save_every": 10,        # checkpoint period in steps (0 = only at the end)
+        "keep_checkpoints": 2,
+        "eval_every": 0,         # held-out eval period in steps (0 = only at the end)
+        "eval_at_start": False,
+        "eval_at_end": True,
+        "track": True,           # wandb (offline mode when no API key); metrics.jsonl is always written
+        "wandb_project": "graftzoo",
+        "wandb_group": None,
+        "wandb_mode": None,      # None: online if WANDB_API_KEY is set, else offline
+        "tags": [],
+        "variant": None,         # label used in reports, e.g. "GRPO (n=8)"
+        "progress": True,
+        "threads": 1,            # torch intra-op threads
+        "device": "cpu",
+    },
+    "pair": {
+        "name": None,
+        "models": [],            # list of model specs (see graftzoo.models)
+        "train": None,           # ids of the models to train; None = all
+        "template": "compact",
+    },
+    "task": {
+        "env": "graftzoo/Arithmetic-v0",
+        "dataset": None,         # for MathReasoning-v0: a bundled name or a path
+        "split": "train",
+        "mix": {},
+        "difficulty": {},
+        "size": None,            # finite prompt set size for procedural tasks (None = endless stream)
+        "prompts_per_step": 8,
+        "reward_correct": 1.0,
+        "reward_wrong": 0.0,
+        "verifier_timeout": 2.0,
+    },
+    "eval": {
+        "dataset": None,         # None: held-out split of the task
+        "size": 200,
+        "k": 1,                  # samples per problem at temperature eval.temperature
+        "greedy": True,
+        "temperature": 1.0,
+        "max_new_tokens": None,  # None: rollout.max_new_tokens
+        "benchmarks": [],
+        "select": "last",        # checkpoint selection rule: last | val_avg (never the test set)
+    },
+    "rollout": {
+        "n": 8,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "max_new_tokens": 48,
+        "max_prompt_tokens": 2048,
+        "engine": "hf",
+        "gen_batch_size": 1024,
+    },
+    "optim": {
+        "lr": 1e-4,
+        "betas": [0.9, 0.999],
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+        "warmup_steps": 0,       # linear lr warm-up, in optimizer steps
+        "grad_clip": 1.0,
+        "minibatches": 1,        # optimizer steps per rollout batch (1 = fully on-policy)
+        "epochs": 1,             # optimization epochs over a rollout batch
+    },
+    "algo": {"name": "grpo"},
+    "peer": {
+        "source": "none",        # none | online | stored | mixed
+        "path": None,            # run dir or store dir for stored / mixed
+        "model": None,           # which stored model id to read (default: the only / other one)
+        "align": "same_step",    # same_step | latest
+        "mix_ratio": None,       # mixed: probability of using the stored group when both exist (None = fallback only)
+    },
+    "xt": {
+        "overflow": "drop",      # drop | truncate | error  (spec algos_peer §1.4, §4.5)
+        "append_eos_if_stopped": True,
+    },
+    "store": {"enabled": True},
+}
+
+FREE = {"pair.models", "task.mix", "task.difficulty", "eval.benchmarks", "run.tags", "optim.betas"}
+
+
+def _merge(base: dict, new: dict, origin: str, prefix: str = "", schema: dict | None = None) -> dict:
+    schema = base if schema is None else schema
+    for key, value in (new or {}).items():
+        path = f"{prefix}{key}"
+        if prefix == "algo." or path in FREE:
+            base[key] = copy.deepcopy(value)
+            continue
+        if key not in schema:
+            raise ConfigError(f"unknown config key '{path}' (in {origin}); known keys under "
+                              f"'{prefix[:-1] or '<root>'}': {sorted(schema)}")
+        if isinstance(schema[key], dict) and path not in FREE:
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key '{path}' (in {origin}) must be a mapping")
+            _merge(base[key], value, origin, path + ".", schema[key])
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def parse_override(text: str) -> dict:
+    """``a.b.c=value`` -> {"a": {"b": {"c": value}}}; the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key=value")
+    key, raw = text.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else None
+    out: dict = {}
+    node = out
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def config_dirs() -> list[Path]:
+    """Where named configs live: ./configs, then the configs/ folder beside the package source."""
+    here = Path(__file__).resolve().parent
+    dirs = [Path("configs"), here.parent / "configs", here / "configs"]
+    return [d for d in dirs if d.is_dir()]
+
+
+def find_config(kind: str, name: str) -> Path | None:
+    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
+        return Path(name)
+    for d in config_dirs():
+        p = d / kind / f"{name}.yaml"
+        if p.is_file():
+            return p
+    return None
+
+
+def read_yaml(path: str | os.PathLike) -> dict:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return data
+
+
+def load_config(pair: str | None = None, algo: str | None = None, files=(), overrides=()) -> dict:
+    """Build and validate a run config (see module docstring)."""
+    cfg = copy.deepcopy(DEFAULTS)
+    if pair:
+        p = find_config("pairs", pair)
+        if p is None:
+            raise ConfigError(f"unknown pair '{pair}': no configs/pairs/{pair}.yaml")
+        data = read_yaml(p)
+        data.setdefault("pair", {})
+        # a pair file may hold `name`, `models`, `template` at top level, plus other sections
+        for key in ("name", "models", "template", "train"):
+            if key in data:
+                data["pair"][key] = data.pop(key)
+        data["pair"].setdefault("name", pair)
+        _merge(cfg, data, str(p))
+    if algo:
+        p = find_config("algos", algo)
+        if p is not None:
+            _merge(cfg, read_yaml(p), str(p))
+        else:
+            cfg["algo"]["name"] = algo
+    for f in files:
+        _merge(cfg, read_yaml(f), str(f))
+    for o in overrides:
+        _merge(cfg, parse_override(o), f"override '{o}'")
+    return validate(cfg)
+
+
+def validate(cfg: dict) -> dict:
+    """Check algo keys against the learner's Config and fill the learner defaults."""
+    from graftzoo.registry import get_algo
+
+    algo = dict(cfg["algo"])
+    name = algo.pop("name", None)
+    if not name:
+        raise ConfigError("config key 'algo.name' is required")
+    cls = get_algo(name)
+    fields = {f.name: f for f in dataclasses.fields(cls.Config)}
+    for key in algo:
+        if key not in fields:
+            raise ConfigError(f"unknown config key 'algo.{key}' for algorithm '{name}'; "
+                              f"known: {sorted(fields)}")
+    full = dataclasses.asdict(cls.Config(**algo))
+    cfg["algo"] = {"name": name, **full}
+    if not cfg["pair"]["models"]:
+        raise ConfigError("no models: give --pair NAME (configs/pairs/NAME.yaml) or pair.models")
+    if cfg["peer"]["source"] not in ("none", "online", "stored", "mixed"):
+        raise ConfigError(f"config key 'peer.source' must be none|online|stored|mixed, got {cfg['peer']['source']!r}")
+    return cfg
+
+
+def get(cfg: dict, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node

@@ -1,0 +1,68 @@
+"""Build a Policy from a model spec in a pair config (configs/pairs/*.yaml ``models:``).
+
+``kind: tiny`` — a tiny model built in code (graftzoo.tiny) and warmed up once, cached on disk.
+``kind: hf``   — a Hugging Face causal LM by hub id or local path (real pairs, GPUs).
+Per-model keys understood here (all kinds): ``id``, ``kind``, ``template``, ``max_new_tokens``, ``lr``.
+"""
+from __future__ import annotations
+
+import copy
+
+from graftzoo.policy import Policy
+
+PER_MODEL_KEYS = ("template", "max_new_tokens", "lr")
+
+
+def split_spec(spec: dict) -> tuple[dict, dict]:
+    spec = dict(spec)
+    local = {k: spec.pop(k) for k in PER_MODEL_KEYS if k in spec}
+    return spec, local
+
+
+def load_model(spec: dict, seed: int = 0, progress=None):
+    """(model, tokenizer, tokenizer_id) for a spec (without the per-model keys)."""
+    kind = spec.get("kind", "tiny")
+    if kind == "tiny":
+        from graftzoo.tiny import TinyModelSpec
+        from graftzoo.warmup import load_or_warmup, load_tiny
+        ts = TinyModelSpec.from_dict(spec)
+        path = load_or_warmup(ts, progress=progress)
+        model, tok = load_tiny(path)
+        return model, tok, f"{ts.tokenizer}"
+    if kind == "hf":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        path = spec.get("path") or spec["id"]
+        dtype = getattr(torch, spec.get("dtype", "bfloat16"))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tok = AutoTokenizer.from_pretrained(path)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        return model, tok, spec.get("tokenizer_id", path)
+    raise ValueError(f"model '{spec.get('id')}': unknown kind {kind!r} (tiny | hf)")
+
+
+def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
+    base, local = split_spec(spec)
+    model, tok, tok_id = load_model(base, seed, progress)
+    model.train()
+    optim = copy.deepcopy(cfg["optim"])
+    if "lr" in local:
+        optim["lr"] = local["lr"]
+    pol = Policy(base["id"], model, tok, template=local.get("template", cfg["pair"]["template"]), optim=optim,
+                 temperature=cfg["rollout"]["temperature"], max_prompt_tokens=cfg["rollout"]["max_prompt_tokens"],
+                 tokenizer_id=tok_id)
+    pol.max_response_tokens = int(local.get("max_new_tokens", cfg["rollout"]["max_new_tokens"]))
+    return pol
+
+
+def build_engine(policy: Policy, cfg: dict):
+    r = cfg["rollout"]
+    if r["engine"] == "hf":
+        from graftzoo.engine import HFEngine
+        return HFEngine(policy, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"],
+                        max_new_tokens=policy.max_response_tokens, gen_batch_size=r["gen_batch_size"])
+    if r["engine"] == "vllm":
+        from graftzoo.vllm_engine import VLLMEngine  # optional GPU extra
+        return VLLMEngine(policy, **r)
+    raise ValueError(f"config key 'rollout.engine' must be hf|vllm, got {r['engine']!r}")

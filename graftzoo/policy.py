@@ -1,0 +1,120 @@
+"""A policy: a Hugging Face causal LM, its tokenizer, its prompt template and its optimizer.
+
+Sequences are laid out as [left-padded prompt | right-padded response] so that every row's
+response occupies the last R columns; position ids are ``cumsum(mask) - 1`` (left padding), both
+here and in generation, so training log-probs equal the behaviour log-probs of the HF engine.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from graftzoo.types import Prompt
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class Policy:
+    def __init__(self, model_id: str, model, tokenizer, template: str = "compact", optim: dict | None = None,
+                 temperature: float = 1.0, max_prompt_tokens: int = 2048, tokenizer_id: str | None = None):
+        self.model_id = model_id
+        self.model = model
+        self.tokenizer = tokenizer
+        self.template = template
+        self.temperature = float(temperature)
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self.tokenizer_id = tokenizer_id or getattr(tokenizer, "name_or_path", "") or model_id
+        self.version = 0
+        self.optimizer = None
+        self.scheduler = None
+        self.grad_clip = None
+        if optim is not None:
+            self.configure_optimizer(optim)
+
+    # ---- optimizer -------------------------------------------------------------------------
+    def configure_optimizer(self, optim: dict):
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=float(optim["lr"]),
+            betas=tuple(optim.get("betas", (0.9, 0.999))), eps=float(optim.get("eps", 1e-8)),
+            weight_decay=float(optim.get("weight_decay", 0.0)))
+        warm = int(optim.get("warmup_steps", 0) or 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+        self.grad_clip = optim.get("grad_clip")
+
+    def step(self, loss: torch.Tensor) -> float:
+        """One optimizer step on ``loss``; returns the pre-clip gradient norm."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.grad_clip:
+            norm = torch.nn.utils.clip_grad_norm_(params, float(self.grad_clip))
+        else:
+            norm = torch.norm(torch.stack([p.grad.norm() for p in params])) if params else torch.tensor(0.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(norm)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"] if self.optimizer else 0.0
+
+    # ---- tokens ----------------------------------------------------------------------------
+    @property
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def pad_id(self) -> int:
+        pid = self.tokenizer.pad_token_id
+        return self.eos_id if pid is None else pid
+
+    def render(self, prompt: Prompt) -> str:
+        from graftzoo.envs.templates import render_prompt
+        return render_prompt(prompt.text, self.template, self.tokenizer)
+
+    def encode_prompt(self, prompt: Prompt) -> list:
+        """The prompt rendered with this policy's template; keeps the last max_prompt_tokens."""
+        ids = self.tokenizer.encode(self.render(prompt), add_special_tokens=False)
+        return ids[-self.max_prompt_tokens:]
+
+    def encode_text(self, text: str) -> list:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    # ---- scoring ---------------------------------------------------------------------------
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_len: int,
+                 with_entropy: bool = False):
+        """Per-token log-probs (and entropies) of the last ``resp_len`` tokens of each row.
+
+        The logits are divided by the sampling temperature, exactly as the engine does when it
+        records behaviour log-probs (spec algos_single §0).
+        """
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                         logits_to_keep=resp_len + 1)
+        logits = out.logits[:, -resp_len - 1:-1, :].float() / self.temperature
+        logp_all = F.log_softmax(logits, dim=-1)
+        target = input_ids[:, -resp_len:]
+        logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        ent = None
+        if with_entropy:
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, ent
+
+    # ---- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+                "scheduler": self.scheduler.state_dict() if self.scheduler else None, "version": self.version}
+
+    def load_state_dict(self, state: dict):
+        self.model.load_state_dict(state["model"])
+        if self.optimizer and state.get("optimizer"):
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler and state.get("scheduler"):
+            self.scheduler.load_state_dict(state["scheduler"])
+        self.version = state.get("version", 0)

@@ -1,0 +1,57 @@
+"""Prompt batches: the same prompts for every model of a pair, a deterministic function of (seed, step).
+
+A procedural task with ``task.size: null`` is an endless stream (fresh prompts every step); any
+other dataset is walked in a per-epoch seeded permutation. The cursor is the step number, so
+resuming needs only the step.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+
+class PromptSampler:
+    def __init__(self, cfg: dict, dataset=None):
+        task = cfg["task"]
+        self.seed = int(cfg["run"]["seed"])
+        self.per_step = int(task["prompts_per_step"])
+        self.stream = dataset is None
+        self.task = task
+        self.dataset = dataset
+        self._extra = 0
+        if not self.stream and len(dataset) == 0:
+            raise ValueError("the training dataset is empty")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return 10**9 if self.stream else max(1, math.ceil(len(self.dataset) / self.per_step))
+
+    def _perm(self, epoch: int) -> list:
+        idx = list(range(len(self.dataset)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(idx)
+        return idx
+
+    def batch(self, step: int):
+        """(prompts, epoch) of a step."""
+        if self.stream:
+            from graftzoo.envs.arithmetic import generate_prompts
+            return generate_prompts(self.per_step, self.seed, self.task["mix"] or {"add": 1, "mul": 1},
+                                    self.task["difficulty"] or 3, "train", start=step * self.per_step), 0
+        epoch, k = divmod(step, self.steps_per_epoch)
+        perm = self._perm(epoch)
+        chosen = [perm[(k * self.per_step + j) % len(perm)] for j in range(self.per_step)]
+        return [self.dataset[i] for i in chosen], epoch
+
+    def extra(self, step: int, k: int) -> list:
+        """Refill prompts (DAPO dynamic sampling), disjoint from the step's batch, deterministic per call order."""
+        self._extra += 1
+        if self.stream:
+            from graftzoo.envs.arithmetic import generate_prompts
+            start = 10**9 + (step * 1000 + self._extra) * self.per_step
+            return generate_prompts(k, self.seed, self.task["mix"] or {"add": 1, "mul": 1},
+                                    self.task["difficulty"] or 3, "train", start=start)
+        rng = random.Random(f"{self.seed}:extra:{step}:{self._extra}")
+        return [self.dataset[rng.randrange(len(self.dataset))] for _ in range(k)]
+
+    def start_step(self, step: int):
+        self._extra = 0

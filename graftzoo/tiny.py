@@ -1,0 +1,168 @@
+"""Tiny heterogeneous model pair built in code (nothing downloaded) for the CPU demo.
+
+Two families that differ in every part a cross-tokenizer method cares about
+(notes/miniature-feasibility.md §2):
+
+- ``qwen2``: ``Qwen2ForCausalLM`` (RoPE, GQA, RMSNorm, SwiGLU, tied embeddings), usually with the
+  ``char`` tokenizer (one token per character);
+- ``gpt2``: ``GPT2LMHeadModel`` (learned absolute positions, LayerNorm, GELU), usually with the
+  ``digit_pair`` tokenizer (digit runs split into 2-digit chunks from the left, ``2082`` ->
+  ``20``, ``82``; one token per other character).
+
+Both tokenizers are real Hugging Face fast tokenizers (a ``tokenizers`` WordLevel model with a
+regex Split pre-tokenizer and a Fuse decoder), so ``save_pretrained`` / ``AutoTokenizer``,
+``decode(skip_special_tokens=True)`` and ``apply_chat_template`` work, and decoding round-trips
+text exactly: peers exchange text and re-tokenize it. The chat template renders a user turn
+as the compact prompt ``Q:{content}\\n`` and an assistant turn as ``{content}<eos>``.
+
+Padding is on the left; callers pass ``position_ids(attention_mask)`` so a left-padded row
+sees the same positions as an unpadded one (notes §2).
+"""
+from __future__ import annotations
+
+import string
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Mapping, Optional
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Qwen2Config,
+                          Qwen2ForCausalLM)
+
+PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
+SPECIALS = (PAD, EOS, BOS, UNK)
+# Every character of the compact template "Q:{question}\n" and of the arithmetic scratchpads.
+CHARS = tuple(string.digits) + tuple("+-*=()Q: \n")
+PROMPT_TEMPLATE = "Q:{question}\n"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}Q:{{ m['content'] }}\n"
+    "{% elif m['role'] == 'assistant' %}{{ m['content'] }}{{ eos_token }}"
+    "{% else %}{{ m['content'] }}\n{% endif %}"
+    "{% endfor %}"
+)
+TOKENIZERS = ("char", "digit_pair")
+FAMILIES = ("qwen2", "gpt2")
+
+
+def compact_prompt(question: str) -> str:
+    """The compact prompt the tiny models are warmed up on: ``Q:{question}\\n``."""
+    return PROMPT_TEMPLATE.format(question=question)
+
+
+def build_tokenizer(kind: str) -> PreTrainedTokenizerFast:
+    """A left-padding fast tokenizer: ``char`` (one token per character) or ``digit_pair``."""
+    if kind == "char":
+        pieces = list(CHARS)
+        pattern = r"[\s\S]"
+    elif kind == "digit_pair":
+        pieces = [f"{i:02d}" for i in range(100)] + list(CHARS)
+        pattern = r"\d\d|[\s\S]"
+    else:
+        raise ValueError(f"tiny: unknown tokenizer {kind!r}; expected one of {TOKENIZERS}")
+    vocab = {tok: i for i, tok in enumerate(list(SPECIALS) + pieces)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token=UNK,
+        padding_side="left", clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE,
+        model_max_length=1024)
+
+
+@dataclass
+class WarmupSpec:
+    """The supervised warm-up recipe (graftzoo.warmup). ``seed`` is the default warm-up seed."""
+
+    steps: int = 300
+    batch: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.98)
+    grad_clip: float = 1.0
+    mix: dict = field(default_factory=lambda: {"add": 0.5, "mul": 0.5})
+    difficulty: Any = 3  # int or {skill: int}
+    seed: int = 0
+    probe_per_skill: int = 64
+
+
+@dataclass
+class TinyModelSpec:
+    """Architecture of one tiny model plus its warm-up recipe (configs/pairs/tiny.yaml ``models:``)."""
+
+    id: str
+    family: str  # "qwen2" | "gpt2"
+    tokenizer: str  # "char" | "digit_pair"
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+    kv_heads: Optional[int] = None  # qwen2 only; None = heads
+    max_positions: int = 128
+    warmup: WarmupSpec = field(default_factory=WarmupSpec)
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"tiny spec {self.id!r}: family {self.family!r} not in {FAMILIES}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tiny spec {self.id!r}: tokenizer {self.tokenizer!r} not in {TOKENIZERS}")
+        if self.hidden % self.heads:
+            raise ValueError(f"tiny spec {self.id!r}: hidden {self.hidden} not divisible by heads {self.heads}")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"tiny spec {self.id!r}: heads {self.heads} not divisible by kv_heads {self.kv_heads}")
+        if isinstance(self.warmup, Mapping):
+            self.warmup = _from_mapping(WarmupSpec, self.warmup, f"tiny spec {self.id!r} warmup")
+        if isinstance(self.warmup.betas, list):
+            self.warmup.betas = tuple(self.warmup.betas)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "TinyModelSpec":
+        """From a ``models:`` entry of a pair config; ``kind: tiny`` is accepted and dropped."""
+        d = dict(d)
+        kind = d.pop("kind", "tiny")
+        if kind != "tiny":
+            raise ValueError(f"tiny spec {d.get('id')!r}: kind {kind!r} is not 'tiny'")
+        return _from_mapping(cls, d, f"tiny spec {d.get('id')!r}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["warmup"]["betas"] = list(d["warmup"]["betas"])
+        return d
+
+
+def _from_mapping(cls, d: Mapping[str, Any], where: str):
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+    return cls(**d)
+
+
+def build_tiny(spec: TinyModelSpec, seed: int) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+    """Randomly initialised model (seeded) and its tokenizer, from ``spec``."""
+    tok = build_tokenizer(spec.tokenizer)
+    ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    if spec.family == "qwen2":
+        cfg = Qwen2Config(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
+                          num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads or spec.heads,
+                          max_position_embeddings=spec.max_positions, tie_word_embeddings=True,
+                          attention_dropout=0.0, **ids)
+        model = Qwen2ForCausalLM(cfg)
+    else:
+        cfg = GPT2Config(n_embd=spec.hidden, n_layer=spec.layers, n_head=spec.heads, n_inner=spec.ffn,
+                         n_positions=spec.max_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         tie_word_embeddings=True, **ids)
+        model = GPT2LMHeadModel(cfg)
+    gc = model.generation_config
+    gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
+    return model, tok
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore left padding: cumsum(mask) - 1, and 0 on padded slots (notes §2)."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 0)

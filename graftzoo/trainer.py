@@ -1,0 +1,335 @@
+"""The trainer: one model, or a pair co-trained on the same prompt batches, each with its own
+learner, optimizer and tokenizer. It never branches on an algorithm's name: every difference
+between algorithms lives in the Learner hooks (graftzoo.algos.base).
+
+Per step: every model collects and scores its groups and computes advantages; the store records
+them; then (all decisions under theta_old) every learner exchanges with its peer source and
+builds its batch; then every model updates.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import yaml
+
+from graftzoo.algos.base import StepContext, config_from
+from graftzoo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from graftzoo.eval.artifacts import make_summary, write_eval, write_summary
+from graftzoo.eval.compute import ComputeMeter
+from graftzoo.models import build_engine, build_policy
+from graftzoo.peers.sources import make_peer_source
+from graftzoo.peers.store import TrajectoryStore
+from graftzoo.registry import get_algo
+from graftzoo.sampler import PromptSampler
+from graftzoo.tracking import Tracker
+
+
+def derive_seed(*parts) -> int:
+    return random.Random(":".join(str(p) for p in parts)).randrange(2**31)
+
+
+def make_env(cfg: dict, split: str, size: Optional[int] = None):
+    """The task environment (unwrapped), used for scoring and as the prompt source."""
+    import gymnasium as gym
+
+    import graftzoo.envs  # noqa: F401  (registers the ids)
+    task = cfg["task"]
+    kw = dict(reward_correct=task["reward_correct"], reward_wrong=task["reward_wrong"],
+              verifier_timeout=task["verifier_timeout"])
+    if "Arithmetic" in task["env"]:
+        kw.update(size=size or task["size"] or 1, seed=cfg["run"]["seed"] if split == "train" else 999,
+                  mix=task["mix"] or None, difficulty=task["difficulty"] or None, split=split)
+    else:
+        kw.update(dataset=task["dataset"], split=split if split != "train" else task["split"])
+    return gym.make(task["env"], disable_env_checker=True, **kw).unwrapped
+
+
+def is_stream(cfg: dict) -> bool:
+    return "Arithmetic" in cfg["task"]["env"] and cfg["task"]["size"] is None
+
+
+class Trainer:
+    def __init__(self, cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None):
+        self.cfg = cfg
+        run = cfg["run"]
+        torch.set_num_threads(int(run["threads"]))
+        self.seed = int(run["seed"])
+        name = run["name"] or f"{cfg['algo']['name']}-{cfg['pair']['name']}-s{self.seed}"
+        cfg["run"]["name"] = name
+        cfg["run"]["variant"] = run["variant"] or f"{cfg['algo']['name']} (n={cfg['rollout']['n']})"
+        self.run_dir = Path(run_dir) if run_dir else Path(run["out_dir"]) / name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.resume = resume
+        self.progress = progress
+
+        specs = cfg["pair"]["models"]
+        ids = [s["id"] for s in specs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"pair.models has duplicate ids: {ids}")
+        train_ids = cfg["pair"]["train"] or ids
+        unknown = [m for m in train_ids if m not in ids]
+        if unknown:
+            raise ValueError(f"config key 'pair.train' names unknown model(s) {unknown}; models: {ids}")
+        self.model_ids = list(train_ids)
+        torch.manual_seed(self.seed)
+        self.policies = {s["id"]: build_policy(s, cfg, self.seed) for s in specs if s["id"] in train_ids}
+        self.engines = {m: build_engine(p, cfg) for m, p in self.policies.items()}
+        algo_cls = get_algo(cfg["algo"]["name"])
+        self.learners = {m: algo_cls(config_from(algo_cls, cfg["algo"]), cfg) for m in self.model_ids}
+        self.refs = {}
+        if getattr(self.learners[self.model_ids[0]].cfg, "beta_kl", 0) > 0:
+            for m, p in self.policies.items():
+                ref = copy.copy(p)
+                ref.model = copy.deepcopy(p.model).eval()
+                for q in ref.model.parameters():
+                    q.requires_grad_(False)
+                self.refs[m] = ref
+
+        self.env = make_env(cfg, "train")
+        self.sampler = PromptSampler(cfg, None if is_stream(cfg) else self.env.dataset)
+        self.dataset_id = "arithmetic" if is_stream(cfg) else getattr(self.env.dataset, "name", cfg["task"]["dataset"])
+        self.total_steps = int(run["steps"])
+        if run["epochs"]:
+            self.total_steps = int(run["epochs"]) * self.sampler.steps_per_epoch
+        planned = None
+        if cfg["peer"]["source"] in ("stored", "mixed"):
+            planned = {p.id for s in range(min(self.total_steps, 50)) for p in self.sampler.batch(s)[0]}
+        self.peers = make_peer_source(cfg, self.model_ids, self.dataset_id, planned)
+        self.store = TrajectoryStore(self.run_dir / "store", dataset=self.dataset_id) if cfg["store"]["enabled"] else None
+        self.meter = ComputeMeter()
+        self.tracker: Optional[Tracker] = None
+        self.eval_results: dict = {}
+
+    # ------------------------------------------------------------------------------------------
+    def context(self, step: int, epoch: int, m: str, mi: int) -> StepContext:
+        return StepContext(step=step, epoch=epoch, cfg=self.cfg, policy=self.policies[m], engine=self.engines[m],
+                           env=self.env, sampler=self.sampler, ref_policy=self.refs.get(m),
+                           rng=random.Random(derive_seed(self.seed, step, m, "learner")), meter=self.meter,
+                           model_index=mi)
+
+    def _phase_wall(self, m: str) -> dict:
+        phases = self.meter.summary()["models"].get(m, {}).get("phases", {})
+        return {k: v["wall_s"] for k, v in phases.items()}
+
+    def train_step(self, step: int) -> dict:
+        t0 = time.perf_counter()
+        self.sampler.start_step(step)
+        prompts, epoch = self.sampler.batch(step)
+        before = {m: self._phase_wall(m) for m in self.model_ids}
+        ctxs, groups = {}, {}
+        for mi, m in enumerate(self.model_ids):
+            ctx = ctxs[m] = self.context(step, epoch, m, mi)
+            torch.manual_seed(derive_seed(self.seed, step, m, "generate"))
+            gs = self.learners[m].collect(ctx, prompts)
+            gs = self.learners[m].advantages(ctx, gs)
+            for g in gs:
+                for r, a in zip(g.rollouts, g.advantages or []):
+                    r.meta["advantage"] = a
+            groups[m] = gs
+            if self.store is not None:
+                self.store.write(step, epoch, gs, tokenizer_id=self.policies[m].tokenizer_id)
+        if hasattr(self.peers, "set_step_groups"):
+            self.peers.set_step_groups(groups)
+        batches, xtime = {}, {}
+        for m in self.model_ids:
+            ctx = ctxs[m]
+            t = time.perf_counter()
+            peer = self.peers.groups(prompts, step, epoch, m) if self.peers is not None else None
+            if peer is not None:
+                ctx.metrics.update(complementarity(groups[m], peer))
+            slots = self.learners[m].exchange(ctx, groups[m], peer)
+            batches[m] = self.learners[m].build_batch(ctx, slots)
+            xtime[m] = time.perf_counter() - t
+        out = {}
+        for m in self.model_ids:
+            ctx, pol, learner = ctxs[m], self.policies[m], self.learners[m]
+            upd = []
+            with self.meter.phase(m, "update"):
+                for idx in learner.schedule(ctx, batches[m]):
+                    mb = batches[m].minibatch(idx)
+                    loss, met = learner.loss(ctx, pol, mb)
+                    met["grad_norm"] = pol.step(loss)
+                    met["loss"] = float(loss.detach())
+                    upd.append(met)
+            pol.version += 1
+            after = self._phase_wall(m)
+            dt = {k: after.get(k, 0.0) - before[m].get(k, 0.0) for k in after}
+            met = outcome_metrics(groups[m])
+            met.update(mean_metrics(upd))
+            met.update(ctx.metrics)
+            met["lr"] = pol.lr
+            met["time/generate"] = dt.get("generate", 0.0)
+            met["time/score"] = dt.get("score", 0.0)
+            met["time/logprob"] = dt.get("logprob", 0.0)
+            met["time/update"] = dt.get("update", 0.0)
+            met["time/exchange"] = xtime[m]
+            toks = ctx.metrics.get("rollouts/tokens", 0)
+            met["perf/tokens_per_s"] = toks / met["time/generate"] if met["time/generate"] > 0 else None
+            met["time/step"] = time.perf_counter() - t0
+            met["epoch"] = epoch
+            out[m] = met
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    def eval_prompts(self):
+        ev = self.cfg["eval"]
+        if ev["dataset"]:
+            from graftzoo.envs.datasets import load_dataset
+            ds = load_dataset(ev["dataset"])
+            return list(ds)[: ev["size"] or len(ds)], None
+        env = make_env(self.cfg, "test", size=ev["size"])
+        return list(env.dataset), env
+
+    def evaluate(self, step: int, final: bool = False) -> dict:
+        from graftzoo.envs.verifier import VERIFIER_VERSION
+        from graftzoo.evaluate import evaluate_policy
+        ev = self.cfg["eval"]
+        prompts, env = self.eval_prompts()
+        env = env or self.env
+        res = {}
+        for m in self.model_ids:
+            with self.meter.phase(m, "eval"):
+                r = evaluate_policy(self.policies[m], self.engines[m], prompts, env, k=int(ev["k"]),
+                                    greedy=bool(ev["greedy"]), temperature=float(ev["temperature"]),
+                                    max_new_tokens=ev["max_new_tokens"], seed=self.seed)
+            res[m] = r
+            if final:
+                benches = {}
+                for key, v in r["avg_by"].items():
+                    benches[key] = {"avg": v, "k": r["k"], "n_items": sum(1 for p in prompts
+                                                                          if str(p.metadata.get("skill", p.source or "all")) == key),
+                                    "greedy": r.get("greedy_by", {}).get(key),
+                                    "pass_at_k": {str(r["k"]): r["pass_at_k_by"][key]}}
+                write_eval(self.run_dir, m, {
+                    "model": m, "step": step, "benchmarks": benches,
+                    "overall": {k: r[k] for k in ("avg", "sd", "ci", "per_seed_run", "greedy", "pass_at_k") if k in r},
+                    "dataset_hashes": {"eval": getattr(env.dataset, "hash", None)},
+                    "verifier": VERIFIER_VERSION, "engine": self.cfg["rollout"]["engine"],
+                    "sampling": {"temperature": ev["temperature"], "top_p": self.cfg["rollout"]["top_p"],
+                                 "k": ev["k"], "greedy": ev["greedy"],
+                                 "max_new_tokens": ev["max_new_tokens"] or self.engines[m].max_new_tokens}})
+        self.eval_results = res
+        return res
+
+    # ------------------------------------------------------------------------------------------
+    def summary(self, status: str) -> dict:
+        peers = {m: (self.peers.peer_of(m) if self.peers is not None else None) for m in self.model_ids}
+        src = None if self.peers is None else {"online": "live", "stored": "stored", "mixed": "mixed"}[self.peers.kind]
+        return make_summary(self.cfg, models=self.model_ids, peers=peers, status=status,
+                            compute=self.meter.summary(), peer_source=src)
+
+    def run(self) -> Path:
+        from graftzoo.eval.artifacts import write_config
+        start, wandb_id = 0, None
+        ck = latest_checkpoint(self.run_dir) if self.resume else None
+        if ck is not None:
+            state = load_checkpoint(ck, self.policies, self.learners)
+            start, wandb_id = state["step"] + 1, state.get("wandb_id")
+            if self.peers is not None:
+                self.peers.load_state_dict(state.get("peers", {}))
+            for m, phases in state.get("compute", {}).get("models", {}).items():
+                for ph, rec in phases.get("phases", {}).items():
+                    self.meter.add(m, ph, rec["wall_s"], rec["cpu_s"], rec["gpu_h"])
+        write_config(self.run_dir, self.cfg)
+        self.tracker = Tracker(self.run_dir, self.cfg, resume_id=wandb_id)
+        self.tracker.truncate_after(start - 1)
+        write_summary(self.run_dir, self.summary("running"))
+        ev_every = int(self.cfg["run"]["eval_every"] or 0)
+        save_every = int(self.cfg["run"]["save_every"] or 0)
+        try:
+            if start == 0 and self.cfg["run"]["eval_at_start"]:
+                res = self.evaluate(0)
+                for m in self.model_ids:
+                    self.tracker.log(-1, m, eval_metrics(res[m]))
+            for step in range(start, self.total_steps):
+                mets = self.train_step(step)
+                last = step == self.total_steps - 1
+                if ev_every and (step + 1) % ev_every == 0 and not last:
+                    res = self.evaluate(step)
+                    for m in mets:
+                        mets[m].update(eval_metrics(res[m]))
+                for m, met in mets.items():
+                    self.tracker.log(step, m, met)
+                if self.progress:
+                    self.progress(step, self.total_steps, mets)
+                if (save_every and (step + 1) % save_every == 0) or last:
+                    self.checkpoint(step)
+            if self.cfg["run"]["eval_at_end"]:
+                res = self.evaluate(self.total_steps - 1, final=True)
+                for m in self.model_ids:
+                    self.tracker.log(self.total_steps, m, eval_metrics(res[m]))
+            write_summary(self.run_dir, self.summary("done"))
+            self.tracker.log_summary({"status": "done"})
+        except BaseException:
+            write_summary(self.run_dir, self.summary("failed"))
+            raise
+        finally:
+            self.tracker.finish()
+        return self.run_dir
+
+    def checkpoint(self, step: int):
+        save_checkpoint(self.run_dir, step, self.policies, self.learners,
+                        {"wandb_id": self.tracker.run_id if self.tracker else None,
+                         "peers": self.peers.state_dict() if self.peers is not None else {},
+                         "compute": self.meter.summary(), "sampler": {"step": step + 1}},
+                        keep=int(self.cfg["run"]["keep_checkpoints"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# metrics shared by every algorithm
+# ----------------------------------------------------------------------------------------------
+
+def outcome_metrics(groups) -> dict:
+    rolls = [r for g in groups for r in g.rollouts]
+    n = max(1, len(groups))
+    lens = [len(r.token_ids) - r.prefix_len for r in rolls]
+    return {
+        "reward/mean": statistics.fmean(r.reward for r in rolls) if rolls else None,
+        "reward/acc": statistics.fmean(float(r.correct) for r in rolls) if rolls else None,
+        "groups/count": len(groups),
+        "groups/all_fail": sum(g.all_fail for g in groups) / n,
+        "groups/all_success": sum(g.all_success for g in groups) / n,
+        "groups/mixed": sum(g.mixed for g in groups) / n,
+        "response/len_mean": statistics.fmean(lens) if lens else None,
+        "response/trunc_rate": statistics.fmean(float(r.finish_reason == "length") for r in rolls) if rolls else None,
+    }
+
+
+def complementarity(groups, peer: dict) -> dict:
+    """Fraction of the learner's all-fail prompts that the peer solved / where its group is mixed (Fig. 1 right)."""
+    dead = [g for g in groups if g.all_fail]
+    if not dead:
+        return {"peer/solved_all_fail_frac": None, "peer/mixed_on_all_fail_frac": None, "peer/all_fail_count": 0}
+    solved = sum(1 for g in dead if g.prompt.id in peer and peer[g.prompt.id].num_correct > 0)
+    mixed = sum(1 for g in dead if g.prompt.id in peer and peer[g.prompt.id].mixed)
+    return {"peer/solved_all_fail_frac": solved / len(dead), "peer/mixed_on_all_fail_frac": mixed / len(dead),
+            "peer/all_fail_count": len(dead)}
+
+
+def mean_metrics(records: list) -> dict:
+    out = {}
+    keys = {k for r in records for k in r}
+    for k in keys:
+        vals = [r[k] for r in records if r.get(k) is not None and not (isinstance(r[k], float) and math.isnan(r[k]))]
+        out[k] = statistics.fmean(vals) if vals else None
+    return out
+
+
+def eval_metrics(res: dict) -> dict:
+    out = {"eval/avg": res.get("avg"), "eval/greedy": res.get("greedy")}
+    for k, v in (res.get("avg_by") or {}).items():
+        out[f"eval/avg_{k}"] = v
+    for k, v in (res.get("greedy_by") or {}).items():
+        out[f"eval/greedy_{k}"] = v
+    return out
+
+
+def train(cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None) -> Path:
+    return Trainer(cfg, run_dir=run_dir, resume=resume, progress=progress).run()

@@ -1,0 +1,201 @@
+"""Supervised warm-up of the tiny models on procedural arithmetic, cached on disk.
+
+A tiny model starts from random weights; a short SFT run on scratchpad solutions gives it the
+skill profile that the RL demo needs (notes/miniature-feasibility.md, second study §3). The loss
+is completion-only: cross-entropy on the scratchpad and its EOS after the compact prompt
+``Q:{question}\\n``. Fresh problems every step, AdamW, linear warm-up then cosine decay.
+
+The result is cached under ``$GRAFTZOO_CACHE`` (default ``~/.cache/graftzoo``) in a directory
+named by the spec id and a hash of (spec, seed, WARMUP_VERSION); it holds the model and
+tokenizer (``save_pretrained``) and ``warmup.json``. It is written to a temporary directory and
+renamed into place, so a reader never sees a half-written checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from graftzoo.envs.arithmetic import generate_prompts, is_correct
+from graftzoo.tiny import TinyModelSpec, WarmupSpec, build_tiny, compact_prompt, position_ids
+
+WARMUP_VERSION = 1  # bump when the training code changes what a given spec produces
+PROBE_SPLIT = "probe"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("GRAFTZOO_CACHE") or Path.home() / ".cache" / "graftzoo")
+
+
+def cache_key(spec: TinyModelSpec, seed: int) -> str:
+    """Hash of everything that determines the warmed-up weights."""
+    blob = json.dumps({"spec": spec.to_dict(), "seed": seed, "version": WARMUP_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def encode_batch(tokenizer, questions: Sequence[str], solutions: Sequence[str]) -> dict:
+    """Left-padded SFT batch: prompt ``Q:{q}\\n`` + solution + EOS; labels -100 except on the completion."""
+    prompts = tokenizer([compact_prompt(q) for q in questions], add_special_tokens=False)["input_ids"]
+    answers = tokenizer(list(solutions), add_special_tokens=False)["input_ids"]
+    rows = [(p, a + [tokenizer.eos_token_id]) for p, a in zip(prompts, answers)]
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (p, a) in enumerate(rows):
+        n = len(p) + len(a)
+        ids[i, width - n:] = torch.tensor(p + a)
+        mask[i, width - n:] = 1
+        labels[i, width - len(a):] = torch.tensor(a)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def sft_loss(model, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labelled (completion) tokens."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=position_ids(batch["attention_mask"])).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100)
+
+
+def lr_factor(step: int, w: WarmupSpec) -> float:
+    """Linear warm-up over ``warmup_steps``, then cosine from 1 to ``min_lr_ratio`` at ``steps``."""
+    if step < w.warmup_steps:
+        return (step + 1) / w.warmup_steps
+    t = (step - w.warmup_steps) / max(1, w.steps - w.warmup_steps)
+    return w.min_lr_ratio + (1 - w.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
+              progress: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run ``w.steps`` SFT steps on fresh train-split problems; returns loss and timing stats."""
+    opt = torch.optim.AdamW(model.parameters(), lr=w.lr, betas=tuple(w.betas), weight_decay=w.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, w))
+    model.train()
+    t0, losses = time.perf_counter(), []
+    for step in range(w.steps):
+        prompts = generate_prompts(w.batch, seed, w.mix, w.difficulty, "train", start=step * w.batch)
+        batch = encode_batch(tokenizer, [p.text for p in prompts], [p.metadata["solution"] for p in prompts])
+        loss = sft_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), w.grad_clip)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if progress is not None:
+            progress({"step": step + 1, "steps": w.steps, "loss": losses[-1], "lr": sched.get_last_lr()[0],
+                      "elapsed_s": time.perf_counter() - t0})
+    model.eval()
+    tail = losses[-max(1, len(losses) // 10):]
+    return {"steps": w.steps, "train_s": time.perf_counter() - t0,
+            "first_loss": losses[0] if losses else None, "final_loss": sum(tail) / len(tail) if tail else None}
+
+
+@torch.no_grad()
+def generate(model, tokenizer, questions: Sequence[str], max_new_tokens: int, num_samples: int = 1,
+             do_sample: bool = False, temperature: float = 1.0, batch_size: int = 256) -> list[list[str]]:
+    """Responses to each question's compact prompt: ``num_samples`` per question, plain (top-k 0, top-p 1)."""
+    prompts = [compact_prompt(q) for q in questions for _ in range(num_samples)]
+    texts = []
+    for i in range(0, len(prompts), batch_size):
+        enc = tokenizer(prompts[i:i + batch_size], add_special_tokens=False, padding=True, return_tensors="pt")
+        kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
+        out = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                             position_ids=position_ids(enc["attention_mask"]), max_new_tokens=max_new_tokens,
+                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **kw)
+        texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return [texts[j * num_samples:(j + 1) * num_samples] for j in range(len(questions))]
+
+
+def max_new_tokens_for(tokenizer, solutions: Sequence[str], margin: int = 4) -> int:
+    """Longest tokenized solution + EOS + a margin."""
+    return max(len(ids) for ids in tokenizer(list(solutions), add_special_tokens=False)["input_ids"]) + 1 + margin
+
+
+def probe(model, tokenizer, w: WarmupSpec, seed: int) -> dict:
+    """Greedy accuracy per skill of the warm-up mix on ``w.probe_per_skill`` held-out problems each."""
+    skills = [k for k, v in w.mix.items() if v > 0]
+    acc = {}
+    for skill in skills:
+        ps = generate_prompts(w.probe_per_skill, seed, {skill: 1.0}, w.difficulty, PROBE_SPLIT)
+        mnt = max_new_tokens_for(tokenizer, [p.metadata["solution"] for p in ps])
+        outs = generate(model, tokenizer, [p.text for p in ps], mnt)
+        acc[skill] = sum(is_correct(o[0], p.gold) for o, p in zip(outs, ps)) / len(ps)
+    return acc
+
+
+def _warm(spec: TinyModelSpec, seed: int, progress=None, threads: int = 1) -> tuple:
+    torch.set_num_threads(threads)
+    model, tok = build_tiny(spec, seed)
+    stats = sft_train(model, tok, spec.warmup, seed, progress)
+    t = time.perf_counter()
+    stats["probe_greedy"] = probe(model, tok, spec.warmup, seed)
+    stats["probe_s"] = time.perf_counter() - t
+    return model, tok, stats
+
+
+def load_or_warmup(spec: TinyModelSpec, seed: Optional[int] = None, cache_dir=None,
+                   progress: Optional[Callable[[dict], None]] = None, threads: int = 1) -> str:
+    """Directory of the warmed-up ``spec`` (seed defaults to ``spec.warmup.seed``); trains only on a cache miss."""
+    seed = spec.warmup.seed if seed is None else seed
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = root / f"{spec.id}-{cache_key(spec, seed)}"
+    if (final / "warmup.json").is_file():
+        return str(final)
+    root.mkdir(parents=True, exist_ok=True)
+    model, tok, stats = _warm(spec, seed, progress, threads)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.id}-", dir=root))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        meta = {"spec": spec.to_dict(), "seed": seed, "version": WARMUP_VERSION, **stats}
+        (tmp / "warmup.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process finished the same warm-up first; keep its copy
+            if not (final / "warmup.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(final)
+
+
+def _warm_in_child(spec_dict: dict, seed: Optional[int], cache_dir) -> str:
+    return load_or_warmup(TinyModelSpec.from_dict(spec_dict), seed, cache_dir)
+
+
+def warmup_pair(specs: Sequence[TinyModelSpec], seed: Optional[int] = None, cache_dir=None,
+                parallel: Optional[bool] = None) -> list[str]:
+    """Warm every spec (cached); cache misses run in parallel processes, 1 thread each, when >= 2 cores are ours."""
+    if parallel is None:
+        parallel = len(os.sched_getaffinity(0)) >= 2
+    if not parallel or len(specs) < 2:
+        return [load_or_warmup(s, seed, cache_dir) for s in specs]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(len(specs), len(os.sched_getaffinity(0))), mp_context=ctx) as ex:
+        futures = [ex.submit(_warm_in_child, s.to_dict(), seed, cache_dir) for s in specs]
+        return [f.result() for f in futures]
+
+
+def load_tiny(path: str):
+    """(model, tokenizer) from a ``load_or_warmup`` directory, in eval mode."""
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def warmup_info(path: str) -> dict:
+    return json.loads((Path(path) / "warmup.json").read_text())

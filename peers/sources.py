@@ -1,0 +1,170 @@
+"""Peer sources: where a learner's peer groups come from (DESIGN.md "The data that flows").
+
+``groups(prompts, step, epoch, learner_id) -> {prompt_id: Group}`` returns, for the step's prompts,
+the peer's groups: text, rewards, peer advantages, peer log-prob stats and policy versions.
+
+- ``OnlinePeer``: the partner in the same run; the trainer hands it every model's groups of the
+  step before any model updates.
+- ``StoredPeer``: the TrajectoryStore of an earlier run; alignment ``same_step`` (the record of
+  this step) or ``latest`` (the most recent record of the prompt at or before this step). A
+  missing prompt means no replacement.
+- ``MixedPeer``: online with a stored fallback, or a mixing ratio.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Optional
+
+from graftzoo.peers.store import StoreError, TrajectoryStore, rows_to_groups
+
+
+class PeerSource:
+    kind = "none"
+
+    def groups(self, prompts, step: int, epoch: int, learner_id: str) -> dict:
+        raise NotImplementedError
+
+    def peer_of(self, learner_id: str) -> Optional[str]:
+        return None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict):
+        pass
+
+
+class OnlinePeer(PeerSource):
+    kind = "online"
+
+    def __init__(self, model_ids: list):
+        if len(model_ids) != 2:
+            raise ValueError(f"peer.source=online needs exactly two trained models, got {model_ids}")
+        self.model_ids = list(model_ids)
+        self._step_groups: dict = {}
+
+    def peer_of(self, learner_id: str) -> str:
+        a, b = self.model_ids
+        return b if learner_id == a else a
+
+    def set_step_groups(self, groups_by_model: dict):
+        """Every model's groups of this step (rollouts finished, advantages computed, no update yet)."""
+        self._step_groups = {m: {g.prompt.id: g for g in gs} for m, gs in groups_by_model.items()}
+
+    def groups(self, prompts, step, epoch, learner_id):
+        mine = self._step_groups.get(self.peer_of(learner_id), {})
+        out = {}
+        for p in prompts:
+            if p.id in mine:
+                g = mine[p.id]
+                for r, a in zip(g.rollouts, g.advantages or []):
+                    r.meta["advantage"] = a
+                out[p.id] = g
+        return out
+
+
+def _store_dir(path) -> Path:
+    p = Path(path)
+    if (p / "store" / "meta.json").exists():
+        return p / "store"
+    return p
+
+
+class StoredPeer(PeerSource):
+    kind = "stored"
+
+    def __init__(self, path, model: Optional[str] = None, align: str = "same_step", dataset: Optional[str] = None,
+                 prompt_ids: Optional[set] = None, exclude: Optional[str] = None):
+        if align not in ("same_step", "latest"):
+            raise ValueError(f"config key 'peer.align' must be same_step|latest, got {align!r}")
+        root = _store_dir(path)
+        if not (root / "meta.json").exists():
+            raise StoreError(f"peer store {path}: no trajectory store here (expected meta.json or store/meta.json)")
+        self.store = TrajectoryStore(root, create=False)
+        models = [m for m in self.store.models if m != exclude] or list(self.store.models)
+        if model is None:
+            if len(models) != 1:
+                raise StoreError(f"peer store {path} holds models {sorted(self.store.models)}; "
+                                 f"choose one with peer.model")
+            model = models[0]
+        if model not in self.store.models:
+            raise StoreError(f"peer store {path} has no model '{model}' (it has {sorted(self.store.models)})")
+        self.model = model
+        self.align = align
+        if dataset is not None and self.store.dataset not in (None, dataset):
+            raise StoreError(f"peer store {path} was written for dataset '{self.store.dataset}', "
+                             f"this run trains on '{dataset}'")
+        self.df = self.store.read(model)
+        if prompt_ids is not None and not (set(self.df["prompt_id"]) & set(prompt_ids)):
+            raise StoreError(f"peer store {path} (model {model}) shares no prompt ids with this run's prompts")
+        self._by_step = {int(s): part for s, part in self.df.groupby("step")} if len(self.df) else {}
+
+    def peer_of(self, learner_id):
+        return self.model
+
+    def groups(self, prompts, step, epoch, learner_id):
+        ids = {p.id for p in prompts}
+        by_id = {p.id: p for p in prompts}
+        if self.align == "same_step":
+            part = self._by_step.get(int(step))
+            if part is None:
+                return {}
+            part = part[part["prompt_id"].isin(ids)]
+        else:
+            cand = self.df[(self.df["prompt_id"].isin(ids)) & (self.df["step"] <= step)]
+            if not len(cand):
+                return {}
+            last = cand.groupby("prompt_id")["step"].transform("max")
+            part = cand[cand["step"] == last]
+        out = rows_to_groups(part, by_id)
+        for g in out.values():
+            for r, a in zip(g.rollouts, g.advantages):
+                r.meta["advantage"] = a
+        return out
+
+
+class MixedPeer(PeerSource):
+    """Online peer, with the stored group used as fallback (mix_ratio None) or with probability mix_ratio."""
+
+    kind = "mixed"
+
+    def __init__(self, online: OnlinePeer, stored: StoredPeer, mix_ratio: Optional[float] = None, seed: int = 0):
+        self.online, self.stored, self.mix_ratio, self.seed = online, stored, mix_ratio, seed
+
+    def peer_of(self, learner_id):
+        return self.online.peer_of(learner_id)
+
+    def set_step_groups(self, groups_by_model):
+        self.online.set_step_groups(groups_by_model)
+
+    def groups(self, prompts, step, epoch, learner_id):
+        live = self.online.groups(prompts, step, epoch, learner_id)
+        stored = self.stored.groups(prompts, step, epoch, learner_id)
+        rng = random.Random(f"{self.seed}:{step}:{learner_id}")
+        out = {}
+        for p in prompts:
+            use_stored = p.id not in live or (self.mix_ratio is not None and p.id in stored
+                                                and rng.random() < self.mix_ratio)
+            g = stored.get(p.id) if use_stored else live.get(p.id)
+            if g is not None:
+                out[p.id] = g
+        return out
+
+
+def make_peer_source(cfg: dict, trained_ids: list, dataset_id: Optional[str] = None, prompt_ids=None):
+    """The peer source named by ``peer.*`` (``none`` -> None)."""
+    pc = cfg["peer"]
+    src = pc["source"]
+    if src == "none":
+        return None
+    if src == "online":
+        return OnlinePeer(trained_ids)
+    if not pc.get("path"):
+        raise ValueError(f"peer.source={src} needs peer.path (a run dir or store dir)")
+    exclude = trained_ids[0] if len(trained_ids) == 1 else None
+    stored = StoredPeer(pc["path"], model=pc.get("model"), align=pc["align"], dataset=dataset_id,
+                        prompt_ids=prompt_ids, exclude=exclude)
+    if src == "stored":
+        return stored
+    return MixedPeer(OnlinePeer(trained_ids), stored, pc.get("mix_ratio"), seed=int(cfg["run"]["seed"]))

@@ -1,0 +1,150 @@
+"""TrajectoryStore: every rollout of every step as Parquet (pyarrow), atomic and schema-versioned.
+
+Layout of a store directory (usually ``<run_dir>/store``)::
+
+    meta.json                          {"schema_version", "dataset", "models": {id: tokenizer_id}}
+    <model_id>/step_000012.parquet     one file per (model, step), written to a temp name then renamed
+
+A crash can only lose the step being written; every complete step stays readable (pandas works too:
+``pandas.read_parquet(store_dir + "/<model_id>")``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from graftzoo.types import Group, Prompt, Rollout
+
+SCHEMA_VERSION = 1
+
+SCHEMA = pa.schema([
+    ("prompt_id", pa.string()), ("step", pa.int64()), ("epoch", pa.int64()), ("model_id", pa.string()),
+    ("tokenizer_id", pa.string()), ("policy_version", pa.int64()), ("sample_index", pa.int64()),
+    ("group_size", pa.int64()), ("prompt_text", pa.string()), ("gold", pa.string()), ("dataset", pa.string()),
+    ("text", pa.string()), ("reward", pa.float64()), ("correct", pa.bool_()), ("advantage", pa.float64()),
+    ("logp_sum", pa.float64()), ("token_count", pa.int64()), ("finish_reason", pa.string()),
+    ("extracted", pa.string()), ("status", pa.string()),
+], metadata={b"graftzoo_schema_version": str(SCHEMA_VERSION).encode()})
+
+
+class StoreError(ValueError):
+    pass
+
+
+def _atomic_write_json(path: Path, payload: dict):
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class TrajectoryStore:
+    def __init__(self, root: str | os.PathLike, dataset: Optional[str] = None, create: bool = True):
+        self.root = Path(root)
+        meta_path = self.root / "meta.json"
+        if meta_path.exists():
+            self.meta = json.loads(meta_path.read_text())
+            v = self.meta.get("schema_version")
+            if v != SCHEMA_VERSION:
+                raise StoreError(f"{meta_path}: unknown trajectory-store schema version {v!r} "
+                                 f"(this graftzoo reads version {SCHEMA_VERSION})")
+        elif create:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.meta = {"schema_version": SCHEMA_VERSION, "dataset": dataset, "models": {}}
+            _atomic_write_json(meta_path, self.meta)
+        else:
+            raise StoreError(f"{self.root}: not a trajectory store (no meta.json)")
+
+    @property
+    def dataset(self) -> Optional[str]:
+        return self.meta.get("dataset")
+
+    @property
+    def models(self) -> dict:
+        return dict(self.meta.get("models", {}))
+
+    def write(self, step: int, epoch: int, groups: Iterable[Group], tokenizer_id: str = ""):
+        """Write one model's groups for one step (all groups must come from the same model)."""
+        groups = list(groups)
+        if not groups:
+            return
+        model_id = groups[0].model_id
+        cols = {f.name: [] for f in SCHEMA}
+        for g in groups:
+            advs = g.advantages or [None] * g.n
+            for i, (r, a) in enumerate(zip(g.rollouts, advs)):
+                row = dict(prompt_id=g.prompt.id, step=step, epoch=epoch, model_id=model_id,
+                           tokenizer_id=tokenizer_id or r.meta.get("tokenizer_id", ""),
+                           policy_version=r.policy_version, sample_index=i, group_size=g.n,
+                           prompt_text=g.prompt.text, gold=g.prompt.gold, dataset=self.dataset or g.prompt.source,
+                           text=r.text, reward=float(r.reward), correct=bool(r.correct),
+                           advantage=None if a is None else float(a), logp_sum=r.logp_sum,
+                           token_count=r.token_count, finish_reason=r.finish_reason, extracted=r.extracted,
+                           status=r.status)
+                for k, v in row.items():
+                    cols[k].append(v)
+        table = pa.table(cols, schema=SCHEMA)
+        d = self.root / model_id
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"step_{step:06d}.parquet"
+        tmp = d / f".tmp-{os.getpid()}-{path.name}"
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+        if self.meta["models"].get(model_id) != (tokenizer_id or None):
+            self.meta["models"][model_id] = tokenizer_id or None
+            _atomic_write_json(self.root / "meta.json", self.meta)
+
+    def steps(self, model_id: str) -> list:
+        d = self.root / model_id
+        if not d.is_dir():
+            return []
+        return sorted(int(p.stem.split("_")[1]) for p in d.glob("step_*.parquet"))
+
+    def read(self, model_id: str, steps: Optional[Iterable[int]] = None):
+        """All rows of a model as a pandas DataFrame (complete steps only)."""
+        import pandas as pd
+        wanted = self.steps(model_id) if steps is None else [s for s in steps if s in set(self.steps(model_id))]
+        frames = []
+        for s in wanted:
+            path = self.root / model_id / f"step_{s:06d}.parquet"
+            try:
+                frames.append(pq.read_table(path).to_pandas())
+            except Exception as e:  # a corrupt file names itself; other steps stay readable
+                raise StoreError(f"{path}: unreadable Parquet file: {e}") from e
+        if not frames:
+            return pd.DataFrame({f.name: [] for f in SCHEMA})
+        return pd.concat(frames, ignore_index=True)
+
+    def prompt_ids(self, model_id: str) -> set:
+        ids = set()
+        for s in self.steps(model_id):
+            ids.update(pq.read_table(self.root / model_id / f"step_{s:06d}.parquet", columns=["prompt_id"])
+                       .column("prompt_id").to_pylist())
+        return ids
+
+
+def rows_to_groups(df, prompts_by_id: Optional[dict] = None) -> dict:
+    """DataFrame rows (one step of one model) -> {prompt_id: Group} with stored advantages and log-prob stats."""
+    out = {}
+    for pid, part in df.sort_values(["prompt_id", "sample_index"]).groupby("prompt_id", sort=False):
+        first = part.iloc[0]
+        prompt = (prompts_by_id or {}).get(pid) or Prompt(id=pid, text=first["prompt_text"], gold=first["gold"],
+                                                          source=first["dataset"])
+        rolls = []
+        for _, row in part.iterrows():
+            n_tok = int(row["token_count"])
+            # the stored behaviour statistics are the mean over the peer's own tokens (EOS excluded)
+            lp = [float(row["logp_sum"]) / n_tok] * n_tok if n_tok else []
+            rolls.append(Rollout(prompt_id=pid, model_id=row["model_id"], policy_version=int(row["policy_version"]),
+                                 text=row["text"], token_ids=[0] * n_tok, logprobs=lp,
+                                 finish_reason=row["finish_reason"], reward=float(row["reward"]),
+                                 correct=bool(row["correct"]), extracted=row["extracted"], status=row["status"],
+                                 meta={"tokenizer_id": row["tokenizer_id"], "stored_step": int(row["step"])}))
+        advs = part["advantage"].tolist()
+        out[pid] = Group(prompt=prompt, model_id=first["model_id"], rollouts=rolls,
+                         advantages=[float(a) if a == a and a is not None else 0.0 for a in advs], source="peer")
+    return out

@@ -1,0 +1,61 @@
+"""graftzoo: a Gymnasium math-reasoning environment plus a pluggable zoo of RLVR algorithms.
+
+The top-level folders envs/, algos/, peers/ and eval/ install as graftzoo.envs, graftzoo.algos,
+graftzoo.peers and graftzoo.eval (PyPI already has unrelated packages named `envs` and `eval`).
+"""
+import os
+
+from setuptools import setup
+
+ROOTS = {"graftzoo": "graftzoo", "graftzoo.envs": "envs", "graftzoo.algos": "algos",
+         "graftzoo.peers": "peers", "graftzoo.eval": "eval"}
+
+
+def _packages():
+    pkgs, dirs = [], {}
+    for name, root in ROOTS.items():
+        for here, subdirs, files in os.walk(root):
+            subdirs[:] = [d for d in subdirs if not d.startswith((".", "__"))]
+            if "__init__.py" not in files:
+                continue
+            rel = os.path.relpath(here, root)
+            pkg = name if rel == "." else name + "." + rel.replace(os.sep, ".")
+            pkgs.append(pkg)
+            dirs[pkg] = here
+    return pkgs, dirs
+
+
+PACKAGES, PACKAGE_DIR = _packages()
+
+setup(
+    name="graftzoo",
+    version="0.1.0",
+    description="RLVR for language models: a Gymnasium math environment, an algorithm zoo, peer exchange",
+    python_requires=">=3.10",
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
+    package_data={"graftzoo.envs": ["data/*.jsonl", "data/*.md"], "graftzoo": ["configs/**/*.yaml"]},
+    include_package_data=True,
+    install_requires=[
+        "torch==2.13.0",
+        "transformers>=4.56",
+        "tokenizers",
+        "gymnasium>=1.0",
+        "math-verify>=0.7",
+        "sympy",
+        "click>=8",
+        "rich",
+        "pyyaml",
+        "wandb",
+        "pyarrow",
+        "pandas",
+        "numpy",
+        "matplotlib",
+    ],
+    extras_require={
+        "gpu": ["vllm"],
+        "dev": ["pytest", "pytest-timeout"],
+        "bench": ["trl"],
+    },
+    entry_points={"console_scripts": ["graftzoo=graftzoo.cli:main"]},
+)
