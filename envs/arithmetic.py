@@ -63,66 +63,85 @@ def _places(x: int) -> list[int]:
     return [int(ch) * 10 ** (len(s) - 1 - i) for i, ch in enumerate(s)]
 
 
-def _add(d: int, rng: random.Random) -> ArithmeticProblem:
-    a, b = _digits(d, rng), _digits(d, rng)
-    q = f"{a}+{b}"
-    steps = [q]
-    if d > 1:
-        pa, pb = _places(a), _places(b)
+def add_solution(a: int, b: int) -> str:
+    """``347+586=300+500+40+80+7+6=800+120+13=933`` (place-value pairs, per-place sums, total)."""
+    steps = [f"{a}+{b}"]
+    pa, pb = _places(a), _places(b)
+    if len(pa) != len(pb):
+        raise ValueError(f"arithmetic: add operands need equal digit counts, got {a} and {b}")
+    if len(pa) > 1:
         steps.append("+".join(f"{x}+{y}" for x, y in zip(pa, pb)))
         steps.append("+".join(str(x + y) for x, y in zip(pa, pb)))
-    steps.append(str(a + b))
-    return ArithmeticProblem(q, a + b, "=".join(steps), "add", d)
+    return "=".join(steps + [str(a + b)])
 
 
-def _sub(d: int, rng: random.Random) -> ArithmeticProblem:
-    a, b = _digits(d, rng), _digits(d, rng)
-    a, b = max(a, b), min(a, b)
-    q = f"{a}-{b}"
-    steps = [q]
-    if d > 1:
-        terms = _places(b)
+def sub_solution(a: int, b: int) -> str:
+    """``586-347=586-300-40-7=286-40-7=246-7=239`` (subtract b's place values one at a time)."""
+    if a < b:
+        raise ValueError(f"arithmetic: sub needs a >= b, got {a} and {b}")
+    steps = [f"{a}-{b}"]
+    terms = _places(b)
+    if len(terms) > 1:
         value = a
         for i in range(len(terms)):
             steps.append("-".join([str(value)] + [str(t) for t in terms[i:]]))
             value -= terms[i]
-    steps.append(str(a - b))
-    return ArithmeticProblem(q, a - b, "=".join(steps), "sub", d)
+    return "=".join(steps + [str(a - b)])
+
+
+def mul_solution(a: int, m: int) -> str:
+    """``347*6=300*6+40*6+7*6=1800+240+42=2082`` (place-value products, then their sum)."""
+    steps = [f"{a}*{m}"]
+    pa = _places(a)
+    if len(pa) > 1:
+        steps.append("+".join(f"{x}*{m}" for x in pa))
+        steps.append("+".join(str(x * m) for x in pa))
+    return "=".join(steps + [str(a * m)])
+
+
+def multi_solution(a: int, m: int, tail: Sequence[tuple[str, int]]) -> str:
+    """``47*6+38-25=282+38-25=320-25=295`` (the product first, then one +/- per step, left to right)."""
+    def render(head: int | str, rest) -> str:
+        return str(head) + "".join(f"{op}{c}" for op, c in rest)
+
+    steps = [render(f"{a}*{m}", tail)]
+    value = a * m
+    for i in range(len(tail) + 1):
+        steps.append(render(value, tail[i:]))
+        if i < len(tail):
+            op, c = tail[i]
+            value = value + c if op == "+" else value - c
+            if value < 0:
+                raise ValueError(f"arithmetic: multi goes negative at step {i + 1} of {steps[0]}")
+    return "=".join(steps)
+
+
+def _problem(solution: str, skill: str, difficulty: int) -> ArithmeticProblem:
+    return ArithmeticProblem(solution.split("=", 1)[0], int(solution.rsplit("=", 1)[1]), solution, skill, difficulty)
+
+
+def _add(d: int, rng: random.Random) -> ArithmeticProblem:
+    return _problem(add_solution(_digits(d, rng), _digits(d, rng)), "add", d)
+
+
+def _sub(d: int, rng: random.Random) -> ArithmeticProblem:
+    a, b = _digits(d, rng), _digits(d, rng)
+    return _problem(sub_solution(max(a, b), min(a, b)), "sub", d)
 
 
 def _mul(d: int, rng: random.Random) -> ArithmeticProblem:
-    a, m = _digits(d, rng), rng.randint(2, 9)
-    q = f"{a}*{m}"
-    steps = [q]
-    if d > 1:
-        pa = _places(a)
-        steps.append("+".join(f"{x}*{m}" for x in pa))
-        steps.append("+".join(str(x * m) for x in pa))
-    steps.append(str(a * m))
-    return ArithmeticProblem(q, a * m, "=".join(steps), "mul", d)
+    return _problem(mul_solution(_digits(d, rng), rng.randint(2, 9)), "mul", d)
 
 
 def _multi(ops: int, rng: random.Random) -> ArithmeticProblem:
     a, m = _digits(2, rng), rng.randint(2, 9)
-    value = a * m
-    tail: list[tuple[str, int]] = []
+    value, tail = a * m, []
     for _ in range(ops - 1):
         c = _digits(2, rng)
         op = "-" if rng.random() < 0.5 and c <= value else "+"
         tail.append((op, c))
         value = value + c if op == "+" else value - c
-
-    def render(head: str, rest: list[tuple[str, int]]) -> str:
-        return head + "".join(f"{op}{c}" for op, c in rest)
-
-    steps = [render(f"{a}*{m}", tail)]
-    value = a * m
-    for i in range(len(tail) + 1):
-        steps.append(render(str(value), tail[i:]))
-        if i < len(tail):
-            op, c = tail[i]
-            value = value + c if op == "+" else value - c
-    return ArithmeticProblem(steps[0], value, "=".join(steps), "multi", ops)
+    return _problem(multi_solution(a, m, tail), "multi", ops)
 
 
 _BUILDERS = {"add": _add, "sub": _sub, "mul": _mul, "multi": _multi}

@@ -5,8 +5,9 @@ Per (response, gold):
   1. extract the final answer (graftzoo.envs.extract: last ``\\boxed``, then fallbacks), in the
      caller's process, with length and nesting limits;
   2. normalize both strings (spacing macros, ``\\left``/``\\right``, ``\\dfrac``) and take the fast
-     exact path: equal strings or equal plain numbers are correct, two different plain integers
-     are wrong, without math-verify;
+     exact path without math-verify: equal strings, or equal plain numbers (integers, decimals,
+     integer fractions, and tuples/intervals of them) are correct; numbers that differ without a
+     decimal point (e.g. two different integers) are wrong;
   3. look up the LRU of verdicts keyed by the normalized pair;
   4. otherwise run math-verify (LaTeX extraction only, never sympy's string parser, never eval)
      in a bounded pool of worker processes. Each call has a soft timer inside the worker and a
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -32,7 +34,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from decimal import Decimal
+from fractions import Fraction
 from functools import lru_cache
 from importlib.metadata import version
 
@@ -68,7 +70,10 @@ class VerifyResult:
 _DROP = re.compile(r"(\\\\)|\\?\$|\\(?:left|right)\.|\\(?:left|right)(?![A-Za-z])|\\[,;:! ]|\\displaystyle|~")
 _SMALL_FRAC = re.compile(r"\\[dt]frac(?![A-Za-z])")
 _SPACE_NEAR_SYMBOL = re.compile(r"\s+(?=[^A-Za-z0-9])|(?<=[^A-Za-z0-9])\s+")
-_PLAIN_NUMBER = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")
+_NUMBER = re.compile(  # integer, decimal, integer fraction (\frac{a}{b}, \frac12, a/b) or infinity
+    r"(?P<sign>[-+]?)(?:(?P<int>\d+)|(?P<dec>\d+\.\d*|\.\d+)|\\frac\{(?P<fn>-?\d+)\}\{(?P<fd>-?\d+)\}"
+    r"|\\frac(?P<sn>\d)(?P<sd>\d)|(?P<qn>\d+)/(?P<qd>\d+)|(?P<inf>\\infty))")
+_BRACKETED = re.compile(r"([(\[])([^()\[\]]*)([)\]])")
 
 
 def normalize_answer(s: str) -> str:
@@ -82,16 +87,50 @@ def normalize_answer(s: str) -> str:
     return s.rstrip(".")
 
 
+def _number(s: str) -> tuple[Fraction | float, bool] | None:
+    """(value, exact) of a plain number; exact is False when a decimal point is involved."""
+    m = _NUMBER.fullmatch(s)
+    if m is None:
+        return None
+    g = m.groupdict()
+    try:
+        if g["inf"]:
+            value = math.inf
+        elif g["int"] or g["dec"]:
+            value = Fraction(g["int"] or g["dec"])
+        else:
+            num, den = (g["fn"], g["fd"]) if g["fn"] else (g["sn"], g["sd"]) if g["sn"] else (g["qn"], g["qd"])
+            value = Fraction(int(num), int(den))
+    except ZeroDivisionError:
+        return None
+    return (-value if g["sign"] == "-" else value), not g["dec"]
+
+
+def _numbers(s: str) -> tuple[str, list] | None:
+    """A plain number, or a bracketed tuple/interval of plain numbers, as (brackets, [(value, exact)])."""
+    m = _BRACKETED.fullmatch(s)
+    brackets, parts = (m.group(1) + m.group(3), m.group(2).split(",")) if m else ("", [s])
+    values = [_number(p) for p in parts]
+    return None if None in values else (brackets, values)
+
+
 def _fast_verdict(a: str, b: str) -> bool | None:
-    """Exact verdict for normalized answers, or None when math-verify must decide."""
+    """Verdict for two normalized answers without math-verify, or None when it must decide.
+
+    Equal strings are equivalent. Plain numbers (integers, decimals, integer fractions, infinity)
+    and bracketed tuples/intervals of them with the same brackets are compared exactly by value:
+    equal values are equivalent; a component that differs is a wrong answer when neither side has
+    a decimal point (decimals are left to math-verify's rounding rules).
+    """
     if a == b:
         return True
-    if _PLAIN_NUMBER.fullmatch(a) and _PLAIN_NUMBER.fullmatch(b):
-        if Decimal(a) == Decimal(b):
-            return True
-        if "." not in a and "." not in b:
-            return False
-    return None
+    x, y = _numbers(a), _numbers(b)
+    if x is None or y is None or x[0] != y[0] or len(x[1]) != len(y[1]):
+        return None
+    pairs = list(zip(x[1], y[1]))
+    if any(u != v and eu and ev for (u, eu), (v, ev) in pairs):
+        return False
+    return True if all(u == v for (u, _), (v, _) in pairs) else None
 
 
 class _LRU:
@@ -163,6 +202,13 @@ def _evaluate(kind: str, a: str, b: str) -> tuple[str, bool]:
     return "ok", bool(mv_verify(x, y, timeout_seconds=None) or mv_verify(y, x, timeout_seconds=None))
 
 
+# One pair per common answer shape; parsing them once in a new worker pays math-verify's first-use
+# costs (grammar and sympy initialisation, ~1 s) before the worker takes timed calls.
+_WARMUP = (("\\frac{\\sqrt{2}}{2}", "\\sqrt{3}"), ("(1,2]", "[1,2)"), ("(1,-2)", "(-\\infty,2)\\cup(3,\\infty)"),
+           ("x^2+2x-1", "(x+1)^2"), ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "6+9i"), ("10^\\circ", "50\\%"),
+           ("\\text{(C)}", "y=2x+3"))
+
+
 def _limit_memory() -> None:
     """Cap the worker's address space (Linux) so a memory bomb raises MemoryError, not OOM."""
     try:
@@ -184,6 +230,8 @@ def _worker_main(conn) -> None:
     for name in ("math_verify", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     _limit_memory()
+    for gold, pred in _WARMUP:
+        _evaluate("verify", gold, pred)
     conn.send("ready")
     while True:
         try:
@@ -232,6 +280,38 @@ class _Worker:
         self.conn.close()
 
 
+class _Schedule:
+    """Task order for one pool run: tasks are grouped by their first answer (the gold), and a
+    worker keeps taking tasks of the gold it already parsed, then claims an unclaimed gold, and
+    only when every gold is claimed shares one (no worker idles while work is queued)."""
+
+    def __init__(self, tasks: list[tuple[str, str, str]]):
+        self._tasks = tasks
+        self._groups: dict[str, deque[int]] = {}
+        for i, task in enumerate(tasks):
+            self._groups.setdefault(task[1], deque()).append(i)
+        self._owner: dict[str, int] = {}
+        self._current: dict[int, str] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._groups)
+
+    def take(self, slot: int) -> int:
+        key = self._current.get(slot)
+        if key not in self._groups:
+            key = next((g for g in self._groups if g not in self._owner), next(iter(self._groups)))
+            self._owner[key], self._current[slot] = slot, key
+        group = self._groups[key]
+        i = group.popleft()
+        if not group:
+            del self._groups[key]
+            self._owner.pop(key, None)
+        return i
+
+    def put_back(self, i: int) -> None:
+        self._groups.setdefault(self._tasks[i][1], deque()).appendleft(i)
+
+
 class _Pool:
     """Bounded pool of math-verify workers with a hard wall-clock kill per call."""
 
@@ -245,17 +325,17 @@ class _Pool:
         """Run tasks on free workers; return (status, verdict) per task, in order."""
         with self._lock:
             results: list = [None] * len(tasks)
-            queue = deque(range(len(tasks)))
+            queue = _Schedule(tasks)
             ws = self._workers
             while queue or any(w.task is not None for w in ws):
                 now = time.monotonic()
                 for k, w in enumerate(ws):
                     if w.ready and w.task is None and queue:
-                        i = queue.popleft()
+                        i = queue.take(k)
                         try:
                             w.conn.send((tasks[i], SOFT_TIMEOUT_FRACTION * timeout))
                         except OSError:  # died while idle: retry the task on a fresh worker
-                            queue.appendleft(i)
+                            queue.put_back(i)
                             ws[k] = self._replace(w)
                             continue
                         w.task, w.deadline = i, now + timeout

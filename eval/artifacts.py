@@ -13,11 +13,12 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
     One JSON object per line, one line per (step, model) (``append_metrics``)::
 
         {"step": 12, "model": "tiny-qwen-char", "reward/acc": 0.41, "groups/all_fail": 0.22,
-         "peer/solved_all_fail_frac": 0.35, "peer/clip_frac_own": 0.004,
-         "peer/clip_frac_peer": 0.011, "time/generate": 3.2, ...}
+         "peer/solved_all_fail_frac": 0.35, "clip/frac_own": 0.004,
+         "clip/frac_peer": 0.011, "time/generate": 3.2, ...}
 
     ``step`` (int) and ``model`` (str) are required; all other keys are metric names with
-    numeric values (the fixed vocabulary of DESIGN.md "Conventions").
+    numeric values or null (the fixed vocabulary of DESIGN.md "Conventions"). A final line
+    without its newline that does not parse is a torn write of a killed run and is ignored.
 
 ``run_dir/eval/<model file name>.json``
     Final evaluation of one model (``write_eval``); the file name is the model id with "/"
@@ -47,10 +48,10 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
 
     ``peers[m]`` is the model whose rollouts ``m`` learned from, or null for single-model
     methods (these are the baselines of the report). ``peer_source`` is "live" (co-trained),
-    "stored" (peer logs of an earlier run) or null. ``rollout_n`` is the rollout budget: rollouts
+    "stored" (peer logs of an earlier run), "mixed" (live with stored fallback) or null. ``rollout_n`` is the rollout budget: rollouts
     per prompt per model. ``compute`` is ``graftzoo.eval.compute.ComputeMeter.summary()``;
-    ``peer_run_compute`` (stored mode only, optional) is the original peer run's compute total
-    ``{"wall_s", "cpu_s", "gpu_h"}`` used for the amortized charge.
+    ``peer_run_compute`` (stored/mixed mode, optional) is the original peer run's compute total
+    ``{"wall_s", "cpu_s", "gpu_h"}`` used for the amortized charge (``stored_peer_cost``).
 """
 from __future__ import annotations
 
@@ -64,12 +65,14 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
+from graftzoo.eval.compute import joint_charge
+
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 EVAL_DIR = "eval"
 STATUSES = ("done", "running", "failed")
-PEER_SOURCES = (None, "live", "stored")
+PEER_SOURCES = (None, "live", "stored", "mixed")
 
 
 class ArtifactError(ValueError):
@@ -143,8 +146,8 @@ def validate_summary(payload: Mapping, where: str) -> None:
         raise ArtifactError(f"{where}: key 'peer_source' must be one of {PEER_SOURCES}, "
                             f"got {payload.get('peer_source')!r}")
     if payload.get("peer_source") is None and any(p is not None for p in peers.values()):
-        raise ArtifactError(f"{where}: key 'peer_source' must be 'live' or 'stored' when a "
-                            f"model has a peer")
+        raise ArtifactError(f"{where}: key 'peer_source' must be 'live', 'stored' or 'mixed' "
+                            f"when a model has a peer")
     if not isinstance(payload.get("compute", {}), Mapping):
         raise ArtifactError(f"{where}: key 'compute' must be a mapping (ComputeMeter.summary())")
 
@@ -278,17 +281,19 @@ def _read_json(path: Path) -> Any:
 
 def _read_metrics(path: Path) -> list:
     records = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ArtifactError(f"{where}: invalid JSON ({e.msg})") from None
-            _check_metrics_record(rec, where)
-            records.append(rec)
+    lines = path.read_text(encoding="utf-8").split("\n")
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if lineno == len(lines):   # no newline after it: a torn write, see module docstring
+                break
+            raise ArtifactError(f"{where}: invalid JSON ({e.msg})") from None
+        _check_metrics_record(rec, where)
+        records.append(rec)
     return records
 
 
@@ -343,6 +348,23 @@ def find_run_dirs(path) -> list:
     if not found:
         raise ArtifactError(f"{root}: no run directory (one holding {SUMMARY}) inside")
     return sorted(found)
+
+
+def stored_peer_cost(path, model_id: str) -> dict:
+    """Charged training cost of ``model_id`` in an earlier run: ``peer_run_compute`` for stored mode.
+
+    ``path`` is that run's directory or its ``store/`` folder (as given to ``peer.path``).
+    """
+    root = Path(path)
+    if not (root / SUMMARY).is_file() and (root.parent / SUMMARY).is_file():
+        root = root.parent
+    summary = _read_json(root / SUMMARY) if (root / SUMMARY).is_file() else None
+    if summary is None:
+        raise ArtifactError(f"{path}: no {SUMMARY} here or in the parent folder")
+    validate_summary(summary, str(root / SUMMARY))
+    if model_id not in summary["peers"]:
+        raise ArtifactError(f"{root / SUMMARY}: model {model_id!r} not in {summary['models']}")
+    return joint_charge(summary)[model_id]["charged"]
 
 
 def load_runs(paths: Iterable) -> list:

@@ -107,23 +107,23 @@ def joint_charge(summary: Mapping, exclude=("eval",)) -> dict:
     Per model ``m`` the result is ``{"charged": {...}, "amortized": {...} or None, "rule": ...}``:
 
     - no peer (``peers[m]`` is null): ``rule="own"``, charged = m's own cost;
-    - live co-training: ``rule="joint"``, charged = m's cost + its peer's cost, i.e. both models'
-      rollout and training (each model of a pair is charged the whole pair);
+    - live co-training (``peer_source`` "live"): ``rule="joint"``, charged = m's cost + its
+      peer's cost, i.e. both models' rollout and training (each model of a pair pays the pair);
     - stored peer logs: ``rule="stored"``, charged = m's own cost (the peer run is sunk);
-      amortized = charged + ``peer_run_compute`` when the summary gives it.
+    - mixed (live peer with stored fallback): as live;
+    - stored or mixed: amortized = charged + ``peer_run_compute`` when the summary gives it
+      (the original peer run's cost), else None.
     """
     compute = summary.get("compute") or {}
     source = summary.get("peer_source")
+    extra = summary.get("peer_run_compute")
     out = {}
     for m, peer in summary["peers"].items():
         own = model_total(compute, m, exclude)
         if peer is None:
             out[m] = {"charged": own, "amortized": None, "rule": "own"}
-        elif source == "stored":
-            extra = summary.get("peer_run_compute")
-            out[m] = {"charged": own, "amortized": None if extra is None else _add(own, extra),
-                      "rule": "stored"}
-        else:
-            out[m] = {"charged": _add(own, model_total(compute, peer, exclude)),
-                      "amortized": None, "rule": "joint"}
+            continue
+        charged = own if source == "stored" else _add(own, model_total(compute, peer, exclude))
+        out[m] = {"charged": charged, "amortized": None if extra is None else _add(charged, extra),
+                  "rule": "stored" if source == "stored" else "joint"}
     return out

@@ -247,8 +247,8 @@ def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
                  budgets=tuple(budgets), digits=digits)
 
 
-def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "peer/clip_frac_own",
-                        peer_key: str = "peer/clip_frac_peer") -> ClipTable:
+def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own",
+                        peer_key: str = "clip/frac_peer") -> ClipTable:
     """Table 9 of the GRAFT paper: fraction of clipped tokens, own vs peer tokens.
 
     Per run and model, the mean over logged steps of each metric; then mean ± sd over seeds.

@@ -134,6 +134,11 @@ def parse_override(text: str) -> dict:
         raise ConfigError(f"override '{text}' must look like key=value")
     key, raw = text.split("=", 1)
     value = yaml.safe_load(raw) if raw.strip() else None
+    if isinstance(value, str):  # YAML 1.1 reads "3e-5" as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     out: dict = {}
     node = out
     parts = key.strip().split(".")

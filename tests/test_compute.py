@@ -89,6 +89,15 @@ def test_stored_rule_charges_learner_only_plus_amortized():
     assert joint_charge(summary)[A]["amortized"] is None
 
 
+def test_mixed_rule_is_joint_plus_amortized():
+    summary = {"peers": {A: B, B: A}, "peer_source": "mixed", "compute": _pair_compute(),
+               "peer_run_compute": {"wall_s": 10.0, "cpu_s": 10.0, "gpu_h": 1.0}}
+    c = joint_charge(summary)[B]
+    assert c["rule"] == "joint"
+    assert c["charged"] == pytest.approx({"wall_s": 250.0, "cpu_s": 200.0, "gpu_h": 1.25})
+    assert c["amortized"] == pytest.approx({"wall_s": 260.0, "cpu_s": 210.0, "gpu_h": 2.25})
+
+
 def test_single_model_rule_and_missing_model():
     summary = {"peers": {A: None, B: None}, "peer_source": None, "compute": _pair_compute()}
     c = joint_charge(summary)

@@ -66,7 +66,7 @@ def test_graft_balance_ranks_by_outcome_balance():
     assert F.graft_balance(cands, p, 3, rng) == [0, 2, 3]
     assert F.graft_balance(cands, p, 10, rng) == cands
     assert F.graft_balance(cands, p, 1, rng, mode="none") == cands
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="symmetric_cap"):
         F.graft_balance(cands, p, 1, rng, mode="symmetric")
 
 

@@ -7,7 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from graftzoo.eval.artifacts import (ArtifactError, append_metrics, load_run, load_runs,
-                                     make_summary, write_config, write_eval, write_summary)
+                                     make_summary, stored_peer_cost, write_config, write_eval,
+                                     write_summary)
 from graftzoo.eval.cli import report_cmd
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.eval.plots import plot_fractions, plot_score_vs_compute
@@ -52,8 +53,8 @@ def _graft_metrics(seed):
     out = []
     for step in range(len(own)):
         for m in (A, B):
-            out.append({"step": step, "model": m, "peer/clip_frac_own": own[step],
-                        "peer/clip_frac_peer": peer[step], "groups/all_fail": af[step],
+            out.append({"step": step, "model": m, "clip/frac_own": own[step],
+                        "clip/frac_peer": peer[step], "groups/all_fail": af[step],
                         "peer/solved_all_fail_frac": solved[step]})
     return out
 
@@ -100,7 +101,7 @@ def test_load_runs_finds_nested_runs_once(results):
     assert len(runs) == 15
     graft = load_run(results / "graft-s0")
     assert graft.peers == {A: B, B: A} and graft.rollout_n == 8 and graft.seed == 0
-    assert graft.series(A, "peer/clip_frac_own") == ([0, 1], [0.002, 0.004])
+    assert graft.series(A, "clip/frac_own") == ([0, 1], [0.002, 0.004])
     assert graft.evals[B]["benchmarks"]["aime24"]["avg"] == 0.23
 
 
@@ -272,16 +273,28 @@ def test_missing_summary_names_the_file(results, tmp_path):
         load_runs([tmp_path / "empty"])
 
 
-def test_bad_metrics_line_names_file_and_line(results, tmp_path):
+def test_bad_metrics_line_names_file_and_line(tmp_path):
     run_dir = make_run(tmp_path, "r", "GRPO (n=8)", 0, 8, {A: (0.1, 0.1)}, {A: None},
-                       metrics=[{"step": 0, "model": A, "reward/acc": 0.1}])
+                       metrics=[{"step": 0, "model": A, "reward/acc": 0.1, "kl": None}])
     with open(run_dir / "metrics.jsonl", "a") as f:
-        f.write('{"step": 1, "model": \n')
+        f.write('{"step": 1, "model": ')            # torn write of a killed run: ignored
+    assert [r["step"] for r in load_run(run_dir).metrics] == [0]
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('\n{"step": 2, "model": "x"}\n')    # now the broken line is followed by more
     with pytest.raises(ArtifactError, match=r"metrics\.jsonl:2: invalid JSON"):
         load_run(run_dir)
     (run_dir / "metrics.jsonl").write_text(json.dumps({"model": A}) + "\n")
     with pytest.raises(ArtifactError, match=r"metrics\.jsonl:1: key 'step'"):
         load_run(run_dir)
+
+
+def test_stored_peer_cost_reads_the_peer_run(results):
+    # grpo8-s0 trained B alone: 100 + 50 wall-s, eval excluded; the store folder works too
+    expected = {"wall_s": 150.0, "cpu_s": 100.0, "gpu_h": 0.0}
+    assert stored_peer_cost(results / "grpo8-s0", B) == pytest.approx(expected)
+    assert stored_peer_cost(results / "grpo8-s0" / "store", B) == pytest.approx(expected)
+    with pytest.raises(ArtifactError, match="model 'nobody' not in"):
+        stored_peer_cost(results / "grpo8-s0", "nobody")
 
 
 def test_bad_eval_and_summary_name_the_key(tmp_path):

@@ -89,6 +89,11 @@ def test_fast_path_never_calls_math_verify(monkeypatch):
     assert V.verify("\\boxed{12.0}", "12").correct
     assert V.verify("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}").correct
     assert V.verify("\\boxed{\\text{(C)}}", "\\text{(C)}").correct
+    assert V.verify("\\boxed{0.5}", "\\frac12").correct
+    assert not V.verify("\\boxed{\\frac{11}{2}}", "\\frac{21}{2}").correct
+    assert V.verify("\\boxed{\\left( 15, -\\frac{58}{2} \\right)}", "(15,-29)").correct
+    assert not V.verify("\\boxed{(15,-39)}", "(15,-29)").correct
+    assert not V.verify("\\boxed{(9, \\infty)}", "(5,\\infty)").correct
     assert V.answers_equivalent("3", "4") is False
 
 
@@ -137,15 +142,17 @@ def test_verify_batch_dedupes_and_caches(monkeypatch):
         return run(self, tasks, timeout)
 
     monkeypatch.setattr(V._Pool, "run", counting_run)
-    answers = ["0.5", "\\frac{1}{2}", "\\dfrac12", "0.5", "\\frac{1}{3}", "0.5", "7", "\\frac{1}{3}"]
+    answers = ["\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", "\\dfrac{\\sqrt2}{2}", "\\sqrt{2}/2", "\\sqrt{3}", "\\sqrt{2}/2",
+               "1", "\\sqrt{3}"]
     responses = [f"Hence \\boxed{{{a}}}." for a in answers]
-    out = V.verify_batch(responses, ["\\frac{1}{2}"] * 8)
+    gold = "\\frac{\\sqrt{2}}{2}"
+    out = V.verify_batch(responses, [gold] * 8)
     assert [r.correct for r in out] == [True, True, True, True, False, True, False, False]
     assert [r.extracted for r in out] == answers
-    # "\frac{1}{2}" is exact; "0.5" x3, "\frac{1}{3}" x2, "\dfrac12" and "7" go to math-verify once each
-    assert sorted(t[2] for t in sent) == sorted(["0.5", "\\frac{1}{3}", "\\frac12", "7"])
+    # the gold itself is exact; each other distinct normalized answer goes to math-verify once
+    assert sorted(t[2] for t in sent) == sorted(["\\sqrt{2}/2", "\\frac{\\sqrt2}{2}", "\\sqrt{3}", "1"])
     sent.clear()
-    assert V.verify_batch(responses, ["\\frac{1}{2}"] * 8) == out
+    assert V.verify_batch(responses, [gold] * 8) == out
     assert sent == []  # all verdicts cached
 
 

@@ -99,7 +99,8 @@ def graft_balance(candidates: Sequence[int], peer_p: Sequence[float], cap: int, 
     Returns sorted prompt indices.
     """
     if mode not in BALANCE_MODES:
-        raise ValueError(f"graft_balance: mode={mode!r}; expected one of {BALANCE_MODES}")
+        hint = " (for balance=symmetric use mode='cap_pvar' with cap=symmetric_cap(...))" if mode == "symmetric" else ""
+        raise ValueError(f"graft_balance: mode={mode!r}; expected one of {BALANCE_MODES}{hint}")
     if cap < 0:
         raise ValueError(f"graft_balance: cap must be >= 0, got {cap}")
     cands = list(candidates)
@@ -296,6 +297,8 @@ def hacpo_advantages(rewards, group_index, source, learner: int, baseline_weight
     if src.shape != r.shape:
         raise ValueError(f"hacpo_advantages: source shape {tuple(src.shape)} != rewards shape {tuple(r.shape)}")
     bw = torch.as_tensor(baseline_weight, dtype=r.dtype)
+    if r.numel() == 0:
+        return r.clone()
     if int(src.max()) >= bw.numel() or int(src.min()) < 0:
         raise ValueError(f"hacpo_advantages: source ids must be in [0, {bw.numel()}), got {src.unique().tolist()}")
     st = group_stats(r, group_index)
