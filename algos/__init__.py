@@ -3,3 +3,8 @@ from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch, StepContext, 
 from graftzoo.registry import register_algo  # noqa: F401
 
 from graftzoo.algos import dapo, dr_grpo, grpo, gspo, rloo  # noqa: F401,E402  (registration)
+from graftzoo.algos import hora  # noqa: F401,E402
+from graftzoo.algos import extra  # noqa: F401,E402
+from graftzoo.algos import om_grpo  # noqa: F401,E402
+from graftzoo.algos import hacpo  # noqa: F401,E402  (registration)
+from graftzoo.algos import sgt  # noqa: F401,E402  (registration)

@@ -15,7 +15,6 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.utils.env_checker import check_env
 
-import graftzoo.envs  # noqa: F401  (registers the ids)
 from graftzoo.envs.env import MathReasoningEnv
 from graftzoo.envs.verifier import verify_batch
 

@@ -47,6 +47,7 @@ VERIFIER_VERSION = f"graftzoo-verifier-1+math-verify-{version('math-verify')}"
 STATUSES = ("ok", "no_answer", "unparsable", "timeout", "multiple_answers")
 DEFAULT_WORKERS = 2
 STARTUP_TIMEOUT_S = 120.0
+MAX_FAILED_STARTS = 3
 VERDICT_CACHE_SIZE = 65_536
 SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself first; the hard kill is the backstop
 WORKER_MEMORY_HEADROOM = 2 << 30  # bytes of address space a worker may add after start-up
@@ -319,6 +320,7 @@ class _Pool:
         self._ctx = _context()
         self._workers = [_Worker(self._ctx) for _ in range(workers)]
         self._lock = threading.Lock()
+        self._failed_starts = 0
         self.pid = os.getpid()
 
     def run(self, tasks: list[tuple[str, str, str]], timeout: float) -> list[tuple[str, bool]]:
@@ -349,26 +351,33 @@ class _Pool:
                         try:
                             msg = w.conn.recv()
                         except (EOFError, OSError):
-                            ws[k] = self._replace(w)  # raises if it never started
-                            log.warning("verifier worker died (exit code %s); replaced", w.proc.exitcode)
-                            results[w.task] = ("unparsable", False)
+                            ws[k] = self._replace(w)
+                            if w.task is not None:
+                                log.warning("verifier worker died (exit code %s); replaced", w.proc.exitcode)
+                                results[w.task] = ("unparsable", False)
                             continue
                         if msg == "ready":
-                            w.ready = True
+                            w.ready, self._failed_starts = True, 0
                         else:
                             results[w.task], w.task = msg, None
                     elif time.monotonic() >= w.deadline:
-                        ws[k] = self._replace(w)  # raises if it never started
-                        results[w.task] = ("timeout", False)
+                        ws[k] = self._replace(w)
+                        if w.task is not None:
+                            results[w.task] = ("timeout", False)
             return results
 
     def _replace(self, w: _Worker) -> _Worker:
-        """Kill ``w`` (hung or dead) and start a fresh worker in its place."""
+        """Kill ``w`` (hung or dead) and start a fresh worker in its place; raise when workers keep
+        dying before they are ready (a broken install, or an unguarded main script)."""
         w.kill()
         if not w.ready:
-            raise RuntimeError("graftzoo verifier: a math-verify worker failed to start "
-                               f"(exit code {w.proc.exitcode}); is math-verify importable, and is the main "
-                               "script guarded by `if __name__ == '__main__':`?")
+            self._failed_starts += 1
+            if self._failed_starts >= MAX_FAILED_STARTS:
+                raise RuntimeError(
+                    f"graftzoo verifier: {self._failed_starts} math-verify workers in a row died while starting "
+                    f"(last exit code {w.proc.exitcode}); is math-verify importable, and is the main script "
+                    "guarded by `if __name__ == '__main__':`?")
+            log.warning("verifier worker died while starting (exit code %s); retrying", w.proc.exitcode)
         return _Worker(self._ctx)
 
     def close(self) -> None:

@@ -48,8 +48,8 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
 
     ``peers[m]`` is the model whose rollouts ``m`` learned from, or null for single-model
     methods (these are the baselines of the report). ``peer_source`` is "live" (co-trained),
-    "stored" (peer logs of an earlier run), "mixed" (live with stored fallback) or null. ``rollout_n`` is the rollout budget: rollouts
-    per prompt per model. ``compute`` is ``graftzoo.eval.compute.ComputeMeter.summary()``;
+    "stored" (peer logs of an earlier run), "mixed" (live with stored fallback) or null.
+    ``rollout_n`` is the rollout budget: rollouts per prompt per model. ``compute`` is ``graftzoo.eval.compute.ComputeMeter.summary()``;
     ``peer_run_compute`` (stored/mixed mode, optional) is the original peer run's compute total
     ``{"wall_s", "cpu_s", "gpu_h"}`` used for the amortized charge (``stored_peer_cost``).
 """

@@ -15,6 +15,10 @@ regex Split pre-tokenizer and a Fuse decoder), so ``save_pretrained`` / ``AutoTo
 text exactly: peers exchange text and re-tokenize it. The chat template renders a user turn
 as the compact prompt ``Q:{content}\\n`` and an assistant turn as ``{content}<eos>``.
 
+Load a saved tiny tokenizer with ``load_tokenizer(path)``, not ``AutoTokenizer``: for a directory
+that also holds a ``qwen2`` model config, transformers 5 forces its own ``Qwen2Tokenizer`` (byte-level
+BPE) over the saved ``tokenizer.json`` and silently drops characters such as ``\n``.
+
 Padding is on the left; callers pass ``position_ids(attention_mask)`` so a left-padded row
 sees the same positions as an unpadded one (notes §2).
 """
@@ -68,6 +72,15 @@ def build_tokenizer(kind: str) -> PreTrainedTokenizerFast:
         tokenizer_object=core, pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token=UNK,
         padding_side="left", clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE,
         model_max_length=1024)
+
+
+def load_tokenizer(path) -> PreTrainedTokenizerFast:
+    """A saved tiny tokenizer, read from its own ``tokenizer.json`` (see the module docstring)."""
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
+    probe = "Q:12+345\n"
+    if tok.decode(tok(probe, add_special_tokens=False)["input_ids"]) != probe:
+        raise ValueError(f"tiny: tokenizer at {path} does not round-trip {probe!r}; is it a tiny tokenizer?")
+    return tok
 
 
 @dataclass

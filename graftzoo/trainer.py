@@ -144,6 +144,9 @@ class Trainer:
             peer = self.peers.groups(prompts, step, epoch, m) if self.peers is not None else None
             if peer is not None:
                 ctx.metrics.update(complementarity(groups[m], peer))
+            elif len(self.model_ids) == 2:  # co-trained without exchange: still measure complementarity (Fig. 1 right)
+                other = groups[self.model_ids[1 - self.model_ids.index(m)]]
+                ctx.metrics.update(complementarity(groups[m], {g.prompt.id: g for g in other}))
             slots = self.learners[m].exchange(ctx, groups[m], peer)
             batches[m] = self.learners[m].build_batch(ctx, slots)
             xtime[m] = time.perf_counter() - t
@@ -184,6 +187,9 @@ class Trainer:
             from graftzoo.envs.datasets import load_dataset
             ds = load_dataset(ev["dataset"])
             return list(ds)[: ev["size"] or len(ds)], None
+        if "Arithmetic" not in self.cfg["task"]["env"]:
+            raise ValueError("config key 'eval.dataset' is required for non-procedural tasks "
+                             "(e.g. eval.dataset=math500); the held-out split is only defined for Arithmetic")
         env = make_env(self.cfg, "test", size=ev["size"])
         return list(env.dataset), env
 
@@ -222,8 +228,15 @@ class Trainer:
     def summary(self, status: str) -> dict:
         peers = {m: (self.peers.peer_of(m) if self.peers is not None else None) for m in self.model_ids}
         src = None if self.peers is None else {"online": "live", "stored": "stored", "mixed": "mixed"}[self.peers.kind]
+        prc = None
+        if src == "stored":
+            from graftzoo.eval.artifacts import stored_peer_cost
+            try:
+                prc = stored_peer_cost(self.cfg["peer"]["path"], self.peers.peer_of(self.model_ids[0]))
+            except Exception:  # the original peer run's compute is optional (amortized charge only)
+                prc = None
         return make_summary(self.cfg, models=self.model_ids, peers=peers, status=status,
-                            compute=self.meter.summary(), peer_source=src)
+                            compute=self.meter.summary(), peer_source=src, peer_run_compute=prc)
 
     def run(self) -> Path:
         from graftzoo.eval.artifacts import write_config

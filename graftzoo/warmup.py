@@ -26,10 +26,11 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
-from graftzoo.tiny import TinyModelSpec, WarmupSpec, build_tiny, compact_prompt, position_ids
+from graftzoo.tiny import (TinyModelSpec, WarmupSpec, build_tiny, compact_prompt, load_tokenizer,
+                           position_ids)
 
 WARMUP_VERSION = 1  # bump when the training code changes what a given spec produces
 PROBE_SPLIT = "probe"
@@ -191,10 +192,10 @@ def warmup_pair(specs: Sequence[TinyModelSpec], seed: Optional[int] = None, cach
 
 
 def load_tiny(path: str):
-    """(model, tokenizer) from a ``load_or_warmup`` directory, in eval mode."""
+    """(model, tokenizer) from a ``load_or_warmup`` directory, in eval mode (tokenizer via ``load_tokenizer``)."""
     model = AutoModelForCausalLM.from_pretrained(path)
     model.eval()
-    return model, AutoTokenizer.from_pretrained(path)
+    return model, load_tokenizer(path)
 
 
 def warmup_info(path: str) -> dict:

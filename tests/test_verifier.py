@@ -170,6 +170,11 @@ def test_bad_input_is_named():
 # ---------------------------------------------------------------- adversarial set and pool robustness
 
 
+def _start_pool():
+    """A query that needs math-verify, so the pool is started and its workers are ready."""
+    assert V.verify("\\boxed{\\sqrt{3}}", "\\sqrt{2}").status == "ok"
+
+
 def _injections(sentinel):
     return [
         f"__import__('os').system('touch {sentinel}')",
@@ -197,7 +202,7 @@ def _adversarial(sentinel):
 
 def test_adversarial_set_gets_a_verdict_within_2s(tmp_path):
     sentinel = tmp_path / "SENTINEL"
-    V.verify("\\boxed{\\frac{1}{3}}", "0.5")  # start the pool outside the timed cases
+    _start_pool()  # outside the timed cases
     for case in _adversarial(sentinel):
         t0 = time.monotonic()
         result = V.verify(case, "12", timeout=1.0)
@@ -218,7 +223,7 @@ def test_timeout_then_normal_query():
 
 
 def test_hard_kill_replaces_a_hung_worker(monkeypatch):
-    V.verify("\\boxed{\\frac{1}{3}}", "0.5")
+    _start_pool()
     before = {w.proc.pid for w in V._pool()._workers}
     monkeypatch.setattr(V, "SOFT_TIMEOUT_FRACTION", 20.0)  # the worker's own timer would fire too late
     t0 = time.monotonic()
@@ -230,7 +235,7 @@ def test_hard_kill_replaces_a_hung_worker(monkeypatch):
 
 
 def test_dead_worker_is_replaced():
-    V.verify("\\boxed{\\frac{1}{3}}", "0.5")
+    _start_pool()
     for w in V._pool()._workers:
         os.kill(w.proc.pid, signal.SIGKILL)
         w.proc.join()
@@ -240,12 +245,12 @@ def test_dead_worker_is_replaced():
 
 
 def test_close_pool_and_restart():
-    V.verify("\\boxed{\\frac{1}{3}}", "0.5")
+    _start_pool()
     procs = [w.proc for w in V._pool()._workers]
     V.close_pool()
     assert not any(p.is_alive() for p in procs)
     V.clear_caches()
-    assert V.verify("\\boxed{\\frac{1}{3}}", "0.5") == V.VerifyResult(False, "\\frac{1}{3}", "ok")
+    assert V.verify("\\boxed{\\sqrt{3}}", "\\sqrt{2}") == V.VerifyResult(False, "\\sqrt{3}", "ok")
 
 
 def test_version_is_recorded():

@@ -1,0 +1,268 @@
+"""ExTra [extra] (spec algos_single §3): a novelty bonus on correct responses and entropy-guided prefix
+regeneration, on top of GRPO.
+
+Novelty (§3.2): every rollout's tail text is embedded (``algo.embedder``, graftzoo.embedders); each
+prompt keeps a FIFO of its last ``memory_size`` rollout embeddings; once it holds ``rollout.n`` of
+them, ``nov_i`` = nearest-neighbour cosine distance to that memory and the sibling rollouts.
+Option B (``novelty_mode: after_norm``, RECOMMENDED): ``A_i = GRPO(r)_i + alpha * nov_i * 1[correct]``;
+Option A (``before_norm``): the bonus, scaled by ``exp(-lambda * reward-variance EMA)``, is added to
+the reward before GRPO normalization.
+
+Prefix regeneration (§3.3): for hard prompts (pass rate <= 1/G) the most confident rollout (lowest mean
+token entropy under theta_old) is cut after newlines (or, with none, after the ``fallback_cut_chars``
+tokens: tiny-model scratchpads have no newlines); each prefix is scored by its mean entropy and kept in
+the prompt's prefix memory; the prefix with the lowest similarity-smoothed score is queued with the
+prompt, which keeps its own gold answer (§3.7.1). After ``regen_warmup_steps`` steps, queued prompts
+replace the tail of the batch and are generated from their prefix (``Rollout.prefix_len``; prefix
+tokens carry no loss). A guided prompt is its own group, with its own memories.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from graftzoo.algos.base import Learner, LearnerConfig, TrainBatch, TrainRow
+from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, group_advantages, is_hard_prompt,
+                                       most_confident_rollout, novelty_scores, prefix_cut_points,
+                                       prefix_entropy_scores, reward_variance_ema, select_prefix)
+from graftzoo.embedders import make_embedder
+from graftzoo.registry import register_algo
+from graftzoo.types import Prompt
+
+MODES = ("after_norm", "before_norm")
+NEWLINES = ("\n", "\n\n")
+SCAN_IDS = 1000  # vocabulary ids scanned for tokens that decode to a cut string (spec §3.3 step 3)
+ENTROPY_BATCH = 64
+
+
+@dataclass
+class ExTraConfig(LearnerConfig):
+    eps_high: float = 0.28                 # DAPO-style clip of the paper runs (spec §3.5)
+    dual_clip_c: Optional[float] = 10.0
+    novelty_alpha: float = 0.1             # alpha (paper runs; the released script uses 0.01)
+    novelty_mode: str = "after_norm"       # after_norm (Option B, RECOMMENDED) | before_norm (Option A)
+    novelty_lambda: float = 1.0            # Option A: gamma = exp(-lambda * reward-variance EMA)
+    variance_momentum: float = 0.1         # Option A: EMA momentum
+    memory_size: int = 16                  # K_mem rollout embeddings per prompt (must be >= rollout.n)
+    memory_prompts: int = 100_000          # prompts with memories (least recently seen dropped beyond)
+    embedder: str = "hashed_ngrams"        # hashed_ngrams | policy_hidden | local sentence-transformers dir
+    embed_tokens: int = 512                # embed the last N response tokens
+    prefix_regen: bool = True
+    regen_warmup_steps: int = 30           # mining and regeneration start after this many steps
+    hard_pass_rate: Optional[float] = None  # hard iff pass rate <= this (None: 1/G)
+    fallback_cut_chars: str = "=+"         # cut after these tokens when a response has no newline ("" = none)
+    prefix_min_gap: int = 32               # tokens between kept cut points
+    max_prefixes: int = 15                 # cut points per rollout
+    prefix_memory: int = 128               # prefixes kept per prompt
+    tau: float = 0.1                       # smoothing temperature of the prefix selection
+    regen_batch_size: int = 16             # guided prompts per step (they replace the batch's last rows)
+    queue_size: int = 512                  # guided prompts waiting (most recent kept)
+
+
+def _new_entry() -> dict:
+    return {"emb": None, "ema": None, "prefixes": []}
+
+
+@register_algo("extra")
+class ExTra(Learner):
+    Config = ExTraConfig
+
+    def __init__(self, cfg: ExTraConfig, run_cfg: dict):
+        super().__init__(cfg, run_cfg)
+        G = int(run_cfg["rollout"]["n"])
+        if cfg.estimator != "grpo" or not cfg.std_normalize:
+            raise ValueError("ExTra's novelty bonus is defined on std-normalized GRPO advantages (spec §3.7.6): "
+                             "config keys 'algo.estimator' must be grpo and 'algo.std_normalize' true")
+        if cfg.novelty_mode not in MODES:
+            raise ValueError(f"config key 'algo.novelty_mode' must be one of {MODES}, got {cfg.novelty_mode!r}")
+        if cfg.memory_size < G:
+            raise ValueError(f"config key 'algo.memory_size'={cfg.memory_size} is below rollout.n={G}: the novelty "
+                             "memory could never warm up (spec §3.7.5)")
+        for key in ("memory_prompts", "embed_tokens", "prefix_min_gap", "max_prefixes", "prefix_memory", "queue_size"):
+            if getattr(cfg, key) < 1:
+                raise ValueError(f"config key 'algo.{key}' must be >= 1, got {getattr(cfg, key)}")
+        if cfg.regen_batch_size < 0:
+            raise ValueError(f"config key 'algo.regen_batch_size' must be >= 0, got {cfg.regen_batch_size}")
+        self.embedder = make_embedder(cfg.embedder, device=run_cfg["run"].get("device"))
+        self.memory: OrderedDict = OrderedDict()   # prompt id -> {"emb": [M, d], "ema": float, "prefixes": [...]}
+        self.queue: deque = deque(maxlen=cfg.queue_size)  # (guided Prompt, prefix token ids)
+        self._cuts: Optional[tuple] = None
+
+    # ---- memories ------------------------------------------------------------------------
+    def _entry(self, key: str) -> dict:
+        if key not in self.memory:
+            self.memory[key] = _new_entry()
+        self.memory.move_to_end(key)
+        while len(self.memory) > self.cfg.memory_prompts:
+            self.memory.popitem(last=False)
+        return self.memory[key]
+
+    # ---- collect: guided prompts in, prefixes mined out ------------------------------------
+    def collect(self, ctx, prompts):
+        c = self.cfg
+        active = c.prefix_regen and ctx.step + 1 > c.regen_warmup_steps
+        prompts = list(prompts)
+        prefixes = [[] for _ in prompts]
+        k = min(c.regen_batch_size, len(self.queue), len(prompts)) if active else 0
+        for j in range(len(prompts) - k, len(prompts)):
+            prompts[j], prefixes[j] = self.queue.popleft()
+        groups = ctx.score(ctx.generate(prompts, [ctx.n] * len(prompts), prefixes=prefixes if k else None))
+        ctx.log("extra/guided_prompts", k)
+        if k:
+            guided = [r for g in groups[len(groups) - k:] for r in g.rollouts]
+            ctx.log("extra/guided_acc", sum(r.correct for r in guided) / max(1, len(guided)))
+        if active:
+            self._mine(ctx, groups)
+        ctx.log("extra/queue_len", len(self.queue))
+        return groups
+
+    def _cut_ids(self, policy) -> tuple:
+        """(newline token ids, fallback cut token ids) of the policy's tokenizer (spec §3.3 step 3)."""
+        if self._cuts is None:
+            chars = tuple(self.cfg.fallback_cut_chars)
+
+            def ids_of(strings, strip):
+                found = {i for i in range(min(len(policy.tokenizer), SCAN_IDS))
+                         if (policy.decode([i]).strip(" ") if strip else policy.decode([i])) in strings}
+                for s in strings:
+                    enc = policy.encode_text(s)
+                    if len(enc) == 1:
+                        found.add(enc[0])
+                return found
+
+            self._cuts = (ids_of(NEWLINES, False), ids_of(chars, True) if chars else set())
+        return self._cuts
+
+    @torch.no_grad()
+    def _entropies(self, ctx, rollouts) -> list:
+        """Token entropies of theta_old over each rollout's response tokens (spec §3.3, "old-log-prob pass")."""
+        pol = ctx.policy
+        rows = [TrainRow(r.prompt_token_ids, r.token_ids, r.logprobs, [1.0] * len(r.token_ids),
+                         [1.0] * len(r.token_ids), 0.0, 1.0, False, 0, r) for r in rollouts]
+        batch = TrainBatch(rows, [], pad_id=pol.pad_id)
+        out = []
+        was_training = pol.model.training
+        pol.model.eval()
+        try:
+            with ctx._phase("logprob"):
+                for start in range(0, len(rows), ENTROPY_BATCH):
+                    idx = list(range(start, min(len(rows), start + ENTROPY_BATCH)))
+                    mb = batch.minibatch(idx)
+                    _, ent = pol.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True)
+                    out += [ent[b, :len(rows[i].response_ids)].float().cpu() for b, i in enumerate(idx)]
+        finally:
+            pol.model.train(was_training)
+        return out
+
+    def _mine(self, ctx, groups):
+        """Hard prompts -> most confident rollout -> prefixes -> prefix memory -> queue (spec §3.3 steps 1-6)."""
+        c = self.cfg
+        pooled: dict = {}
+        for g in groups:
+            pooled.setdefault(g.prompt.id, (g.prompt, []))[1].extend(g.rollouts)
+        hard = [(p, rs) for p, rs in pooled.values()
+                if rs and is_hard_prompt(sum(r.correct for r in rs), len(rs), c.hard_pass_rate)]
+        ctx.log("extra/hard_prompts", len(hard))
+        if not hard:
+            return
+        newline, fallback = self._cut_ids(ctx.policy)
+        ents = self._entropies(ctx, [r for _, rs in hard for r in rs])
+        pos, queued = 0, 0
+        for prompt, rs in hard:
+            sampled = [e[r.prefix_len:] for e, r in zip(ents[pos:pos + len(rs)], rs)]
+            pos += len(rs)
+            width = max(1, max(len(e) for e in sampled))
+            H = torch.zeros((len(rs), width))
+            M = torch.zeros((len(rs), width))
+            for i, e in enumerate(sampled):
+                H[i, :len(e)], M[i, :len(e)] = e, 1.0
+            best = most_confident_rollout(H, M)
+            if best is None:
+                continue
+            r = rs[best]
+            body = r.token_ids[r.prefix_len:]
+            cuts = (prefix_cut_points(body, newline, c.prefix_min_gap, c.max_prefixes)
+                    or prefix_cut_points(body, fallback, c.prefix_min_gap, c.max_prefixes))
+            cuts = [b for b in cuts if len(r.prompt_token_ids) + r.prefix_len + b <= ctx.policy.max_prompt_tokens]
+            if not cuts:
+                continue
+            scores = prefix_entropy_scores(sampled[best], cuts).tolist()
+            ids = [list(r.token_ids[:r.prefix_len + b]) for b in cuts]
+            emb = self.embedder.embed([ctx.policy.decode(x) for x in ids], policy=ctx.policy)
+            entry = self._entry(prompt.id)
+            entry["prefixes"] = (entry["prefixes"] + list(zip(ids, scores, emb)))[-c.prefix_memory:]
+            stored = entry["prefixes"]
+            k, _ = select_prefix(torch.tensor([s for _, s, _ in stored]), torch.stack([e for _, _, e in stored]),
+                                 c.tau)
+            self.queue.append((_guided(prompt, stored[k][0]), stored[k][0]))
+            queued += 1
+        ctx.log("extra/prefixes_enqueued", queued)
+
+    # ---- advantages ------------------------------------------------------------------------
+    def advantages(self, ctx, groups):
+        """GRPO + novelty (spec §3.2 Option B, or Option A with ``novelty_mode: before_norm``)."""
+        if not groups:
+            return groups
+        c = self.cfg
+        rolls = [r for g in groups for r in g.rollouts]
+        if not rolls:
+            return super().advantages(ctx, groups)
+        index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.rollouts])
+        rewards = torch.tensor([x for g in groups for x in self.shaped_rewards(ctx, g)], dtype=torch.float64)
+        correct = torch.tensor([r.correct for r in rolls])
+        texts = [ctx.policy.decode(r.token_ids[r.prefix_len:][-c.embed_tokens:]) for r in rolls]
+        emb = self.embedder.embed(texts, policy=ctx.policy)
+        nov = torch.zeros(len(rolls), dtype=torch.float64)
+        rows_of: dict = {}
+        for i, gi in enumerate(index.tolist()):
+            rows_of.setdefault(groups[gi].prompt.id, []).append(i)
+        warm = 0
+        for key, rows in rows_of.items():
+            entry = self._entry(key)
+            e = emb[rows]
+            warm += entry["emb"] is not None and entry["emb"].shape[0] >= ctx.n
+            nov[rows] = novelty_scores(e, entry["emb"], min_history=ctx.n).double()
+            mem = e if entry["emb"] is None else torch.cat([entry["emb"], e])
+            entry["emb"] = mem[-c.memory_size:]
+            if c.novelty_mode == "before_norm":
+                entry["ema"] = reward_variance_ema(entry["ema"], rewards[rows].tolist(), c.variance_momentum)
+        if c.novelty_mode == "after_norm":
+            adv = extra_advantages(rewards, correct, index, nov, c.novelty_alpha, c.adv_eps)
+        else:
+            ema = torch.tensor([self.memory[g.prompt.id]["ema"] for g in groups], dtype=torch.float64)
+            scores = extra_option_a_scores(rewards, correct, index, nov, ema, c.novelty_alpha, c.novelty_lambda)
+            adv = group_advantages(scores, index, eps=c.adv_eps)
+        pos = 0
+        for g in groups:
+            g.advantages = adv[pos:pos + g.n].tolist()
+            pos += g.n
+        ctx.log("extra/novelty_warm_frac", warm / len(rows_of))
+        ctx.log("extra/novelty_mean", float(nov[correct].mean()) if bool(correct.any()) else None)
+        ctx.log("extra/bonus_mean", float((c.novelty_alpha * nov * correct).mean()))
+        return groups
+
+    # ---- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"memory": [(k, {"emb": v["emb"], "ema": v["ema"],
+                                "prefixes": [(ids, s, e) for ids, s, e in v["prefixes"]]})
+                           for k, v in self.memory.items()],
+                "queue": [(dataclasses.asdict(p), ids) for p, ids in self.queue]}
+
+    def load_state_dict(self, state: dict):
+        self.memory = OrderedDict((k, {"emb": v["emb"], "ema": v["ema"], "prefixes": list(v["prefixes"])})
+                                  for k, v in state.get("memory", []))
+        self.queue = deque(((Prompt(**p), ids) for p, ids in state.get("queue", [])), maxlen=self.cfg.queue_size)
+
+
+def _guided(prompt: Prompt, prefix: list) -> Prompt:
+    """The guided prompt: the original problem (and its gold, spec §3.7.1) under its own id, so that it
+    forms its own group with its own memories."""
+    origin = prompt.metadata.get("extra_origin", prompt.id)
+    digest = hashlib.blake2b(str(list(prefix)).encode(), digest_size=6).hexdigest()
+    return Prompt(id=f"{origin}#pre-{digest}", text=prompt.text, gold=prompt.gold, source=prompt.source,
+                  metadata={**prompt.metadata, "extra_origin": origin, "extra_prefix_len": len(prefix)})

@@ -1,0 +1,215 @@
+"""HACPO [hacpo] (spec algos_peer §2): heterogeneous agents trained on the pooled rollouts.
+
+Each learner trains on its own G responses per prompt (GSPO, the base) and on the peer's G responses
+to the same prompt (cross samples, localized into its tokenizer, spec §1.4), ordered self first,
+cross last. Cross samples get four corrections:
+
+1. capability-aware advantage: the group baseline is a capability-weighted mean over all 2G rewards
+   (§2.4.2, with the code's uniform-reward and binary-baseline guards);
+2. capability discrepancy coefficient: the cross advantage is scaled by ``P^_peer / P^_self`` (§2.4.3);
+3. exponential importance sampling ``c * sg[c]^alpha`` on the cross sequence ratio (§2.4.4);
+4. stepwise clipping of the cross ratio to ``[lower + u*step, 1]`` at optimizer update ``u`` (§2.4.5).
+
+The capabilities are sliding-window accuracies (§2.4.1) kept as learner state, so a checkpoint
+resumes them. The KL term (``beta_kl``, 0.001 as in the run scripts) covers self samples only
+unless ``kl_on_cross``.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from graftzoo.algos.base import MiniBatch, StepContext, TrainBatch
+from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, hacpo_advantages, hacpo_cross_loss,
+                                       hacpo_discrepancy, hacpo_omegas, sequence_mean_logp, stepwise_lower_bound)
+from graftzoo.algos.gspo import GSPO, GSPOConfig
+from graftzoo.registry import register_algo
+from graftzoo.types import Group
+
+SELF, PEER = 0, 1  # source ids in the pooled group (spec §2.4.2: agent k = the learner, j = the peer)
+
+
+@dataclass
+class HACPOConfig(GSPOConfig):
+    """``algo.*`` keys of HACPO (spec algos_peer §2.6, §6). ``self_clip`` sets ``eps_low``/``eps_high``."""
+
+    alpha: float = 1.0                    # exponential IS power (§2.4.4)
+    cross_clip_lower: float = 0.8         # cross clip floor 1 - delta at update 0 (§2.4.5, §2.7 item 2)
+    cross_clip_step: float = 0.025        # floor increase per optimizer update (delta_step)
+    capability_window: int = 5            # K (§2.4.1)
+    ratio_clamp: list = field(default_factory=lambda: [0.1, 10.0])
+    self_clip: list = field(default_factory=lambda: [3e-4, 4e-4])  # GSPO clip of self samples
+    uniform_reward_guard: bool = True     # CODE guards (§2.4.2)
+    binary_baseline_guard: bool = True
+    kl_on_cross: bool = False             # V1 code: KL on self samples only (§2.7 item 8)
+    beta_kl: float = 0.001
+
+    def __post_init__(self):
+        lo, hi = (float(x) for x in self.self_clip)
+        if (self.eps_low, self.eps_high) not in ((GSPOConfig.eps_low, GSPOConfig.eps_high), (lo, hi)):
+            raise ValueError(f"HACPO clips self samples with algo.self_clip={list(self.self_clip)}; "
+                             f"set that key instead of algo.eps_low/eps_high ({self.eps_low}, {self.eps_high})")
+        self.eps_low, self.eps_high = lo, hi
+        self.self_clip = [lo, hi]
+        if len(self.ratio_clamp) != 2 or not 0 < self.ratio_clamp[0] <= 1 <= self.ratio_clamp[1]:
+            raise ValueError(f"algo.ratio_clamp must be [low <= 1, high >= 1], got {self.ratio_clamp}")
+        self.ratio_clamp = [float(x) for x in self.ratio_clamp]
+        if int(self.capability_window) < 1:
+            raise ValueError(f"algo.capability_window must be >= 1, got {self.capability_window}")
+        if self.alpha < 0:
+            raise ValueError(f"algo.alpha must be >= 0, got {self.alpha}")
+        if not 0 < self.cross_clip_lower <= 1 or self.cross_clip_step < 0:
+            raise ValueError(f"algo.cross_clip_lower must be in (0, 1] and algo.cross_clip_step >= 0, got "
+                             f"{self.cross_clip_lower}, {self.cross_clip_step}")
+
+
+def require_peer(name: str, run_cfg: dict, peer=()):
+    """The clear error for a peer-exchange learner without a peer source."""
+    if (run_cfg.get("peer") or {}).get("source", "none") == "none" or peer is None:
+        raise ValueError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: "
+                         f"set peer.source=online|stored|mixed (CLI: --peer online | stored:PATH | mixed:PATH)")
+
+
+def accuracy(groups) -> Optional[float]:
+    """Fraction of responses with reward > 0 (the code's per-step accuracy, spec §2.3 step 4)."""
+    rolls = [r for g in groups for r in g.rollouts]
+    return sum(1.0 for r in rolls if r.reward > 0) / len(rolls) if rolls else None
+
+
+def content_mask(r) -> list:
+    """1 per response token, 0 on a final EOS: the cross ratio compares EOS-free means (spec §1.4 item 4)."""
+    n = len(r.token_ids)
+    ends = r.finish_reason == "stop" and n and r.token_ids[-1] == r.eos_id
+    return [1.0] * (n - 1) + [0.0] if ends else [1.0] * n
+
+
+@register_algo("hacpo")
+class HACPO(GSPO):
+    Config = HACPOConfig
+
+    def __init__(self, cfg: HACPOConfig, run_cfg: dict):
+        super().__init__(cfg, run_cfg)
+        require_peer(self.name, run_cfg)
+        self.history: dict = {"self": [], "peer": []}   # per-step accuracies, newest last (§2.4.1)
+        self._update = 0                                # optimizer updates done in this step (u of §2.4.5)
+
+    # ---- capability ------------------------------------------------------------------------
+    def _push(self, key: str, acc: Optional[float]):
+        if acc is not None:
+            self.history[key] = (self.history[key] + [acc])[-int(self.cfg.capability_window):]
+
+    def capabilities(self) -> tuple[float, float]:
+        """(P^_self, P^_peer): window means including the current step (spec §2.4.1)."""
+        k = int(self.cfg.capability_window)
+        return capability_estimate(self.history["self"], k), capability_estimate(self.history["peer"], k)
+
+    # ---- exchange: pooled groups, capability-aware advantages, self first then cross --------
+    def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
+        require_peer(self.name, ctx.cfg, peer)
+        c = self.cfg
+        peer_groups = [peer[g.prompt.id] for g in groups if g.prompt.id in peer]
+        self._push("self", accuracy(groups))
+        self._push("peer", accuracy(peer_groups))
+        p_self, p_peer = self.capabilities()
+        base_w, grad_coef = hacpo_omegas([p_self, p_peer], SELF, tuple(c.ratio_clamp))
+        cross = {g.prompt.id: g for g in ctx.localize(peer_groups)}
+
+        rewards, index, source = [], [], []
+        for gi, g in enumerate(groups):
+            pooled = [(r.reward, SELF) for r in g.rollouts]
+            if g.prompt.id in cross:
+                pooled += [(r.reward, PEER) for r in cross[g.prompt.id].rollouts]
+            rewards += [x for x, _ in pooled]
+            source += [s for _, s in pooled]
+            index += [gi] * len(pooled)
+        src = torch.tensor(source, dtype=torch.long)
+        adv = hacpo_advantages(torch.tensor(rewards, dtype=torch.float64), torch.tensor(index, dtype=torch.long),
+                               src, SELF, base_w, eps=c.adv_eps, uniform_reward_guard=c.uniform_reward_guard,
+                               binary_baseline_guard=c.binary_baseline_guard)
+        adv = hacpo_discrepancy(adv, src, SELF, grad_coef).tolist()
+
+        own, grafted, pos = [], [], 0
+        for g in groups:
+            own_g = Group(g.prompt, g.model_id, g.rollouts, adv[pos:pos + g.n], g.source, g.weights, dict(g.meta))
+            own.append(own_g)
+            pos += g.n
+            if g.prompt.id in cross:
+                pg = cross[g.prompt.id]
+                for r in pg.rollouts:
+                    r.meta["loss_mask"] = content_mask(r)
+                grafted.append(Group(pg.prompt, pg.model_id, pg.rollouts, adv[pos:pos + pg.n], "peer",
+                                     [1.0] * pg.n, {"origin": pg.model_id}))
+                pos += pg.n
+        self._log_exchange(ctx, own, grafted, p_self, p_peer, float(grad_coef[PEER]))
+        return own + grafted
+
+    @staticmethod
+    def _log_exchange(ctx, own, grafted, p_self, p_peer, omega):
+        kept = [r for g in grafted for r in g.rollouts if not r.meta.get("dropped")]
+        s = sorted(float(torch.exp(torch.tensor(r.mean_logp - r.meta["origin_mean_logp"]).clamp(-10, 10)))
+                   for r in kept)
+        ctx.log("peer/admitted", len(kept))
+        ctx.log("peer/rejected", sum(g.n for g in grafted) - len(kept))
+        peer_solved = {g.prompt.id for g in grafted if g.num_correct > 0}
+        ctx.log("peer/rescued_groups", sum(1 for g in own if g.all_fail and g.prompt.id in peer_solved))
+        if s:
+            ctx.log("peer/s_mean", sum(s) / len(s))
+            ctx.log("peer/s_median", statistics.median(s))
+            ctx.log("peer/s_min", s[0])
+            ctx.log("peer/s_max", s[-1])
+        ctx.log("hacpo/capability_self", p_self)
+        ctx.log("hacpo/capability_peer", p_peer)
+        ctx.log("hacpo/omega", omega)
+
+    def build_batch(self, ctx: StepContext, slots) -> TrainBatch:
+        batch = super().build_batch(ctx, slots)
+        if self.cfg.kl_on_cross:
+            for row in batch.rows:
+                if row.is_peer:
+                    row.kl_mask = list(row.loss_mask)
+        return batch
+
+    def schedule(self, ctx: StepContext, batch: TrainBatch) -> list:
+        self._update = 0
+        return super().schedule(ctx, batch)
+
+    # ---- loss: GSPO on self rows, clipped exponential-IS term on cross rows -------------------
+    def cross_lower(self) -> float:
+        return stepwise_lower_bound(self._update, self.cfg.cross_clip_lower, self.cfg.cross_clip_step)
+
+    def surrogate(self, logp: torch.Tensor, mb: MiniBatch):
+        tok, info = super().surrogate(logp, mb)
+        peer = mb.is_peer
+        if not bool(peer.any()):
+            return tok, info
+        lo = self.cross_lower()
+        origin = torch.tensor([r.rollout.meta.get("origin_mean_logp", 0.0) for r in mb.rows], dtype=logp.dtype)
+        s = cross_sequence_ratio(sequence_mean_logp(logp, mb.loss_mask), origin)
+        cross = hacpo_cross_loss(s, mb.advantages, lo, self.cfg.alpha)  # [B], one value per sequence
+        pm = peer.unsqueeze(1).expand_as(tok)
+        wide = lambda x: x.unsqueeze(1).expand_as(tok)  # noqa: E731
+        # a cross row's per-sequence value on every token: seq-mean-token-mean gives it back exactly
+        tok = torch.where(pm, wide(cross), tok)
+        info = {"ratio": torch.where(pm, wide(s.detach()), info["ratio"].expand_as(tok)),
+                "clipped_low": torch.where(pm, wide(s.detach() < lo), info["clipped_low"]),
+                "clipped_high": torch.where(pm, wide(s.detach() > 1.0), info["clipped_high"]),
+                "dual_clipped": info["dual_clipped"] & ~pm}
+        return tok, info
+
+    def loss(self, ctx: StepContext, policy, mb: MiniBatch):
+        lo = self.cross_lower()
+        loss, metrics = super().loss(ctx, policy, mb)
+        metrics["hacpo/cross_lower"] = lo
+        self._update += 1
+        return loss, metrics
+
+    # ---- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"history": {k: list(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, state: dict):
+        hist = state.get("history", {})
+        self.history = {k: list(hist.get(k, [])) for k in ("self", "peer")}

@@ -1,0 +1,132 @@
+"""HORA [hora] (spec algos_single §2): hit-utility optimal rollout allocation, compute-matched to GRPO.
+
+Per step (§2.3, RECOMMENDED instantiation): a probe of ``n0`` rollouts per prompt is scored; the rest
+of the GRPO budget ``B_tot = rollout.n * prompts`` is spread over the prompts by the exact greedy
+maximizer of the total posterior hit utility (``functional.hora_allocate``), at most ``cap`` extra
+rollouts per prompt; the extra rollouts are merged into the probe groups, so groups have different
+sizes. Rewards, the estimator (``algo.estimator``: grpo | rloo) and the loss are unchanged.
+
+``posterior_source: history`` replaces the probe by each prompt's outcome counts from earlier
+steps (learner state, checkpointed; ``history_decay`` forgets old visits): every prompt still gets
+``n0`` rollouts (the minimum group size) and the whole budget is generated in one call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from graftzoo.algos.base import Learner, LearnerConfig
+from graftzoo.algos.functional import hora_allocate, hora_objective
+from graftzoo.registry import register_algo
+from graftzoo.types import Group
+
+SOURCES = ("probe", "history")
+
+
+@dataclass
+class HORAConfig(LearnerConfig):
+    n0: Optional[int] = None          # rollouts per prompt before allocation (None: max(2, rollout.n // 2))
+    cap: Optional[int] = None         # most extra rollouts per prompt, m_max (None: 3 * rollout.n)
+    a0: float = 1.0                   # Beta prior of every prompt's success rate (uniform: 1, 1)
+    b0: float = 1.0
+    rounds: int = 1                   # allocation rounds after the probe (posteriors refreshed each round)
+    posterior_source: str = "probe"   # probe | history
+    history_decay: float = 1.0        # history: old counts are multiplied by this at every visit
+    skip_saturated: bool = False      # give no extra rollouts to prompts with only successes so far
+
+
+@register_algo("hora")
+class HORA(Learner):
+    Config = HORAConfig
+
+    def __init__(self, cfg: HORAConfig, run_cfg: dict):
+        super().__init__(cfg, run_cfg)
+        G = int(run_cfg["rollout"]["n"])
+        self.n0 = max(2, G // 2) if cfg.n0 is None else int(cfg.n0)
+        self.cap = 3 * G if cfg.cap is None else int(cfg.cap)
+        if not 2 <= self.n0 <= G:
+            raise ValueError(f"config key 'algo.n0' must be in [2, rollout.n={G}] (groups of one have no "
+                             f"baseline), got {self.n0}")
+        if self.cap < 0:
+            raise ValueError(f"config key 'algo.cap' must be >= 0, got {self.cap}")
+        if cfg.rounds < 1:
+            raise ValueError(f"config key 'algo.rounds' must be >= 1, got {cfg.rounds}")
+        if cfg.posterior_source not in SOURCES:
+            raise ValueError(f"config key 'algo.posterior_source' must be one of {SOURCES}, "
+                             f"got {cfg.posterior_source!r}")
+        if not 0.0 < cfg.history_decay <= 1.0:
+            raise ValueError(f"config key 'algo.history_decay' must be in (0, 1], got {cfg.history_decay}")
+        self.history: dict = {}  # prompt id -> [successes, failures] over earlier steps
+
+    # ---- allocation ----------------------------------------------------------------------
+    def allocate_extra(self, counts, budget: int, used=None) -> list:
+        """Extra rollouts per prompt for observed ``counts[i] = (s_i, f_i)`` and ``budget`` (spec §2.2):
+        the greedy hit-utility allocation with cap ``m_max``; ``used[i]`` extra rollouts already given
+        in earlier rounds lower that prompt's remaining cap (a round's share above it is not spent)."""
+        c = self.cfg
+        alloc = hora_allocate(counts, budget, cap=self.cap, a0=c.a0, b0=c.b0, skip_saturated=c.skip_saturated)
+        if used is None:
+            return alloc
+        return [min(m, self.cap - u) for m, u in zip(alloc, used)]
+
+    def _prior_counts(self, prompts) -> list:
+        if self.cfg.posterior_source != "history":
+            return [(0, 0)] * len(prompts)
+        return [tuple(self.history.get(p.id, (0, 0))) for p in prompts]
+
+    def collect(self, ctx, prompts):
+        c = self.cfg
+        P = len(prompts)
+        if P == 0:
+            return []
+        total = ctx.n * P
+        budget = total - self.n0 * P
+        groups = [Group(prompt=p, model_id=ctx.model_id, rollouts=[]) for p in prompts]
+        base = [self.n0] * P
+        probe = 0
+        if c.posterior_source == "probe":
+            self._merge(groups, ctx.score(ctx.generate(prompts, base)))
+            probe, base = self.n0 * P, [0] * P
+        prior = self._prior_counts(prompts)
+        used = [0] * P
+        objective, spent = 0.0, 0
+        for r in range(c.rounds):
+            share = budget * (r + 1) // c.rounds - spent     # this round's budget, leftovers carried
+            counts = [(s0 + g.num_correct, f0 + g.n - g.num_correct) for (s0, f0), g in zip(prior, groups)]
+            extra = self.allocate_extra(counts, share, used)
+            objective += hora_objective(counts, extra, c.a0, c.b0)
+            spent += sum(extra)
+            used = [u + m for u, m in zip(used, extra)]
+            want = [m + b for m, b in zip(extra, base)]
+            base = [0] * P
+            if sum(want):
+                self._merge(groups, ctx.score(ctx.generate(prompts, want)))
+        if c.posterior_source == "history":
+            self._remember(groups)
+        sizes = [g.n for g in groups]
+        ctx.log("hora/min_n", min(sizes))
+        ctx.log("hora/max_n", max(sizes))
+        ctx.log("hora/mean_n", sum(sizes) / P)
+        ctx.log("hora/probe_frac", probe / max(1, sum(sizes)))
+        ctx.log("hora/unused_budget", budget - spent)
+        ctx.log("hora/capped_frac", sum(u >= self.cap for u in used) / P)
+        ctx.log("hora/hit_utility", objective)
+        return groups
+
+    @staticmethod
+    def _merge(groups, new):
+        for g, ng in zip(groups, new):
+            g.rollouts.extend(ng.rollouts)
+
+    def _remember(self, groups):
+        d = self.cfg.history_decay
+        for g in groups:
+            s, f = self.history.get(g.prompt.id, (0.0, 0.0))
+            self.history[g.prompt.id] = (d * s + g.num_correct, d * f + g.n - g.num_correct)
+
+    # ---- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"history": {k: list(v) for k, v in self.history.items()}}
+
+    def load_state_dict(self, state: dict):
+        self.history = {k: tuple(v) for k, v in state.get("history", {}).items()}

@@ -1,0 +1,216 @@
+"""OM-GRPO [om_grpo] (spec algos_single §4): label-free RLVR with a soft consensus reward and no gradient
+on the answer span.
+
+Per step (§4.2): G trajectories per question; each one's final answer ``z_i`` (the last ``\\boxed{}``,
+or with ``answer_format: any`` whatever the verifier's extractor finds, e.g. the number after the last
+'=' of a tiny-model scratchpad); with contrast-augmented rewards (CAR) every ordered pair (i, j) of
+trajectories is shown to the policy, which answers once more: these G(G-1) short answers only vote.
+``r_i = #{z in pool : z == z_i} / |pool| + format_weight * 1[z_i exists]``, equivalence decided by the
+verifier (``answers_equivalent``). The tokens of the answer span get loss weight ``answer_grad_scale``
+(0 = OM-GRPO) through ``rollout.meta["loss_mask"]``, and the same weight in the KL term when
+``mask_kl`` (RECOMMENDED).
+
+The learner never reads gold answers: it works on copies of the prompts without gold or metadata and
+never calls the environment's label-based scoring. ``ttt: true`` (§4.6) trains on the held-out
+evaluation prompts (``eval.dataset``, else the task's test split of ``eval.size`` prompts), one
+seeded pass after another, so the final evaluation measures test-time training on those same questions.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+from graftzoo.algos.base import Learner, LearnerConfig
+from graftzoo.algos.functional import (answer_span_mask, boxed_spans, contrast_pairs, contrast_prompt,
+                                       soft_consensus_rewards)
+from graftzoo.envs.verifier import answers_equivalent, extract_answer
+from graftzoo.registry import register_algo
+from graftzoo.types import Prompt
+
+FORMATS = ("boxed", "any")
+
+
+@dataclass
+class OMGRPOConfig(LearnerConfig):
+    beta_kl: float = 0.005              # spec §4.5
+    answer_grad_scale: float = 0.0      # loss weight of answer-span tokens (0 = OM-GRPO, 1 = vanilla)
+    mask_kl: bool = True                # mask the KL term like the policy term (RECOMMENDED, §4.8.2)
+    mask_all_boxed: bool = False        # mask every \boxed{} content, not only the last (§4.7)
+    answer_format: str = "boxed"        # boxed (spec §4.2) | any (the verifier's extractor, e.g. after the last '=')
+    format_weight: float = 1.0          # weight of the format reward r^f
+    contrast: bool = True               # contrast-augmented reward (CAR)
+    contrast_max_new_tokens: int = 64   # §4.4
+    contrast_temperature: float = 1.0
+    ttt: bool = False                   # test-time training on the held-out evaluation prompts (§4.6)
+
+
+def unlabeled(p: Prompt) -> Prompt:
+    """A copy of ``p`` without its gold answer and metadata (which may hold a worked solution)."""
+    return Prompt(id=p.id, text=p.text, gold=None, source=p.source)
+
+
+def cluster_answers(answers, timeout: float = 1.0) -> list:
+    """Equivalence-class ids of answers (None stays None): each answer joins the first earlier class whose
+    representative the verifier finds equivalent (spec §4.8.3)."""
+    reps: list = []
+    out: list = []
+    for a in answers:
+        if a is None:
+            out.append(None)
+            continue
+        for ci, rep in enumerate(reps):
+            if a == rep or answers_equivalent(a, rep, timeout=timeout) is True:
+                out.append(ci)
+                break
+        else:
+            reps.append(a)
+            out.append(len(reps) - 1)
+    return out
+
+
+@register_algo("om_grpo")
+class OMGRPO(Learner):
+    Config = OMGRPOConfig
+
+    def __init__(self, cfg: OMGRPOConfig, run_cfg: dict):
+        super().__init__(cfg, run_cfg)
+        if int(run_cfg["rollout"]["n"]) < 2:
+            raise ValueError("OM-GRPO needs rollout.n >= 2: a group of one has a trivial consensus (spec §4.7)")
+        if cfg.answer_format not in FORMATS:
+            raise ValueError(f"config key 'algo.answer_format' must be one of {FORMATS}, got {cfg.answer_format!r}")
+        if not 0.0 <= cfg.answer_grad_scale <= 1.0:
+            raise ValueError(f"config key 'algo.answer_grad_scale' must be in [0, 1], got {cfg.answer_grad_scale}")
+        if cfg.contrast_max_new_tokens < 1:
+            raise ValueError(f"config key 'algo.contrast_max_new_tokens' must be >= 1, got "
+                             f"{cfg.contrast_max_new_tokens}")
+        self._heldout: Optional[list] = None
+        self._perms: dict = {}
+
+    # ---- collect ---------------------------------------------------------------------------
+    def collect(self, ctx, prompts):
+        prompts = self.ttt_prompts(ctx, len(prompts)) if self.cfg.ttt else [unlabeled(p) for p in prompts]
+        groups = ctx.generate(prompts, [ctx.n] * len(prompts))
+        with ctx._phase("score"):
+            self.self_score(ctx, groups)
+        self.mask_answers(ctx, groups)
+        return groups
+
+    def answer(self, text: str) -> Optional[str]:
+        """The final answer of ``text`` in the configured format, None if there is none (r^f = 0)."""
+        z, status = extract_answer(text)
+        if status != "ok" or (self.cfg.answer_format == "boxed" and not boxed_spans(text)):
+            return None
+        return z
+
+    def self_score(self, ctx, groups):
+        """Soft consensus reward over the answer pool (spec §4.2 steps 2-5); sets reward, extracted, status."""
+        c = self.cfg
+        votes = self.contrast_answers(ctx, groups) if c.contrast else [[] for _ in groups]
+        timeout = float(ctx.cfg["task"]["verifier_timeout"])
+        formatted, distinct = 0, 0.0
+        for g, extra in zip(groups, votes):
+            own = [self.answer(r.text) for r in g.rollouts]
+            ids = cluster_answers(own + extra, timeout)
+            rewards = soft_consensus_rewards(ids[:g.n], ids[g.n:], format_weight=c.format_weight)
+            for r, z, rew, cid in zip(g.rollouts, own, rewards, ids):
+                r.reward, r.correct, r.extracted = rew, False, z
+                r.status = "label_free" if z is not None else "no_answer"
+                r.meta["answer_class"] = cid
+            formatted += sum(z is not None for z in own)
+            distinct += len({i for i in ids[:g.n] if i is not None}) / max(1, g.n)
+        n = max(1, sum(g.n for g in groups))
+        ctx.log("om_grpo/format_rate", formatted / n)
+        ctx.log("om_grpo/answer_diversity", distinct / max(1, len(groups)))
+        return groups
+
+    def contrast_answers(self, ctx, groups) -> list:
+        """CAR: one short answer per ordered pair of each group's trajectories (spec §4.2 step 3, §4.4)."""
+        c = self.cfg
+        asks, owner = [], []
+        for gi, g in enumerate(groups):
+            for i, j in contrast_pairs(g.n):
+                text = contrast_prompt(g.prompt.text, g.rollouts[i].text, g.rollouts[j].text)
+                asks.append(Prompt(id=f"{g.prompt.id}#car-{i}-{j}", text=text))
+                owner.append(gi)
+        out = [[] for _ in groups]
+        if not asks:
+            return out
+        with ctx._phase("generate"):
+            answered = ctx.engine.generate(asks, 1, temperature=c.contrast_temperature,
+                                           max_new_tokens=c.contrast_max_new_tokens)
+        for gi, ag in zip(owner, answered):
+            out[gi].append(self.answer(ag.rollouts[0].text) if ag.rollouts else None)
+        ctx.add("om_grpo/contrast_generated", len(asks))
+        ctx.add("om_grpo/contrast_tokens", sum(len(r.token_ids) for ag in answered for r in ag.rollouts))
+        return out
+
+    # ---- outcome mask ------------------------------------------------------------------------
+    def answer_spans(self, text: str, z: Optional[str]) -> list:
+        """Character spans of the answer to mask (spec §4.2 step 1, §4.7): the \\boxed{} content(s); for an
+        unboxed answer (``answer_format: any``) its last occurrence in the text. None: nothing to mask."""
+        if z is None:
+            return []
+        spans = boxed_spans(text, last_only=not self.cfg.mask_all_boxed)
+        if spans:
+            return spans
+        at = text.rfind(z)
+        return [(at, at + len(z))] if at >= 0 else []
+
+    def mask_answers(self, ctx, groups):
+        """``meta["loss_mask"]`` (and ``meta["kl_mask"]``) = the outcome mask m^o (spec §4.3)."""
+        c = self.cfg
+        masked = total = 0
+        for g in groups:
+            for r in g.rollouts:
+                n = len(r.token_ids)
+                body = n - 1 if r.finish_reason == "stop" and n and r.token_ids[-1] == r.eos_id else n
+                offsets = token_offsets(ctx.policy, r.token_ids[:body], r.text)
+                m = answer_span_mask(offsets, self.answer_spans(r.text, r.extracted), c.answer_grad_scale).tolist()
+                m += [1.0] * (n - body)
+                r.meta["loss_mask"] = m
+                r.meta["kl_mask"] = list(m) if c.mask_kl else [1.0] * n
+                masked += sum(1 for x in m if x < 1.0)
+                total += n
+        ctx.log("om_grpo/masked_token_frac", masked / max(1, total))
+
+    # ---- test-time training ---------------------------------------------------------------
+    def ttt_prompts(self, ctx, k: int) -> list:
+        """The step's ``k`` held-out prompts, gold removed: seeded passes over the evaluation set (spec §4.6)."""
+        if self._heldout is None:
+            self._heldout = [unlabeled(p) for p in heldout_prompts(ctx.cfg)]
+            if not self._heldout:
+                raise ValueError("algo.ttt: the evaluation set is empty (eval.dataset / eval.size)")
+        N = len(self._heldout)
+        out = []
+        for j in range(k):
+            epoch, i = divmod(ctx.step * k + j, N)
+            if epoch not in self._perms:
+                perm = list(range(N))
+                random.Random(f"{ctx.cfg['run']['seed']}:ttt:{epoch}").shuffle(perm)
+                self._perms = {epoch: perm}
+            out.append(self._heldout[self._perms[epoch][i]])
+        return out
+
+
+def heldout_prompts(cfg: dict) -> list:
+    """The prompts the trainer evaluates on (``eval.dataset``, else the task's test split)."""
+    ev = cfg["eval"]
+    if ev["dataset"]:
+        from graftzoo.envs.datasets import load_dataset
+        ds = list(load_dataset(ev["dataset"]))
+        return ds[:ev["size"] or len(ds)]
+    from graftzoo.trainer import make_env
+    return list(make_env(cfg, "test", size=ev["size"]).dataset)
+
+
+def token_offsets(policy, ids: list, text: str) -> list:
+    """Character span ``[a, b)`` in ``text`` (= the decode of ``ids``) of each token: the fast tokenizer's
+    offsets when re-encoding the text gives back ``ids``, else from decoding growing prefixes."""
+    tok = policy.tokenizer
+    if getattr(tok, "is_fast", False):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) == list(ids):
+            return [tuple(o) for o in enc["offset_mapping"]]
+    ends = [len(policy.decode(ids[:t + 1])) for t in range(len(ids))]
+    return list(zip([0] + ends[:-1], ends))
