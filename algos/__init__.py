@@ -8,3 +8,4 @@ from graftzoo.algos import extra  # noqa: F401,E402
 from graftzoo.algos import om_grpo  # noqa: F401,E402
 from graftzoo.algos import hacpo  # noqa: F401,E402  (registration)
 from graftzoo.algos import sgt  # noqa: F401,E402  (registration)
+from graftzoo.algos import graft  # noqa: F401,E402  (registration)

@@ -15,6 +15,9 @@ the prompt's prefix memory; the prefix with the lowest similarity-smoothed score
 prompt, which keeps its own gold answer (§3.7.1). After ``regen_warmup_steps`` steps, queued prompts
 replace the tail of the batch and are generated from their prefix (``Rollout.prefix_len``; prefix
 tokens carry no loss). A guided prompt is its own group, with its own memories.
+
+Memories are keyed by prompt id (the spec keys them by prompt token ids: the same grouping whenever an
+id names one text); duplicates of a prompt in one batch share and pool them.
 """
 from __future__ import annotations
 

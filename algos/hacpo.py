@@ -16,6 +16,7 @@ unless ``kl_on_cross``.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Optional
@@ -26,6 +27,7 @@ from graftzoo.algos.base import MiniBatch, StepContext, TrainBatch
 from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, hacpo_advantages, hacpo_cross_loss,
                                        hacpo_discrepancy, hacpo_omegas, sequence_mean_logp, stepwise_lower_bound)
 from graftzoo.algos.gspo import GSPO, GSPOConfig
+from graftzoo.config import ConfigError
 from graftzoo.registry import register_algo
 from graftzoo.types import Group
 
@@ -50,33 +52,46 @@ class HACPOConfig(GSPOConfig):
     def __post_init__(self):
         lo, hi = (float(x) for x in self.self_clip)
         if (self.eps_low, self.eps_high) not in ((GSPOConfig.eps_low, GSPOConfig.eps_high), (lo, hi)):
-            raise ValueError(f"HACPO clips self samples with algo.self_clip={list(self.self_clip)}; "
-                             f"set that key instead of algo.eps_low/eps_high ({self.eps_low}, {self.eps_high})")
+            raise ConfigError(f"HACPO clips self samples with algo.self_clip={list(self.self_clip)}; "
+                              f"set that key instead of algo.eps_low/eps_high ({self.eps_low}, {self.eps_high})")
         self.eps_low, self.eps_high = lo, hi
         self.self_clip = [lo, hi]
         if len(self.ratio_clamp) != 2 or not 0 < self.ratio_clamp[0] <= 1 <= self.ratio_clamp[1]:
-            raise ValueError(f"algo.ratio_clamp must be [low <= 1, high >= 1], got {self.ratio_clamp}")
+            raise ConfigError(f"algo.ratio_clamp must be [low <= 1, high >= 1], got {self.ratio_clamp}")
         self.ratio_clamp = [float(x) for x in self.ratio_clamp]
+        if self.estimator != "grpo" or not self.std_normalize:
+            raise ConfigError("HACPO's advantage is its own capability-aware form (spec algos_peer §2.4.2): "
+                              "algo.estimator must stay grpo and algo.std_normalize true")
         if int(self.capability_window) < 1:
-            raise ValueError(f"algo.capability_window must be >= 1, got {self.capability_window}")
+            raise ConfigError(f"algo.capability_window must be >= 1, got {self.capability_window}")
         if self.alpha < 0:
-            raise ValueError(f"algo.alpha must be >= 0, got {self.alpha}")
+            raise ConfigError(f"algo.alpha must be >= 0, got {self.alpha}")
         if not 0 < self.cross_clip_lower <= 1 or self.cross_clip_step < 0:
-            raise ValueError(f"algo.cross_clip_lower must be in (0, 1] and algo.cross_clip_step >= 0, got "
-                             f"{self.cross_clip_lower}, {self.cross_clip_step}")
+            raise ConfigError(f"algo.cross_clip_lower must be in (0, 1] and algo.cross_clip_step >= 0, got "
+                              f"{self.cross_clip_lower}, {self.cross_clip_step}")
 
 
 def require_peer(name: str, run_cfg: dict, peer=()):
     """The clear error for a peer-exchange learner without a peer source."""
     if (run_cfg.get("peer") or {}).get("source", "none") == "none" or peer is None:
-        raise ValueError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: "
-                         f"set peer.source=online|stored|mixed (CLI: --peer online | stored:PATH | mixed:PATH)")
+        raise ConfigError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: "
+                          f"set peer.source=online|stored|mixed (CLI: --peer online | stored:PATH | mixed:PATH)")
 
 
 def accuracy(groups) -> Optional[float]:
     """Fraction of responses with reward > 0 (the code's per-step accuracy, spec §2.3 step 4)."""
     rolls = [r for g in groups for r in g.rollouts]
     return sum(1.0 for r in rolls if r.reward > 0) / len(rolls) if rolls else None
+
+
+def log_compatibility(ctx: StepContext, rollouts):
+    """``peer/s_*``: ``s = exp(l_L - l_P)`` of localized peer responses under theta_old (spec §1.4 item 4)."""
+    s = [math.exp(max(-10.0, min(10.0, r.mean_logp - r.meta["origin_mean_logp"]))) for r in rollouts]
+    if s:
+        ctx.log("peer/s_mean", statistics.fmean(s))
+        ctx.log("peer/s_median", statistics.median(s))
+        ctx.log("peer/s_min", min(s))
+        ctx.log("peer/s_max", max(s))
 
 
 def content_mask(r) -> list:
@@ -149,17 +164,11 @@ class HACPO(GSPO):
     @staticmethod
     def _log_exchange(ctx, own, grafted, p_self, p_peer, omega):
         kept = [r for g in grafted for r in g.rollouts if not r.meta.get("dropped")]
-        s = sorted(float(torch.exp(torch.tensor(r.mean_logp - r.meta["origin_mean_logp"]).clamp(-10, 10)))
-                   for r in kept)
         ctx.log("peer/admitted", len(kept))
         ctx.log("peer/rejected", sum(g.n for g in grafted) - len(kept))
         peer_solved = {g.prompt.id for g in grafted if g.num_correct > 0}
         ctx.log("peer/rescued_groups", sum(1 for g in own if g.all_fail and g.prompt.id in peer_solved))
-        if s:
-            ctx.log("peer/s_mean", sum(s) / len(s))
-            ctx.log("peer/s_median", statistics.median(s))
-            ctx.log("peer/s_min", s[0])
-            ctx.log("peer/s_max", s[-1])
+        log_compatibility(ctx, kept)
         ctx.log("hacpo/capability_self", p_self)
         ctx.log("hacpo/capability_peer", p_peer)
         ctx.log("hacpo/omega", omega)
@@ -190,7 +199,10 @@ class HACPO(GSPO):
         s = cross_sequence_ratio(sequence_mean_logp(logp, mb.loss_mask), origin)
         cross = hacpo_cross_loss(s, mb.advantages, lo, self.cfg.alpha)  # [B], one value per sequence
         pm = peer.unsqueeze(1).expand_as(tok)
-        wide = lambda x: x.unsqueeze(1).expand_as(tok)  # noqa: E731
+
+        def wide(x):  # one value per sequence, on every token
+            return x.unsqueeze(1).expand_as(tok)
+
         # a cross row's per-sequence value on every token: seq-mean-token-mean gives it back exactly
         tok = torch.where(pm, wide(cross), tok)
         info = {"ratio": torch.where(pm, wide(s.detach()), info["ratio"].expand_as(tok)),

@@ -8,9 +8,10 @@ trajectories is shown to the policy, which answers once more: these G(G-1) short
 ``r_i = #{z in pool : z == z_i} / |pool| + format_weight * 1[z_i exists]``, equivalence decided by the
 verifier (``answers_equivalent``). The tokens of the answer span get loss weight ``answer_grad_scale``
 (0 = OM-GRPO) through ``rollout.meta["loss_mask"]``, and the same weight in the KL term when
-``mask_kl`` (RECOMMENDED).
+``mask_kl`` (RECOMMENDED). Contrast prompts keep the tail of each solution so that they fit the model's
+context (``contrast_template: compact`` suits tiny models).
 
-The learner never reads gold answers: it works on copies of the prompts without gold or metadata and
+Rollouts are never marked correct (there are no labels): accuracy comes from evaluation. The learner never reads gold answers: it works on copies of the prompts without gold or metadata and
 never calls the environment's label-based scoring. ``ttt: true`` (§4.6) trains on the held-out
 evaluation prompts (``eval.dataset``, else the task's test split of ``eval.size`` prompts), one
 seeded pass after another, so the final evaluation measures test-time training on those same questions.
@@ -29,6 +30,11 @@ from graftzoo.registry import register_algo
 from graftzoo.types import Prompt
 
 FORMATS = ("boxed", "any")
+CONTRAST_TEMPLATES = {
+    "spec": contrast_prompt,
+    # for tiny models: a short context and no English vocabulary
+    "compact": lambda problem, a, b: f"{problem}\n{a}\n{b}",
+}
 
 
 @dataclass
@@ -41,6 +47,7 @@ class OMGRPOConfig(LearnerConfig):
     format_weight: float = 1.0          # weight of the format reward r^f
     contrast: bool = True               # contrast-augmented reward (CAR)
     contrast_max_new_tokens: int = 64   # §4.4
+    contrast_template: str = "spec"     # spec (§4.4 wording) | compact (problem and both solutions, one per line)
     contrast_temperature: float = 1.0
     ttt: bool = False                   # test-time training on the held-out evaluation prompts (§4.6)
 
@@ -81,6 +88,9 @@ class OMGRPO(Learner):
             raise ValueError(f"config key 'algo.answer_format' must be one of {FORMATS}, got {cfg.answer_format!r}")
         if not 0.0 <= cfg.answer_grad_scale <= 1.0:
             raise ValueError(f"config key 'algo.answer_grad_scale' must be in [0, 1], got {cfg.answer_grad_scale}")
+        if cfg.contrast_template not in CONTRAST_TEMPLATES:
+            raise ValueError(f"config key 'algo.contrast_template' must be one of {sorted(CONTRAST_TEMPLATES)}, "
+                             f"got {cfg.contrast_template!r}")
         if cfg.contrast_max_new_tokens < 1:
             raise ValueError(f"config key 'algo.contrast_max_new_tokens' must be >= 1, got "
                              f"{cfg.contrast_max_new_tokens}")
@@ -91,8 +101,9 @@ class OMGRPO(Learner):
     def collect(self, ctx, prompts):
         prompts = self.ttt_prompts(ctx, len(prompts)) if self.cfg.ttt else [unlabeled(p) for p in prompts]
         groups = ctx.generate(prompts, [ctx.n] * len(prompts))
+        votes = self.contrast_answers(ctx, groups) if self.cfg.contrast else [[] for _ in groups]
         with ctx._phase("score"):
-            self.self_score(ctx, groups)
+            self.self_score(ctx, groups, votes)
         self.mask_answers(ctx, groups)
         return groups
 
@@ -103,10 +114,10 @@ class OMGRPO(Learner):
             return None
         return z
 
-    def self_score(self, ctx, groups):
-        """Soft consensus reward over the answer pool (spec §4.2 steps 2-5); sets reward, extracted, status."""
+    def self_score(self, ctx, groups, votes):
+        """Soft consensus reward over the answer pool: the groups' own answers plus ``votes[g]``, the CAR
+        answers of group g (spec §4.2 steps 2-5). Sets reward, extracted, status of every rollout."""
         c = self.cfg
-        votes = self.contrast_answers(ctx, groups) if c.contrast else [[] for _ in groups]
         timeout = float(ctx.cfg["task"]["verifier_timeout"])
         formatted, distinct = 0, 0.0
         for g, extra in zip(groups, votes):
@@ -127,12 +138,19 @@ class OMGRPO(Learner):
     def contrast_answers(self, ctx, groups) -> list:
         """CAR: one short answer per ordered pair of each group's trajectories (spec §4.2 step 3, §4.4)."""
         c = self.cfg
-        asks, owner = [], []
+        pol = ctx.policy
+        room = min(pol.max_prompt_tokens, context_window(pol.model) - c.contrast_max_new_tokens)
+        asks, owner, skipped = [], [], 0
         for gi, g in enumerate(groups):
-            for i, j in contrast_pairs(g.n):
-                text = contrast_prompt(g.prompt.text, g.rollouts[i].text, g.rollouts[j].text)
+            texts = fit_contrast_prompts(pol, g, room, CONTRAST_TEMPLATES[c.contrast_template])
+            if texts is None:
+                skipped += 1
+                continue
+            for (i, j), text in texts.items():
                 asks.append(Prompt(id=f"{g.prompt.id}#car-{i}-{j}", text=text))
                 owner.append(gi)
+        ctx.log("om_grpo/contrast_skipped_groups", skipped)
+        ctx.log("om_grpo/contrast_generated", len(asks))
         out = [[] for _ in groups]
         if not asks:
             return out
@@ -141,8 +159,7 @@ class OMGRPO(Learner):
                                            max_new_tokens=c.contrast_max_new_tokens)
         for gi, ag in zip(owner, answered):
             out[gi].append(self.answer(ag.rollouts[0].text) if ag.rollouts else None)
-        ctx.add("om_grpo/contrast_generated", len(asks))
-        ctx.add("om_grpo/contrast_tokens", sum(len(r.token_ids) for ag in answered for r in ag.rollouts))
+        ctx.log("om_grpo/contrast_tokens", sum(len(r.token_ids) for ag in answered for r in ag.rollouts))
         return out
 
     # ---- outcome mask ------------------------------------------------------------------------
@@ -202,6 +219,34 @@ def heldout_prompts(cfg: dict) -> list:
         return ds[:ev["size"] or len(ds)]
     from graftzoo.trainer import make_env
     return list(make_env(cfg, "test", size=ev["size"]).dataset)
+
+
+def fit_contrast_prompts(policy, group, room: int, template=contrast_prompt) -> Optional[dict]:
+    """``{(i, j): contrast prompt text}`` for every ordered pair of the group's trajectories (spec §4.4), each
+    solution cut to its last tokens so that every rendered prompt has at most ``room`` tokens; None if
+    the problem alone leaves no room. ``template(problem, solution_a, solution_b)`` writes the text."""
+    def render(sol_a, sol_b):
+        return template(group.prompt.text, sol_a, sol_b)
+
+    def length(text):
+        return len(policy.encode_text(policy.render(Prompt(id="", text=text))))
+
+    ids = [policy.encode_text(r.text) for r in group.rollouts]
+    keep = (room - length(render("", ""))) // 2
+    while keep >= 1:
+        sols = [policy.decode(x[-keep:]) for x in ids]
+        texts = {(i, j): render(sols[i], sols[j]) for i, j in contrast_pairs(group.n)}
+        over = max((length(t) for t in texts.values()), default=0) - room
+        if over <= 0:
+            return texts
+        keep -= over
+    return None
+
+
+def context_window(model, default: int = 1 << 30) -> int:
+    """The model's maximum sequence length (position embeddings), ``default`` when it has none."""
+    cfg = model.config
+    return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or default)
 
 
 def token_offsets(policy, ids: list, text: str) -> list:

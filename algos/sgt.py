@@ -20,8 +20,10 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch
-from graftzoo.algos.functional import SGT_GATES, sequence_mean_logp, sgt_augment, sgt_aux_nll_loss, sgt_rescue
-from graftzoo.algos.hacpo import require_peer
+from graftzoo.algos.functional import sequence_mean_logp, sgt_augment, sgt_aux_nll_loss, sgt_rescue
+from graftzoo.algos.functional.peer import SGT_GATES
+from graftzoo.algos.hacpo import log_compatibility, require_peer
+from graftzoo.config import ConfigError
 from graftzoo.registry import register_algo
 from graftzoo.types import Group
 
@@ -40,13 +42,14 @@ class SGTConfig(LearnerConfig):
 
     def __post_init__(self):
         if self.gate not in SGT_GATES:
-            raise ValueError(f"algo.gate must be one of {SGT_GATES}, got {self.gate!r}")
+            raise ConfigError(f"algo.gate must be one of {SGT_GATES}, got {self.gate!r}")
         if self.mode not in SGT_MODES:
-            raise ValueError(f"algo.mode must be one of {SGT_MODES}, got {self.mode!r}")
+            raise ConfigError(f"algo.mode must be one of {SGT_MODES}, got {self.mode!r}")
         if int(self.k_inj) < 1:
-            raise ValueError(f"algo.k_inj must be >= 1, got {self.k_inj}")
+            raise ConfigError(f"algo.k_inj must be >= 1, got {self.k_inj}")
         if not 0.0 <= self.tau < 1.0:
-            raise ValueError(f"algo.tau must be in [0, 1) (a learner group needs a failure to replace), got {self.tau}")
+            raise ConfigError(f"algo.tau must be in [0, 1) (a rescued group needs a failure to replace), "
+                              f"got {self.tau}")
 
 
 def subset(mb: MiniBatch, idx: list) -> MiniBatch:
@@ -82,7 +85,7 @@ class SGT(Learner):
         local = ctx.localize(picked)
 
         out = [[g] for g in groups]
-        admitted = rejected = rescued = 0
+        rescue_set, rejected, rescued = [], 0, 0
         for x, lg in zip(rescue, local):
             g = groups[x]
             inj = [r for r in lg.rollouts if not r.meta.get("dropped")]  # a truncated answer loses its proof
@@ -91,7 +94,7 @@ class SGT(Learner):
             if not inj:
                 continue
             rescued += 1
-            admitted += len(inj)
+            rescue_set += inj
             if c.mode == "augment":
                 for r in inj:
                     r.meta["sgt_injected"] = True
@@ -107,9 +110,10 @@ class SGT(Learner):
                     r.meta["sgt_aux"] = True
                 out[x].append(Group(lg.prompt, lg.model_id, inj, [0.0] * len(inj), "peer", [1.0] * len(inj),
                                     {"sgt": "aux_nll"}))
-        self._n_rescue = admitted
+        self._n_rescue = len(rescue_set)
+        log_compatibility(ctx, rescue_set)
         ctx.log("peer/rescued_groups", rescued)
-        ctx.log("peer/admitted", admitted)
+        ctx.log("peer/admitted", len(rescue_set))
         ctx.log("peer/rejected", rejected)
         return [g for slot in out for g in slot]
 

@@ -10,17 +10,19 @@ Compared in one run, interleaved per round, on the same pairs:
   plain     math-verify in-process: parse("$gold$") + parse(response) + verify, per pair
   single    graftzoo verify(response, gold), one call per pair
   batch     graftzoo verify_batch over one step (prompts x group) at a time
-graftzoo passes start from empty caches and a freshly started (warmed) pool.
+Every pass starts fresh and is first warmed on one step of other problems: plain in a new
+process, graftzoo with a new worker pool and empty caches.
 
-Run: python bench/verifier.py [--prompts 64 --group 8 --steps 4 --rounds 2 --workers 2]
+Run: python bench/verifier.py [--prompts 64 --group 8 --steps 3 --rounds 2 --workers 2]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
 import random
 import re
-import statistics
 import time
 from importlib import resources
 from pathlib import Path
@@ -42,12 +44,15 @@ def load_golds(path: str | None) -> list[str]:
     raise FileNotFoundError(f"math500.jsonl not found; tried {[str(p) for p in candidates]} (use --data)")
 
 
+_FRAC = r"\\[dt]?frac\{((?:[^{}]|\{[^{}]*\})+)\}\{((?:[^{}]|\{[^{}]*\})+)\}"
+
+
 def equivalent_form(gold: str) -> str:
     """A rewrite of ``gold`` that a verifier should accept."""
     if re.fullmatch(r"-?\d+", gold):
         return gold + ".0"
-    if "\\frac" in gold:
-        return gold.replace("\\frac", "\\dfrac")
+    if re.search(_FRAC, gold):  # \frac{a}{b} -> a/b: needs math-verify, not the exact fast path
+        return re.sub(_FRAC, lambda m: "/".join(x if x.isalnum() else f"({x})" for x in m.groups()), gold)
     if gold.startswith("(") and gold.endswith(")"):
         return "\\left" + gold[:-1] + "\\right)"
     return gold.replace(" ", "") if " " in gold else " " + gold + " "
@@ -96,53 +101,71 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def run_plain(steps) -> tuple[float, list[float], list[bool]]:
+def _plain_pass(warm, steps) -> tuple[float, float, list[float], list[bool]]:
     from math_verify import parse, verify
+    for step in warm:  # math-verify's first-use costs, outside the timing
+        for response, gold in step:
+            verify(parse(f"${gold}$"), parse(response))
     lat, verdicts = [], []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for step in steps:
         for response, gold in step:
             t = time.perf_counter()
             verdicts.append(bool(verify(parse(f"${gold}$"), parse(response))))
             lat.append(time.perf_counter() - t)
-    return time.perf_counter() - t0, lat, verdicts
+    return time.perf_counter() - t0, time.process_time() - c0, lat, verdicts
 
 
-def fresh_pool(workers: int) -> None:
+def run_plain(warm, steps) -> tuple[float, float, list[float], list[bool]]:
+    """A fresh process per pass, warmed like our fresh pool, so neither side has seen the data."""
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_plain_pass, (warm, steps))
+
+
+def fresh_pool(warm, workers: int) -> None:
     V.configure_pool(workers)
-    V.clear_caches()
-    V.verify("\\boxed{\\sqrt{3}}", "\\sqrt{2}")  # start the workers outside the timing (not a fast-path pair)
+    for step in warm:  # start the workers and warm them on other problems, outside the timing
+        V.verify_batch([r for r, _ in step], [g for _, g in step])
     V.clear_caches()
 
 
-def run_single(steps, workers: int) -> tuple[float, list[float], list[bool]]:
-    fresh_pool(workers)
+def cpu_seconds() -> float | None:
+    """CPU time of this process plus the verifier's worker processes (Linux /proc), else None."""
+    total = time.process_time()
+    for w in V._pool()._workers:
+        try:
+            with open(f"/proc/{w.proc.pid}/stat") as f:
+                utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
+        except OSError:
+            return None
+        total += (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def run_ours(warm, steps, workers: int, batch: bool) -> tuple[float, float | None, list[float], list[bool]]:
+    """verify() per pair (latency per pair), or verify_batch() per step (latency per step)."""
+    fresh_pool(warm, workers)
     lat, verdicts = [], []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     for step in steps:
+        if batch:
+            t = time.perf_counter()
+            verdicts += [r.correct for r in V.verify_batch([r for r, _ in step], [g for _, g in step])]
+            lat.append(time.perf_counter() - t)
+            continue
         for response, gold in step:
             t = time.perf_counter()
             verdicts.append(V.verify(response, gold).correct)
             lat.append(time.perf_counter() - t)
-    return time.perf_counter() - t0, lat, verdicts
-
-
-def run_batch(steps, workers: int) -> tuple[float, list[float], list[bool]]:
-    fresh_pool(workers)
-    step_times, verdicts = [], []
-    t0 = time.perf_counter()
-    for step in steps:
-        t = time.perf_counter()
-        verdicts += [r.correct for r in V.verify_batch([r for r, _ in step], [g for _, g in step])]
-        step_times.append(time.perf_counter() - t)
-    return time.perf_counter() - t0, step_times, verdicts
+    wall, c1 = time.perf_counter() - t0, cpu_seconds()
+    return wall, None if c0 is None or c1 is None else c1 - c0, lat, verdicts
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workers", type=int, default=V.DEFAULT_WORKERS)
     ap.add_argument("--seed", type=int, default=0)
@@ -150,26 +173,28 @@ def main() -> None:
     args = ap.parse_args()
 
     golds = load_golds(args.data)
-    warm = workload(golds, 4, args.group, 1, seed=args.seed + 1000)
-    run_plain(warm)  # imports and math-verify's first-use costs, outside the timing
-    steps = workload(golds, args.prompts, args.group, args.steps, args.seed)
+    data = workload(golds, args.prompts, args.group, args.steps + 1, args.seed)
+    warm, steps = data[:1], data[1:]  # the warm-up step uses other problems than the timed ones
     n = sum(len(s) for s in steps)
-    uniq = sum(len(set(s)) for s in steps)
-    print(f"{V.VERIFIER_VERSION}; {n} pairs ({args.steps} steps x {args.prompts} prompts x {args.group}), "
-          f"{uniq} distinct (response, gold); {args.workers} workers")
-    print(f"{'round':>5} {'mode':>7} {'pairs/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}  vs plain")
+    print(f"{V.VERIFIER_VERSION}; {n} pairs ({args.steps} steps x {args.prompts} prompts x {args.group}); "
+          f"{args.workers} workers; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(f"{'round':>5} {'mode':>7} {'pairs/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'CPU ms/pair':>11}"
+          f"  {'speed-up':>8}  {'CPU ratio':>9}")
     for rnd in range(args.rounds):
-        plain_s, plain_lat, plain_v = run_plain(steps)
-        single_s, single_lat, single_v = run_single(steps, args.workers)
-        batch_s, step_lat, batch_v = run_batch(steps, args.workers)
-        for mode, secs, lat, unit in (("plain", plain_s, plain_lat, "pair"), ("single", single_s, single_lat, "pair"),
-                                      ("batch", batch_s, step_lat, "step")):
+        runs = {"plain": run_plain(warm, steps), "single": run_ours(warm, steps, args.workers, batch=False),
+                "batch": run_ours(warm, steps, args.workers, batch=True)}
+        plain_wall, plain_cpu = runs["plain"][:2]
+        for mode, (wall, cpu, lat, _) in runs.items():
             ms = [1000 * x for x in lat]
-            print(f"{rnd:>5} {mode:>7} {n / secs:>9.0f} {pct(ms, .5):>8.2f} {pct(ms, .99):>8.2f} {max(ms):>8.2f}"
-                  f"  {plain_s / secs:>5.1f}x{'  (latency per ' + unit + ')' if unit == 'step' else ''}")
-        agree = sum(a == b for a, b in zip(plain_v, batch_v))
+            cpu_txt = f"{1000 * cpu / n:>11.2f}" if cpu is not None else f"{'n/a':>11}"
+            ratio = f"{plain_cpu / cpu:>8.1f}x" if cpu else f"{'n/a':>9}"
+            print(f"{rnd:>5} {mode:>7} {n / wall:>8.0f} {pct(ms, .5):>8.2f} {pct(ms, .99):>8.2f} {max(ms):>8.2f} "
+                  f"{cpu_txt}  {plain_wall / wall:>7.1f}x  {ratio}" + ("  (latency per step)" if mode == "batch" else ""))
+        plain_v, single_v, batch_v = (runs[m][3] for m in ("plain", "single", "batch"))
         assert batch_v == single_v, "verify and verify_batch disagree"
+        agree = sum(a == b for a, b in zip(plain_v, batch_v))
         print(f"      verdicts: ours {sum(batch_v)} correct, plain {sum(plain_v)} correct, agree on {agree}/{n}")
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
     V.close_pool()
 
 

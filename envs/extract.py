@@ -52,7 +52,7 @@ def _closing_brace(text: str, open_idx: int) -> int | None:
     return None
 
 
-def _balanced(s: str) -> bool:
+def braces_balanced(s: str) -> bool:
     """True when every unescaped brace of ``s`` is matched and nesting stays within the limit."""
     depth, i = 0, 0
     while i < len(s):
@@ -80,7 +80,7 @@ def _last_box(text: str) -> tuple[str | None, int] | None:
     start, j = last.start(), last.end()
     if text.startswith(" ", j) and not text[j:].lstrip(" ").startswith("{"):  # "\\boxed 5"
         return re.split(r"[$\n]", text[j:].strip(), maxsplit=1)[0].strip(), start
-    while j < len(text) and text[j] in " \t":
+    while j < len(text) and text[j] in " \t\n":
         j += 1
     if j >= len(text) or text[j] != "{":
         return None, start
@@ -161,7 +161,7 @@ def extract_answer(response: str) -> tuple[str | None, str]:
         answer = _after_answer_phrase(text) or _after_last_equals(text) or _last_number(text)
         if answer is None:
             return None, "no_answer"
-    if len(answer) > MAX_ANSWER_CHARS or not _balanced(answer):
+    if len(answer) > MAX_ANSWER_CHARS or not braces_balanced(answer):
         return None, "unparsable"
     if _ALTERNATIVES.search(answer):
         return answer, "multiple_answers"

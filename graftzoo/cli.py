@@ -47,7 +47,10 @@ def main():
 def train(algo, pair, peer, files, overrides, run_dir, no_resume, no_track):
     """Train one model or co-train a pair: graftzoo train --algo grpo --pair tiny [--set key=value ...]."""
     from graftzoo.config import load_config
+    from graftzoo.peers.store import StoreError
+    from graftzoo.registry import RegistryError
     from graftzoo.trainer import train as run_train
+    from graftzoo.xt import XTOverflowError
     overrides = list(overrides)
     if peer:
         kind, _, path = peer.partition(":")
@@ -58,10 +61,13 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, no_track):
         overrides.append("run.track=false")
     try:
         cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)
-    except ConfigError as e:
+    except (ConfigError, RegistryError) as e:
         raise click.UsageError(str(e))
     progress = _progress_printer(f"{cfg['algo']['name']} on {cfg['pair']['name']}") if cfg["run"]["progress"] else None
-    out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress)
+    try:
+        out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress)
+    except (ConfigError, RegistryError, StoreError, XTOverflowError) as e:
+        raise click.ClickException(str(e))
     click.echo(f"run directory: {out}")
 
 

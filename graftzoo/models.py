@@ -62,7 +62,4 @@ def build_engine(policy: Policy, cfg: dict):
         from graftzoo.engine import HFEngine
         return HFEngine(policy, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"],
                         max_new_tokens=policy.max_response_tokens, gen_batch_size=r["gen_batch_size"])
-    if r["engine"] == "vllm":
-        from graftzoo.vllm_engine import VLLMEngine  # optional GPU extra
-        return VLLMEngine(policy, **r)
-    raise ValueError(f"config key 'rollout.engine' must be hf|vllm, got {r['engine']!r}")
+    raise ValueError(f"config key 'rollout.engine' must be 'hf' (the only engine in this release), got {r['engine']!r}")

@@ -21,6 +21,7 @@ def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, ov
                      append_eos: bool = True) -> Rollout:
     """One peer rollout as a learner rollout (logprobs filled in later by ``score_rollouts``)."""
     ids = policy.encode_text(r.text)
+    stopped = r.finish_reason == "stop" and len(ids) <= max_response  # a truncated response did not stop
     dropped = None
     if not ids and r.finish_reason != "stop":
         dropped = "empty"
@@ -32,7 +33,6 @@ def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, ov
             ids = ids[:max_response]
         else:
             dropped = "overflow"
-    stopped = r.finish_reason == "stop" and len(ids) <= max_response
     if stopped and (append_eos or not ids):  # a terminal-only response becomes [EOS]
         ids = ids + [policy.eos_id]
     meta = {"origin_model": r.model_id, "origin_mean_logp": r.mean_logp, "origin_token_count": r.token_count,

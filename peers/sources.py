@@ -92,6 +92,7 @@ class StoredPeer(PeerSource):
             raise StoreError(f"peer store {path} has no model '{model}' (it has {sorted(self.store.models)})")
         self.model = model
         self.align = align
+        self.path = path
         if dataset is not None and self.store.dataset not in (None, dataset):
             raise StoreError(f"peer store {path} was written for dataset '{self.store.dataset}', "
                              f"this run trains on '{dataset}'")
@@ -117,6 +118,10 @@ class StoredPeer(PeerSource):
                 return {}
             last = cand.groupby("prompt_id")["step"].transform("max")
             part = cand[cand["step"] == last]
+        for pid, text in part[["prompt_id", "prompt_text"]].drop_duplicates().itertuples(index=False):
+            if text != by_id[pid].text:  # same id, another question: other task settings or seed
+                raise StoreError(f"peer store {self.path}: prompt {pid} is {text!r} in the store but "
+                                 f"{by_id[pid].text!r} in this run (different task settings?)")
         out = rows_to_groups(part, by_id)
         for g in out.values():
             for r, a in zip(g.rollouts, g.advantages):
@@ -140,7 +145,9 @@ class MixedPeer(PeerSource):
 
     def groups(self, prompts, step, epoch, learner_id):
         live = self.online.groups(prompts, step, epoch, learner_id)
-        stored = self.stored.groups(prompts, step, epoch, learner_id)
+        # the store stands in for the stored model only: never hand a learner its own logged groups
+        stored = self.stored.groups(prompts, step, epoch, learner_id) \
+            if self.stored.model == self.peer_of(learner_id) else {}
         rng = random.Random(f"{self.seed}:{step}:{learner_id}")
         out = {}
         for p in prompts:

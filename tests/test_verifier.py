@@ -1,7 +1,9 @@
 """Tests of the hardened verifier (graftzoo.envs.verifier, graftzoo.envs.extract)."""
+import json
 import os
 import signal
 import time
+from importlib import resources
 
 import pytest
 
@@ -23,6 +25,7 @@ def _fresh_verdicts():
     ("$\\boxed{\\frac{1}{\\sqrt{2}}}$", ("\\frac{1}{\\sqrt{2}}", "ok")),  # nested braces
     ("\\boxed{\\{1,2\\}}", ("\\{1,2\\}", "ok")),  # escaped braces do not count
     ("\\fbox{7}", ("7", "ok")),
+    ("\\boxed\n{8}", ("8", "ok")),
     ("The answer is \\boxed 5$.", ("5", "ok")),
     ("\\boxed{(1,2)} wait \\boxed{\\left( 3, 4 \\right)}", ("\\left( 3, 4 \\right)", "ok")),
     ("Final Answer: The final answer is $\\frac{3}{4}$. I hope it is correct.", ("\\frac{3}{4}", "ok")),
@@ -120,12 +123,32 @@ def test_equivalence(pred, gold, correct):
     assert V.verify(f"Thus $\\boxed{{{pred}}}$.", gold) == V.VerifyResult(correct, pred, "ok")
 
 
+def test_two_stage_parser_matches_latex2sympy():
+    """The SLL-first parser used in the workers returns exactly what latex2sympy returns."""
+    from latex2sympy2_extended.latex2sympy2 import latex2sympy
+    with resources.files("graftzoo.envs").joinpath("data/math500.jsonl").open() as f:
+        answers = [json.loads(line)["answer"] for line in f][:150]
+    answers += ["\\frac{", "(1,2", "x^{2", "\\sqrt[3]{8}", "\\{1,2\\}", "1,234", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"]
+    two_stage = V.two_stage_latex2sympy()
+
+    def outcome(fn, latex):
+        try:
+            return str(fn(latex, is_real=True, convert_degrees=False, normalization_config=None))
+        except Exception as e:  # syntax errors must stay errors
+            return f"error: {type(e).__name__}"
+
+    pairs = [(outcome(latex2sympy, a), outcome(two_stage, a)) for a in answers]
+    assert [x for x, _ in pairs] == [y for _, y in pairs]
+    assert sum(x.startswith("error") for x, _ in pairs) >= 3  # the malformed inputs above
+
+
 def test_answers_equivalent():
     assert V.answers_equivalent("\\frac{1}{2}", "0.5") is True
     assert V.answers_equivalent("0.5", "\\frac{1}{2}") is True
     assert V.answers_equivalent("x=5", "5") is True  # symmetric even where math-verify is not
     assert V.answers_equivalent("\\frac{1}{3}", "0.5") is False
     assert V.answers_equivalent("1" * 1001, "1") is None
+    assert V.answers_equivalent("5}{6", "5") is None
     assert V.answers_equivalent("9^{9^{9^9}}", "12") is None  # timeout
 
 

@@ -1,0 +1,156 @@
+"""The evaluation runner (graftzoo eval) on a micro checkpoint, its protocol and checkpoint selection."""
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from graftzoo.cli import main
+from graftzoo.config import load_config
+from graftzoo.envs.datasets import BENCHMARKS, load_dataset
+from graftzoo.envs.verifier import VERIFIER_VERSION
+from graftzoo.eval import runner
+from graftzoo.eval.artifacts import load_run, validate_eval
+from graftzoo.eval.metrics import pass_at_k
+from graftzoo.evaluate import summarize
+from graftzoo.trainer import train
+
+MODELS = ("micro-qwen-char", "micro-gpt2-pair")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A two-step micro GRPO run that keeps both checkpoints (step 0 and step 1)."""
+    cfg = load_config(pair="micro", algo="grpo", overrides=[
+        "run.steps=2", "run.save_every=1", "run.keep_checkpoints=0", "run.track=false", "run.progress=false",
+        "run.eval_at_end=false", "task.prompts_per_step=2", "eval.size=4", "eval.k=1"])
+    return train(cfg, run_dir=str(tmp_path_factory.mktemp("evalrun") / "run"))
+
+
+def test_summarize_protocol():
+    # one run, k = 2 samples, 3 items: sample 0 gets items 0, 2 right, sample 1 gets item 2 right
+    s = summarize([[[True, False, True], [False, False, True]]])
+    assert s["avg"] == pytest.approx(0.5)
+    assert s["per_seed_run"] == pytest.approx([2 / 3, 1 / 3]) and s["spread_over"] == "samples"
+    assert s["sd"] == pytest.approx(math.sqrt(2 * (1 / 6) ** 2))
+    assert s["pass_at_k"] == pytest.approx({"1": 0.5, "2": 2 / 3})
+    # two runs of k = 5 on one item with 3 of the n = 10 samples right: spec algos_single §1.6 vector
+    s = summarize([[[True], [True], [False], [False], [False]], [[True], [False], [False], [False], [False]]])
+    assert s["pass_at_k"]["5"] == pytest.approx(0.916667, abs=1e-6) == pass_at_k(10, 3, 5)
+    assert s["per_seed_run"] == pytest.approx([0.4, 0.2]) and s["spread_over"] == "runs"
+    assert s["ci"][0] < s["avg"] < s["ci"][1]
+    s = summarize([[[True, False]]])
+    assert s["sd"] is None and s["ci"] is None
+
+
+def test_resolve_benchmarks():
+    assert runner.resolve_benchmarks("all") == list(BENCHMARKS)
+    assert runner.resolve_benchmarks("amc23, all,heldout") == ["amc23"] + [b for b in BENCHMARKS if b != "amc23"] \
+        + ["heldout"]
+    with pytest.raises(ValueError, match="no benchmark"):
+        runner.resolve_benchmarks(" , ")
+
+
+def test_cli_eval_artifact_fields(run_dir):
+    ckpt = run_dir / "checkpoints" / "step_000000"
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(ckpt), "--benchmarks", "math500,heldout", "--k", "2",
+                                    "--limit", "3", "--greedy", "--temperature", "0.7"])
+    assert res.exit_code == 0, res.output
+    for m in MODELS:
+        path = run_dir / "eval" / "step_000000" / f"{m}.json"
+        payload = json.loads(path.read_text())
+        validate_eval(payload, str(path))
+        assert payload["model"] == m and payload["step"] == 0
+        assert payload["checkpoint"] == "checkpoints/step_000000" and payload["model_spec"]["id"] == m
+        assert set(payload["benchmarks"]) == {"math500", "heldout"}
+        for rec in payload["benchmarks"].values():
+            assert rec["k"] == 2 and rec["n_items"] == 3 and rec["limit"] == 3 and len(rec["per_seed_run"]) == 2
+            assert set(rec["pass_at_k"]) == {"1", "2"} and 0 <= rec["avg"] <= 1 and "greedy" in rec
+            assert rec["pass_at_k"]["1"] == pytest.approx(rec["avg"])
+        assert payload["dataset_hashes"]["math500"] == load_dataset("math500").hash
+        assert payload["verifier"] == VERIFIER_VERSION and payload["engine"] == "hf"
+        samp = payload["sampling"]
+        assert samp["temperature"] == 0.7 and samp["k"] == 2 and samp["greedy"] is True and samp["seeds"] == 1
+        assert samp["top_p"] == 1.0 and samp["max_new_tokens"] > 0
+        assert payload["selection"] == {"rule": "given"}
+    assert f"{MODELS[0]}  math500" in res.output
+
+
+def test_run_dir_target_selects_last_and_feeds_the_report(run_dir):
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(run_dir), "--benchmarks", "heldout", "--k", "1",
+                                    "--limit", "2", "--no-greedy", "--model", MODELS[0]])
+    assert res.exit_code == 0, res.output
+    payload = json.loads((run_dir / "eval" / f"{MODELS[0]}.json").read_text())
+    assert payload["step"] == 1 and payload["selection"] == {"rule": "last", "candidates": [0, 1]}
+    assert payload["request"]["benchmarks"] == ["heldout"] and "greedy" not in payload["benchmarks"]["heldout"]
+    run = load_run(run_dir)
+    assert run.evals[MODELS[0]]["benchmarks"]["heldout"]["n_items"] == 2
+
+
+def test_load_weights_restores_the_checkpoint(run_dir):
+    cfg = runner.load_run_config(run_dir)
+    pol = runner.build_policies(cfg, [MODELS[1]])[MODELS[1]]
+    with torch.no_grad():
+        for p in pol.model.parameters():
+            p.add_(1.0)
+    ckpt = run_dir / "checkpoints" / "step_000001"
+    runner.load_weights(pol, ckpt)
+    saved = torch.load(ckpt / f"{MODELS[1]}.pt", weights_only=False)["policy"]
+    for k, v in pol.model.state_dict().items():
+        assert torch.equal(v, saved["model"][k]), k
+    assert pol.version == saved["version"] == 2
+
+
+def test_val_avg_picks_the_best_validation_checkpoint(run_dir, monkeypatch):
+    cfg = runner.load_run_config(run_dir)
+    pols = runner.build_policies(cfg)
+    engines = {m: runner.make_eval_engine(p, cfg) for m, p in pols.items()}
+    seen = []
+
+    def fake_score(policy, engine, bench, k, **kw):   # checkpoint of step s has policy.version s + 1
+        seen.append((bench["name"], bench["split"], len(bench["prompts"])))
+        return {"avg": {1: 0.5, 2: 0.25}[policy.version] if policy.model_id == MODELS[0] else 0.1 * policy.version}
+
+    monkeypatch.setattr(runner, "score_benchmark", fake_score)
+    out = runner.select_checkpoints(run_dir, cfg, pols, engines, rule="val_avg", val_size=5, k=1)
+    assert out[MODELS[0]][0].name == "step_000000" and out[MODELS[0]][1]["selected_step"] == 0
+    assert out[MODELS[1]][0].name == "step_000001"
+    assert out[MODELS[0]][1]["scores"] == {"0": 0.5, "1": 0.25} and out[MODELS[0]][1]["dataset"] == "val"
+    assert set(seen) == {("val", "val", 5)}   # never the test split
+    last = runner.select_checkpoints(run_dir, cfg, pols, engines, rule="last")
+    assert all(c.name == "step_000001" for c, _ in last.values())
+
+
+@pytest.mark.parametrize("val", ["math500", "heldout", "aime24"])
+def test_selecting_on_a_test_set_raises_unless_allowed(run_dir, monkeypatch, val):
+    cfg = runner.load_run_config(run_dir)
+    with pytest.raises(runner.SelectionError, match="test set"):
+        runner.select_checkpoints(run_dir, cfg, {}, {}, rule="val_avg", val_dataset=val, val_size=2)
+    monkeypatch.setattr(runner, "score_benchmark", lambda *a, **kw: {"avg": 0.0})
+    pols = {MODELS[0]: object()}
+    monkeypatch.setattr(runner, "load_weights", lambda pol, ckpt: None)
+    out = runner.select_checkpoints(run_dir, cfg, pols, {MODELS[0]: None}, rule="val_avg", val_dataset=val,
+                                    val_size=2, allow_test=True)
+    assert out[MODELS[0]][1]["dataset"] == val
+
+
+def test_cli_refuses_test_selection(run_dir):
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(run_dir), "--select", "val_avg",
+                                    "--val-dataset", "math500", "--k", "1"])
+    assert res.exit_code != 0 and "test set" in res.output
+
+
+def test_validation_slice_of_a_training_file():
+    cfg = load_config(pair="micro", algo="grpo", overrides=[
+        "task.env=graftzoo/MathReasoning-v0", "task.dataset=math_train"])
+    ids = runner.validation_ids(cfg)
+    assert len(ids) == runner.DEFAULT_VAL_SIZE and ids == runner.validation_ids(cfg)
+    train_ids = {p.id for p in load_dataset("math_train")}
+    assert ids <= train_ids
+    val = runner.validation_set(cfg, size=10)
+    assert val["split"] == "val" and len(val["prompts"]) == 10 and not runner.is_test_set(val, cfg)
+    arith = load_config(pair="micro", algo="grpo")
+    assert runner.validation_ids(arith) == set()
+    with pytest.raises(ValueError, match="validation slice"):
+        runner.validation_slice(load_dataset("amc23"), 40)

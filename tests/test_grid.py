@@ -1,0 +1,180 @@
+"""The grid runner (graftzoo grid): expansion, dependencies, skipping finished cells, failures, report."""
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from graftzoo import grid as G
+from graftzoo.cli import main
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "grids"
+TINY = {
+    "name": "t",
+    "pairs": ["micro"],
+    "seeds": [0, 1],
+    "set": {"run.steps": 1, "run.track": False, "run.progress": False, "task.prompts_per_step": 2,
+            "eval": {"size": 4, "k": 1}},
+    "algorithms": ["grpo"],
+    "variants": [{"label": "RLOO", "algo": "rloo"}],
+    "report": {"baseline": "grpo"},
+}
+CELLS = ["grpo-micro-s0", "grpo-micro-s1", "rloo-micro-s0", "rloo-micro-s1"]
+
+
+def write_grid(path: Path, **changes) -> Path:
+    data = json.loads(json.dumps(TINY))
+    data.update(changes)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """The tiny grid (2 algorithms x micro x 2 seeds) run once from the CLI (in this process: fast;
+    the child-process path is exercised by test_stored_peer_dependency_and_a_failed_cell)."""
+    root = tmp_path_factory.mktemp("grid")
+    spec = write_grid(root / "t.yaml")
+    out = root / "out"
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(out), "--in-process"])
+    return spec, out, res
+
+
+def test_grid_trains_every_cell_and_writes_the_report(ran):
+    _, out, res = ran
+    assert res.exit_code == 0, res.output
+    for name in CELLS:
+        summary = json.loads((out / name / "summary.json").read_text())
+        assert summary["status"] == "done" and f"[done] {name}" in res.output
+        cfg = yaml.safe_load((out / name / "config.yaml").read_text())
+        algo, _, seed = name.split("-")
+        assert cfg["run"]["name"] == name and cfg["run"]["wandb_group"] == "t"
+        assert cfg["run"]["variant"] == {"grpo": "grpo", "rloo": "RLOO"}[algo]
+        assert cfg["run"]["tags"] == [algo, "micro", seed] and cfg["run"]["seed"] == int(seed[1:])
+    for f in ("table1.md", "table1.csv", "table1.tex", "clip_table.md", "score_vs_compute.png", "fractions.png"):
+        assert (out / "report" / f).stat().st_size > 0, f
+    table = (out / "report" / "table1.md").read_text()
+    assert "| RLOO | 4 |" in table and "| grpo | 4 |" in table and "micro-qwen-char" in table
+
+
+def test_rerun_skips_finished_cells(ran):
+    spec, out, _ = ran
+    before = {n: (out / n / "metrics.jsonl").stat().st_mtime_ns for n in CELLS}
+    ckpts = {n: sorted(p.name for p in (out / n / "checkpoints").iterdir()) for n in CELLS}
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    for n in CELLS:
+        assert f"[skipped] {n}: done" in res.output
+        assert (out / n / "metrics.jsonl").stat().st_mtime_ns == before[n]
+        assert sorted(p.name for p in (out / n / "checkpoints").iterdir()) == ckpts[n]
+    assert "grid t: 4 skipped" in res.output and (out / "report" / "table1.md").is_file()
+
+
+def test_unfinished_cell_is_resumed(ran, tmp_path):
+    spec, out, _ = ran
+    grid = G.load_grid(spec, str(out))
+    cell = grid.cell("rloo-micro-s1")
+    assert G.cell_status(cell, None) == "done"
+    fake = G.Cell(**{**cell.__dict__, "run_dir": tmp_path / "partial"})
+    assert G.cell_status(fake, None) == "new"
+    (fake.run_dir / "checkpoints").mkdir(parents=True)
+    (fake.run_dir / "summary.json").write_text(json.dumps({"status": "running"}))
+    assert G.cell_status(fake, None) == "resume"
+    assert G.cell_status(cell, {"benchmarks": "heldout", "k": 1}) == "evaluate"   # no eval files for that request
+
+
+def test_stored_peer_dependency_and_a_failed_cell(ran):
+    """Child processes, two at a time: a cell reads the stored trajectories of another cell's run; a
+    failing cell is reported by name, the grid goes on and exits non-zero."""
+    _, out, _ = ran
+    spec = write_grid(out.parent / "t2.yaml", variants=[
+        {"label": "RLOO", "algo": "rloo"},
+        {"label": "GRPO (stored peer)", "algo": "grpo", "peer": "stored:{cell:grpo}", "each_model": True},
+        {"label": "Broken", "algo": "grpo", "peer": "stored:no/such/run"}])
+    stored = "grpo-stored-peer-micro-qwen-char-micro-s0"
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(out), "--only", "broken-micro-s0",
+                                    "--only", stored, "--jobs", "2"])
+    assert res.exit_code == 1, res.output
+    assert "[FAILED] broken-micro-s0" in res.output and "failed or blocked cells: broken-micro-s0" in res.output
+    assert "[skipped] grpo-micro-s0: done" in res.output   # the dependency, pulled in by --only
+    assert res.output.index("[skipped] grpo-micro-s0") < res.output.index(f"[done] {stored}")
+    summary = json.loads((out / stored / "summary.json").read_text())
+    assert summary["status"] == "done" and summary["models"] == ["micro-qwen-char"]
+    assert summary["peer_source"] == "stored" and summary["peers"] == {"micro-qwen-char": "micro-gpt2-pair"}
+    cfg = yaml.safe_load((out / stored / "config.yaml").read_text())
+    assert Path(cfg["peer"]["path"]) == out / "grpo-micro-s0"
+    assert "no/such/run" in (out / "logs" / "broken-micro-s0.log").read_text()
+
+
+def test_in_process_failure_is_reported(tmp_path):
+    spec = write_grid(tmp_path / "t.yaml", algorithms=[], variants=[
+        {"label": "Broken", "algo": "grpo", "peer": "stored:no/such/run"}])
+    grid = G.load_grid(spec, str(tmp_path / "out"))
+    lines = []
+    assert G.run_grid(grid, grid.cells, in_process=True, echo=lines.append) == {
+        "broken-micro-s0": "failed", "broken-micro-s1": "failed"}
+    assert any(line.startswith("[FAILED] broken-micro-s1") and "no/such/run" in line for line in lines)
+
+
+def test_dry_run_runs_nothing(tmp_path):
+    spec = write_grid(tmp_path / "t.yaml")
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path / "out"), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "4 cell(s)" in res.output and "[new] rloo-micro-s1" in res.output
+    assert "graftzoo train --algo rloo --pair micro" in res.output
+    assert not (tmp_path / "out").exists()
+    bad = write_grid(tmp_path / "bad.yaml", variants=[{"label": "X", "algo": "grpo", "set": {"algo.nope": 1}}])
+    res = CliRunner().invoke(main, ["grid", str(bad), "--out", str(tmp_path / "out"), "--dry-run"])
+    assert res.exit_code == 2 and "config error in cell x-micro-s0" in res.output and "algo.nope" in res.output
+
+
+def test_graft_table1_expansion():
+    grid = G.load_grid(CONFIGS / "graft_table1.yaml")
+    assert grid.name == "graft_table1" and grid.eval["benchmarks"] == "all"
+    names = [c.name for c in grid.cells]
+    assert len(names) == len(set(names)) == 3 * (4 + 7 + 2)
+    labels = [m.label for m in grid.methods]
+    assert labels[:4] == ["GRPO (n=8)", "GRPO (n=16)", "GRPO (n=32)", "GRPO (n=8) + DS"]
+    assert {"HACPO", "SGT", "GRAFT", "GRAFT w/o gate", "GRAFT w/o balance", "GRAFT w/o token ratio",
+            "GRAFT (peer first)", "GRAFT (stored)"} <= set(labels)
+    gate = grid.cell("graft-w-o-gate-pair1-s2")
+    assert gate.overrides["algo.delta"] == 0.0 and gate.overrides["peer.source"] == "online"
+    assert gate.overrides["run.tags"] == ["graft", "pair1", "s2"] and gate.overrides["run.wandb_group"] == "graft_table1"
+    stored = [c for c in grid.cells if c.label == "GRAFT (stored)"]
+    assert len(stored) == 6 and {c.overrides["pair.train"][0] for c in stored} == {
+        "HuggingFaceTB/SmolLM3-3B-Base", "Qwen/Qwen3-1.7B-Base"}
+    for c in stored:
+        dep = f"grpo-n-8-pair1-s{c.seed}"
+        assert c.depends == [dep] and c.overrides["peer.path"] == str(grid.root / dep)
+        assert names.index(dep) < names.index(c.name)
+    assert G.check_configs(grid.cells) == {}
+
+
+def test_tiny_table1_configs_load():
+    grid = G.load_grid("tiny_table1")
+    assert {c.pair for c in grid.cells} == {"micro"} and len(grid.cells) == 3 * (4 + 7 + 2)
+    assert G.check_configs(grid.cells) == {}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"pairs": []}, "'pairs'"),
+    ({"colour": 1}, "unknown key"),
+    ({"variants": [{"label": "grpo", "algo": "rloo"}]}, "repeat"),
+    ({"variants": [{"label": "A", "algo": "grpo", "peer": "stored:{cell:Nope}"}]}, "no method has that label"),
+    ({"variants": [{"label": "A", "algo": "grpo", "peer": "stored:{cell:A}"}]}, "cycle"),
+    ({"variants": [{"label": "A", "algo": "grpo", "peer": "stored"}]}, "needs a path"),
+    ({"variants": [{"label": "A", "algo": "grpo", "sett": {}}]}, "unknown key"),
+    ({"variants": [{"label": "G-R-P-O", "algo": "rloo"}], "algorithms": [{"label": "g r p o", "algo": "grpo"}]},
+     "both name a run"),
+    ({"eval": {"benchmark": "all"}}, "unknown option"),
+])
+def test_grid_file_errors_name_the_key(tmp_path, change, message):
+    spec = write_grid(tmp_path / "bad.yaml", **change)
+    with pytest.raises(G.GridError, match=message) as e:
+        G.load_grid(spec)
+    assert str(spec) in str(e.value)
+
+
+def test_slug():
+    assert G.slug("GRPO (n=8) + DS") == "grpo-n-8-ds" and G.slug("GRAFT w/o gate") == "graft-w-o-gate"
