@@ -41,7 +41,7 @@ setup(
         "transformers>=4.56",
         "tokenizers",
         "gymnasium>=1.0",
-        "math-verify>=0.7",
+        "math-verify==0.9.0",
         "sympy",
         "click>=8",
         "rich",

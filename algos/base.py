@@ -15,14 +15,14 @@ The trainer never branches on an algorithm's name.
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from graftzoo.algos.functional import agg_loss, clipped_surrogate, group_advantages, kl_k3, rloo_advantages
+from graftzoo.algos.functional import (agg_loss, clipped_surrogate, group_advantages, kl_k3, minibatch_bounds,
+                                       rloo_advantages)
 from graftzoo.types import Group, Prompt, Rollout
 
 
@@ -63,6 +63,14 @@ class MiniBatch:
     def __len__(self):
         return self.input_ids.shape[0]
 
+    def to(self, device) -> "MiniBatch":
+        """The tensors on ``device`` (the policy's); rows stay as they are."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        moved = {f: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                 for f, v in self.__dict__.items()}
+        return MiniBatch(**moved)
+
 
 @dataclass
 class TrainBatch:
@@ -79,23 +87,21 @@ class TrainBatch:
         rows = [self.rows[i] for i in idx]
         P = max(len(r.prompt_ids) for r in rows)
         R = max(1, max(len(r.response_ids) for r in rows))
-        B = len(rows)
-        ids = torch.full((B, P + R), self.pad_id, dtype=torch.long)
-        att = torch.zeros((B, P + R), dtype=torch.long)
-        old = torch.zeros((B, R))
-        lm = torch.zeros((B, R))
-        km = torch.zeros((B, R))
-        for b, r in enumerate(rows):
+        pad = self.pad_id
+        ids, att, old, lm, km = [], [], [], [], []
+        for r in rows:  # padded as Python lists, converted once (one tensor per field, not per row)
             p, n = len(r.prompt_ids), len(r.response_ids)
-            ids[b, P - p:P] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            att[b, P - p:P] = 1
-            if n:
-                ids[b, P:P + n] = torch.tensor(r.response_ids, dtype=torch.long)
-                att[b, P:P + n] = 1
-                old[b, :n] = torch.tensor(r.old_logp, dtype=torch.float32)
-                lm[b, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
-                km[b, :n] = torch.tensor(r.kl_mask, dtype=torch.float32)
-        return MiniBatch(ids, att, R, old, lm, km,
+            ids.append([pad] * (P - p) + list(r.prompt_ids) + list(r.response_ids) + [pad] * (R - n))
+            att.append([0] * (P - p) + [1] * (p + n) + [0] * (R - n))
+            tail = [0.0] * (R - n)
+            for out, name, seq in ((old, "old_logp", r.old_logp), (lm, "loss_mask", r.loss_mask),
+                                   (km, "kl_mask", r.kl_mask)):
+                if n and len(seq) != n:
+                    raise ValueError(f"train row (slot {r.slot}): {name} has {len(seq)} entries for {n} response tokens")
+                out.append(list(seq[:n]) + tail)
+        return MiniBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(att, dtype=torch.long), R,
+                         torch.tensor(old, dtype=torch.float32), torch.tensor(lm, dtype=torch.float32),
+                         torch.tensor(km, dtype=torch.float32),
                          torch.tensor([r.advantage for r in rows], dtype=torch.float32),
                          torch.tensor([r.weight for r in rows], dtype=torch.float32),
                          torch.tensor([r.is_peer for r in rows], dtype=torch.bool),
@@ -256,12 +262,10 @@ class Learner:
     def schedule(self, ctx: StepContext, batch: TrainBatch) -> list:
         """Split slots, in order, into ``optim.minibatches`` contiguous minibatches, for ``optim.epochs``."""
         k = max(1, int(ctx.cfg["optim"]["minibatches"]))
-        n_slots = len(batch.groups)
-        per = max(1, math.ceil(n_slots / k))
         out = []
         for _ in range(int(ctx.cfg["optim"].get("epochs", 1))):
-            for start in range(0, n_slots, per):
-                idx = [i for i, r in enumerate(batch.rows) if start <= r.slot < start + per]
+            for start, end in minibatch_bounds(len(batch.groups), k):
+                idx = [i for i, r in enumerate(batch.rows) if start <= r.slot < end]
                 if idx:
                     out.append(idx)
         return out

@@ -117,10 +117,10 @@ class Ours:
         from graftzoo.registry import get_algo
         if "verbatim" not in TEMPLATES:
             register_template("verbatim")(lambda problem, tokenizer=None: problem)
-        model.generation_config.min_new_tokens = NEW_TOKENS  # forced length, as on the other sides
         self.policy = Policy("bench-qwen2", model, tok, template="verbatim",
                              optim={"lr": LR, "grad_clip": GRAD_CLIP, "weight_decay": 0.0}, temperature=1.0)
-        self.engine = HFEngine(self.policy, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=NEW_TOKENS)
+        self.engine = HFEngine(self.policy, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=NEW_TOKENS,
+                               min_new_tokens=NEW_TOKENS)
         algo = get_algo("grpo")
         self.learner = algo(config_from(algo, {}), {})
         self.cfg = {"rollout": {"n": GENERATIONS, "max_new_tokens": NEW_TOKENS},

@@ -3,7 +3,8 @@
 Two trainers, one per algorithm (``--peer online`` for GRAFT), with the same seeds, prompt stream and n,
 take their steps alternately (GRPO step t, GRAFT step t, GRPO step t+1, ...); both models of the pair train
 in every step. The first ``--skip`` steps are left out (start-up: verifier workers, allocator). Reported: the
-median seconds per step of each, and the median of the per-step ratios GRAFT/GRPO (target <= 1.15).
+median seconds per step of each, the median of the per-step ratios GRAFT/GRPO (target <= 1.15), and GRAFT's
+exchange time (the runs' trajectories part after step 0, so the step ratio also carries their different lengths).
 GRAFT's extra work is the exchange (selection, re-tokenization and theta_old scoring of grafted text) and
 the grafted rows in the update (replacement keeps the slot count, so the number of optimizer steps is GRPO's).
 
@@ -45,7 +46,7 @@ def main():
         runs = {a: trainer(pair, a, out, args.steps, args.files, args.overrides) for a in ("grpo", "graft")}
         cfg = runs["graft"].cfg
         times = {a: [] for a in runs}
-        rescued = []
+        rescued, exchange = [], []
         for step in range(args.steps):
             for algo, tr in runs.items():
                 t0 = time.perf_counter()
@@ -53,6 +54,7 @@ def main():
                 times[algo].append(time.perf_counter() - t0)
                 if algo == "graft":
                     rescued.append(sum(m.get("peer/rescued_groups") or 0 for m in mets.values()))
+                    exchange.append(sum(m["time/exchange"] for m in mets.values()))
     kept = slice(args.skip, None)
     ratios = [b / a for a, b in zip(times["grpo"][kept], times["graft"][kept])]
     print(f"pair {pair} ({', '.join(runs['graft'].model_ids)}), {cfg['task']['prompts_per_step']} prompts x "
@@ -62,6 +64,9 @@ def main():
         print(f"  {algo:5s} s/step: median {statistics.median(times[algo][kept]):.3f}  "
               f"all: {' '.join(f'{t:.2f}' for t in times[algo])}")
     print(f"  GRAFT grafted groups per step (both models): {' '.join(map(str, rescued))}")
+    xs, gs = statistics.median(exchange[kept]), statistics.median(times["graft"][kept])
+    print(f"  GRAFT exchange s/step (selection, re-tokenization, theta_old scoring; both models): median "
+          f"{xs:.3f} = {xs / gs:.1%} of its step")
     print(f"step-time ratio GRAFT/GRPO (median of per-step ratios): {statistics.median(ratios):.3f}  (target <= 1.15)")
 
 

@@ -499,8 +499,9 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
     results: list[VerifyResult | None] = [None] * len(responses)
     pending: dict[tuple[str, str], list[tuple[int, str]]] = {}
     for i, (response, gold) in enumerate(zip(responses, golds)):
-        if not isinstance(gold, str):
-            raise TypeError(f"verify_batch: golds[{i}] must be str, got {type(gold).__name__}")
+        for name, value in (("responses", response), ("golds", gold)):
+            if not isinstance(value, str):
+                raise TypeError(f"verify_batch: {name}[{i}] must be str, got {type(value).__name__}")
         extracted, status = extract_answer(response)
         if status != "ok":
             results[i] = VerifyResult(False, extracted, status)

@@ -29,7 +29,7 @@ DEFAULTS: dict = {
         "steps": 20,             # RL steps (a step = one prompt batch for every model)
         "epochs": None,          # if set, steps = epochs * ceil(len(dataset) / prompts_per_step)
         "save_every": 10,        # checkpoint period in steps (0 = only at the end)
-        "keep_checkpoints": 2,
+        "keep_checkpoints": 2,   # newest checkpoints kept (0 = keep all, e.g. for eval.select=val_avg)
         "eval_every": 0,         # held-out eval period in steps (0 = only at the end)
         "eval_at_start": False,
         "eval_at_end": True,
@@ -70,6 +70,10 @@ DEFAULTS: dict = {
         "max_new_tokens": None,  # None: rollout.max_new_tokens
         "benchmarks": [],
         "select": "last",        # checkpoint selection rule: last | val_avg (never the test set)
+        "val_dataset": None,     # validation set for select=val_avg (default: arithmetic 'val' split or a train slice)
+        "val_size": 64,
+        "allow_test_selection": False,
+        "top_p": None,           # None: rollout.top_p
     },
     "rollout": {
         "n": 8,

@@ -448,7 +448,6 @@ def run_grid(grid: Grid, cells: list, *, jobs: int = 1, in_process: bool = False
     result: dict = {}
     pending = list(cells)
     running: dict = {}
-
     selected = {c.name for c in cells}
 
     def ready(c: Cell) -> Optional[bool]:
@@ -465,6 +464,7 @@ def run_grid(grid: Grid, cells: list, *, jobs: int = 1, in_process: bool = False
 
     with cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         while pending or running:
+            before = len(pending)
             for c in list(pending):
                 if len(running) >= max(1, jobs):
                     break
@@ -493,6 +493,8 @@ def run_grid(grid: Grid, cells: list, *, jobs: int = 1, in_process: bool = False
                 for fut in done:
                     c, t0 = running.pop(fut)
                     finish(c, fut.result(), t0)
+            elif len(pending) == before:
+                raise GridError(f"cells {[c.name for c in pending]} wait on dependencies that never run")
     return result
 
 
@@ -558,7 +560,8 @@ def _plan(grid: Grid, cells: list, echo) -> None:
 @click.command("grid")
 @click.argument("grid_file")
 @click.option("--dry-run", is_flag=True, help="print the cells, their status and commands; check configs; run nothing")
-@click.option("--out", default=None, type=click.Path(file_okay=False), help="grid folder [default: out_dir or runs/NAME]")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="grid folder [default: out_dir or runs/NAME]")
 @click.option("--only", multiple=True, metavar="GLOB", help="run only matching cells (and what they depend on)")
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="cells run at a time")
 @click.option("--in-process", is_flag=True, help="run cells in this process instead of child processes")

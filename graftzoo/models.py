@@ -45,7 +45,7 @@ def load_model(spec: dict, seed: int = 0, progress=None):
 def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
     base, local = split_spec(spec)
     model, tok, tok_id = load_model(base, seed, progress)
-    model.train()
+    model.to(cfg["run"]["device"]).train()
     optim = copy.deepcopy(cfg["optim"])
     if "lr" in local:
         optim["lr"] = local["lr"]

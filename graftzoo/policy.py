@@ -63,6 +63,10 @@ class Policy:
 
     # ---- tokens ----------------------------------------------------------------------------
     @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
     def eos_id(self) -> int:
         return self.tokenizer.eos_token_id
 
@@ -94,10 +98,13 @@ class Policy:
         The logits are divided by the sampling temperature, exactly as the engine does when it
         records behaviour log-probs (spec algos_single §0).
         """
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                          position_ids=position_ids_from_mask(attention_mask), use_cache=False,
                          logits_to_keep=resp_len + 1)
-        logits = out.logits[:, -resp_len - 1:-1, :].float() / self.temperature
+        logits = out.logits[:, -resp_len - 1:-1, :].float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         logp_all = F.log_softmax(logits, dim=-1)
         target = input_ids[:, -resp_len:]
         logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)

@@ -11,7 +11,7 @@ import random
 
 
 class PromptSampler:
-    def __init__(self, cfg: dict, dataset=None):
+    def __init__(self, cfg: dict, dataset=None, exclude_ids=()):
         task = cfg["task"]
         self.seed = int(cfg["run"]["seed"])
         self.per_step = int(task["prompts_per_step"])
@@ -19,7 +19,10 @@ class PromptSampler:
         self.task = task
         self.dataset = dataset
         self._extra = 0
-        if not self.stream and len(dataset) == 0:
+        if not self.stream and exclude_ids:  # e.g. the validation slice of eval.select=val_avg
+            excluded = set(exclude_ids)
+            self.dataset = [p for p in dataset if p.id not in excluded]
+        if not self.stream and len(self.dataset) == 0:
             raise ValueError("the training dataset is empty")
 
     @property

@@ -93,7 +93,11 @@ class Trainer:
                 self.refs[m] = ref
 
         self.env = make_env(cfg, "train")
-        self.sampler = PromptSampler(cfg, None if is_stream(cfg) else self.env.dataset)
+        exclude = ()
+        if cfg["eval"]["select"] == "val_avg" and not is_stream(cfg):
+            from graftzoo.eval.runner import validation_ids
+            exclude = validation_ids(cfg)
+        self.sampler = PromptSampler(cfg, None if is_stream(cfg) else self.env.dataset, exclude)
         self.dataset_id = "arithmetic" if is_stream(cfg) else getattr(self.env.dataset, "name", cfg["task"]["dataset"])
         self.total_steps = int(run["steps"])
         if run["epochs"]:
@@ -156,7 +160,7 @@ class Trainer:
             upd = []
             with self.meter.phase(m, "update"):
                 for idx in learner.schedule(ctx, batches[m]):
-                    mb = batches[m].minibatch(idx)
+                    mb = batches[m].minibatch(idx).to(pol.device)
                     loss, met = learner.loss(ctx, pol, mb)
                     met["grad_norm"] = pol.step(loss)
                     met["loss"] = float(loss.detach())

@@ -1,5 +1,6 @@
 """The grid runner (graftzoo grid): expansion, dependencies, skipping finished cells, failures, report."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,29 @@ def test_stored_peer_dependency_and_a_failed_cell(ran):
     assert "no/such/run" in (out / "logs" / "broken-micro-s0.log").read_text()
 
 
+def test_eval_stage_on_a_trained_cell(ran, tmp_path):
+    """With an eval block, a trained cell without matching eval files only gets evaluated
+    (graftzoo eval in a child process); afterwards it counts as done."""
+    _, out, _ = ran
+    shutil.copytree(out / "grpo-micro-s0", tmp_path / "grpo-micro-s0")
+    spec = write_grid(tmp_path / "t.yaml", eval={"benchmarks": ["heldout", "amc23"], "k": 1, "limit": 2,
+                                                 "greedy": False, "seed": 3})
+    grid = G.load_grid(spec, str(tmp_path))
+    cell = grid.cell("grpo-micro-s0")
+    assert G.cell_status(cell, grid.eval) == "evaluate"
+    mtime = (cell.run_dir / "metrics.jsonl").stat().st_mtime_ns
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path), "--only", "grpo-micro-s0"])
+    assert res.exit_code == 0, res.output
+    assert "[evaluate] grpo-micro-s0" in res.output and "[done] grpo-micro-s0" in res.output
+    assert (cell.run_dir / "metrics.jsonl").stat().st_mtime_ns == mtime
+    payload = json.loads((cell.run_dir / "eval" / "micro-qwen-char.json").read_text())
+    assert set(payload["benchmarks"]) == {"heldout", "amc23"} and payload["sampling"]["seed"] == 3
+    assert payload["benchmarks"]["amc23"]["n_items"] == 2 and "greedy" not in payload["benchmarks"]["amc23"]
+    assert G.cell_status(cell, grid.eval) == "done"
+    table = (tmp_path / "report" / "table1.md").read_text()
+    assert "heldout" in table and "amc23" in table
+
+
 def test_in_process_failure_is_reported(tmp_path):
     spec = write_grid(tmp_path / "t.yaml", algorithms=[], variants=[
         {"label": "Broken", "algo": "grpo", "peer": "stored:no/such/run"}])
@@ -140,7 +164,8 @@ def test_graft_table1_expansion():
             "GRAFT (peer first)", "GRAFT (stored)"} <= set(labels)
     gate = grid.cell("graft-w-o-gate-pair1-s2")
     assert gate.overrides["algo.delta"] == 0.0 and gate.overrides["peer.source"] == "online"
-    assert gate.overrides["run.tags"] == ["graft", "pair1", "s2"] and gate.overrides["run.wandb_group"] == "graft_table1"
+    assert gate.overrides["run.tags"] == ["graft", "pair1", "s2"]
+    assert gate.overrides["run.wandb_group"] == "graft_table1"
     stored = [c for c in grid.cells if c.label == "GRAFT (stored)"]
     assert len(stored) == 6 and {c.overrides["pair.train"][0] for c in stored} == {
         "HuggingFaceTB/SmolLM3-3B-Base", "Qwen/Qwen3-1.7B-Base"}

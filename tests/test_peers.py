@@ -158,7 +158,7 @@ def test_graft_stored_mode_replaces_groups(peer_run, tmp_path):
     assert sum(r["peer/rescued_groups"] for r in recs) > 0
     assert all(r["peer/solved_all_fail_frac"] is not None or r["peer/all_fail_count"] == 0 for r in recs)
     summary = json.loads((tmp_path / "stored" / "summary.json").read_text())
-    assert json.dumps(summary).count("stored") > 0
+    assert summary["peer_source"] == "stored" and summary["peers"] == {A: B}
 
 
 def test_graft_mixed_mode_runs(peer_run, tmp_path):
@@ -174,10 +174,9 @@ def test_graft_mixed_mode_runs(peer_run, tmp_path):
 def test_stored_mode_refuses_a_store_of_other_prompts(tmp_path):
     write_store(tmp_path / "other", seed=7)
     res = cli(tmp_path, "--algo", "graft", "--peer", f"stored:{tmp_path / 'other'}", "--set", f"pair.train=[{A}]")
-    assert res.exit_code != 0 and isinstance(res.exception, StoreError)
-    assert "shares no prompt ids" in str(res.exception)
+    assert res.exit_code != 0 and "shares no prompt ids" in res.output
 
 
 def test_graft_without_a_peer_is_a_clear_error(tmp_path):
     res = cli(tmp_path, "--algo", "graft")
-    assert res.exit_code != 0 and "--peer online|stored:PATH|mixed:PATH" in str(res.exception)
+    assert res.exit_code != 0 and "--peer online|stored:PATH|mixed:PATH" in res.output

@@ -184,8 +184,10 @@ def test_bad_input_is_named():
         V.verify_batch(["a", "b", "c"], ["1", "2"])
     with pytest.raises(TypeError, match=r"golds\[1\]"):
         V.verify_batch(["a", "b"], ["1", None])
-    with pytest.raises(TypeError, match="response must be str"):
+    with pytest.raises(TypeError, match=r"responses\[0\] must be str"):
         V.verify(None, "1")
+    with pytest.raises(TypeError, match="response must be str"):
+        extract_answer(b"\\boxed{1}")
     with pytest.raises(ValueError, match="timeout"):
         V.verify("\\boxed{1}", "1", timeout=0)
 
