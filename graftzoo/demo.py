@@ -13,11 +13,9 @@ The plan (steps, prompts per step, seeds, eval size per mode) lives in configs/d
 from __future__ import annotations
 
 import json
-import multiprocessing
 import statistics
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -25,107 +23,44 @@ import click
 from graftzoo.config import find_config, load_config, read_yaml
 
 
-@dataclass
-class Cell:
-    label: str
-    algo: str
-    seed: int
-    overrides: list = field(default_factory=list)
-    after: list = field(default_factory=list)   # names of cells that must finish first
-
-    @property
-    def name(self) -> str:
-        slug = "".join(c if c.isalnum() else "-" for c in self.label.lower()).strip("-")
-        while "--" in slug:
-            slug = slug.replace("--", "-")
-        return f"{slug}-s{self.seed}"
+def _steps_logged(run_dir: Path) -> int:
+    f = run_dir / "metrics.jsonl"
+    if not f.exists():
+        return 0
+    steps = set()
+    for line in f.read_text().splitlines():
+        try:
+            steps.add(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            pass
+    return len([s for s in steps if s >= 0])
 
 
-def demo_plan(mode: str, plan_cfg: dict, model_ids: list, out: Path, seeds=None) -> list:
-    p = plan_cfg[mode]
-    seeds = seeds or p["seeds"]
-    base = [f"run.steps={p['steps']}", f"task.prompts_per_step={p['prompts_per_step']}",
-            f"eval.size={p['eval_size']}", f"eval.k={p['eval_k']}", "run.progress=false",
-            f"run.out_dir={out / 'runs'}", "run.wandb_group=demo", "run.save_every=0"]
-    base += [f"{k}={v}" for k, v in (p.get("set") or {}).items()]
-    cells = []
-    a, b = model_ids
-    for s in seeds:
-        common = base + [f"run.seed={s}"]
-        grpo = Cell("GRPO (n=8)", "grpo_n8", s, common)
-        cells.append(grpo)
-        cells.append(Cell("GRAFT", "graft", s, common + ["peer.source=online", "run.variant=GRAFT"]))
-        for learner, peer in ((a, b), (b, a)):
-            cells.append(Cell(f"GRAFT (stored) {learner}", "graft", s, common + [
-                f"pair.train=[{learner}]", "peer.source=stored", f"peer.path={out / 'runs' / grpo.name}",
-                f"peer.model={peer}", "run.variant=GRAFT (stored)"], after=[grpo.name]))
-        if mode == "full":
-            for n in (16, 32):
-                cells.append(Cell(f"GRPO (n={n})", f"grpo_n{n}", s, common))
-            for label, sets in (("GRAFT w/o gate", ["algo.delta=0.0"]), ("GRAFT w/o balance", ["algo.balance=none"]),
-                                ("GRAFT w/o token ratio", ["algo.token_ratio=none"]),
-                                ("GRAFT peer first", ["algo.peer_position=first"])):
-                cells.append(Cell(label, "graft", s, common + ["peer.source=online", f"run.variant={label}"] + sets))
-    for c in cells:
-        c.overrides.append(f"run.name={c.name}")
-    return cells
-
-
-def _run_cell(pair: str, algo: str, overrides: list, track: bool) -> str:
-    import torch
-    torch.set_num_threads(1)
-    from graftzoo.trainer import train
-    cfg = load_config(pair=pair, algo=algo, overrides=overrides + ([] if track else ["run.track=false"]))
-    return str(train(cfg))
-
-
-def _done(run_dir: Path) -> bool:
-    try:
-        return json.loads((run_dir / "summary.json").read_text()).get("status") == "done"
-    except (OSError, ValueError):
-        return False
-
-
-def run_cells(cells: list, pair: str, out: Path, jobs: int, track: bool, console) -> list:
-    """Run cells (dependencies first), ``jobs`` at a time, with a rich progress bar per cell."""
+def run_with_progress(grid, cells, jobs: int, console) -> dict:
+    """``graftzoo.grid.run_grid`` with a rich progress bar per run (steps logged / steps)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    runs_dir = out / "runs"
-    pending = list(cells)
-    running, failed = {}, []
-    ctx = multiprocessing.get_context("spawn")
-    with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar, ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        tasks = {}
-        for c in cells:
-            steps = int(next(o for o in c.overrides if o.startswith("run.steps=")).split("=")[1])
-            tasks[c.name] = bar.add_task(c.label + f" s{c.seed}", total=steps)
-            if _done(runs_dir / c.name):
-                bar.update(tasks[c.name], completed=steps, description=f"{c.label} s{c.seed} (cached)")
-        pending = [c for c in pending if not _done(runs_dir / c.name)]
-        while pending or running:
-            finished = {n for n in (c.name for c in cells) if _done(runs_dir / n)}
-            ready = [c for c in pending if all(a in finished for a in c.after)]
-            while ready and len(running) < jobs:
-                c = ready.pop(0)
-                pending.remove(c)
-                running[pool.submit(_run_cell, pair, c.algo, c.overrides, track)] = c
-            if not running:
-                failed += [c.name for c in pending]
-                break
-            done, _ = wait(list(running), timeout=1.0, return_when=FIRST_COMPLETED)
-            for c in running.values():
-                mfile = runs_dir / c.name / "metrics.jsonl"
-                if mfile.exists():
-                    steps_seen = {json.loads(x)["step"] for x in mfile.read_text().splitlines() if x.strip()}
-                    bar.update(tasks[c.name], completed=len([s for s in steps_seen if s >= 0]))
-            for f in done:
-                c = running.pop(f)
-                try:
-                    f.result()
-                except Exception as e:  # a failed cell is reported by name; the others go on
-                    failed.append(c.name)
-                    console.print(f"[red]run {c.name} failed: {type(e).__name__}: {e}")
-    return failed
+
+    from graftzoo.grid import run_grid
+    stop = threading.Event()
+    with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        tasks = {c.name: bar.add_task(c.name, total=int(c.config()["run"]["steps"])) for c in cells}
+
+        def poll():
+            while not stop.wait(1.0):
+                for c in cells:
+                    bar.update(tasks[c.name], completed=min(_steps_logged(c.run_dir), bar.tasks[tasks[c.name]].total))
+
+        t = threading.Thread(target=poll, daemon=True)
+        t.start()
+        try:
+            result = run_grid(grid, cells, jobs=jobs, echo=bar.console.print)
+        finally:
+            stop.set()
+            t.join()
+            for c in cells:
+                bar.update(tasks[c.name], completed=min(_steps_logged(c.run_dir), bar.tasks[tasks[c.name]].total))
+    return result
 
 
 def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 0) -> dict:
@@ -174,24 +109,22 @@ def _charge(run_dirs: list, model: str):
     for d in run_dirs:
         f = Path(d) / "summary.json"
         if f.exists():
-            s = json.loads(f.read_text())
-            charge = joint_charge(s["compute"]).get(model) if s.get("compute") else None
+            charge = joint_charge(json.loads(f.read_text())).get(model)
             if charge:
-                vals.append(charge["cpu_s"])
+                vals.append(charge["charged"]["cpu_s"])
     return statistics.fmean(vals) if vals else None
 
 
-def conclusion(cells: list, out: Path, model_ids: list) -> str:
+def conclusion(cells: list, model_ids: list) -> str:
     """A plain-language paragraph stating the comparisons, whatever they turn out to be."""
-    runs = out / "runs"
     by_label: dict = {}
     for c in cells:
-        by_label.setdefault(c.label.split(" tiny")[0].split(" micro")[0], []).append(runs / c.name)
+        by_label.setdefault(c.label, []).append(c.run_dir)
     lines = []
     for m in model_ids:
         grpo = _avg(by_label.get("GRPO (n=8)", []), m)
         graft = _avg(by_label.get("GRAFT", []), m)
-        stored = _avg([d for k, v in by_label.items() if k.startswith("GRAFT (stored)") for d in v], m)
+        stored = _avg(by_label.get("GRAFT (stored)", []), m)
         if not grpo or not graft:
             continue
         g0, g1 = statistics.fmean(grpo), statistics.fmean(graft)
@@ -219,70 +152,56 @@ def conclusion(cells: list, out: Path, model_ids: list) -> str:
 
 
 @click.command("demo")
-@click.option("--quick", is_flag=True, help="a < 2 minute smoke version (tests use it)")
+@click.option("--quick", is_flag=True, help="a < 2 minute smoke version on the micro pair (tests use it)")
 @click.option("--full", is_flag=True, help="adds GRPO n=16/32, the named ablations and 3 seeds")
-@click.option("--out", default="runs/demo", show_default=True, type=click.Path())
+@click.option("--out", default="runs/demo", show_default=True, type=click.Path(), help="parent folder of the demo runs")
 @click.option("--jobs", default=2, show_default=True, help="runs in parallel (one torch thread each)")
-@click.option("--seeds", default=None, help="comma-separated seeds (default: from configs/demo.yaml)")
-@click.option("--track/--no-track", default=True, help="wandb offline runs")
-def demo_cmd(quick, full, out, jobs, seeds, track):
+def demo_cmd(quick, full, out, jobs):
     """GRAFT vs GRPO on a heterogeneous tiny pair, on CPU, with the paper's table and plots."""
     from rich.console import Console
 
-    from graftzoo.eval.artifacts import load_runs
-    from graftzoo.eval.plots import plot_fractions, plot_score_vs_compute
-    from graftzoo.eval.report import build_table1, clip_fraction_table, to_csv, to_latex, to_markdown
+    from graftzoo.grid import load_grid, write_report
+    from graftzoo.models import split_spec
     from graftzoo.tiny import TinyModelSpec
-    from graftzoo.warmup import warmup_pair
+    from graftzoo.warmup import warmup_info, warmup_pair
     console = Console()
     t0 = time.time()
     mode = "full" if full else "quick" if quick else "default"
-    plan_cfg = read_yaml(find_config("demo", "demo") or Path("configs/demo/demo.yaml"))
-    pair = plan_cfg["pair"] if mode != "quick" else plan_cfg.get("quick_pair", plan_cfg["pair"])
-    out = Path(out) / mode
-    out.mkdir(parents=True, exist_ok=True)
+    plan = read_yaml(find_config("demo", "demo"))[mode]
+    grid = load_grid(find_config("demo", plan["grid"]), out=str(Path(out) / mode))
+    pair = grid.cells[0].pair
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
-    specs = [s for s in cfg["pair"]["models"]]
+    specs = cfg["pair"]["models"]
     model_ids = [s["id"] for s in specs]
-    console.rule(f"[bold]graftzoo demo ({mode}) — pair '{pair}': {' ↔ '.join(model_ids)}")
-    console.print("1. warming up the tiny pair (cached after the first time) ...")
-    from graftzoo.models import split_spec
+    console.rule(f"[bold]graftzoo demo ({mode}): pair '{pair}' = {' ↔ '.join(model_ids)}")
+    console.print("1. building and warming up the tiny pair (cached after the first time) ...")
     paths = warmup_pair([TinyModelSpec.from_dict(split_spec(s)[0]) for s in specs])
     for m, p in zip(model_ids, paths):
-        info = json.loads((Path(p) / "warmup.json").read_text())
-        console.print(f"   {m}: warm-up {info.get('wall_s', info.get('train_s', 0)):.0f} s, probe {info.get('probe_greedy')}")
-    console.print(f"2. complementarity on held-out prompts (n=8) ...")
-    comp = measure_complementarity(pair, n=8, size=plan_cfg[mode]["complementarity_size"])
-    (out / "complementarity.json").write_text(json.dumps(comp, indent=1))
+        info = warmup_info(p)
+        console.print(f"   {m}: {info.get('spec', {}).get('family')} + {info.get('spec', {}).get('tokenizer')} tokenizer, "
+                      f"probe after warm-up {info.get('probe_greedy')}")
+    console.print("2. complementarity on held-out prompts (n=8 samples per prompt) ...")
+    comp = measure_complementarity(pair, n=8, size=plan["complementarity_size"])
+    grid.root.mkdir(parents=True, exist_ok=True)
+    (grid.root / "complementarity.json").write_text(json.dumps(comp, indent=1))
+
+    def pct(x):
+        return "n/a" if x is None else f"{100 * x:.0f}%"
     for m, c in comp.items():
-        def pct(x):
-            return "n/a" if x is None else f"{100 * x:.0f}%"
         console.print(f"   {m}: pass@1 {pct(c['pass@1'])} "
                       f"({', '.join(f'{k} {pct(v)}' for k, v in c['pass@1_by_skill'].items())}); all-fail prompts "
-                      f"{pct(c['all_fail_frac'])}; the peer solves {pct(c['peer_solves_all_fail'])} of them and its group is "
-                      f"mixed on {pct(c['peer_mixed_on_all_fail'])}")
-    seed_list = [int(s) for s in seeds.split(",")] if seeds else None
-    cells = demo_plan(mode, plan_cfg, model_ids, out.resolve(), seed_list)
-    console.print(f"3. {len(cells)} training runs, {jobs} at a time ...")
-    failed = run_cells(cells, pair, out, jobs, track, console)
+                      f"{pct(c['all_fail_frac'])}; the peer solves {pct(c['peer_solves_all_fail'])} of them and its "
+                      f"group is mixed on {pct(c['peer_mixed_on_all_fail'])}")
+    console.print(f"3. {len(grid.cells)} training runs, {jobs} at a time (logs in {grid.root / 'logs'}) ...")
+    result = run_with_progress(grid, grid.cells, jobs, console)
     console.print("4. report")
-    runs = load_runs([out / "runs"])
-    table = build_table1(runs, baseline="GRPO (n=8)")
-    rep = out / "report"
-    rep.mkdir(exist_ok=True)
-    md = to_markdown(table)
-    (rep / "table1.md").write_text(md)
-    (rep / "table1.csv").write_text(to_csv(table))
-    (rep / "table1.tex").write_text(to_latex(table))
-    (rep / "clip_table.md").write_text(to_markdown(clip_fraction_table(runs)))
-    plot_score_vs_compute(runs, rep / "score_vs_compute.png")
-    plot_fractions(runs, rep / "fractions.png")
-    console.print(md)
-    text = conclusion(cells, out, model_ids)
-    (rep / "conclusion.txt").write_text(text + "\n")
+    report = write_report(grid, grid.cells, echo=console.print)
+    text = conclusion(grid.cells, model_ids)
+    if report is not None:
+        (report / "conclusion.txt").write_text(text + "\n")
     console.rule("5. what the numbers show")
     console.print(text)
-    console.print(f"\nreport: {rep}  (table1.md/.csv/.tex, clip_table.md, score_vs_compute.png, fractions.png); "
-                  f"wandb offline runs under {out / 'runs'}/*/wandb; total {time.time() - t0:.0f} s")
+    console.print(f"\nwandb offline runs: {grid.root}/*/wandb; total {time.time() - t0:.0f} s")
+    failed = [n for n, r in result.items() if r in ("failed", "blocked")]
     if failed:
         raise click.ClickException(f"failed runs: {', '.join(failed)}")
