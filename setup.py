@@ -55,7 +55,7 @@ setup(
     extras_require={
         "gpu": ["vllm"],
         "dev": ["pytest", "pytest-timeout"],
-        "bench": ["trl"],
+        "bench": ["trl==1.16.0"],
     },
     entry_points={"console_scripts": ["graftzoo=graftzoo.cli:main"]},
 )

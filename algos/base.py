@@ -97,7 +97,8 @@ class TrainBatch:
             for out, name, seq in ((old, "old_logp", r.old_logp), (lm, "loss_mask", r.loss_mask),
                                    (km, "kl_mask", r.kl_mask)):
                 if n and len(seq) != n:
-                    raise ValueError(f"train row (slot {r.slot}): {name} has {len(seq)} entries for {n} response tokens")
+                    raise ValueError(f"train row (slot {r.slot}): {name} has {len(seq)} entries "
+                                     f"for {n} response tokens")
                 out.append(list(seq[:n]) + tail)
         return MiniBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(att, dtype=torch.long), R,
                          torch.tensor(old, dtype=torch.float32), torch.tensor(lm, dtype=torch.float32),

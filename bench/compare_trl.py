@@ -5,8 +5,9 @@ code (vocab 512, ``<|endoftext|>`` eos, ``<|pad|>`` pad, left padding), ``Qwen2F
 hidden 128, intermediate 512, 2 layers, 4 heads, 2 KV heads, tied embeddings (0.558 M parameters,
 fp32, ``torch.manual_seed(0)``), plain-text prompts ``What is a+b? Answer:``, and a reward of 1 when
 the completion contains the right integer. Each step is 8 prompts x 8 generations x exactly 32 new
-tokens (min = max new tokens on every side, so the work is identical), sampling at T=1, top_p 1,
-top_k 0, then one optimizer step (AdamW, lr 1e-5, clip 1.0), beta = 0.
+tokens (min = max new tokens on every side: TRL's generation_kwargs, HFEngine's min_new_tokens,
+generate's min_new_tokens; so the work is identical), sampling at T=1, top_p 1, top_k 0, then one
+optimizer step (AdamW, lr 1e-5, clip 1.0), beta = 0.
 
   TRL    GRPOTrainer (1 generation batch = 1 optimizer step, num_iterations 1), timed from
          ``on_step_begin`` to ``on_step_end`` as in baseline_perf.md.
@@ -18,9 +19,11 @@ top_k 0, then one optimizer step (AdamW, lr 1e-5, clip 1.0), beta = 0.
 The three alternate inside one process: a callback at the end of every TRL step runs one ``ours``
 step and one ``floor`` step, so VM speed drift hits all three alike. Medians over ``--rounds``
 rounds after ``--warmup`` rounds. torch runs on ``--threads`` (default 1) intra-op threads.
+``--clock cpu`` times this thread's CPU time instead of wall time: steadier when other jobs share
+the machine (every side runs in this one thread).
 
 Needs the ``bench`` extra (``pip install -e .[bench]``, i.e. trl).
-Run: python bench/compare_trl.py [--rounds 30 --warmup 3 --threads 1 --profile]
+Run: python bench/compare_trl.py [--rounds 30 --warmup 3 --threads 1 --clock wall|cpu --profile]
 """
 from __future__ import annotations
 
@@ -39,10 +42,10 @@ import torch
 import torch.nn.functional as F
 
 PROMPTS_PER_STEP, GENERATIONS, NEW_TOKENS = 8, 8, 32
-CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
-clock = time.perf_counter  # set from --clock in main()
 LR, GRAD_CLIP = 1e-5, 1.0
 EOS, PAD = "<|endoftext|>", "<|pad|>"
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = time.perf_counter  # set from --clock in main()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -109,6 +112,8 @@ class RewardEnv:
 
 
 class Ours:
+    """graftzoo's GRPO step on its real components (prompts rendered verbatim, no template)."""
+
     def __init__(self, model, tok):
         from graftzoo.algos.base import StepContext, config_from
         from graftzoo.engine import HFEngine
@@ -165,6 +170,8 @@ class Ours:
 # ------------------------------------------------------------------------------------------------
 
 class Floor:
+    """Plain ``generate`` + one plain torch update: what any framework must at least do."""
+
     def __init__(self, model, tok):
         self.model, self.tok = model, tok
         self.opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
@@ -262,19 +269,20 @@ def run(args) -> dict:
                 ours.record()
                 floor.record()
 
-    cfg = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="compare_trl-"), per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
-        num_generations=GENERATIONS, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-        max_completion_length=NEW_TOKENS, generation_kwargs={"min_new_tokens": NEW_TOKENS},
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, learning_rate=LR, max_grad_norm=GRAD_CLIP,
-        bf16=False, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no", max_steps=total,
-        disable_tqdm=True, seed=0)
-    trainer = GRPOTrainer(model=copy.deepcopy(base), reward_funcs=trl_reward, args=cfg, processing_class=tok,
-                          train_dataset=Dataset.from_list([{"prompt": t, "answer": a} for t, a in problems]),
-                          callbacks=[Interleave()])
-    trainer.remove_callback(PrinterCallback)  # logging still runs every step (after on_step_end), unprinted
-    torch.set_num_threads(args.threads)
-    trainer.train()
+    with tempfile.TemporaryDirectory(prefix="compare_trl-") as out_dir:
+        cfg = GRPOConfig(
+            output_dir=out_dir, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
+            num_generations=GENERATIONS, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+            max_completion_length=NEW_TOKENS, generation_kwargs={"min_new_tokens": NEW_TOKENS},
+            temperature=1.0, top_p=1.0, top_k=0, beta=0.0, learning_rate=LR, max_grad_norm=GRAD_CLIP,
+            bf16=False, use_cpu=True, report_to="none", logging_steps=1, save_strategy="no", max_steps=total,
+            disable_tqdm=True, seed=0)
+        trainer = GRPOTrainer(model=copy.deepcopy(base), reward_funcs=trl_reward, args=cfg, processing_class=tok,
+                              train_dataset=Dataset.from_list([{"prompt": t, "answer": a} for t, a in problems]),
+                              callbacks=[Interleave()])
+        trainer.remove_callback(PrinterCallback)  # logging still runs every step (after on_step_end), unprinted
+        torch.set_num_threads(args.threads)
+        trainer.train()
     return {"times": times, "tokens": tokens, "ours_phases": ours.phases, "floor_phases": floor.phases, "prof": prof}
 
 
@@ -285,13 +293,17 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: perf_counter; cpu: this thread's CPU time (steadier when other jobs share the CPU)")
-    ap.add_argument("--profile", action="store_true", help="cProfile our timed steps and print the top functions")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile our timed steps and print the top functions (slows ours: quote unprofiled figures)")
     args = ap.parse_args()
     global clock
     clock = CLOCKS[args.clock]
     warnings.filterwarnings("ignore")
     import transformers
-    import trl
+    try:
+        import trl
+    except ImportError:
+        raise SystemExit("bench/compare_trl.py needs TRL, the bench extra: pip install -e .[bench]")
     transformers.logging.set_verbosity_error()
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
           f"torch threads: {args.threads}; clock: {args.clock}")

@@ -1,12 +1,22 @@
 """Rollout engines. Plain data in (prompts, counts, optional response prefixes), plain data out
 (Groups of Rollouts), so a vLLM engine or a Ray actor can stand behind the same interface.
 
-``HFEngine`` uses ``transformers`` generate (the CPU default). Behaviour log-probs are read from the
-generation's raw logits, divided by the temperature and log-softmaxed exactly as ``Policy.logprobs``
-does, so the first PPO ratio is 1 to numerical precision without an extra forward pass.
+``HFEngine`` (the CPU default) decodes a Hugging Face causal LM with its KV cache in a short loop of
+its own rather than through ``generate``, whose per-token bookkeeping costs more than the forward
+pass of a tiny model. It samples from softmax(logits / T), optionally cut by top-k / top-p (the
+transformers warpers, in generate's order), with the Gumbel-max trick: argmax(scores + Gumbel
+noise) is an exact sample of that distribution, and uniform noise is several times cheaper on CPU
+than the exponential draws inside ``torch.multinomial``. Only these settings shape sampling; a
+model's ``generation_config`` (e.g. a hub ``repetition_penalty``) is not applied, since the
+recorded log-probs would no longer be those of the sampling distribution.
+
+Behaviour log-probs are read from each step's raw logits, divided by the temperature and
+log-softmaxed exactly as ``Policy.logprobs`` does, so the first PPO ratio is 1 to numerical
+precision without an extra forward pass.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Optional, Sequence
 
 import torch
@@ -26,13 +36,14 @@ class Engine:
 
 class HFEngine(Engine):
     def __init__(self, policy: Policy, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 max_new_tokens: int = 48, gen_batch_size: int = 1024, **_):
+                 max_new_tokens: int = 48, gen_batch_size: int = 1024, min_new_tokens: int = 0, **_):
         self.policy = policy
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.top_k = int(top_k or 0)
         self.max_new_tokens = int(max_new_tokens)
         self.gen_batch_size = int(gen_batch_size)
+        self.min_new_tokens = int(min_new_tokens)  # EOS is masked out of sampling before this many tokens
 
     @torch.no_grad()
     def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None):
@@ -68,19 +79,11 @@ class HFEngine(Engine):
         for r, s in enumerate(seqs):
             ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
             mask[r, width - len(s):] = 1
-        kwargs = dict(do_sample=not greedy, max_new_tokens=max_new, eos_token_id=pol.eos_id, pad_token_id=pol.pad_id,
-                      return_dict_in_generate=True, output_logits=True, use_cache=True)
-        if not greedy:
-            kwargs.update(temperature=temp, top_k=self.top_k if self.top_k > 0 else None, top_p=self.top_p)
-        out = pol.model.generate(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), **kwargs)
-        gen = out.sequences[:, width:]
-        scale = 1.0 if greedy else temp
-        # logits recorded for every generated position: [rows, steps, V]
-        logits = torch.stack(out.logits, dim=1).float() / scale
-        lp = F.log_softmax(logits, dim=-1).gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+        gen, lp = self._decode(ids.to(pol.device), mask.to(pol.device), greedy, temp, max_new)
+        gen, lp = gen.tolist(), lp.tolist()
         results = []
         for r, (_, pids, pre) in enumerate(chunk):
-            toks = gen[r].tolist()
+            toks = gen[r]
             if pol.eos_id in toks:
                 length, finish = toks.index(pol.eos_id) + 1, "stop"
             else:
@@ -90,6 +93,58 @@ class HFEngine(Engine):
             results.append(Rollout(
                 prompt_id="", model_id=pol.model_id, policy_version=pol.version,
                 text=pol.decode(list(pre) + body), token_ids=list(pre) + toks,
-                logprobs=[0.0] * len(pre) + lp[r, :length].tolist(), finish_reason=finish,
-                prompt_token_ids=list(pids), eos_id=pol.eos_id, prefix_len=len(pre)))
+                logprobs=[0.0] * len(pre) + lp[r][:length], finish_reason=finish,
+                prompt_token_ids=list(pids), eos_id=pol.eos_id, prefix_len=len(pre),
+                meta={"tokenizer_id": pol.tokenizer_id}))
         return results
+
+    def _decode(self, ids, mask, greedy, temp, max_new):
+        """KV-cached decoding of left-padded ``ids``: (tokens [B, T], behaviour log-probs [B, T]).
+
+        Positions are ``cumsum(mask) - 1`` as in ``Policy.logprobs``. A row that emitted EOS
+        continues with pad tokens; decoding stops when every row has or after ``max_new`` tokens.
+        """
+        from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
+        pol = self.policy
+        model = pol.model
+        scale = 1.0 if greedy else temp
+        warpers = []
+        if not greedy and self.top_k > 0:
+            warpers.append(TopKLogitsWarper(top_k=self.top_k))
+        if not greedy and self.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p=self.top_p))
+        params = inspect.signature(model.forward).parameters
+        cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
+        pos = position_ids_from_mask(mask)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1, use_cache=True)
+        step = {cache_arg: getattr(out, cache_arg), "use_cache": True}  # the model's own cache, reused
+        B = ids.shape[0]
+        dev = ids.device
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        one = torch.ones((B, 1), dtype=mask.dtype, device=dev)
+        pad = torch.full((B,), pol.pad_id, dtype=torch.long, device=dev)
+        eos = torch.tensor([pol.eos_id], device=dev)
+        toks, lps = [], []
+        pos = pos[:, -1:]
+        for t in range(max_new):
+            logits = out.logits[:, -1, :].float()
+            scaled = logits / scale if scale != 1.0 else logits
+            scores = scaled
+            if t < self.min_new_tokens:
+                scores = scores.index_fill(1, eos, float("-inf"))
+            for w in warpers:
+                scores = w(ids, scores)
+            if not greedy:  # Gumbel-max: argmax(scores - log(-log U)) ~ softmax(scores)
+                scores = scores - torch.rand_like(scores).log_().neg_().log_()
+            nxt = torch.where(done, pad, scores.argmax(-1))
+            toks.append(nxt)
+            lps.append(F.log_softmax(scaled, dim=-1).gather(-1, nxt.unsqueeze(-1)).squeeze(-1))
+            done = done | (nxt == pol.eos_id)
+            if t == max_new - 1 or bool(done.all()):
+                break
+            mask = torch.cat([mask, one], dim=1)
+            pos = pos + 1
+            out = model(input_ids=nxt.unsqueeze(-1), attention_mask=mask, position_ids=pos, **step)
+        if not toks:
+            return torch.zeros((B, 0), dtype=torch.long), torch.zeros((B, 0))
+        return torch.stack(toks, dim=1), torch.stack(lps, dim=1)
