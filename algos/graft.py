@@ -126,14 +126,6 @@ def char_offsets(tokenizer, ids: list, text: str) -> list:
     return out
 
 
-def _body(r) -> list:
-    """Response token ids without the final EOS."""
-    ids = list(r.token_ids)
-    if r.finish_reason == "stop" and ids and r.eos_id is not None and ids[-1] == r.eos_id:
-        return ids[:-1]
-    return ids
-
-
 @register_algo("graft")
 class GRAFT(Learner):
     """GRPO on the learner's own groups, with all-fail groups replaced by gated, weighted peer groups."""
@@ -154,7 +146,7 @@ class GRAFT(Learner):
         if self.cfg.token_ratio == "cross_aligned":
             for g in groups:
                 for r in g.rollouts:
-                    r.meta["char_offsets"] = char_offsets(ctx.policy.tokenizer, _body(r), r.text)
+                    r.meta["char_offsets"] = char_offsets(ctx.policy.tokenizer, r.body_ids, r.text)
         return groups
 
     # ---- the exchange ------------------------------------------------------------------------
@@ -266,9 +258,9 @@ class GRAFT(Learner):
         """T2: the peer's per-token log-probs mapped onto the learner's tokens (spec §4.4.3)."""
         if "char_offsets" not in origin.meta or "stored_step" in origin.meta:
             raise token_ratio_error(f"the peer's rollouts (model {origin.model_id}, prompt {origin.prompt_id})")
-        peer_body = _body(origin)
+        peer_body = origin.body_ids
         peer_lp = list(origin.logprobs)[:len(peer_body)]
-        body = _body(r)
+        body = r.body_ids
         aligned = align_peer_logprobs(char_offsets(ctx.policy.tokenizer, body, r.text), origin.meta["char_offsets"],
                                       peer_lp)
         if len(body) < len(r.token_ids):  # the learner's EOS: the peer's EOS log-prob, else the learner's own

@@ -45,6 +45,14 @@ class Rollout:
     prefix_len: int = 0
     meta: dict = field(default_factory=dict)
 
+    @property
+    def body_ids(self) -> list:
+        """Response token ids without the final EOS (what the text decodes from)."""
+        ids = list(self.token_ids)
+        if self.finish_reason == "stop" and ids and self.eos_id is not None and ids[-1] == self.eos_id:
+            return ids[:-1]
+        return ids
+
     def _content(self):
         """Token log-probs without the final EOS (the XT convention, spec algos_peer §1.4)."""
         lp = list(self.logprobs)[self.prefix_len:]

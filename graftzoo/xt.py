@@ -81,8 +81,7 @@ def localize_groups(policy, groups: list, cfg: dict):
             lr = localize_rollout(policy, prompt_ids, r, max_response, overflow, append_eos)
             if r.meta.get("tokenizer_id") == policy.tokenizer_id and "stored_step" not in r.meta:
                 same_tok += 1
-                body = r.token_ids[:-1] if r.finish_reason == "stop" and r.token_ids and r.token_ids[-1] == r.eos_id \
-                    else r.token_ids
+                body = r.body_ids
                 mismatch += int(policy.encode_text(r.text) != list(body))
             rolls.append(lr)
             todo.append(lr)
