@@ -130,8 +130,9 @@ def conclusion(cells: list, model_ids: list) -> str:
         g0, g1 = statistics.fmean(grpo), statistics.fmean(graft)
         sd = max(statistics.stdev(grpo) if len(grpo) > 1 else 0.0, statistics.stdev(graft) if len(graft) > 1 else 0.0)
         verdict = "beats" if g1 - g0 > sd and len(grpo) > 1 else ("is above" if g1 > g0 else "does not beat")
+        spread = f"seed s.d. {100 * sd:.1f} over {len(grpo)} seeds" if len(grpo) > 1 else "one seed"
         txt = (f"For {m}, GRAFT n=8 scores {100 * g1:.1f} against GRPO n=8's {100 * g0:.1f} on held-out accuracy "
-               f"(Δ {100 * (g1 - g0):+.1f} points; seed s.d. {100 * sd:.1f} over {len(grpo)} seed(s)), so GRAFT {verdict} GRPO"
+               f"(Δ {100 * (g1 - g0):+.1f} points; {spread}), so GRAFT {verdict} GRPO"
                + (" by more than the seeds' s.d." if verdict == "beats" else
                   (" but not by more than the seeds' s.d." if len(grpo) > 1 and g1 > g0 else
                    " (one seed: no claim beyond this run)" if len(grpo) == 1 and g1 > g0 else "")) + ".")

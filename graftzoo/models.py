@@ -21,6 +21,8 @@ def split_spec(spec: dict) -> tuple[dict, dict]:
 
 def load_model(spec: dict, seed: int = 0, progress=None):
     """(model, tokenizer, tokenizer_id) for a spec (without the per-model keys)."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()  # "Loading weights" bars for every model load clutter the run output
     kind = spec.get("kind", "tiny")
     if kind == "tiny":
         from graftzoo.tiny import TinyModelSpec

@@ -33,6 +33,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Qwen2Config,
                           Qwen2ForCausalLM)
 
+from graftzoo.envs.arithmetic import SKILLS
+
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIALS = (PAD, EOS, BOS, UNK)
 # Every character of the compact template "Q:{question}\n" and of the arithmetic scratchpads.
@@ -85,12 +87,20 @@ def load_tokenizer(path) -> PreTrainedTokenizerFast:
 
 @dataclass
 class WarmupSpec:
-    """The supervised warm-up recipe (graftzoo.warmup). ``seed`` is the default warm-up seed."""
+    """The supervised warm-up recipe (graftzoo.warmup). ``seed`` is the default warm-up seed.
 
-    steps: int = 300
-    batch: int = 64
-    lr: float = 3e-3
-    warmup_steps: int = 20
+    ``stop_when`` ({skill: greedy accuracy}) ends the run early, at the first probe (every
+    ``probe_every`` steps, on ``probe_per_skill`` held-out problems per skill) where every listed
+    skill reaches its threshold; ``steps`` stays the cap and sets the lr schedule. Stopping on a
+    measured level rather than a step count lands the skill profile in its band across seeds
+    and machines, where a fixed step count does not (a weak skill sits on a steep part of its
+    learning curve).
+    """
+
+    steps: int = 1000
+    batch: int = 32
+    lr: float = 4e-3
+    warmup_steps: int = 30
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.01
     betas: tuple = (0.9, 0.98)
@@ -99,6 +109,8 @@ class WarmupSpec:
     difficulty: Any = 3  # int or {skill: int}
     seed: int = 0
     probe_per_skill: int = 64
+    stop_when: Optional[dict] = None
+    probe_every: int = 50
 
 
 @dataclass
@@ -129,6 +141,9 @@ class TinyModelSpec:
             self.warmup = _from_mapping(WarmupSpec, self.warmup, f"tiny spec {self.id!r} warmup")
         if isinstance(self.warmup.betas, list):
             self.warmup.betas = tuple(self.warmup.betas)
+        bad = sorted(set(self.warmup.stop_when or {}) - set(SKILLS))
+        if bad:
+            raise ValueError(f"tiny spec {self.id!r}: warmup.stop_when key(s) {bad} are not skills {SKILLS}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TinyModelSpec":

@@ -80,11 +80,14 @@ def lr_factor(step: int, w: WarmupSpec) -> float:
 
 def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
               progress: Optional[Callable[[dict], None]] = None) -> dict:
-    """Run ``w.steps`` SFT steps on fresh train-split problems; returns loss and timing stats."""
+    """Up to ``w.steps`` SFT steps on fresh train-split problems, stopping early once ``w.stop_when`` holds.
+
+    Returns loss, timing, the step it stopped at and the probe history (``w.stop_when`` only).
+    """
     opt = torch.optim.AdamW(model.parameters(), lr=w.lr, betas=tuple(w.betas), weight_decay=w.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, w))
     model.train()
-    t0, losses = time.perf_counter(), []
+    t0, losses, probes, probe_s = time.perf_counter(), [], [], 0.0
     for step in range(w.steps):
         prompts = generate_prompts(w.batch, seed, w.mix, w.difficulty, "train", start=step * w.batch)
         batch = encode_batch(tokenizer, [p.text for p in prompts], [p.metadata["solution"] for p in prompts])
@@ -98,10 +101,19 @@ def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
         if progress is not None:
             progress({"step": step + 1, "steps": w.steps, "loss": losses[-1], "lr": sched.get_last_lr()[0],
                       "elapsed_s": time.perf_counter() - t0})
+        if w.stop_when and (step + 1) % w.probe_every == 0 and step + 1 < w.steps:
+            t = time.perf_counter()
+            acc = probe(model, tokenizer, w, seed, skills=list(w.stop_when))
+            model.train()
+            probe_s += time.perf_counter() - t
+            probes.append({"step": step + 1, **acc})
+            if all(acc[k] >= v for k, v in w.stop_when.items()):
+                break
     model.eval()
     tail = losses[-max(1, len(losses) // 10):]
-    return {"steps": w.steps, "train_s": time.perf_counter() - t0,
-            "first_loss": losses[0] if losses else None, "final_loss": sum(tail) / len(tail) if tail else None}
+    return {"steps": len(losses), "max_steps": w.steps, "train_s": time.perf_counter() - t0, "stop_probe_s": probe_s,
+            "stop_probes": probes, "first_loss": losses[0] if losses else None,
+            "final_loss": sum(tail) / len(tail) if tail else None}
 
 
 @torch.no_grad()
@@ -125,9 +137,14 @@ def max_new_tokens_for(tokenizer, solutions: Sequence[str], margin: int = 4) -> 
     return max(len(ids) for ids in tokenizer(list(solutions), add_special_tokens=False)["input_ids"]) + 1 + margin
 
 
-def probe(model, tokenizer, w: WarmupSpec, seed: int) -> dict:
-    """Greedy accuracy per skill of the warm-up mix on ``w.probe_per_skill`` held-out problems each."""
-    skills = [k for k, v in w.mix.items() if v > 0]
+def probe(model, tokenizer, w: WarmupSpec, seed: int, skills: Optional[Sequence[str]] = None) -> dict:
+    """Greedy accuracy per skill (default: the warm-up mix) on ``w.probe_per_skill`` held-out problems each.
+
+    The probe split is in the held-out partition (never trained on); it may share questions with
+    other held-out splits, so stopping on it is a (mild) selection on held-out data.
+    """
+    skills = skills or [k for k, v in w.mix.items() if v > 0]
+    model.eval()
     acc = {}
     for skill in skills:
         ps = generate_prompts(w.probe_per_skill, seed, {skill: 1.0}, w.difficulty, PROBE_SPLIT)

@@ -93,6 +93,18 @@ def test_sft_lowers_the_loss():
     assert stats["steps"] == 40 and after < before - 0.5
 
 
+def test_stop_when_ends_at_the_first_probe_that_meets_it():
+    spec = small_spec(steps=20, stop_when={"add": 0.0}, probe_every=4)
+    model, tok = build_tiny(spec, 0)
+    stats = sft_train(model, tok, spec.warmup, seed=0)
+    assert stats["steps"] == 4 and stats["max_steps"] == 20 and [p["step"] for p in stats["stop_probes"]] == [4]
+    spec = small_spec(steps=8, stop_when={"mul": 1.01}, probe_every=4)  # unreachable: runs to the cap
+    stats = sft_train(*build_tiny(spec, 0), spec.warmup, seed=0)
+    assert stats["steps"] == 8 and [p["step"] for p in stats["stop_probes"]] == [4]
+    with pytest.raises(ValueError, match="stop_when"):
+        small_spec(stop_when={"div": 0.5})
+
+
 def test_warmup_is_cached_and_reused(tmp_path):
     spec = small_spec()
     calls = []
