@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-os.environ.setdefault("WANDB_MODE", "offline")
+if not os.environ.get("WANDB_MODE"):
+    os.environ["WANDB_MODE"] = "offline"
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
