@@ -72,6 +72,7 @@ def main():
                for k in skills}
     res = {}
     for s, p in zip(specs, paths):
+        torch.manual_seed(args.eval_seed)
         model, tok = load_tiny(p)
         t = time.perf_counter()
         res[s.id] = {k: evaluate(model, tok, prompts[k], args.samples) for k in skills}

@@ -90,11 +90,11 @@ class WarmupSpec:
     """The supervised warm-up recipe (graftzoo.warmup). ``seed`` is the default warm-up seed.
 
     ``stop_when`` ({skill: greedy accuracy}) ends the run early, at the first probe (every
-    ``probe_every`` steps, on ``probe_per_skill`` held-out problems per skill) where every listed
-    skill reaches its threshold; ``steps`` stays the cap and sets the lr schedule. Stopping on a
-    measured level rather than a step count lands the skill profile in its band across seeds
-    and machines, where a fixed step count does not (a weak skill sits on a steep part of its
-    learning curve).
+    ``probe_every`` steps, on ``probe_per_skill`` held-out problems per skill; skills are checked
+    in order, the rest skipped once one falls short) where every listed skill reaches its
+    threshold; ``steps`` stays the cap and sets the lr schedule. Stopping on a measured level
+    rather than a step count lands the skill profile in its band across seeds and machines,
+    where a fixed step count does not (a weak skill sits on a steep part of its learning curve).
     """
 
     steps: int = 1000

@@ -103,11 +103,15 @@ def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
                       "elapsed_s": time.perf_counter() - t0})
         if w.stop_when and (step + 1) % w.probe_every == 0 and step + 1 < w.steps:
             t = time.perf_counter()
-            acc = probe(model, tokenizer, w, seed, skills=list(w.stop_when))
+            acc = {}
+            for k, v in w.stop_when.items():  # in order, skipping the rest once one falls short
+                acc.update(probe(model, tokenizer, w, seed, skills=[k]))
+                if acc[k] < v:
+                    break
             model.train()
             probe_s += time.perf_counter() - t
             probes.append({"step": step + 1, **acc})
-            if all(acc[k] >= v for k, v in w.stop_when.items()):
+            if all(acc.get(k, -1.0) >= v for k, v in w.stop_when.items()):
                 break
     model.eval()
     tail = losses[-max(1, len(losses) // 10):]
