@@ -5,6 +5,7 @@ import json
 import sys
 
 import pytest
+from helpers import Spy
 import torch
 from click.testing import CliRunner
 
@@ -121,19 +122,6 @@ def test_no_prefix_without_cut_tokens_and_easy_prompts_skipped(setup):
     learner._mine(ctx, [group(policy, P, ["12+34=46", "12+34=47"], [False, False]),
                         group(policy, Prompt(id="q2", text="1+1", gold="2"), ["1+1=2", "1+1=2"], [True, True])])
     assert ctx.metrics["extra/hard_prompts"] == 1 and len(learner.queue) == 0
-
-
-class Spy:
-    """A policy wrapper keeping the log-prob tensor of the last loss, with its gradient."""
-
-    def __init__(self, policy):
-        self.policy = policy
-
-    def logprobs(self, *a, **kw):
-        logp, ent = self.policy.logprobs(*a, **kw)
-        logp.retain_grad()
-        self.logp = logp
-        return logp, ent
 
 
 def test_guided_prompt_regenerates_from_its_prefix_and_prefix_carries_no_gradient(setup):

@@ -6,6 +6,7 @@ import math
 import random
 
 import pytest
+from helpers import scored_rollout
 import torch
 from click.testing import CliRunner
 
@@ -15,7 +16,6 @@ from graftzoo.algos.hacpo import HACPO, HACPOConfig
 from graftzoo.config import ConfigError, load_config
 from graftzoo.models import build_policy
 from graftzoo.types import Group, Prompt, Rollout
-from graftzoo.xt import score_rollouts
 
 torch.set_num_threads(1)
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"
@@ -32,13 +32,7 @@ def run_cfg(*overrides):
                        overrides=["peer.source=online", "run.track=false", "algo.beta_kl=0", *overrides])
 
 
-def rollout(pol, prompt, text, correct):
-    ids = pol.encode_text(text) + [pol.eos_id]
-    r = Rollout(prompt_id=prompt.id, model_id=pol.model_id, policy_version=0, text=text, token_ids=ids,
-                logprobs=[0.0] * len(ids), prompt_token_ids=pol.encode_prompt(prompt), eos_id=pol.eos_id,
-                reward=float(correct), correct=correct, meta={"tokenizer_id": pol.tokenizer_id})
-    score_rollouts(pol, [r])
-    return r
+rollout = scored_rollout
 
 
 def group(pol, prompt, texts, correct):

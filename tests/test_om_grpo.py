@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from helpers import Spy
 import torch
 from click.testing import CliRunner
 
@@ -148,17 +149,6 @@ def micro():
         for p in ref.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     return cfg, policy, ref
-
-
-class Spy:
-    def __init__(self, policy):
-        self.policy = policy
-
-    def logprobs(self, *a, **kw):
-        logp, ent = self.policy.logprobs(*a, **kw)
-        logp.retain_grad()
-        self.logp = logp
-        return logp, ent
 
 
 @pytest.mark.parametrize("mask_kl", [True, False])

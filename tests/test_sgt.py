@@ -5,6 +5,7 @@ import math
 import random
 
 import pytest
+from helpers import scored_rollout
 import torch
 from click.testing import CliRunner
 
@@ -13,8 +14,7 @@ from graftzoo.algos.functional import sequence_mean_logp
 from graftzoo.algos.sgt import SGT, SGTConfig
 from graftzoo.config import ConfigError, load_config
 from graftzoo.models import build_policy
-from graftzoo.types import Group, Prompt, Rollout
-from graftzoo.xt import score_rollouts
+from graftzoo.types import Group, Prompt
 
 torch.set_num_threads(1)
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"
@@ -31,13 +31,7 @@ def run_cfg(*overrides):
     return load_config(pair="micro", algo="sgt", overrides=["peer.source=online", "run.track=false", *overrides])
 
 
-def rollout(pol, prompt, text, correct):
-    ids = pol.encode_text(text) + [pol.eos_id]
-    r = Rollout(prompt_id=prompt.id, model_id=pol.model_id, policy_version=0, text=text, token_ids=ids,
-                logprobs=[0.0] * len(ids), prompt_token_ids=pol.encode_prompt(prompt), eos_id=pol.eos_id,
-                reward=float(correct), correct=correct, meta={"tokenizer_id": pol.tokenizer_id})
-    score_rollouts(pol, [r])
-    return r
+rollout = scored_rollout
 
 
 P = Prompt("p0", "2+3", gold="5")
