@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -331,3 +332,24 @@ def config_from(cls, algo_cfg: dict):
     """The learner's Config from the ``algo`` config section (name removed)."""
     keys = {f.name for f in dataclasses.fields(cls.Config)}
     return cls.Config(**{k: v for k, v in algo_cfg.items() if k in keys})
+
+
+# ------------------------------------------------------------------------------------------------
+# helpers shared by the peer-exchange learners (GRAFT, HACPO, SGT)
+# ------------------------------------------------------------------------------------------------
+
+def require_peer(name: str, run_cfg: dict, peer=()):
+    """The clear error for a peer-exchange learner without a peer source (``peer`` None at exchange time)."""
+    if (run_cfg.get("peer") or {}).get("source", "none") == "none" or peer is None:
+        from graftzoo.config import ConfigError
+        raise ConfigError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: "
+                          f"pass --peer online|stored:PATH|mixed:PATH (config key peer.source)")
+
+
+def log_s_stats(ctx: StepContext, s: list):
+    """``peer/s_*``: statistics of the compatibility scores s of this step's peer responses."""
+    if s:
+        ctx.log("peer/s_mean", statistics.fmean(s))
+        ctx.log("peer/s_median", statistics.median(s))
+        ctx.log("peer/s_min", min(s))
+        ctx.log("peer/s_max", max(s))

@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch
+from graftzoo.algos.base import (Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch, log_s_stats,
+                                 require_peer)
 from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weights, graft_balance, graft_cap,
                                        graft_candidates, group_advantages, peer_order,
                                        random_count_matched_admission, random_count_matched_prompts,
@@ -56,9 +56,6 @@ CHOICES = {
     "peer_position": ("last", "first", "uniform"),
     "peer_minibatches": ("replace_slots", "separate"),
 }
-
-NO_PEER = ("GRAFT trains on a peer's groups and needs a peer source: pass --peer online|stored:PATH|mixed:PATH "
-           "(config key peer.source, now 'none')")
 
 
 @dataclass
@@ -134,9 +131,8 @@ class GRAFT(Learner):
 
     def __init__(self, cfg: GRAFTConfig, run_cfg: dict):
         super().__init__(cfg, run_cfg)
-        source = (run_cfg.get("peer") or {}).get("source", "none")
-        if source == "none":
-            raise ConfigError(NO_PEER)
+        require_peer(self.name, run_cfg)
+        source = run_cfg["peer"]["source"]
         if cfg.token_ratio == "cross_aligned" and source == "stored":
             raise token_ratio_error("the rollouts of a stored peer (peer.source=stored)")
 
@@ -151,8 +147,7 @@ class GRAFT(Learner):
 
     # ---- the exchange ------------------------------------------------------------------------
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
-        if peer is None:
-            raise ConfigError(NO_PEER)
+        require_peer(self.name, ctx.cfg, peer)
         c = self.cfg
         pgs = [peer.get(g.prompt.id) for g in groups]
         plans = self._select(ctx, groups, pgs)        # {slot: (peer rollout indices, "replace" | "augment")}
@@ -284,10 +279,7 @@ class GRAFT(Learner):
         ctx.log("peer/rescued_groups", sum(1 for x in plans if slots[x].source != "own"))
         ctx.log("peer/admitted", n_adm)
         ctx.log("peer/rejected", len(flat) - n_adm)
-        ctx.log("peer/s_mean", statistics.fmean(scored) if scored else None)
-        ctx.log("peer/s_median", statistics.median(scored) if scored else None)
-        ctx.log("peer/s_min", min(scored) if scored else None)
-        ctx.log("peer/s_max", max(scored) if scored else None)
+        log_s_stats(ctx, scored)
         for key, want in (("peer/admit_rate_succ", True), ("peer/admit_rate_fail", False)):
             sel = [a for (_, _, r), a in zip(flat, admit) if bool(r.correct) == want]
             ctx.log(key, sum(sel) / len(sel) if sel else None)

@@ -17,13 +17,12 @@ unless ``kl_on_cross``.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-from graftzoo.algos.base import MiniBatch, StepContext, TrainBatch
+from graftzoo.algos.base import MiniBatch, StepContext, TrainBatch, log_s_stats, require_peer
 from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, hacpo_advantages, hacpo_cross_loss,
                                        hacpo_discrepancy, hacpo_omegas, sequence_mean_logp, stepwise_lower_bound)
 from graftzoo.algos.gspo import GSPO, GSPOConfig
@@ -71,13 +70,6 @@ class HACPOConfig(GSPOConfig):
                               f"{self.cross_clip_lower}, {self.cross_clip_step}")
 
 
-def require_peer(name: str, run_cfg: dict, peer=()):
-    """The clear error for a peer-exchange learner without a peer source."""
-    if (run_cfg.get("peer") or {}).get("source", "none") == "none" or peer is None:
-        raise ConfigError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: "
-                          f"set peer.source=online|stored|mixed (CLI: --peer online | stored:PATH | mixed:PATH)")
-
-
 def accuracy(groups) -> Optional[float]:
     """Fraction of responses with reward > 0 (the code's per-step accuracy, spec §2.3 step 4)."""
     rolls = [r for g in groups for r in g.rollouts]
@@ -86,19 +78,13 @@ def accuracy(groups) -> Optional[float]:
 
 def log_compatibility(ctx: StepContext, rollouts):
     """``peer/s_*``: ``s = exp(l_L - l_P)`` of localized peer responses under theta_old (spec §1.4 item 4)."""
-    s = [math.exp(max(-10.0, min(10.0, r.mean_logp - r.meta["origin_mean_logp"]))) for r in rollouts]
-    if s:
-        ctx.log("peer/s_mean", statistics.fmean(s))
-        ctx.log("peer/s_median", statistics.median(s))
-        ctx.log("peer/s_min", min(s))
-        ctx.log("peer/s_max", max(s))
+    log_s_stats(ctx, [math.exp(max(-10.0, min(10.0, r.mean_logp - r.meta["origin_mean_logp"]))) for r in rollouts])
 
 
 def content_mask(r) -> list:
     """1 per response token, 0 on a final EOS: the cross ratio compares EOS-free means (spec §1.4 item 4)."""
-    n = len(r.token_ids)
-    ends = r.finish_reason == "stop" and n and r.token_ids[-1] == r.eos_id
-    return [1.0] * (n - 1) + [0.0] if ends else [1.0] * n
+    body = len(r.body_ids)
+    return [1.0] * body + [0.0] * (len(r.token_ids) - body)
 
 
 @register_algo("hacpo")

@@ -22,7 +22,8 @@ import torch
 from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch
 from graftzoo.algos.functional import sequence_mean_logp, sgt_augment, sgt_aux_nll_loss, sgt_rescue
 from graftzoo.algos.functional.peer import SGT_GATES
-from graftzoo.algos.hacpo import log_compatibility, require_peer
+from graftzoo.algos.base import require_peer
+from graftzoo.algos.hacpo import log_compatibility
 from graftzoo.config import ConfigError
 from graftzoo.registry import register_algo
 from graftzoo.types import Group
