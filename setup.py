@@ -57,5 +57,5 @@ setup(
         "dev": ["pytest", "pytest-timeout"],
         "bench": ["trl==1.16.0"],
     },
-    entry_points={"console_scripts": ["graftzoo=graftzoo.cli:main"]},
+    entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"]},
 )

@@ -24,7 +24,7 @@ import torch
 
 from graftzoo.algos.functional import (agg_loss, clipped_surrogate, group_advantages, kl_k3, minibatch_bounds,
                                        rloo_advantages)
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.types import Group, Prompt, Rollout
 
 
 # ------------------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ class StepContext:
         (the peer's l_P) and ``meta["dropped"]`` (overflow / empty). EOS is excluded from the mean
         log-probs on both sides and appended for the loss only if the peer stopped.
         """
-        from graftzoo.xt import localize_groups
+        from graftzoo.core.xt import localize_groups
         with self._phase("logprob"):
             out, stats = localize_groups(self.policy, groups, self.cfg)
         for k, v in stats.items():
@@ -341,7 +341,7 @@ def config_from(cls, algo_cfg: dict):
 def require_peer(name: str, run_cfg: dict, peer=()):
     """The clear error for a peer-exchange learner without a peer source (``peer`` None at exchange time)."""
     if (run_cfg.get("peer") or {}).get("source", "none") == "none" or peer is None:
-        from graftzoo.config import ConfigError
+        from graftzoo.core.config import ConfigError
         raise ConfigError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: "
                           f"pass --peer online|stored:PATH|mixed:PATH (config key peer.source)")
 

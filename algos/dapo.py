@@ -6,7 +6,7 @@ import torch
 
 from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import dapo_overlong_penalty, zero_variance_groups
-from graftzoo.registry import register_algo
+from graftzoo.core.registry import register_algo
 
 
 @dataclass

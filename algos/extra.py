@@ -1,7 +1,7 @@
 """ExTra [extra] (spec algos_single §3): a novelty bonus on correct responses and entropy-guided prefix
 regeneration, on top of GRPO.
 
-Novelty (§3.2): every rollout's tail text is embedded (``algo.embedder``, graftzoo.embedders); each
+Novelty (§3.2): every rollout's tail text is embedded (``algo.embedder``, graftzoo.algos.embedders); each
 prompt keeps a FIFO of its last ``memory_size`` rollout embeddings; once it holds ``rollout.n`` of
 them, ``nov_i`` = nearest-neighbour cosine distance to that memory and the sibling rollouts.
 Option B (``novelty_mode: after_norm``, RECOMMENDED): ``A_i = GRPO(r)_i + alpha * nov_i * 1[correct]``;
@@ -33,9 +33,9 @@ from graftzoo.algos.base import Learner, LearnerConfig, TrainBatch, TrainRow
 from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, group_advantages, is_hard_prompt,
                                        most_confident_rollout, novelty_scores, prefix_cut_points,
                                        prefix_entropy_scores, reward_variance_ema, select_prefix)
-from graftzoo.embedders import make_embedder
-from graftzoo.registry import register_algo
-from graftzoo.types import Prompt
+from graftzoo.algos.embedders import make_embedder
+from graftzoo.core.registry import register_algo
+from graftzoo.core.types import Prompt
 
 MODES = ("after_norm", "before_norm")
 NEWLINES = ("\n", "\n\n")

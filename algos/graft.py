@@ -43,9 +43,9 @@ from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weight
                                        graft_candidates, group_advantages, peer_order,
                                        random_count_matched_admission, random_count_matched_prompts,
                                        ratio_surrogate, separate_minibatches, sgt_augment, symmetric_cap)
-from graftzoo.config import ConfigError
-from graftzoo.registry import register_algo
-from graftzoo.types import Group
+from graftzoo.core.config import ConfigError
+from graftzoo.core.registry import register_algo
+from graftzoo.core.types import Group
 
 CHOICES = {
     "weight": ("min_s_1", "one"),

@@ -3,7 +3,7 @@ from dataclasses import dataclass
 
 from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch
 from graftzoo.algos.functional import gspo_sequence_ratio, gspo_token_ratio, ratio_surrogate
-from graftzoo.registry import register_algo
+from graftzoo.core.registry import register_algo
 
 
 @dataclass

@@ -26,9 +26,9 @@ from graftzoo.algos.base import MiniBatch, StepContext, TrainBatch, log_s_stats,
 from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, hacpo_advantages, hacpo_cross_loss,
                                        hacpo_discrepancy, hacpo_omegas, sequence_mean_logp, stepwise_lower_bound)
 from graftzoo.algos.gspo import GSPO, GSPOConfig
-from graftzoo.config import ConfigError
-from graftzoo.registry import register_algo
-from graftzoo.types import Group
+from graftzoo.core.config import ConfigError
+from graftzoo.core.registry import register_algo
+from graftzoo.core.types import Group
 
 SELF, PEER = 0, 1  # source ids in the pooled group (spec §2.4.2: agent k = the learner, j = the peer)
 

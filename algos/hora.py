@@ -17,8 +17,8 @@ from typing import Optional
 
 from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import hora_allocate, hora_objective
-from graftzoo.registry import register_algo
-from graftzoo.types import Group
+from graftzoo.core.registry import register_algo
+from graftzoo.core.types import Group
 
 SOURCES = ("probe", "history")
 

@@ -26,8 +26,8 @@ from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import (answer_span_mask, boxed_spans, contrast_pairs, contrast_prompt,
                                        soft_consensus_rewards)
 from graftzoo.envs.verifier import answers_equivalent, extract_answer
-from graftzoo.registry import register_algo
-from graftzoo.types import Prompt
+from graftzoo.core.registry import register_algo
+from graftzoo.core.types import Prompt
 
 FORMATS = ("boxed", "any")
 CONTRAST_TEMPLATES = {
@@ -217,7 +217,7 @@ def heldout_prompts(cfg: dict) -> list:
         from graftzoo.envs.datasets import load_dataset
         ds = list(load_dataset(ev["dataset"]))
         return ds[:ev["size"] or len(ds)]
-    from graftzoo.trainer import make_env
+    from graftzoo.core.trainer import make_env
     return list(make_env(cfg, "test", size=ev["size"]).dataset)
 
 

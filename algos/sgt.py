@@ -24,9 +24,9 @@ from graftzoo.algos.functional import sequence_mean_logp, sgt_augment, sgt_aux_n
 from graftzoo.algos.functional.peer import SGT_GATES
 from graftzoo.algos.base import require_peer
 from graftzoo.algos.hacpo import log_compatibility
-from graftzoo.config import ConfigError
-from graftzoo.registry import register_algo
-from graftzoo.types import Group
+from graftzoo.core.config import ConfigError
+from graftzoo.core.registry import register_algo
+from graftzoo.core.types import Group
 
 SGT_MODES = ("augment", "aux_nll")
 

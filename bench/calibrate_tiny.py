@@ -20,8 +20,8 @@ import torch
 import yaml
 
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
-from graftzoo.tiny import TinyModelSpec
-from graftzoo.warmup import generate, load_tiny, max_new_tokens_for, warmup_info, warmup_pair
+from graftzoo.tiny.build import TinyModelSpec
+from graftzoo.tiny.warmup import generate, load_tiny, max_new_tokens_for, warmup_info, warmup_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 

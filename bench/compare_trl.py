@@ -116,10 +116,10 @@ class Ours:
 
     def __init__(self, model, tok):
         from graftzoo.algos.base import StepContext, config_from
-        from graftzoo.engine import HFEngine
+        from graftzoo.core.engine import HFEngine
         from graftzoo.envs.templates import TEMPLATES, register_template
-        from graftzoo.policy import Policy
-        from graftzoo.registry import get_algo
+        from graftzoo.core.policy import Policy
+        from graftzoo.core.registry import get_algo
         if "verbatim" not in TEMPLATES:
             register_template("verbatim")(lambda problem, tokenizer=None: problem)
         self.policy = Policy("bench-qwen2", model, tok, template="verbatim",
@@ -137,8 +137,8 @@ class Ours:
         self.phases: dict = {"generate+score": [], "advantages+batch": [], "forward+loss": [], "backward+optim": []}
 
     def step(self, problems) -> int:
-        """One training step through the Learner hooks (as graftzoo.trainer does); returns response tokens."""
-        from graftzoo.types import Prompt
+        """One training step through the Learner hooks (as graftzoo.core.trainer does); returns response tokens."""
+        from graftzoo.core.types import Prompt
         prompts = [Prompt(id=f"p{self.step_no}-{i}", text=t, gold=a) for i, (t, a) in enumerate(problems)]
         ctx, learner, pol = self.make_ctx(self.step_no), self.learner, self.policy
         t0 = clock()

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union, overload
 
-from graftzoo.types import Prompt
+from graftzoo.core.types import Prompt
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 

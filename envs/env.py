@@ -17,7 +17,7 @@ from gymnasium import spaces
 from graftzoo.envs.datasets import MathDataset, load_dataset
 from graftzoo.envs.templates import render_prompt
 from graftzoo.envs.verifier import VerifyResult, verify_batch
-from graftzoo.types import Group, Prompt
+from graftzoo.core.types import Group, Prompt
 
 DEFAULT_MAX_RESPONSE_CHARS = 65536
 _RESET_OPTIONS = {"index", "with_gold"}

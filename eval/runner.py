@@ -18,10 +18,10 @@ Benchmarks: ``all`` (math500, aime24, aime25, amc23, minerva_math), any name or 
 ``graftzoo.envs.load_dataset`` accepts, or ``heldout``: the run's own held-out split (the one the
 trainer evaluates on: ``eval.dataset``, else the task's ``test`` split of ``eval.size`` prompts).
 
-Protocol (``graftzoo.evaluate``): ``seeds`` evaluation runs of k samples per problem, every
+Protocol (``graftzoo.eval.evaluate``): ``seeds`` evaluation runs of k samples per problem, every
 sample under its own seed; avg@k with sd and a 95% t-interval over the runs (over the k sample
 seeds when there is one run), unbiased pass@k; optionally a greedy pass. The policy is rebuilt
-from the run's ``config.yaml`` (``graftzoo.models.build_policy`` with the pair's model spec) and
+from the run's ``config.yaml`` (``graftzoo.core.models.build_policy`` with the pair's model spec) and
 the checkpoint's weights. Results are written in the ``graftzoo.eval.artifacts`` eval format,
 one file per model: by default ``RUN/eval/<model>.json`` for a run directory (what the report
 reads) and ``RUN/eval/step_N/<model>.json`` for an explicit checkpoint.
@@ -105,7 +105,7 @@ def trained_specs(cfg: dict, models: Optional[Sequence[str]] = None) -> list:
 
 def build_policies(cfg: dict, models: Optional[Sequence[str]] = None) -> dict:
     """Fresh policies (model id -> Policy) for the run's trained models, from their pair specs."""
-    from graftzoo.models import build_policy
+    from graftzoo.core.models import build_policy
     return {s["id"]: build_policy(s, cfg, int(cfg["run"]["seed"])) for s in trained_specs(cfg, models)}
 
 
@@ -122,7 +122,7 @@ def load_weights(policy, ckpt) -> None:
 
 def make_eval_engine(policy, cfg: dict, top_p: Optional[float] = None):
     """A rollout engine for ``policy`` built as in training, with the eval top-p."""
-    from graftzoo.models import build_engine
+    from graftzoo.core.models import build_engine
     cfg = copy.deepcopy(cfg)
     if top_p is not None:
         cfg["rollout"]["top_p"] = float(top_p)
@@ -179,7 +179,7 @@ def load_benchmark(bench, cfg: Optional[dict] = None, limit: Optional[int] = Non
             ds = load_dataset(ev["dataset"])
             prompts, env = _limited(ds, ev.get("size")), _scoring_env(ds, cfg)
         else:
-            from graftzoo.trainer import make_env
+            from graftzoo.core.trainer import make_env
             env = make_env(cfg, "test", size=ev.get("size"))
             ds, prompts = env.dataset, list(env.dataset)
         return {"name": HELDOUT, "prompts": _limited(prompts, limit), "env": env, "dataset": ds.name,
@@ -210,7 +210,7 @@ def validation_set(cfg: dict, dataset=None, size: Optional[int] = None) -> dict:
     if dataset:
         return load_benchmark(dataset, cfg, limit=size)
     if _is_arithmetic(cfg):
-        from graftzoo.trainer import make_env
+        from graftzoo.core.trainer import make_env
         env = make_env(cfg, "val", size=size)
         return {"name": "val", "prompts": list(env.dataset), "env": env, "dataset": env.dataset.name,
                 "hash": env.dataset.hash, "split": "val"}
@@ -257,7 +257,7 @@ def score_benchmark(policy, engine, bench: dict, k: int, *, seeds: int = 1, gree
                     temperature: Optional[float] = None, max_new_tokens: Optional[int] = None,
                     seed: int = 0) -> dict:
     """One benchmark record (eval artifact format) of ``policy`` on a loaded benchmark."""
-    from graftzoo.evaluate import greedy_correctness, sample_correctness, summarize
+    from graftzoo.eval.evaluate import greedy_correctness, sample_correctness, summarize
     prompts, env = bench["prompts"], bench["env"]
     if not prompts:
         raise ValueError(f"benchmark {bench['name']!r} has no prompts to evaluate")
@@ -317,7 +317,7 @@ def evaluate_benchmarks(policy, engine, benchmarks="all", k: int = 8, *, seeds: 
                      "top_k": getattr(engine, "top_k", None), "max_new_tokens": max_new,
                      "max_prompt_tokens": budget, "k": int(k),
                      "seeds": int(seeds), "greedy": bool(greedy), "seed": int(seed),
-                     "sample_seed": "graftzoo.evaluate.sample_seed(seed, run, j)"},
+                     "sample_seed": "graftzoo.eval.evaluate.sample_seed(seed, run, j)"},
     })
     return payload
 

@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.types import Group, Prompt, Rollout
 
 SCHEMA_VERSION = 1
 

@@ -1,6 +1,6 @@
 """Small helpers shared by several test files (imported as `from helpers import ...`)."""
-from graftzoo.types import Rollout
-from graftzoo.xt import score_rollouts
+from graftzoo.core.types import Rollout
+from graftzoo.core.xt import score_rollouts
 
 
 def scored_rollout(pol, prompt, text, correct):

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from graftzoo.config import ConfigError, load_config
+from graftzoo.core.config import ConfigError, load_config
 from graftzoo.peers.store import TrajectoryStore
-from graftzoo.trainer import Trainer, train
+from graftzoo.core.trainer import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def test_resume_gives_identical_metrics_and_weights(tmp_path):
 
 def test_kill_9_loses_at_most_the_current_step(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "graftzoo.cli", "train", "--algo", "grpo", "--pair", "micro", "--no-track",
+    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "grpo", "--pair", "micro", "--no-track",
            "--set", f"run.out_dir={tmp_path}", "--set", "run.steps=50", "--set", "run.save_every=1"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     run_dir = tmp_path / "grpo-micro-s0"
@@ -113,7 +113,7 @@ def test_store_schema_and_pandas(tmp_path):
 
 
 def test_wandb_offline_run_and_metric_vocabulary(tmp_path, monkeypatch):
-    from graftzoo.tracking import METRICS
+    from graftzoo.core.tracking import METRICS
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     out = train(load_config(pair="micro", algo="grpo", overrides=[f"run.out_dir={tmp_path}", "run.steps=1",

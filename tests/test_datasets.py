@@ -8,7 +8,7 @@ import pytest
 
 from graftzoo.envs import MathDataset, load_dataset, verify_batch
 from graftzoo.envs.datasets import BENCHMARKS, BUNDLED, DATA_DIR, DatasetError, last_boxed
-from graftzoo.types import Prompt
+from graftzoo.core.types import Prompt
 
 
 def write_jsonl(path, rows):

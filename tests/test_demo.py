@@ -7,7 +7,7 @@ import sys
 
 def test_demo_quick_runs_the_whole_pipeline(tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", COLUMNS="120")
-    out = subprocess.run([sys.executable, "-m", "graftzoo.cli", "demo", "--quick", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", "demo", "--quick", "--out", str(tmp_path)],
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     root = tmp_path / "quick"

@@ -12,7 +12,7 @@ from graftzoo.envs import MathReasoningEnv, load_dataset, render_prompt
 from graftzoo.envs.check import check_env_id
 from graftzoo.envs.cli import env_group, parse_kw
 from graftzoo.envs.templates import INSTRUCTION, TEMPLATES
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.types import Group, Prompt, Rollout
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from graftzoo.cli import main
-from graftzoo.config import load_config
+from graftzoo.apps.cli import main
+from graftzoo.core.config import load_config
 from graftzoo.envs.datasets import BENCHMARKS, load_dataset
 from graftzoo.envs.verifier import VERIFIER_VERSION
 from graftzoo.eval import runner
 from graftzoo.eval.artifacts import load_run, validate_eval
 from graftzoo.eval.metrics import pass_at_k
-from graftzoo.evaluate import summarize
-from graftzoo.trainer import train
+from graftzoo.eval.evaluate import summarize
+from graftzoo.core.trainer import train
 
 MODELS = ("micro-qwen-char", "micro-gpt2-pair")
 

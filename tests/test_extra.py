@@ -13,11 +13,11 @@ from graftzoo.algos.base import StepContext
 from graftzoo.algos.extra import ExTra, ExTraConfig
 from graftzoo.algos.functional import (most_confident_rollout, prefix_cut_points, prefix_entropy_scores,
                                        select_prefix)
-from graftzoo.config import load_config
-from graftzoo.embedders import HashedNgramEmbedder, make_embedder
-from graftzoo.models import build_engine, build_policy
-from graftzoo.trainer import make_env
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.config import load_config
+from graftzoo.algos.embedders import HashedNgramEmbedder, make_embedder
+from graftzoo.core.models import build_engine, build_policy
+from graftzoo.core.trainer import make_env
+from graftzoo.core.types import Group, Prompt, Rollout
 
 OVERRIDES = ["pair.train=[micro-qwen-char]", "algo.regen_warmup_steps=0", "algo.prefix_min_gap=3",
              "algo.regen_batch_size=1", "eval.size=2"]
@@ -212,7 +212,7 @@ def test_bad_config_is_rejected_by_key(setup, algo, match):
 
 
 def test_cli_end_to_end_micro(tmp_path):
-    from graftzoo.cli import main
+    from graftzoo.apps.cli import main
     args = ["train", "--algo", "extra", "--pair", "micro", "--no-track", "--no-resume", "--set", "run.steps=2",
             "--set", f"run.out_dir={tmp_path}"]
     for o in OVERRIDES:

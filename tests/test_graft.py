@@ -8,13 +8,13 @@ import random
 import pytest
 import torch
 
-import graftzoo.xt
+import graftzoo.core.xt
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import align_peer_logprobs, group_advantages
 from graftzoo.algos.graft import GRAFT, GRAFTConfig, char_offsets
-from graftzoo.config import ConfigError, load_config
-from graftzoo.models import build_policy
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.models import build_policy
+from graftzoo.core.types import Group, Prompt, Rollout
 
 LEARNER, PEER = "micro-qwen-char", "micro-gpt2-pair"
 
@@ -114,7 +114,7 @@ def fixed_scores(monkeypatch, values: dict, default=None):
             ends = r.token_ids and r.token_ids[-1] == policy.eos_id
             ell = values.get(r.text, default)
             r.logprobs = [ell] * (n - 1 if ends else n) + ([-5.0] if ends else [])
-    monkeypatch.setattr(graftzoo.xt, "score_rollouts", score)
+    monkeypatch.setattr(graftzoo.core.xt, "score_rollouts", score)
 
 
 def worked_setup(pols, monkeypatch, *overrides, ell=WORKED_L, peer_rewards=(1, 0, 0, 0, 0, 0, 0, 0)):
@@ -419,7 +419,7 @@ def test_append_eos_if_stopped(pols, append):
 def test_cli_cotrains_a_heterogeneous_pair(tmp_path):
     from click.testing import CliRunner
 
-    from graftzoo.cli import main
+    from graftzoo.apps.cli import main
     (tmp_path / "strong.yaml").write_text(STRONG_PAIR)
     res = CliRunner().invoke(main, ["train", "--algo", "graft", "--pair", "micro", "-c", str(tmp_path / "strong.yaml"),
                                     "--peer", "online", "--no-track", "--set", f"run.out_dir={tmp_path}",

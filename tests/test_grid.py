@@ -7,8 +7,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from graftzoo import grid as G
-from graftzoo.cli import main
+from graftzoo.apps import grid as G
+from graftzoo.apps.cli import main
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "grids"
 TINY = {

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from graftzoo.algos.base import StepContext, TrainBatch, TrainRow
 from graftzoo.algos.functional import sequence_mean_logp
 from graftzoo.algos.hacpo import HACPO, HACPOConfig
-from graftzoo.config import ConfigError, load_config
-from graftzoo.models import build_policy
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.models import build_policy
+from graftzoo.core.types import Group, Prompt, Rollout
 
 torch.set_num_threads(1)
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"
@@ -255,7 +255,7 @@ def test_needs_a_peer_source(pols):
 
 def test_cotrain_micro_pair_end_to_end(tmp_path):
     """Two models, two tokenizers, online exchange, through the CLI; then a resume restores the capability state."""
-    from graftzoo.cli import main
+    from graftzoo.apps.cli import main
     n, prompts = 8, 8
     args = ["train", "--algo", "hacpo", "--pair", "micro", "--peer", "online", "--no-track",
             "--run-dir", str(tmp_path), "--set", "run.eval_at_end=false", "--set", "run.progress=false",

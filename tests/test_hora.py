@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from graftzoo.algos.base import StepContext, config_from
 from graftzoo.algos.functional import hit_utility
 from graftzoo.algos.hora import HORA
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.types import Group, Prompt, Rollout
 
 COUNTS = [(4, 0), (2, 2), (0, 4), (1, 3)]
 U_VECTORS = {
@@ -161,7 +161,7 @@ def test_bad_config_is_rejected_by_key(algo, match):
 
 
 def test_cli_end_to_end_micro(tmp_path):
-    from graftzoo.cli import main
+    from graftzoo.apps.cli import main
     res = CliRunner().invoke(main, ["train", "--algo", "hora", "--pair", "micro", "--no-track", "--no-resume",
                                     "--set", "pair.train=[micro-qwen-char]", "--set", "run.steps=2",
                                     "--set", f"run.out_dir={tmp_path}", "--set", "eval.size=2",

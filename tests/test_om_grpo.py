@@ -13,9 +13,9 @@ from click.testing import CliRunner
 import graftzoo.algos.om_grpo as om
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.om_grpo import OMGRPO, OMGRPOConfig, token_offsets
-from graftzoo.config import load_config
-from graftzoo.models import build_policy
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.config import load_config
+from graftzoo.core.models import build_policy
+from graftzoo.core.types import Group, Prompt, Rollout
 
 
 class TextPolicy:
@@ -256,7 +256,7 @@ def test_bad_config_is_rejected_by_key(algo, match):
 
 
 def test_cli_end_to_end_micro_ttt(tmp_path):
-    from graftzoo.cli import main
+    from graftzoo.apps.cli import main
     res = CliRunner().invoke(main, ["train", "--algo", "om_grpo", "--pair", "micro", "--no-track", "--no-resume",
                                     "--set", "pair.train=[micro-qwen-char]", "--set", "run.steps=2",
                                     "--set", f"run.out_dir={tmp_path}", "--set", "eval.size=4",

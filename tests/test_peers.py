@@ -5,9 +5,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from graftzoo.cli import main
+from graftzoo.apps.cli import main
 from graftzoo.peers import MixedPeer, OnlinePeer, StoredPeer, StoreError, TrajectoryStore, make_peer_source
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.types import Group, Prompt, Rollout
 from test_graft import STRONG_PAIR  # the micro pair warmed up to have mixed groups (pytest puts tests/ on the path)
 
 A, B = "micro-qwen-char", "micro-gpt2-pair"

@@ -48,7 +48,7 @@ def _install(tmp_path, name, entry_points, body):
 
 def _cli(site, *args, cwd=None):
     env = dict(os.environ, PYTHONPATH=str(site))
-    return subprocess.run([sys.executable, "-m", "graftzoo.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", *args], env=env, capture_output=True, text=True,
                           cwd=cwd)
 
 

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from graftzoo.algos.base import Learner, StepContext
 from graftzoo.algos.functional import sequence_mean_logp
 from graftzoo.algos.sgt import SGT, SGTConfig
-from graftzoo.config import ConfigError, load_config
-from graftzoo.models import build_policy
-from graftzoo.types import Group, Prompt
+from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.models import build_policy
+from graftzoo.core.types import Group, Prompt
 
 torch.set_num_threads(1)
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"
@@ -176,7 +176,7 @@ def test_config_and_peer_source_errors(pols):
 def test_cotrain_micro_pair_end_to_end(tmp_path):
     """Two models, two tokenizers, online exchange, through the CLI: rescues happen exactly where the peer
     solved one of the learner's all-fail prompts."""
-    from graftzoo.cli import main
+    from graftzoo.apps.cli import main
     args = ["train", "--algo", "sgt", "--pair", "micro", "--peer", "online", "--no-track", "--run-dir", str(tmp_path),
             "--set", "run.steps=2", "--set", "run.eval_at_end=false", "--set", "run.progress=false",
             "--set", "task.difficulty=1", "--set", "rollout.n=8", "--set", "task.prompts_per_step=8"]

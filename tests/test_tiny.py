@@ -8,8 +8,8 @@ import torch
 from transformers import AutoTokenizer
 
 from graftzoo.envs.arithmetic import SKILLS, make_problem
-from graftzoo.tiny import TinyModelSpec, build_tiny, build_tokenizer, compact_prompt, position_ids
-from graftzoo.warmup import (cache_key, encode_batch, load_or_warmup, load_tiny, sft_loss, sft_train,
+from graftzoo.tiny.build import TinyModelSpec, build_tiny, build_tokenizer, compact_prompt, position_ids
+from graftzoo.tiny.warmup import (cache_key, encode_batch, load_or_warmup, load_tiny, sft_loss, sft_train,
                              warmup_info, warmup_pair)
 
 torch.set_num_threads(1)

@@ -87,7 +87,7 @@ def load_tokenizer(path) -> PreTrainedTokenizerFast:
 
 @dataclass
 class WarmupSpec:
-    """The supervised warm-up recipe (graftzoo.warmup). ``seed`` is the default warm-up seed.
+    """The supervised warm-up recipe (graftzoo.tiny.warmup). ``seed`` is the default warm-up seed.
 
     ``stop_when`` ({skill: greedy accuracy}) ends the run early, at the first probe (every
     ``probe_every`` steps, on ``probe_per_skill`` held-out problems per skill; skills are checked

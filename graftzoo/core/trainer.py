@@ -20,15 +20,15 @@ import torch
 import yaml
 
 from graftzoo.algos.base import StepContext, config_from
-from graftzoo.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from graftzoo.core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from graftzoo.eval.artifacts import make_summary, write_eval, write_summary
 from graftzoo.eval.compute import ComputeMeter
-from graftzoo.models import build_engine, build_policy
+from graftzoo.core.models import build_engine, build_policy
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
-from graftzoo.registry import get_algo
-from graftzoo.sampler import PromptSampler
-from graftzoo.tracking import Tracker
+from graftzoo.core.registry import get_algo
+from graftzoo.core.sampler import PromptSampler
+from graftzoo.core.tracking import Tracker
 
 
 def derive_seed(*parts) -> int:
@@ -199,7 +199,7 @@ class Trainer:
 
     def evaluate(self, step: int, final: bool = False) -> dict:
         from graftzoo.envs.verifier import VERIFIER_VERSION
-        from graftzoo.evaluate import evaluate_policy
+        from graftzoo.eval.evaluate import evaluate_policy
         ev = self.cfg["eval"]
         prompts, env = self.eval_prompts()
         env = env or self.env

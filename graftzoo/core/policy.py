@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from graftzoo.types import Prompt
+from graftzoo.core.types import Prompt
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,7 @@ DEFAULTS: dict = {
     },
     "pair": {
         "name": None,
-        "models": [],            # list of model specs (see graftzoo.models)
+        "models": [],            # list of model specs (see graftzoo.core.models)
         "train": None,           # ids of the models to train; None = all
         "template": "compact",
     },
@@ -154,7 +154,7 @@ def parse_override(text: str) -> dict:
 
 def config_dirs() -> list[Path]:
     """Where named configs live: ./configs, then the configs/ folder beside the package source."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent
     dirs = [Path("configs"), here.parent / "configs", here / "configs"]
     return [d for d in dirs if d.is_dir()]
 
@@ -210,7 +210,7 @@ def load_config(pair: str | None = None, algo: str | None = None, files=(), over
 
 def validate(cfg: dict) -> dict:
     """Check algo keys against the learner's Config and fill the learner defaults."""
-    from graftzoo.registry import get_algo
+    from graftzoo.core.registry import get_algo
 
     algo = dict(cfg["algo"])
     name = algo.pop("name", None)

@@ -1,6 +1,6 @@
 """Build a Policy from a model spec in a pair config (configs/pairs/*.yaml ``models:``).
 
-``kind: tiny`` — a tiny model built in code (graftzoo.tiny) and warmed up once, cached on disk.
+``kind: tiny`` — a tiny model built in code (graftzoo.tiny.build) and warmed up once, cached on disk.
 ``kind: hf``   — a Hugging Face causal LM by hub id or local path (real pairs, GPUs).
 Per-model keys understood here (all kinds): ``id``, ``kind``, ``template``, ``max_new_tokens``, ``lr``.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 
-from graftzoo.policy import Policy
+from graftzoo.core.policy import Policy
 
 PER_MODEL_KEYS = ("template", "max_new_tokens", "lr")
 
@@ -25,8 +25,8 @@ def load_model(spec: dict, seed: int = 0, progress=None):
     hf_logging.disable_progress_bar()  # "Loading weights" bars for every model load clutter the run output
     kind = spec.get("kind", "tiny")
     if kind == "tiny":
-        from graftzoo.tiny import TinyModelSpec
-        from graftzoo.warmup import load_or_warmup, load_tiny
+        from graftzoo.tiny.build import TinyModelSpec
+        from graftzoo.tiny.warmup import load_or_warmup, load_tiny
         ts = TinyModelSpec.from_dict(spec)
         path = load_or_warmup(ts, progress=progress)
         model, tok = load_tiny(path)
@@ -61,7 +61,7 @@ def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
 def build_engine(policy: Policy, cfg: dict):
     r = cfg["rollout"]
     if r["engine"] == "hf":
-        from graftzoo.engine import HFEngine
+        from graftzoo.core.engine import HFEngine
         return HFEngine(policy, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"],
                         max_new_tokens=policy.max_response_tokens, gen_batch_size=r["gen_batch_size"])
     raise ValueError(f"config key 'rollout.engine' must be 'hf' (the only engine in this release), got {r['engine']!r}")

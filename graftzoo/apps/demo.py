@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from graftzoo.config import find_config, load_config, read_yaml
+from graftzoo.core.config import find_config, load_config, read_yaml
 
 
 def _steps_logged(run_dir: Path) -> int:
@@ -37,10 +37,10 @@ def _steps_logged(run_dir: Path) -> int:
 
 
 def run_with_progress(grid, cells, jobs: int, console) -> dict:
-    """``graftzoo.grid.run_grid`` with a rich progress bar per run (steps logged / steps)."""
+    """``graftzoo.apps.grid.run_grid`` with a rich progress bar per run (steps logged / steps)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from graftzoo.grid import run_grid
+    from graftzoo.apps.grid import run_grid
     stop = threading.Event()
     with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
@@ -67,8 +67,8 @@ def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 
     """Per model: fraction of its all-fail held-out prompts that the peer solves / where the peer's group is mixed."""
     import torch
 
-    from graftzoo.models import build_engine, build_policy
-    from graftzoo.trainer import make_env
+    from graftzoo.core.models import build_engine, build_policy
+    from graftzoo.core.trainer import make_env
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
     env = make_env(cfg, "test", size=size)
     prompts = list(env.dataset)
@@ -165,10 +165,10 @@ def demo_cmd(quick, full, out, jobs):
     """GRAFT vs GRPO on a heterogeneous tiny pair, on CPU, with the paper's table and plots."""
     from rich.console import Console
 
-    from graftzoo.grid import load_grid, write_report
-    from graftzoo.models import split_spec
-    from graftzoo.tiny import TinyModelSpec
-    from graftzoo.warmup import warmup_info, warmup_pair
+    from graftzoo.apps.grid import load_grid, write_report
+    from graftzoo.core.models import split_spec
+    from graftzoo.tiny.build import TinyModelSpec
+    from graftzoo.tiny.warmup import warmup_info, warmup_pair
     console = Console()
     t0 = time.time()
     mode = "full" if full else "quick" if quick else "default"

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
-from graftzoo.tiny import (TinyModelSpec, WarmupSpec, build_tiny, compact_prompt, load_tokenizer,
+from graftzoo.tiny.build import (TinyModelSpec, WarmupSpec, build_tiny, compact_prompt, load_tokenizer,
                            position_ids)
 
 WARMUP_VERSION = 1  # bump when the training code changes what a given spec produces

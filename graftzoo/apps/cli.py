@@ -5,7 +5,7 @@ import sys
 
 import click
 
-from graftzoo.config import ConfigError
+from graftzoo.core.config import ConfigError
 
 
 def _progress_printer(label: str):
@@ -46,11 +46,11 @@ def main():
 @click.option("--no-track", is_flag=True, help="turn wandb off (metrics.jsonl is still written)")
 def train(algo, pair, peer, files, overrides, run_dir, no_resume, no_track):
     """Train one model or co-train a pair: graftzoo train --algo grpo --pair tiny [--set key=value ...]."""
-    from graftzoo.config import load_config
+    from graftzoo.core.config import load_config
     from graftzoo.peers.store import StoreError
-    from graftzoo.registry import RegistryError
-    from graftzoo.trainer import train as run_train
-    from graftzoo.xt import XTOverflowError
+    from graftzoo.core.registry import RegistryError
+    from graftzoo.core.trainer import train as run_train
+    from graftzoo.core.xt import XTOverflowError
     overrides = list(overrides)
     if peer:
         kind, _, path = peer.partition(":")
@@ -79,7 +79,7 @@ def algos():
 @algos.command("list")
 def algos_list():
     """Show each algorithm's name, source and module; failed plugins are reported by name."""
-    from graftzoo.registry import list_algos
+    from graftzoo.core.registry import list_algos
     entries, failed = list_algos()
     width = max(len(e.name) for e in entries)
     for e in entries:
@@ -95,8 +95,8 @@ def _mount():
     from graftzoo.eval.cli import report_cmd
     main.add_command(env_group, "env")
     main.add_command(report_cmd, "report")
-    for modname, attr, name in (("graftzoo.eval.runner", "eval_cmd", "eval"), ("graftzoo.grid", "grid_cmd", "grid"),
-                                ("graftzoo.demo", "demo_cmd", "demo")):
+    for modname, attr, name in (("graftzoo.eval.runner", "eval_cmd", "eval"), ("graftzoo.apps.grid", "grid_cmd", "grid"),
+                                ("graftzoo.apps.demo", "demo_cmd", "demo")):
         try:
             mod = __import__(modname, fromlist=[attr])
         except ModuleNotFoundError as e:

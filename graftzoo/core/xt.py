@@ -10,7 +10,7 @@ import copy
 
 import torch
 
-from graftzoo.types import Group, Rollout
+from graftzoo.core.types import Group, Rollout
 
 
 class XTOverflowError(ValueError):

@@ -51,7 +51,7 @@ from typing import Callable, Optional
 
 import click
 
-from graftzoo.config import DEFAULTS, ConfigError, find_config, load_config, read_yaml
+from graftzoo.core.config import DEFAULTS, ConfigError, find_config, load_config, read_yaml
 
 GRID_KEYS = {"name", "out_dir", "pairs", "seeds", "files", "set", "algorithms", "variants", "eval", "report"}
 METHOD_KEYS = {"label", "algo", "set", "files", "peer", "each_model"}
@@ -99,7 +99,7 @@ class Cell:
         return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in self.overrides.items()]
 
     def train_command(self) -> list:
-        cmd = [sys.executable, "-m", "graftzoo.cli", "train", "--algo", self.algo, "--pair", self.pair]
+        cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", self.algo, "--pair", self.pair]
         for f in self.files:
             cmd += ["-c", str(f)]
         for o in self.override_args():
@@ -361,7 +361,7 @@ def cell_status(cell: Cell, eval_options: Optional[dict]) -> str:
 
 def eval_command(cell: Cell, options: dict) -> list:
     """``graftzoo eval`` on the cell's run directory with the grid's eval options."""
-    cmd = [sys.executable, "-m", "graftzoo.cli", "eval", "--ckpt", str(cell.run_dir)]
+    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "eval", "--ckpt", str(cell.run_dir)]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if key == "allow_test_selection":
@@ -398,7 +398,7 @@ def run_cell_subprocess(cell: Cell, status: str, eval_options: Optional[dict], l
 def run_cell_inprocess(cell: Cell, status: str, eval_options: Optional[dict], logs: Path) -> Optional[str]:
     """As :func:`run_cell_subprocess`, in this process (faster to start; a crash ends the grid)."""
     from graftzoo.eval.runner import evaluate_checkpoint
-    from graftzoo.trainer import train
+    from graftzoo.core.trainer import train
     log = logs / f"{cell.name}.log"
     try:
         if status != "evaluate":

@@ -22,8 +22,8 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from graftzoo.policy import Policy, position_ids_from_mask
-from graftzoo.types import Group, Prompt, Rollout
+from graftzoo.core.policy import Policy, position_ids_from_mask
+from graftzoo.core.types import Group, Prompt, Rollout
 
 
 class Engine:

@@ -1,0 +1,1 @@
+"""Applications on top of the core: the CLI, grid runner and demo."""
