@@ -3,145 +3,91 @@
 One training step, for each model (DESIGN.md "The data that flows"):
 
     groups = learner.collect(ctx, prompts)          # allocate -> generate -> score
-    groups = learner.advantages(ctx, groups)
+    groups = learner.advantages(ctx, groups)        # Group.advantages: the one advantage channel
     slots  = learner.exchange(ctx, groups, peer)    # GRAFT / HACPO / SGT; identity here
-    batch  = learner.build_batch(ctx, slots)
-    for idx in learner.schedule(ctx, batch):        # minibatch order (peer-last lives here)
+    batch  = learner.build_batch(ctx, slots)        # Rollout fields -> TrainRows (graftzoo.core.types)
+    for u, idx in enumerate(learner.schedule(ctx, batch)):   # minibatch order (peer-last lives here)
+        ctx.update = u
         loss, metrics = learner.loss(ctx, policy, batch.minibatch(idx))
 
-A Learner overrides only the hooks it changes; this base class is GRPO (spec algos_single §1.1).
-The trainer never branches on an algorithm's name.
+The loss is built from parts: the policy-gradient surrogate over own and peer rows (``surrogate``:
+token-level, or sequence-level values for some rows), an auxiliary length-normalized NLL over aux
+rows, an entropy bonus and a k3 KL over own rows. What differs between algorithms is stated on the
+data (Rollout.role / loss_mask / kl_mask / old_logp, Group.advantages / weights) or in a small hook,
+never by re-patching rows. A Learner overrides only the hooks it changes; this base class is GRPO
+(spec algos_single §1.1). The trainer never branches on an algorithm's name.
 """
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 
-from graftzoo.algos.functional import (agg_loss, clipped_surrogate, group_advantages, kl_k3, minibatch_bounds,
-                                       rloo_advantages)
-from graftzoo.core.types import Group, Prompt, Rollout
-
-
-# ------------------------------------------------------------------------------------------------
-# batches
-# ------------------------------------------------------------------------------------------------
-
-@dataclass
-class TrainRow:
-    """One response as the learner trains on it, in the learner's own tokenizer."""
-
-    prompt_ids: list
-    response_ids: list
-    old_logp: list
-    loss_mask: list
-    kl_mask: list
-    advantage: float
-    weight: float
-    is_peer: bool
-    slot: int
-    rollout: Rollout
-
-
-@dataclass
-class MiniBatch:
-    input_ids: torch.Tensor       # [B, P+R]: left-padded prompt | right-padded response
-    attention_mask: torch.Tensor  # [B, P+R]
-    resp_len: int                 # R
-    old_logp: torch.Tensor        # [B, R] behaviour (theta_old) log-probs
-    loss_mask: torch.Tensor       # [B, R] 1 where a token carries policy-gradient loss
-    kl_mask: torch.Tensor         # [B, R]
-    advantages: torch.Tensor      # [B]
-    weights: torch.Tensor         # [B] per-sequence weights (GRAFT w_i; 1 for own)
-    is_peer: torch.Tensor         # [B] bool
-    slot: torch.Tensor            # [B] group slot index
-    rows: list
-
-    def __len__(self):
-        return self.input_ids.shape[0]
-
-    def to(self, device) -> "MiniBatch":
-        """The tensors on ``device`` (the policy's); rows stay as they are."""
-        if self.input_ids.device == torch.device(device):
-            return self
-        moved = {f: (v.to(device) if isinstance(v, torch.Tensor) else v)
-                 for f, v in self.__dict__.items()}
-        return MiniBatch(**moved)
-
-
-@dataclass
-class TrainBatch:
-    """Own groups and admitted peer groups, flattened to rows; slot order = group order."""
-
-    rows: list
-    groups: list
-    pad_id: int = 0
-
-    def __len__(self):
-        return len(self.rows)
-
-    def minibatch(self, idx) -> MiniBatch:
-        rows = [self.rows[i] for i in idx]
-        P = max(len(r.prompt_ids) for r in rows)
-        R = max(1, max(len(r.response_ids) for r in rows))
-        pad = self.pad_id
-        ids, att, old, lm, km = [], [], [], [], []
-        for r in rows:  # padded as Python lists, converted once (one tensor per field, not per row)
-            p, n = len(r.prompt_ids), len(r.response_ids)
-            ids.append([pad] * (P - p) + list(r.prompt_ids) + list(r.response_ids) + [pad] * (R - n))
-            att.append([0] * (P - p) + [1] * (p + n) + [0] * (R - n))
-            tail = [0.0] * (R - n)
-            for out, name, seq in ((old, "old_logp", r.old_logp), (lm, "loss_mask", r.loss_mask),
-                                   (km, "kl_mask", r.kl_mask)):
-                if n and len(seq) != n:
-                    raise ValueError(f"train row (slot {r.slot}): {name} has {len(seq)} entries "
-                                     f"for {n} response tokens")
-                out.append(list(seq[:n]) + tail)
-        return MiniBatch(torch.tensor(ids, dtype=torch.long), torch.tensor(att, dtype=torch.long), R,
-                         torch.tensor(old, dtype=torch.float32), torch.tensor(lm, dtype=torch.float32),
-                         torch.tensor(km, dtype=torch.float32),
-                         torch.tensor([r.advantage for r in rows], dtype=torch.float32),
-                         torch.tensor([r.weight for r in rows], dtype=torch.float32),
-                         torch.tensor([r.is_peer for r in rows], dtype=torch.bool),
-                         torch.tensor([r.slot for r in rows], dtype=torch.long), rows)
+from graftzoo.algos.functional import (agg_loss, aux_nll_loss, clipped_surrogate, compatibility_score,
+                                       group_advantages, kl_k3,
+                                       minibatch_bounds, rloo_advantages, sequence_mean_logp,
+                                       sequence_terms_as_tokens)
+from graftzoo.core.batch import MiniBatch, TrainBatch
+from graftzoo.core.types import Group, Rollout, TrainRow
+from graftzoo.core.xt import localize_groups
+from graftzoo.core.schema import bounded, check_fields, needs_peer_error
 
 
 # ------------------------------------------------------------------------------------------------
 # config and context
 # ------------------------------------------------------------------------------------------------
 
+Estimator = Literal["grpo", "rloo"]
+LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]  # agg_loss
+
+
 @dataclass
 class LearnerConfig:
-    """``algo.*`` keys shared by every learner (GRPO defaults, spec algos_single §1.1.4)."""
+    """``algo.*`` keys shared by every learner (GRPO defaults, spec algos_single §1.1.4).
 
-    estimator: str = "grpo"          # grpo | rloo  (advantage estimator)
+    Fields declare their choices (``Literal``) and bounds (``bounded``); ``check`` holds cross-field and
+    run-dependent rules; ``needs_peer`` marks learners that train on a peer's rollouts. ``load_config``
+    checks all of it once (graftzoo.core.schema); direct construction checks the field declarations.
+    """
+
+    needs_peer: ClassVar[bool] = False
+
+    estimator: Estimator = "grpo"    # advantage estimator
     std_normalize: bool = True       # False = Dr.GRPO (spec §1.2)
-    adv_eps: float = 1e-6
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip_c: Optional[float] = None
-    loss_agg: str = "token-mean"     # see functional.agg_loss
-    beta_kl: float = 0.0             # k3 KL to the initial policy, own tokens only
+    adv_eps: float = bounded(1e-6, "[0, inf)")
+    eps_low: float = bounded(0.2, "[0, 1]")
+    eps_high: float = bounded(0.2, "[0, inf)")
+    dual_clip_c: Optional[float] = bounded(None, "(1, inf)")
+    loss_agg: LossAgg = "token-mean"
+    beta_kl: float = bounded(0.0, "[0, inf)")   # k3 KL to the initial policy, own tokens only
     entropy_coeff: float = 0.0
     mask_truncated: bool = False     # zero the loss of responses that hit max length (DAPO overlong filter)
     drop_dead_groups: bool = False   # drop zero-advantage groups from the loss denominator
 
+    def __post_init__(self):
+        check_fields(self)
+
+    def check(self, run_cfg: dict) -> None:
+        """Cross-field and run-dependent rules (``run_cfg``: the whole run config); raise ConfigError."""
+
 
 class StepContext:
-    """What a learner may use during one step. Built by the trainer for each model."""
+    """What a learner may use during one step. Built by the trainer for each model; ``update`` is the
+    index of the optimizer update within the step (set by the trainer before each ``loss`` call)."""
 
     def __init__(self, *, step: int, epoch: int, cfg: dict, policy, engine, env, sampler=None, ref_policy=None,
-                 rng: Optional[random.Random] = None, peer_policy_ids=(), meter=None, model_index: int = 0):
+                 rng: Optional[random.Random] = None, meter=None, model_index: int = 0):
         self.step, self.epoch, self.cfg = step, epoch, cfg
         self.policy, self.engine, self.env, self.sampler = policy, engine, env, sampler
         self.ref_policy = ref_policy
         self.rng = rng or random.Random(0)
         self.meter = meter
         self.model_index = model_index
+        self.update = 0
         self.metrics: dict = {}
         self.n = int(cfg["rollout"]["n"])
         self.max_response = int(getattr(engine, "max_new_tokens", cfg["rollout"]["max_new_tokens"]))
@@ -156,13 +102,13 @@ class StepContext:
     def add(self, key: str, value: float):
         self.metrics[key] = self.metrics.get(key, 0.0) + value
 
-    def _phase(self, name: str):
-        import contextlib
+    def phase(self, name: str):
+        """A timed phase of this model's step (generate | score | logprob | ...), for compute accounting."""
         return self.meter.phase(self.model_id, name) if self.meter else contextlib.nullcontext()
 
     def generate(self, prompts, n, prefixes=None) -> list:
         """Sample ``n`` (an int or one count per prompt) responses per prompt."""
-        with self._phase("generate"):
+        with self.phase("generate"):
             groups = self.engine.generate(prompts, n, prefixes=prefixes)
         self.add("rollouts/generated", sum(g.n for g in groups))
         self.add("rollouts/tokens", sum(len(r.token_ids) - r.prefix_len for g in groups for r in g.rollouts))
@@ -170,7 +116,7 @@ class StepContext:
 
     def score(self, groups) -> list:
         """Verifier rewards (label-free learners score themselves instead)."""
-        with self._phase("score"):
+        with self.phase("score"):
             return self.env.score_groups(groups)
 
     def more_prompts(self, k: int) -> list:
@@ -182,12 +128,12 @@ class StepContext:
         """Re-tokenize other models' rollouts for this learner and score them under theta_old.
 
         Responses travel as text; the prompt is re-rendered with this learner's template. Each
-        returned rollout keeps the origin's reward/correctness and records ``meta["origin_mean_logp"]``
-        (the peer's l_P) and ``meta["dropped"]`` (overflow / empty). EOS is excluded from the mean
-        log-probs on both sides and appended for the loss only if the peer stopped.
+        returned rollout has role "peer", keeps the origin's reward/correctness and carries
+        ``origin`` (the peer's model, tokenizer and mean log-prob l_P) and ``dropped`` (overflow /
+        empty). EOS is excluded from the mean log-probs on both sides and appended for the loss only
+        if the peer stopped. Group advantages travel unchanged.
         """
-        from graftzoo.core.xt import localize_groups
-        with self._phase("logprob"):
+        with self.phase("logprob"):
             out, stats = localize_groups(self.policy, groups, self.cfg)
         for k, v in stats.items():
             self.log(k, v)
@@ -241,50 +187,73 @@ class Learner:
         """Identity for single-model learners. ``peer`` maps prompt id -> the peer's Group."""
         return groups
 
+    kl_roles: tuple = ("own",)
+    """Rows whose tokens carry the KL term (HACPO's ``kl_on_cross`` adds "peer")."""
+
     def build_batch(self, ctx: StepContext, slots) -> TrainBatch:
+        """Rows from the slots' rollouts: masks, old log-probs and role as the rollouts state them."""
         rows = []
         for si, g in enumerate(slots):
             weights = g.weights or [1.0] * g.n
-            for r, a, w in zip(g.rollouts, g.advantages or [0.0] * g.n, weights):
-                if w <= 0 or r.meta.get("dropped"):
+            advantages = g.advantages or [0.0] * g.n
+            dead = self.cfg.drop_dead_groups and g.source == "own" and not any(advantages)
+            for r, a, w in zip(g.rollouts, advantages, weights):
+                if w <= 0 or r.dropped or dead:
                     continue  # rejected responses leave the loss and its denominator
-                if self.cfg.drop_dead_groups and g.source == "own" and all(x == 0 for x in g.advantages or [0]):
-                    continue
-                n = len(r.token_ids)
-                lm = [0.0] * r.prefix_len + [1.0] * (n - r.prefix_len)
-                if "loss_mask" in r.meta:
-                    lm = [a_ * b_ for a_, b_ in zip(lm, r.meta["loss_mask"])]
-                if self.cfg.mask_truncated and r.finish_reason == "length":
-                    lm = [0.0] * n
-                km = list(r.meta.get("kl_mask", lm)) if g.source == "own" else [0.0] * n
-                rows.append(TrainRow(r.prompt_token_ids, r.token_ids, r.logprobs, lm, km, float(a), float(w),
-                                     g.source != "own", si, r))
+                rows.append(self.train_row(r, float(a), float(w), si))
         return TrainBatch(rows, list(slots), pad_id=ctx.policy.pad_id)
 
+    def train_row(self, r: Rollout, advantage: float, weight: float, slot: int) -> TrainRow:
+        n = len(r.token_ids)
+        lm = [0.0] * r.prefix_len + [1.0] * (n - r.prefix_len)
+        if r.loss_mask is not None:
+            lm = [a * b for a, b in zip(lm, r.loss_mask)]
+        if self.cfg.mask_truncated and r.finish_reason == "length":
+            lm = [0.0] * n
+        if r.role not in self.kl_roles:
+            km = [0.0] * n
+        else:
+            km = list(lm) if r.kl_mask is None or r.role != "own" else list(r.kl_mask)
+        old = r.logprobs if r.old_logp is None else r.old_logp
+        return TrainRow(r.prompt_token_ids, r.token_ids, old, lm, km, advantage, weight, r.role, slot,
+                        r.origin.mean_logp if r.origin else None, r)
+
     def schedule(self, ctx: StepContext, batch: TrainBatch) -> list:
-        """Split slots, in order, into ``optim.minibatches`` contiguous minibatches, for ``optim.epochs``."""
-        k = max(1, int(ctx.cfg["optim"]["minibatches"]))
+        """Row indices of each minibatch: ``slot_chunks`` in order, repeated for ``optim.epochs``."""
+        chunks = self.slot_chunks(ctx, batch)
         out = []
         for _ in range(int(ctx.cfg["optim"].get("epochs", 1))):
-            for start, end in minibatch_bounds(len(batch.groups), k):
-                idx = [i for i, r in enumerate(batch.rows) if start <= r.slot < end]
+            for chunk in chunks:
+                members = set(chunk)
+                idx = [i for i, r in enumerate(batch.rows) if r.slot in members]
                 if idx:
                     out.append(idx)
         return out
 
-    def surrogate(self, logp: torch.Tensor, mb: MiniBatch):
-        """Token loss [B, R] and clip info (spec algos_single §1.1.2)."""
+    def slot_chunks(self, ctx: StepContext, batch: TrainBatch) -> list:
+        """Slots, in order, split into ``optim.minibatches`` contiguous minibatches."""
+        k = max(1, int(ctx.cfg["optim"]["minibatches"]))
+        return [list(range(start, end)) for start, end in minibatch_bounds(len(batch.groups), k)]
+
+    def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
+        """The policy-gradient part for own and peer rows (spec algos_single §1.1.2): the clipped surrogate."""
         c = self.cfg
-        return clipped_surrogate(logp, mb.old_logp, mb.advantages, c.eps_low, c.eps_high, c.dual_clip_c)
+        tok, info = clipped_surrogate(logp, mb.old_logp, mb.advantages, c.eps_low, c.eps_high, c.dual_clip_c)
+        return Surrogate(tok, info)
 
     def loss(self, ctx: StepContext, policy, mb: MiniBatch):
+        """Policy gradient (own + peer rows, per-sequence weights) + aux NLL (aux rows) - entropy bonus + KL."""
         c = self.cfg
         logp, ent = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True)
-        tok, info = self.surrogate(logp, mb)
-        tok = tok * mb.weights.unsqueeze(1)
-        mask = mb.loss_mask
-        loss = agg_loss(tok, mask, c.loss_agg, self.agg_normalizer(ctx, mb))
-        metrics = token_metrics(info, mask, mb.is_peer, ent)
+        pg = self.surrogate(ctx, logp, mb)
+        tok = sequence_terms_as_tokens(pg.token_loss, pg.seq_loss, pg.seq_rows)
+        mask = mb.loss_mask * (~mb.is_aux).unsqueeze(1).to(mb.loss_mask.dtype)
+        loss = agg_loss(tok * mb.weights.unsqueeze(1), mask, c.loss_agg, self.agg_normalizer(ctx, mb))
+        metrics = token_metrics(pg.info, mask, mb.is_peer, ent)
+        if bool(mb.is_aux.any()):
+            ell = sequence_mean_logp(logp[mb.is_aux], mb.loss_mask[mb.is_aux])
+            loss = loss + aux_nll_loss(ell, mb.weights[mb.is_aux])
+            metrics["loss/aux_nll"] = float(-ell.detach().mean())
         if c.entropy_coeff:
             loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg)
         if c.beta_kl > 0:
@@ -298,7 +267,7 @@ class Learner:
 
     def agg_normalizer(self, ctx: StepContext, mb: MiniBatch) -> Optional[float]:
         if self.cfg.loss_agg == "seq-mean-token-sum-norm":
-            return float(len(mb) * ctx.max_response)
+            return float(int((~mb.is_aux).sum()) * ctx.max_response)
         return None
 
     # ---- state (for checkpoints) ------------------------------------------------------------
@@ -307,6 +276,18 @@ class Learner:
 
     def load_state_dict(self, state: dict):
         pass
+
+
+@dataclass
+class Surrogate:
+    """A learner's policy-gradient terms for a minibatch: a token loss ``[B, R]``; optionally one value per
+    sequence for the rows in ``seq_rows`` (e.g. HACPO's cross samples); ``info`` holds ``ratio``,
+    ``clipped_low``, ``clipped_high``, ``dual_clipped`` for the clip metrics."""
+
+    token_loss: torch.Tensor
+    info: dict
+    seq_loss: Optional[torch.Tensor] = None
+    seq_rows: Optional[torch.Tensor] = None
 
 
 def token_metrics(info: dict, mask: torch.Tensor, is_peer: torch.Tensor, ent: Optional[torch.Tensor]) -> dict:
@@ -328,22 +309,23 @@ def token_metrics(info: dict, mask: torch.Tensor, is_peer: torch.Tensor, ent: Op
     return out
 
 
-def config_from(cls, algo_cfg: dict):
-    """The learner's Config from the ``algo`` config section (name removed)."""
-    keys = {f.name for f in dataclasses.fields(cls.Config)}
-    return cls.Config(**{k: v for k, v in algo_cfg.items() if k in keys})
-
-
 # ------------------------------------------------------------------------------------------------
 # helpers shared by the peer-exchange learners (GRAFT, HACPO, SGT)
 # ------------------------------------------------------------------------------------------------
 
 def require_peer(name: str, run_cfg: dict, peer=()):
-    """The clear error for a peer-exchange learner without a peer source (``peer`` None at exchange time)."""
+    """The error for a peer-exchange learner that meets no peer at exchange time (``peer`` None); a run
+    config without a peer source is refused at load (``needs_peer``, graftzoo.core.schema)."""
     if (run_cfg.get("peer") or {}).get("source", "none") == "none" or peer is None:
-        from graftzoo.core.config import ConfigError
-        raise ConfigError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: "
-                          f"pass --peer online|stored:PATH|mixed:PATH (config key peer.source)")
+        raise needs_peer_error(name)
+
+
+def log_compatibility(ctx: StepContext, rollouts):
+    """``peer/s_*`` of localized peer responses: ``s = exp(l_L - l_P)`` under theta_old (spec algos_peer §1.4 item 4)."""
+    if rollouts:
+        s = compatibility_score(torch.tensor([r.mean_logp for r in rollouts], dtype=torch.float64),
+                                torch.tensor([r.origin.mean_logp for r in rollouts], dtype=torch.float64))
+        log_s_stats(ctx, s.tolist())
 
 
 def log_s_stats(ctx: StepContext, s: list):

@@ -1,12 +1,13 @@
 """DAPO [dapo] (spec algos_single §1.3): clip-higher, dynamic sampling, overlong shaping, token-mean."""
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 
 from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import dapo_overlong_penalty, zero_variance_groups
 from graftzoo.core.registry import register_algo
+from graftzoo.core.schema import bounded
 
 
 @dataclass
@@ -15,8 +16,8 @@ class DAPOConfig(LearnerConfig):
     dual_clip_c: Optional[float] = 10.0
     dynamic_sampling: bool = True
     max_gen_batches: int = 10          # generation batches per step before giving up (<=0: unlimited)
-    on_shortfall: str = "keep"         # keep (train on what was found) | error (verl raises)
-    overlong_cache_len: int = 0        # soft overlong buffer in tokens (0 = shaping off)
+    on_shortfall: Literal["keep", "error"] = "keep"   # keep (train on what was found) | error (verl raises)
+    overlong_cache_len: int = bounded(0, "[0, inf)")  # soft overlong buffer in tokens (0 = shaping off)
     overlong_penalty: float = 1.0
 
 

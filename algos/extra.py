@@ -23,21 +23,22 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 
-from graftzoo.algos.base import Learner, LearnerConfig, TrainBatch, TrainRow
+from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, group_advantages, is_hard_prompt,
                                        most_confident_rollout, novelty_scores, prefix_cut_points,
                                        prefix_entropy_scores, reward_variance_ema, select_prefix)
-from graftzoo.algos.embedders import make_embedder
+from graftzoo.algos.embedders import BUILTIN as EMBEDDERS, make_embedder
 from graftzoo.core.registry import register_algo
+from graftzoo.core.schema import ConfigError, bounded
 from graftzoo.core.types import Prompt
 
-MODES = ("after_norm", "before_norm")
 NEWLINES = ("\n", "\n\n")
 SCAN_IDS = 1000  # vocabulary ids scanned for tokens that decode to a cut string (spec §3.3 step 3)
 ENTROPY_BATCH = 64
@@ -48,23 +49,36 @@ class ExTraConfig(LearnerConfig):
     eps_high: float = 0.28                 # DAPO-style clip of the paper runs (spec §3.5)
     dual_clip_c: Optional[float] = 10.0
     novelty_alpha: float = 0.1             # alpha (paper runs; the released script uses 0.01)
-    novelty_mode: str = "after_norm"       # after_norm (Option B, RECOMMENDED) | before_norm (Option A)
+    novelty_mode: Literal["after_norm", "before_norm"] = "after_norm"   # Option B (RECOMMENDED) | Option A
     novelty_lambda: float = 1.0            # Option A: gamma = exp(-lambda * reward-variance EMA)
     variance_momentum: float = 0.1         # Option A: EMA momentum
     memory_size: int = 16                  # K_mem rollout embeddings per prompt (must be >= rollout.n)
-    memory_prompts: int = 100_000          # prompts with memories (least recently seen dropped beyond)
+    memory_prompts: int = bounded(100_000, "[1, inf)")  # prompts with memories (least recently seen dropped beyond)
     embedder: str = "hashed_ngrams"        # hashed_ngrams | policy_hidden | local sentence-transformers dir
-    embed_tokens: int = 512                # embed the last N response tokens
+    embed_tokens: int = bounded(512, "[1, inf)")        # embed the last N response tokens
     prefix_regen: bool = True
     regen_warmup_steps: int = 30           # mining and regeneration start after this many steps
     hard_pass_rate: Optional[float] = None  # hard iff pass rate <= this (None: 1/G)
     fallback_cut_chars: str = "=+"         # cut after these tokens when a response has no newline ("" = none)
-    prefix_min_gap: int = 32               # tokens between kept cut points
-    max_prefixes: int = 15                 # cut points per rollout
-    prefix_memory: int = 128               # prefixes kept per prompt
+    prefix_min_gap: int = bounded(32, "[1, inf)")      # tokens between kept cut points
+    max_prefixes: int = bounded(15, "[1, inf)")        # cut points per rollout
+    prefix_memory: int = bounded(128, "[1, inf)")      # prefixes kept per prompt
     tau: float = 0.1                       # smoothing temperature of the prefix selection
-    regen_batch_size: int = 16             # guided prompts per step (they replace the batch's last rows)
-    queue_size: int = 512                  # guided prompts waiting (most recent kept)
+    regen_batch_size: int = bounded(16, "[0, inf)")    # guided prompts per step (they replace the batch's last rows)
+    queue_size: int = bounded(512, "[1, inf)")         # guided prompts waiting (most recent kept)
+
+    def check(self, run_cfg: dict) -> None:
+        super().check(run_cfg)
+        G = int(run_cfg["rollout"]["n"])
+        if self.estimator != "grpo" or not self.std_normalize:
+            raise ConfigError("ExTra's novelty bonus is defined on std-normalized GRPO advantages (spec §3.7.6): "
+                              "config keys 'algo.estimator' must be grpo and 'algo.std_normalize' true")
+        if self.memory_size < G:
+            raise ConfigError(f"config key 'algo.memory_size'={self.memory_size} is below rollout.n={G}: the "
+                              "novelty memory could never warm up (spec §3.7.5)")
+        if self.embedder not in EMBEDDERS and not os.path.isdir(self.embedder):
+            raise ConfigError(f"config key 'algo.embedder' must be one of {' | '.join(EMBEDDERS)} or a local "
+                              f"sentence-transformers model directory, got {self.embedder!r}")
 
 
 def _new_entry() -> dict:
@@ -77,20 +91,6 @@ class ExTra(Learner):
 
     def __init__(self, cfg: ExTraConfig, run_cfg: dict):
         super().__init__(cfg, run_cfg)
-        G = int(run_cfg["rollout"]["n"])
-        if cfg.estimator != "grpo" or not cfg.std_normalize:
-            raise ValueError("ExTra's novelty bonus is defined on std-normalized GRPO advantages (spec §3.7.6): "
-                             "config keys 'algo.estimator' must be grpo and 'algo.std_normalize' true")
-        if cfg.novelty_mode not in MODES:
-            raise ValueError(f"config key 'algo.novelty_mode' must be one of {MODES}, got {cfg.novelty_mode!r}")
-        if cfg.memory_size < G:
-            raise ValueError(f"config key 'algo.memory_size'={cfg.memory_size} is below rollout.n={G}: the novelty "
-                             "memory could never warm up (spec §3.7.5)")
-        for key in ("memory_prompts", "embed_tokens", "prefix_min_gap", "max_prefixes", "prefix_memory", "queue_size"):
-            if getattr(cfg, key) < 1:
-                raise ValueError(f"config key 'algo.{key}' must be >= 1, got {getattr(cfg, key)}")
-        if cfg.regen_batch_size < 0:
-            raise ValueError(f"config key 'algo.regen_batch_size' must be >= 0, got {cfg.regen_batch_size}")
         self.embedder = make_embedder(cfg.embedder, device=run_cfg["run"].get("device"))
         self.memory: OrderedDict = OrderedDict()   # prompt id -> {"emb": [M, d], "ema": float, "prefixes": [...]}
         self.queue: deque = deque(maxlen=cfg.queue_size)  # (guided Prompt, prefix token ids)
@@ -141,26 +141,13 @@ class ExTra(Learner):
             self._cuts = (ids_of(NEWLINES, False), ids_of(chars, True) if chars else set())
         return self._cuts
 
-    @torch.no_grad()
     def _entropies(self, ctx, rollouts) -> list:
         """Token entropies of theta_old over each rollout's response tokens (spec §3.3, "old-log-prob pass")."""
-        pol = ctx.policy
-        rows = [TrainRow(r.prompt_token_ids, r.token_ids, r.logprobs, [1.0] * len(r.token_ids),
-                         [1.0] * len(r.token_ids), 0.0, 1.0, False, 0, r) for r in rollouts]
-        batch = TrainBatch(rows, [], pad_id=pol.pad_id)
-        out = []
-        was_training = pol.model.training
-        pol.model.eval()
-        try:
-            with ctx._phase("logprob"):
-                for start in range(0, len(rows), ENTROPY_BATCH):
-                    idx = list(range(start, min(len(rows), start + ENTROPY_BATCH)))
-                    mb = batch.minibatch(idx)
-                    _, ent = pol.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True)
-                    out += [ent[b, :len(rows[i].response_ids)].float().cpu() for b, i in enumerate(idx)]
-        finally:
-            pol.model.train(was_training)
-        return out
+        with ctx.phase("logprob"):
+            _, ents = ctx.policy.score_sequences([r.prompt_token_ids for r in rollouts],
+                                                 [r.token_ids for r in rollouts], with_entropy=True,
+                                                 chunk=ENTROPY_BATCH)
+        return ents
 
     def _mine(self, ctx, groups):
         """Hard prompts -> most confident rollout -> prefixes -> prefix memory -> queue (spec §3.3 steps 1-6)."""

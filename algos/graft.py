@@ -30,65 +30,50 @@ Per step, for each learner (all decisions under theta_old, before any update):
 """
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 
-from graftzoo.algos.base import (Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch, log_s_stats,
+from graftzoo.algos.base import (Learner, LearnerConfig, MiniBatch, StepContext, Surrogate, TrainBatch, log_s_stats,
                                  require_peer)
 from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weights, graft_balance, graft_cap,
                                        graft_candidates, group_advantages, peer_order,
                                        random_count_matched_admission, random_count_matched_prompts,
-                                       ratio_surrogate, separate_minibatches, sgt_augment, symmetric_cap)
-from graftzoo.core.config import ConfigError
+                                       ratio_surrogate, separate_minibatches, sgt_rescue, symmetric_cap)
+from graftzoo.algos.sgt import augment_group
 from graftzoo.core.registry import register_algo
-from graftzoo.core.types import Group
-
-CHOICES = {
-    "weight": ("min_s_1", "one"),
-    "select": ("complementary", "random_count_matched", "sgt_rescue"),
-    "balance": ("cap_pvar", "symmetric", "none"),
-    "admission": ("gate", "random_count_matched", "all"),
-    "token_ratio": ("learner_old", "cross_aligned", "none"),
-    "peer_position": ("last", "first", "uniform"),
-    "peer_minibatches": ("replace_slots", "separate"),
-}
-
+from graftzoo.core.schema import ConfigError, bounded
+from graftzoo.core.types import Group, Rollout
 
 @dataclass
 class GRAFTConfig(LearnerConfig):
     """``algo.*`` keys of GRAFT: the spec's ``graft.*`` keys (algos_peer §6) with its defaults (§4.4.2, §4.6)."""
 
-    eps_high: float = 0.28
-    delta: float = 0.8                       # compatibility floor
-    weight: str = "min_s_1"                  # min_s_1 | one
-    select: str = "complementary"            # complementary | random_count_matched | sgt_rescue (SGT + GRAFT how)
-    balance: str = "cap_pvar"                # cap_pvar | symmetric | none
-    max_peer_frac: float = 0.25              # rho_max: cap = floor(rho_max * |B_t|)
-    admission: str = "gate"                  # gate | random_count_matched | all
-    token_ratio: str = "learner_old"         # learner_old (T1) | cross_aligned (T2) | none
-    peer_position: str = "last"              # last | first | uniform
-    peer_minibatches: str = "replace_slots"  # replace_slots | separate
-    renorm_adv_after_gate: bool = False
-    sgt_k_inj: int = 1                       # select=sgt_rescue: successes injected from an all-success peer group
+    needs_peer: ClassVar[bool] = True
 
-    def __post_init__(self):
-        for key, allowed in CHOICES.items():
-            if getattr(self, key) not in allowed:
-                raise ConfigError(f"algo.{key} (spec graft.{key}) must be one of {'|'.join(allowed)}, "
-                                  f"got {getattr(self, key)!r}")
-        if not 0.0 <= float(self.max_peer_frac) <= 1.0:
-            raise ConfigError(f"algo.max_peer_frac must be in [0, 1], got {self.max_peer_frac}")
-        if float(self.delta) < 0:
-            raise ConfigError(f"algo.delta must be >= 0, got {self.delta}")
-        if int(self.sgt_k_inj) < 1:
-            raise ConfigError(f"algo.sgt_k_inj must be >= 1, got {self.sgt_k_inj}")
+    eps_high: float = 0.28
+    delta: float = bounded(0.8, "[0, inf)")                          # compatibility floor
+    weight: Literal["min_s_1", "one"] = "min_s_1"
+    # sgt_rescue: SGT + GRAFT how
+    select: Literal["complementary", "random_count_matched", "sgt_rescue"] = "complementary"
+    balance: Literal["cap_pvar", "symmetric", "none"] = "cap_pvar"
+    max_peer_frac: float = bounded(0.25, "[0, 1]")                   # rho_max: cap = floor(rho_max * |B_t|)
+    admission: Literal["gate", "random_count_matched", "all"] = "gate"
+    token_ratio: Literal["learner_old", "cross_aligned", "none"] = "learner_old"   # T1 | T2 | none
+    peer_position: Literal["last", "first", "uniform"] = "last"
+    peer_minibatches: Literal["replace_slots", "separate"] = "replace_slots"
+    renorm_adv_after_gate: bool = False
+    sgt_k_inj: int = bounded(1, "[1, inf)")  # select=sgt_rescue: successes injected from an all-success peer group
+
+    def check(self, run_cfg: dict) -> None:
+        super().check(run_cfg)
         if self.peer_position == "uniform" and self.peer_minibatches == "separate":
-            raise ConfigError("algo.peer_position=uniform spreads grafted groups over the own minibatches; "
-                              "it needs algo.peer_minibatches=replace_slots (separate: use last|first)")
+            raise ConfigError("config key 'algo.peer_position'=uniform spreads grafted groups over the own "
+                              "minibatches; it needs algo.peer_minibatches=replace_slots (separate: use last|first)")
+        if self.token_ratio == "cross_aligned" and run_cfg["peer"]["source"] == "stored":
+            raise token_ratio_error("the rollouts of a stored peer (peer.source=stored)")
 
 
 def token_ratio_error(where: str) -> ConfigError:
@@ -97,44 +82,11 @@ def token_ratio_error(where: str) -> ConfigError:
                        f"sums); use algo.token_ratio=learner_old or none")
 
 
-def char_offsets(tokenizer, ids: list, text: str) -> list:
-    """``(start, end)`` character span in ``text`` of each token of ``ids`` (the tokenization of ``text``).
-
-    The tokenizer's offset mapping when re-encoding ``text`` gives back ``ids`` (or a prefix of them: a
-    truncated response); otherwise spans from incremental decoding. Spans are made non-decreasing.
-    """
-    spans = None
-    if getattr(tokenizer, "is_fast", False):
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        if list(enc["input_ids"][:len(ids)]) == list(ids):
-            spans = [tuple(o) for o in enc["offset_mapping"][:len(ids)]]
-    if spans is None:
-        spans, prev = [], 0
-        for i in range(len(ids)):
-            end = len(tokenizer.decode(list(ids[:i + 1]), skip_special_tokens=True,
-                                       clean_up_tokenization_spaces=False))
-            spans.append((prev, max(prev, end)))
-            prev = max(prev, end)
-    out, lo, hi = [], 0, 0
-    for a, b in spans:
-        lo = max(lo, int(a))
-        hi = max(hi, int(b), lo)
-        out.append((lo, hi))
-    return out
-
-
 @register_algo("graft")
 class GRAFT(Learner):
     """GRPO on the learner's own groups, with all-fail groups replaced by gated, weighted peer groups."""
 
     Config = GRAFTConfig
-
-    def __init__(self, cfg: GRAFTConfig, run_cfg: dict):
-        super().__init__(cfg, run_cfg)
-        require_peer(self.name, run_cfg)
-        source = run_cfg["peer"]["source"]
-        if cfg.token_ratio == "cross_aligned" and source == "stored":
-            raise token_ratio_error("the rollouts of a stored peer (peer.source=stored)")
 
     # ---- rollouts: T2 needs character offsets of the generated tokens on the peer side ------------
     def collect(self, ctx: StepContext, prompts) -> list:
@@ -142,7 +94,7 @@ class GRAFT(Learner):
         if self.cfg.token_ratio == "cross_aligned":
             for g in groups:
                 for r in g.rollouts:
-                    r.meta["char_offsets"] = char_offsets(ctx.policy.tokenizer, r.body_ids, r.text)
+                    r.char_offsets = ctx.policy.char_offsets(r.body_ids, r.text)
         return groups
 
     # ---- the exchange ------------------------------------------------------------------------
@@ -151,18 +103,16 @@ class GRAFT(Learner):
         c = self.cfg
         pgs = [peer.get(g.prompt.id) for g in groups]
         plans = self._select(ctx, groups, pgs)        # {slot: (peer rollout indices, "replace" | "augment")}
-        picked = {}
-        for x, (idx, _) in plans.items():
-            picked[x] = copy.copy(pgs[x])
-            picked[x].rollouts = [pgs[x].rollouts[i] for i in idx]
-            picked[x].advantages = [(pgs[x].advantages or [0.0] * pgs[x].n)[i] for i in idx]
-        local = dict(zip(plans, ctx.localize([picked[x] for x in plans]))) if plans else {}
+        picked = {x: Group(pgs[x].prompt, pgs[x].model_id, [pgs[x].rollouts[i] for i in idx],
+                           [(pgs[x].advantages or [0.0] * pgs[x].n)[i] for i in idx], "peer")
+                  for x, (idx, _) in plans.items()}
+        local = dict(zip(plans, ctx.localize(list(picked.values())))) if plans else {}
 
         # compatibility, admission and weights over all grafted responses of the step
         flat = [(x, j, r) for x in plans for j, r in enumerate(local[x].rollouts)]
-        live = [not r.meta.get("dropped") for _, _, r in flat]
+        live = [not r.dropped for _, _, r in flat]
         ell_l = [r.mean_logp for _, _, r in flat]
-        ell_p = [r.meta["origin_mean_logp"] for _, _, r in flat]
+        ell_p = [r.origin.mean_logp for _, _, r in flat]
         s, w_gate = compatibility_weights(ell_l, ell_p, float(c.delta), c.weight)
         _, w_free = compatibility_weights(ell_l, ell_p, 0.0, c.weight)  # min(s, 1) (or 1) without the floor
         admit = [bool(a) and ok for a, ok in zip((w_gate > 0).tolist(), live)]
@@ -173,7 +123,7 @@ class GRAFT(Learner):
         weights = [float(wi) if a else 0.0 for wi, a in zip(w_free.tolist(), admit)]
         if c.token_ratio == "cross_aligned":
             for (x, j, r) in flat:
-                self._align(ctx, picked[x].rollouts[j], r)
+                r.old_logp = aligned_old_logp(ctx.policy, picked[x].rollouts[j], r)
 
         slots = list(groups)
         pos = 0
@@ -181,7 +131,13 @@ class GRAFT(Learner):
             lg, k = local[x], len(local[x].rollouts)
             wx, ax = weights[pos:pos + k], admit[pos:pos + k]
             pos += k
-            slots[x] = self._augment(ctx, groups[x], lg, wx, ax) if how == "augment" else self._replace(lg, wx, ax)
+            if how == "augment":  # SGT + GRAFT how, all-success peer group: admitted successes injected (§3.2)
+                inj = [(r, w) for r, w, a in zip(lg.rollouts, wx, ax) if a]
+                if inj:
+                    slots[x] = augment_group(groups[x], [r for r, _ in inj], ctx.rng, c.adv_eps,
+                                             weights=[w for _, w in inj], source="peer")
+            else:
+                slots[x] = self._replace(lg, wx, ax)
         self._log(ctx, flat, s, admit, live, slots, plans)
         return self._order(ctx, slots)
 
@@ -192,16 +148,16 @@ class GRAFT(Learner):
         pc = [None if p is None else p.num_correct for p in pgs]
         pG = [0 if p is None else p.n for p in pgs]
         if c.select == "sgt_rescue":
-            plans = {}
-            for x, (g, p) in enumerate(zip(groups, pgs)):
-                if p is None or not g.all_fail or p.num_correct == 0:
-                    continue
-                succ = [i for i, r in enumerate(p.rollouts) if r.correct]
-                if p.mixed:
-                    plans[x] = (succ, "replace")
-                else:  # all-success: zero peer advantage, the positive signal comes from augmentation (§3.2)
-                    plans[x] = (sorted(ctx.rng.sample(succ, min(int(c.sgt_k_inj), len(succ), g.n))), "augment")
-            return plans
+            # mixed peer group: its successes with their peer advantages; all-success peer group (zero peer
+            # advantage): SGT's rescue draw of up to sgt_k_inj successes, injected by augmentation (§3.2)
+            succ = [None if p is None or not g.all_fail else [i for i, r in enumerate(p.rollouts) if r.correct]
+                    for g, p in zip(groups, pgs)]
+            k_inj = min([int(c.sgt_k_inj), *lG])  # never more than a learner group's failures
+            inject = sgt_rescue(lc, lG, [s if s and len(s) == p.n else None for s, p in zip(succ, pgs)], ctx.rng,
+                                k_inj)
+            plans = {x: (s, "replace") for x, s in enumerate(succ) if s and len(s) < pgs[x].n}
+            plans.update({x: (idx, "augment") for x, idx in inject.items()})
+            return dict(sorted(plans.items()))
         cands = graft_candidates(lc, pc, lG, pG)
         p = [0.0 if n is None or G == 0 else n / G for n, G in zip(pc, pG)]
         if c.balance == "none":
@@ -220,8 +176,7 @@ class GRAFT(Learner):
 
     def _replace(self, lg: Group, weights: list, admit: list) -> Group:
         """The localized peer group in the learner's slot, with reused (or renormalized) peer advantages."""
-        adv = [float(r.meta["advantage"]) if "advantage" in r.meta else float(a)
-               for r, a in zip(lg.rollouts, lg.advantages or [0.0] * lg.n)]
+        adv = [float(a) for a in lg.advantages or [0.0] * lg.n]
         if self.cfg.renorm_adv_after_gate:
             keep = [i for i, a in enumerate(admit) if a]
             adv = [0.0] * lg.n
@@ -231,44 +186,14 @@ class GRAFT(Learner):
                                        std_normalize=self.cfg.std_normalize, eps=self.cfg.adv_eps)
                 for i, a in zip(keep, new.tolist()):
                     adv[i] = a
-        out = copy.copy(lg)
-        out.advantages, out.weights, out.source = adv, list(weights), "peer"
-        out.meta = {**lg.meta, "graft": "replace"}
-        return out
-
-    def _augment(self, ctx: StepContext, own: Group, lg: Group, weights: list, admit: list) -> Group:
-        """SGT + GRAFT how, all-success peer group: admitted peer successes replace own failures (§3.2 step 3)."""
-        inj = [(r, wi) for r, wi, a in zip(lg.rollouts, weights, admit) if a]
-        if not inj:
-            return own
-        pos, _, adv = sgt_augment(own.rewards, [r.correct for r in own.rollouts], [r.reward for r, _ in inj],
-                                  ctx.rng, self.cfg.adv_eps)
-        rolls, ws = list(own.rollouts), [1.0] * own.n
-        for p, (r, wi) in zip(pos, inj):
-            rolls[p], ws[p] = r, wi
-            r.meta["graft_injected"] = True
-        return Group(own.prompt, own.model_id, rolls, adv.tolist(), "peer", ws, {**own.meta, "graft": "augment"})
-
-    def _align(self, ctx: StepContext, origin, r):
-        """T2: the peer's per-token log-probs mapped onto the learner's tokens (spec §4.4.3)."""
-        if "char_offsets" not in origin.meta or "stored_step" in origin.meta:
-            raise token_ratio_error(f"the peer's rollouts (model {origin.model_id}, prompt {origin.prompt_id})")
-        peer_body = origin.body_ids
-        peer_lp = list(origin.logprobs)[:len(peer_body)]
-        body = r.body_ids
-        aligned = align_peer_logprobs(char_offsets(ctx.policy.tokenizer, body, r.text), origin.meta["char_offsets"],
-                                      peer_lp)
-        if len(body) < len(r.token_ids):  # the learner's EOS: the peer's EOS log-prob, else the learner's own
-            ended = len(peer_body) < len(origin.token_ids) and len(origin.logprobs) == len(origin.token_ids)
-            aligned.append(float(origin.logprobs[-1]) if ended else float(r.logprobs[-1]))
-        r.meta["aligned_logp"] = aligned
+        return Group(lg.prompt, lg.model_id, lg.rollouts, adv, "peer", list(weights))
 
     def _order(self, ctx: StepContext, slots: list) -> list:
         """Grafted slots last / first / spread over the minibatches (spec §4.3 step 6)."""
         own = [g for g in slots if g.source == "own"]
         grafted = [g for g in slots if g.source != "own"]
         if self.cfg.peer_minibatches == "separate":
-            return own + grafted  # schedule() puts the peer minibatches after (or before) the own ones
+            return own + grafted  # slot_chunks() puts the peer minibatches after (or before) the own ones
         order = peer_order(len(own), len(grafted), self.cfg.peer_position, int(ctx.cfg["optim"]["minibatches"]))
         both = own + grafted
         return [both[i] for i in order]
@@ -284,48 +209,44 @@ class GRAFT(Learner):
             sel = [a for (_, _, r), a in zip(flat, admit) if bool(r.correct) == want]
             ctx.log(key, sum(sel) / len(sel) if sel else None)
 
-    # ---- batch, schedule and loss -------------------------------------------------------------
-    def build_batch(self, ctx: StepContext, slots) -> TrainBatch:
-        batch = super().build_batch(ctx, slots)
-        for row in batch.rows:
-            g = slots[row.slot]
-            if g.meta.get("graft") == "augment":  # own responses of an augmented group stay own
-                row.is_peer = bool(row.rollout.meta.get("graft_injected"))
-                if not row.is_peer:
-                    row.kl_mask = list(row.rollout.meta.get("kl_mask", row.loss_mask))
-            if row.is_peer and self.cfg.token_ratio == "cross_aligned":
-                row.old_logp = list(row.rollout.meta["aligned_logp"])
-        return batch
-
-    def schedule(self, ctx: StepContext, batch: TrainBatch) -> list:
+    # ---- schedule and loss -------------------------------------------------------------------
+    def slot_chunks(self, ctx: StepContext, batch: TrainBatch) -> list:
+        """``peer_minibatches=separate``: own slots, then the grafted slots in minibatches of their own."""
         if self.cfg.peer_minibatches == "replace_slots":
-            return super().schedule(ctx, batch)
+            return super().slot_chunks(ctx, batch)
         n_slots = len(batch.groups)
         n_peer = sum(1 for g in batch.groups if g.source != "own")
         n_own = n_slots - n_peer
         size = max(1, math.ceil(n_slots / max(1, int(ctx.cfg["optim"]["minibatches"]))))
         chunks = separate_minibatches(n_own, n_peer, size)
         k_own = math.ceil(n_own / size)
-        if self.cfg.peer_position == "first":
-            chunks = chunks[k_own:] + chunks[:k_own]
-        out = []
-        for _ in range(int(ctx.cfg["optim"].get("epochs", 1))):
-            for chunk in chunks:
-                members = set(chunk)
-                idx = [i for i, r in enumerate(batch.rows) if r.slot in members]
-                if idx:
-                    out.append(idx)
-        return out
+        return chunks[k_own:] + chunks[:k_own] if self.cfg.peer_position == "first" else chunks
 
-    def surrogate(self, logp: torch.Tensor, mb: MiniBatch):
-        tok, info = super().surrogate(logp, mb)
+    def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
+        pg = super().surrogate(ctx, logp, mb)
         if self.cfg.token_ratio != "none" or not bool(mb.is_peer.any()):
-            return tok, info
+            return pg
         # w/o token-level ratio (spec §4.4.4): unclipped w * rho * A for grafted tokens, own tokens clipped
         ratio = torch.exp((logp - mb.old_logp).clamp(min=-20.0, max=20.0))
         free, _ = ratio_surrogate(ratio, mb.advantages, math.inf, math.inf)
         peer = mb.is_peer.unsqueeze(1)
-        info = dict(info)
+        info = dict(pg.info)
         for key in ("clipped_low", "clipped_high", "dual_clipped"):
             info[key] = info[key] & ~peer
-        return torch.where(peer, free, tok), info
+        return Surrogate(torch.where(peer, free, pg.token_loss), info)
+
+
+def aligned_old_logp(policy, generated: Rollout, r: Rollout) -> list:
+    """T2: the peer's per-token log-probs of ``generated`` mapped onto the learner's tokens of ``r`` (its
+    localized copy) by character offsets (spec §4.4.3); the learner's EOS takes the peer's EOS log-prob,
+    else the learner's own. A stored rollout (``origin`` set) has no per-token log-probs."""
+    if generated.char_offsets is None or generated.origin is not None:
+        raise token_ratio_error(f"the peer's rollouts (model {generated.model_id}, prompt {generated.prompt_id})")
+    peer_body = generated.body_ids
+    peer_lp = list(generated.logprobs)[:len(peer_body)]
+    body = r.body_ids
+    aligned = align_peer_logprobs(policy.char_offsets(body, r.text), generated.char_offsets, peer_lp)
+    if len(body) < len(r.token_ids):
+        ended = len(peer_body) < len(generated.token_ids) and len(generated.logprobs) == len(generated.token_ids)
+        aligned.append(float(generated.logprobs[-1]) if ended else float(r.logprobs[-1]))
+    return aligned

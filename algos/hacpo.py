@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 
-from graftzoo.algos.base import MiniBatch, StepContext, TrainBatch, log_s_stats, require_peer
+from graftzoo.algos.base import MiniBatch, StepContext, Surrogate, log_compatibility, require_peer
 from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, hacpo_advantages, hacpo_cross_loss,
                                        hacpo_discrepancy, hacpo_omegas, sequence_mean_logp, stepwise_lower_bound)
 from graftzoo.algos.gspo import GSPO, GSPOConfig
-from graftzoo.core.config import ConfigError
 from graftzoo.core.registry import register_algo
+from graftzoo.core.schema import ConfigError, bounded
 from graftzoo.core.types import Group
 
 SELF, PEER = 0, 1  # source ids in the pooled group (spec §2.4.2: agent k = the learner, j = the peer)
@@ -37,48 +37,49 @@ SELF, PEER = 0, 1  # source ids in the pooled group (spec §2.4.2: agent k = the
 class HACPOConfig(GSPOConfig):
     """``algo.*`` keys of HACPO (spec algos_peer §2.6, §6). ``self_clip`` sets ``eps_low``/``eps_high``."""
 
-    alpha: float = 1.0                    # exponential IS power (§2.4.4)
-    cross_clip_lower: float = 0.8         # cross clip floor 1 - delta at update 0 (§2.4.5, §2.7 item 2)
-    cross_clip_step: float = 0.025        # floor increase per optimizer update (delta_step)
-    capability_window: int = 5            # K (§2.4.1)
-    ratio_clamp: list = field(default_factory=lambda: [0.1, 10.0])
-    self_clip: list = field(default_factory=lambda: [3e-4, 4e-4])  # GSPO clip of self samples
+    needs_peer: ClassVar[bool] = True
+
+    alpha: float = bounded(1.0, "[0, inf)")              # exponential IS power (§2.4.4)
+    cross_clip_lower: float = bounded(0.8, "(0, 1]")  # cross clip floor 1 - delta at update 0 (§2.4.5, §2.7 item 2)
+    cross_clip_step: float = bounded(0.025, "[0, inf)")  # floor increase per optimizer update (delta_step)
+    capability_window: int = bounded(5, "[1, inf)")      # K (§2.4.1)
+    ratio_clamp: list[float] = field(default_factory=lambda: [0.1, 10.0])
+    self_clip: list[float] = field(default_factory=lambda: [3e-4, 4e-4])  # GSPO clip of self samples
     uniform_reward_guard: bool = True     # CODE guards (§2.4.2)
     binary_baseline_guard: bool = True
     kl_on_cross: bool = False             # V1 code: KL on self samples only (§2.7 item 8)
     beta_kl: float = 0.001
 
     def __post_init__(self):
+        super().__post_init__()
+        self.resolve()
+
+    def check(self, run_cfg: dict) -> None:
+        super().check(run_cfg)
+        self.resolve()
+
+    def resolve(self):
+        """The cross-field rules; copies ``self_clip`` into ``eps_low``/``eps_high`` (which may not be set apart)."""
+        if len(self.self_clip) != 2:
+            raise ConfigError(f"config key 'algo.self_clip' must be [low, high], got {self.self_clip}")
         lo, hi = (float(x) for x in self.self_clip)
         if (self.eps_low, self.eps_high) not in ((GSPOConfig.eps_low, GSPOConfig.eps_high), (lo, hi)):
-            raise ConfigError(f"HACPO clips self samples with algo.self_clip={list(self.self_clip)}; "
+            raise ConfigError(f"HACPO clips self samples with config key 'algo.self_clip'={list(self.self_clip)}; "
                               f"set that key instead of algo.eps_low/eps_high ({self.eps_low}, {self.eps_high})")
         self.eps_low, self.eps_high = lo, hi
         self.self_clip = [lo, hi]
         if len(self.ratio_clamp) != 2 or not 0 < self.ratio_clamp[0] <= 1 <= self.ratio_clamp[1]:
-            raise ConfigError(f"algo.ratio_clamp must be [low <= 1, high >= 1], got {self.ratio_clamp}")
+            raise ConfigError(f"config key 'algo.ratio_clamp' must be [low <= 1, high >= 1], got {self.ratio_clamp}")
         self.ratio_clamp = [float(x) for x in self.ratio_clamp]
         if self.estimator != "grpo" or not self.std_normalize:
             raise ConfigError("HACPO's advantage is its own capability-aware form (spec algos_peer §2.4.2): "
-                              "algo.estimator must stay grpo and algo.std_normalize true")
-        if int(self.capability_window) < 1:
-            raise ConfigError(f"algo.capability_window must be >= 1, got {self.capability_window}")
-        if self.alpha < 0:
-            raise ConfigError(f"algo.alpha must be >= 0, got {self.alpha}")
-        if not 0 < self.cross_clip_lower <= 1 or self.cross_clip_step < 0:
-            raise ConfigError(f"algo.cross_clip_lower must be in (0, 1] and algo.cross_clip_step >= 0, got "
-                              f"{self.cross_clip_lower}, {self.cross_clip_step}")
+                              "config keys 'algo.estimator' must stay grpo and 'algo.std_normalize' true")
 
 
 def accuracy(groups) -> Optional[float]:
     """Fraction of responses with reward > 0 (the code's per-step accuracy, spec §2.3 step 4)."""
     rolls = [r for g in groups for r in g.rollouts]
     return sum(1.0 for r in rolls if r.reward > 0) / len(rolls) if rolls else None
-
-
-def log_compatibility(ctx: StepContext, rollouts):
-    """``peer/s_*``: ``s = exp(l_L - l_P)`` of localized peer responses under theta_old (spec §1.4 item 4)."""
-    log_s_stats(ctx, [math.exp(max(-10.0, min(10.0, r.mean_logp - r.meta["origin_mean_logp"]))) for r in rollouts])
 
 
 def content_mask(r) -> list:
@@ -93,9 +94,8 @@ class HACPO(GSPO):
 
     def __init__(self, cfg: HACPOConfig, run_cfg: dict):
         super().__init__(cfg, run_cfg)
-        require_peer(self.name, run_cfg)
         self.history: dict = {"self": [], "peer": []}   # per-step accuracies, newest last (§2.4.1)
-        self._update = 0                                # optimizer updates done in this step (u of §2.4.5)
+        self.kl_roles = ("own", "peer") if cfg.kl_on_cross else ("own",)
 
     # ---- capability ------------------------------------------------------------------------
     def _push(self, key: str, acc: Optional[float]):
@@ -134,22 +134,20 @@ class HACPO(GSPO):
 
         own, grafted, pos = [], [], 0
         for g in groups:
-            own_g = Group(g.prompt, g.model_id, g.rollouts, adv[pos:pos + g.n], g.source, g.weights, dict(g.meta))
-            own.append(own_g)
+            own.append(Group(g.prompt, g.model_id, g.rollouts, adv[pos:pos + g.n], g.source, g.weights))
             pos += g.n
             if g.prompt.id in cross:
                 pg = cross[g.prompt.id]
                 for r in pg.rollouts:
-                    r.meta["loss_mask"] = content_mask(r)
-                grafted.append(Group(pg.prompt, pg.model_id, pg.rollouts, adv[pos:pos + pg.n], "peer",
-                                     [1.0] * pg.n, {"origin": pg.model_id}))
+                    r.loss_mask = content_mask(r)
+                grafted.append(Group(pg.prompt, pg.model_id, pg.rollouts, adv[pos:pos + pg.n], "peer", [1.0] * pg.n))
                 pos += pg.n
         self._log_exchange(ctx, own, grafted, p_self, p_peer, float(grad_coef[PEER]))
         return own + grafted
 
     @staticmethod
     def _log_exchange(ctx, own, grafted, p_self, p_peer, omega):
-        kept = [r for g in grafted for r in g.rollouts if not r.meta.get("dropped")]
+        kept = [r for g in grafted for r in g.rollouts if not r.dropped]
         ctx.log("peer/admitted", len(kept))
         ctx.log("peer/rejected", sum(g.n for g in grafted) - len(kept))
         peer_solved = {g.prompt.id for g in grafted if g.num_correct > 0}
@@ -159,49 +157,33 @@ class HACPO(GSPO):
         ctx.log("hacpo/capability_peer", p_peer)
         ctx.log("hacpo/omega", omega)
 
-    def build_batch(self, ctx: StepContext, slots) -> TrainBatch:
-        batch = super().build_batch(ctx, slots)
-        if self.cfg.kl_on_cross:
-            for row in batch.rows:
-                if row.is_peer:
-                    row.kl_mask = list(row.loss_mask)
-        return batch
-
-    def schedule(self, ctx: StepContext, batch: TrainBatch) -> list:
-        self._update = 0
-        return super().schedule(ctx, batch)
-
     # ---- loss: GSPO on self rows, clipped exponential-IS term on cross rows -------------------
-    def cross_lower(self) -> float:
-        return stepwise_lower_bound(self._update, self.cfg.cross_clip_lower, self.cfg.cross_clip_step)
+    def cross_lower(self, update: int) -> float:
+        """The stepwise cross clip floor at the step's optimizer update ``update`` (spec §2.4.5)."""
+        return stepwise_lower_bound(update, self.cfg.cross_clip_lower, self.cfg.cross_clip_step)
 
-    def surrogate(self, logp: torch.Tensor, mb: MiniBatch):
-        tok, info = super().surrogate(logp, mb)
+    def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
+        own = super().surrogate(ctx, logp, mb)
         peer = mb.is_peer
         if not bool(peer.any()):
-            return tok, info
-        lo = self.cross_lower()
-        origin = torch.tensor([r.rollout.meta.get("origin_mean_logp", 0.0) for r in mb.rows], dtype=logp.dtype)
-        s = cross_sequence_ratio(sequence_mean_logp(logp, mb.loss_mask), origin)
-        cross = hacpo_cross_loss(s, mb.advantages, lo, self.cfg.alpha)  # [B], one value per sequence
-        pm = peer.unsqueeze(1).expand_as(tok)
+            return own
+        lo = self.cross_lower(ctx.update)
+        s = cross_sequence_ratio(sequence_mean_logp(logp, mb.loss_mask), mb.origin_mean_logp.to(logp.dtype))
+        cross = hacpo_cross_loss(s, mb.advantages, lo, self.cfg.alpha)  # [B]: one value per sequence (§2.4.4)
+        pm = peer.unsqueeze(1).expand_as(own.token_loss)
 
-        def wide(x):  # one value per sequence, on every token
-            return x.unsqueeze(1).expand_as(tok)
+        def wide(x):  # a sequence's value on each of its tokens, for the token-level clip metrics
+            return x.unsqueeze(1).expand_as(own.token_loss)
 
-        # a cross row's per-sequence value on every token: seq-mean-token-mean gives it back exactly
-        tok = torch.where(pm, wide(cross), tok)
-        info = {"ratio": torch.where(pm, wide(s.detach()), info["ratio"].expand_as(tok)),
-                "clipped_low": torch.where(pm, wide(s.detach() < lo), info["clipped_low"]),
-                "clipped_high": torch.where(pm, wide(s.detach() > 1.0), info["clipped_high"]),
-                "dual_clipped": info["dual_clipped"] & ~pm}
-        return tok, info
+        info = {"ratio": torch.where(pm, wide(s.detach()), own.info["ratio"].expand_as(own.token_loss)),
+                "clipped_low": torch.where(pm, wide(s.detach() < lo), own.info["clipped_low"]),
+                "clipped_high": torch.where(pm, wide(s.detach() > 1.0), own.info["clipped_high"]),
+                "dual_clipped": own.info["dual_clipped"] & ~pm}
+        return Surrogate(own.token_loss, info, seq_loss=cross, seq_rows=peer)
 
     def loss(self, ctx: StepContext, policy, mb: MiniBatch):
-        lo = self.cross_lower()
         loss, metrics = super().loss(ctx, policy, mb)
-        metrics["hacpo/cross_lower"] = lo
-        self._update += 1
+        metrics["hacpo/cross_lower"] = self.cross_lower(ctx.update)
         return loss, metrics
 
     # ---- state -------------------------------------------------------------------------------

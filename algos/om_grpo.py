@@ -7,7 +7,7 @@ or with ``answer_format: any`` whatever the verifier's extractor finds, e.g. the
 trajectories is shown to the policy, which answers once more: these G(G-1) short answers only vote.
 ``r_i = #{z in pool : z == z_i} / |pool| + format_weight * 1[z_i exists]``, equivalence decided by the
 verifier (``answers_equivalent``). The tokens of the answer span get loss weight ``answer_grad_scale``
-(0 = OM-GRPO) through ``rollout.meta["loss_mask"]``, and the same weight in the KL term when
+(0 = OM-GRPO) through ``Rollout.loss_mask``, and the same weight in the KL term when
 ``mask_kl`` (RECOMMENDED). Contrast prompts keep the tail of each solution so that they fit the model's
 context (``contrast_template: compact`` suits tiny models).
 
@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import (answer_span_mask, boxed_spans, contrast_pairs, contrast_prompt,
                                        soft_consensus_rewards)
+from graftzoo.envs.task import Task
 from graftzoo.envs.verifier import answers_equivalent, extract_answer
 from graftzoo.core.registry import register_algo
+from graftzoo.core.schema import ConfigError, bounded
 from graftzoo.core.types import Prompt
 
-FORMATS = ("boxed", "any")
 CONTRAST_TEMPLATES = {
     "spec": contrast_prompt,
     # for tiny models: a short context and no English vocabulary
@@ -40,16 +41,22 @@ CONTRAST_TEMPLATES = {
 @dataclass
 class OMGRPOConfig(LearnerConfig):
     beta_kl: float = 0.005              # spec §4.5
-    answer_grad_scale: float = 0.0      # loss weight of answer-span tokens (0 = OM-GRPO, 1 = vanilla)
+    answer_grad_scale: float = bounded(0.0, "[0, 1]")   # loss weight of answer-span tokens (0 = OM-GRPO, 1 = vanilla)
     mask_kl: bool = True                # mask the KL term like the policy term (RECOMMENDED, §4.8.2)
     mask_all_boxed: bool = False        # mask every \boxed{} content, not only the last (§4.7)
-    answer_format: str = "boxed"        # boxed (spec §4.2) | any (the verifier's extractor, e.g. after the last '=')
+    answer_format: Literal["boxed", "any"] = "boxed"   # boxed (§4.2) | any (the verifier's extractor, e.g. after '=')
     format_weight: float = 1.0          # weight of the format reward r^f
     contrast: bool = True               # contrast-augmented reward (CAR)
-    contrast_max_new_tokens: int = 64   # §4.4
-    contrast_template: str = "spec"     # spec (§4.4 wording) | compact (problem and both solutions, one per line)
+    contrast_max_new_tokens: int = bounded(64, "[1, inf)")   # §4.4
+    contrast_template: Literal["spec", "compact"] = "spec"   # §4.4 wording | problem and both solutions, one per line
     contrast_temperature: float = 1.0
     ttt: bool = False                   # test-time training on the held-out evaluation prompts (§4.6)
+
+    def check(self, run_cfg: dict) -> None:
+        super().check(run_cfg)
+        if int(run_cfg["rollout"]["n"]) < 2:
+            raise ConfigError("config key 'rollout.n' must be >= 2 for OM-GRPO: a group of one has a trivial "
+                              "consensus (spec §4.7)")
 
 
 def unlabeled(p: Prompt) -> Prompt:
@@ -82,18 +89,6 @@ class OMGRPO(Learner):
 
     def __init__(self, cfg: OMGRPOConfig, run_cfg: dict):
         super().__init__(cfg, run_cfg)
-        if int(run_cfg["rollout"]["n"]) < 2:
-            raise ValueError("OM-GRPO needs rollout.n >= 2: a group of one has a trivial consensus (spec §4.7)")
-        if cfg.answer_format not in FORMATS:
-            raise ValueError(f"config key 'algo.answer_format' must be one of {FORMATS}, got {cfg.answer_format!r}")
-        if not 0.0 <= cfg.answer_grad_scale <= 1.0:
-            raise ValueError(f"config key 'algo.answer_grad_scale' must be in [0, 1], got {cfg.answer_grad_scale}")
-        if cfg.contrast_template not in CONTRAST_TEMPLATES:
-            raise ValueError(f"config key 'algo.contrast_template' must be one of {sorted(CONTRAST_TEMPLATES)}, "
-                             f"got {cfg.contrast_template!r}")
-        if cfg.contrast_max_new_tokens < 1:
-            raise ValueError(f"config key 'algo.contrast_max_new_tokens' must be >= 1, got "
-                             f"{cfg.contrast_max_new_tokens}")
         self._heldout: Optional[list] = None
         self._perms: dict = {}
 
@@ -102,7 +97,7 @@ class OMGRPO(Learner):
         prompts = self.ttt_prompts(ctx, len(prompts)) if self.cfg.ttt else [unlabeled(p) for p in prompts]
         groups = ctx.generate(prompts, [ctx.n] * len(prompts))
         votes = self.contrast_answers(ctx, groups) if self.cfg.contrast else [[] for _ in groups]
-        with ctx._phase("score"):
+        with ctx.phase("score"):
             self.self_score(ctx, groups, votes)
         self.mask_answers(ctx, groups)
         return groups
@@ -124,10 +119,9 @@ class OMGRPO(Learner):
             own = [self.answer(r.text) for r in g.rollouts]
             ids = cluster_answers(own + extra, timeout)
             rewards = soft_consensus_rewards(ids[:g.n], ids[g.n:], format_weight=c.format_weight)
-            for r, z, rew, cid in zip(g.rollouts, own, rewards, ids):
+            for r, z, rew in zip(g.rollouts, own, rewards):
                 r.reward, r.correct, r.extracted = rew, False, z
                 r.status = "label_free" if z is not None else "no_answer"
-                r.meta["answer_class"] = cid
             formatted += sum(z is not None for z in own)
             distinct += len({i for i in ids[:g.n] if i is not None}) / max(1, g.n)
         n = max(1, sum(g.n for g in groups))
@@ -154,7 +148,7 @@ class OMGRPO(Learner):
         out = [[] for _ in groups]
         if not asks:
             return out
-        with ctx._phase("generate"):
+        with ctx.phase("generate"):
             answered = ctx.engine.generate(asks, 1, temperature=c.contrast_temperature,
                                            max_new_tokens=c.contrast_max_new_tokens)
         for gi, ag in zip(owner, answered):
@@ -175,18 +169,18 @@ class OMGRPO(Learner):
         return [(at, at + len(z))] if at >= 0 else []
 
     def mask_answers(self, ctx, groups):
-        """``meta["loss_mask"]`` (and ``meta["kl_mask"]``) = the outcome mask m^o (spec §4.3)."""
+        """``Rollout.loss_mask`` (and ``Rollout.kl_mask``) = the outcome mask m^o (spec §4.3)."""
         c = self.cfg
         masked = total = 0
         for g in groups:
             for r in g.rollouts:
                 n = len(r.token_ids)
                 body = n - 1 if r.finish_reason == "stop" and n and r.token_ids[-1] == r.eos_id else n
-                offsets = token_offsets(ctx.policy, r.token_ids[:body], r.text)
+                offsets = ctx.policy.char_offsets(r.token_ids[:body], r.text)
                 m = answer_span_mask(offsets, self.answer_spans(r.text, r.extracted), c.answer_grad_scale).tolist()
                 m += [1.0] * (n - body)
-                r.meta["loss_mask"] = m
-                r.meta["kl_mask"] = list(m) if c.mask_kl else [1.0] * n
+                r.loss_mask = m
+                r.kl_mask = list(m) if c.mask_kl else [1.0] * n
                 masked += sum(1 for x in m if x < 1.0)
                 total += n
         ctx.log("om_grpo/masked_token_frac", masked / max(1, total))
@@ -211,14 +205,8 @@ class OMGRPO(Learner):
 
 
 def heldout_prompts(cfg: dict) -> list:
-    """The prompts the trainer evaluates on (``eval.dataset``, else the task's test split)."""
-    ev = cfg["eval"]
-    if ev["dataset"]:
-        from graftzoo.envs.datasets import load_dataset
-        ds = list(load_dataset(ev["dataset"]))
-        return ds[:ev["size"] or len(ds)]
-    from graftzoo.core.trainer import make_env
-    return list(make_env(cfg, "test", size=ev["size"]).dataset)
+    """The prompts the trainer evaluates on: the task's held-out split (``Task.heldout``)."""
+    return list(Task(cfg).heldout().prompts)
 
 
 def fit_contrast_prompts(policy, group, room: int, template=contrast_prompt) -> Optional[dict]:
@@ -247,15 +235,3 @@ def context_window(model, default: int = 1 << 30) -> int:
     """The model's maximum sequence length (position embeddings), ``default`` when it has none."""
     cfg = model.config
     return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or default)
-
-
-def token_offsets(policy, ids: list, text: str) -> list:
-    """Character span ``[a, b)`` in ``text`` (= the decode of ``ids``) of each token: the fast tokenizer's
-    offsets when re-encoding the text gives back ``ids``, else from decoding growing prefixes."""
-    tok = policy.tokenizer
-    if getattr(tok, "is_fast", False):
-        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        if list(enc["input_ids"]) == list(ids):
-            return [tuple(o) for o in enc["offset_mapping"]]
-    ends = [len(policy.decode(ids[:t + 1])) for t in range(len(ids))]
-    return list(zip([0] + ends[:-1], ends))

@@ -1,13 +1,13 @@
 """RLOO [rloo] (spec algos_single §1.4): leave-one-out baseline advantages."""
 from dataclasses import dataclass
 
-from graftzoo.algos.base import Learner, LearnerConfig
+from graftzoo.algos.base import Estimator, Learner, LearnerConfig
 from graftzoo.core.registry import register_algo
 
 
 @dataclass
 class RLOOConfig(LearnerConfig):
-    estimator: str = "rloo"
+    estimator: Estimator = "rloo"
 
 
 @register_algo("rloo")

@@ -15,60 +15,44 @@ chosen at random; the group keeps its size and GRPO advantages are recomputed on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Literal, Optional
 
-import torch
-
-from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch
-from graftzoo.algos.functional import sequence_mean_logp, sgt_augment, sgt_aux_nll_loss, sgt_rescue
-from graftzoo.algos.functional.peer import SGT_GATES
-from graftzoo.algos.base import require_peer
-from graftzoo.algos.hacpo import log_compatibility
-from graftzoo.core.config import ConfigError
+from graftzoo.algos.base import Learner, LearnerConfig, StepContext, log_compatibility, require_peer
+from graftzoo.algos.functional import sgt_augment, sgt_rescue
 from graftzoo.core.registry import register_algo
+from graftzoo.core.schema import bounded
 from graftzoo.core.types import Group
-
-SGT_MODES = ("augment", "aux_nll")
-
 
 @dataclass
 class SGTConfig(LearnerConfig):
     """``algo.*`` keys of SGT (spec algos_peer §6 ``sgt.*``); the GRPO keys are the base's."""
 
-    gate: str = "all_fail"     # all_fail | threshold
-    tau: float = 0.0           # threshold gate: rescue when c_L / G <= tau
-    k_inj: int = 1             # rescue responses per prompt, at most
-    mode: str = "augment"      # augment | aux_nll
+    needs_peer: ClassVar[bool] = True
+
+    gate: Literal["all_fail", "threshold"] = "all_fail"   # functional.peer.SGT_GATES
+    tau: float = bounded(0.0, "[0, 1)")   # threshold gate: rescue when c_L / G <= tau (a rescued group needs a failure)
+    k_inj: int = bounded(1, "[1, inf)")   # rescue responses per prompt, at most
+    mode: Literal["augment", "aux_nll"] = "augment"
     lam: float = 1.0           # aux_nll weight (sgt.lambda)
 
-    def __post_init__(self):
-        if self.gate not in SGT_GATES:
-            raise ConfigError(f"algo.gate must be one of {SGT_GATES}, got {self.gate!r}")
-        if self.mode not in SGT_MODES:
-            raise ConfigError(f"algo.mode must be one of {SGT_MODES}, got {self.mode!r}")
-        if int(self.k_inj) < 1:
-            raise ConfigError(f"algo.k_inj must be >= 1, got {self.k_inj}")
-        if not 0.0 <= self.tau < 1.0:
-            raise ConfigError(f"algo.tau must be in [0, 1) (a rescued group needs a failure to replace), "
-                              f"got {self.tau}")
 
-
-def subset(mb: MiniBatch, idx: list) -> MiniBatch:
-    """Rows ``idx`` of a minibatch (same padded layout)."""
-    t = torch.tensor(idx, dtype=torch.long)
-    return MiniBatch(mb.input_ids[t], mb.attention_mask[t], mb.resp_len, mb.old_logp[t], mb.loss_mask[t],
-                     mb.kl_mask[t], mb.advantages[t], mb.weights[t], mb.is_peer[t], mb.slot[t],
-                     [mb.rows[i] for i in idx])
+def augment_group(own: Group, injected: list, rng, eps: float, weights=None, source=None) -> Group:
+    """``own`` with ``injected`` peer successes (localized, role "peer") in place of as many of its failed
+    responses, chosen at random, and GRPO advantages recomputed on the augmented group (spec algos_peer §3.2
+    step 3). ``weights`` are the injected responses' loss weights (default 1); ``source`` the slot's source
+    (default: the own group's)."""
+    pos, _, adv = sgt_augment(own.rewards, [r.correct for r in own.rollouts], [r.reward for r in injected],
+                              rng, eps)
+    rolls, ws = list(own.rollouts), [1.0] * own.n
+    for p, r, w in zip(pos, injected, weights or [1.0] * len(injected)):
+        rolls[p], ws[p] = r, w
+    return Group(own.prompt, own.model_id, rolls, adv.tolist(), source or own.source,
+                 None if weights is None else ws)
 
 
 @register_algo("sgt")
 class SGT(Learner):
     Config = SGTConfig
-
-    def __init__(self, cfg: SGTConfig, run_cfg: dict):
-        super().__init__(cfg, run_cfg)
-        require_peer(self.name, run_cfg)
-        self._n_rescue = 0  # |Rescue| of the current step (aux_nll normalization)
 
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
         require_peer(self.name, ctx.cfg, peer)
@@ -86,10 +70,10 @@ class SGT(Learner):
         local = ctx.localize(picked)
 
         out = [[g] for g in groups]
-        rescue_set, rejected, rescued = [], 0, 0
+        rescue_set, aux, rejected, rescued = [], [], 0, 0
         for x, lg in zip(rescue, local):
             g = groups[x]
-            inj = [r for r in lg.rollouts if not r.meta.get("dropped")]  # a truncated answer loses its proof
+            inj = [r for r in lg.rollouts if not r.dropped]  # a truncated answer loses its proof
             rejected += lg.n - len(inj)
             inj = inj[:g.n - g.num_correct]  # one per failed response at most (threshold gate)
             if not inj:
@@ -97,46 +81,16 @@ class SGT(Learner):
             rescued += 1
             rescue_set += inj
             if c.mode == "augment":
-                for r in inj:
-                    r.meta["sgt_injected"] = True
-                pos, _, adv = sgt_augment(g.rewards, [r.correct for r in g.rollouts], [r.reward for r in inj],
-                                          ctx.rng, c.adv_eps)
-                rolls = list(g.rollouts)
-                for p, r in zip(pos, inj):
-                    rolls[p] = r
-                out[x] = [Group(g.prompt, g.model_id, rolls, adv.tolist(), g.source, None,
-                                {**g.meta, "sgt_rescued": len(inj)})]
+                out[x] = [augment_group(g, inj, ctx.rng, c.adv_eps)]
             else:
-                for r in inj:
-                    r.meta["sgt_aux"] = True
-                out[x].append(Group(lg.prompt, lg.model_id, inj, [0.0] * len(inj), "peer", [1.0] * len(inj),
-                                    {"sgt": "aux_nll"}))
-        self._n_rescue = len(rescue_set)
+                aux.append((x, lg, inj))
+        for x, lg, inj in aux:  # loss lam * (-1/|Rescue|) * sum l(y) over the step's rescue set
+            for r in inj:
+                r.role = "aux"
+            out[x].append(Group(lg.prompt, lg.model_id, inj, [0.0] * len(inj), "peer",
+                                [float(c.lam) / len(rescue_set)] * len(inj)))
         log_compatibility(ctx, rescue_set)
         ctx.log("peer/rescued_groups", rescued)
         ctx.log("peer/admitted", len(rescue_set))
         ctx.log("peer/rejected", rejected)
         return [g for slot in out for g in slot]
-
-    def build_batch(self, ctx: StepContext, slots) -> TrainBatch:
-        """Injected responses sit in the learner's own groups: mark them as peer tokens, without KL."""
-        batch = super().build_batch(ctx, slots)
-        for row in batch.rows:
-            if row.rollout.meta.get("sgt_injected"):
-                row.is_peer = True
-                row.kl_mask = [0.0] * len(row.kl_mask)
-        return batch
-
-    def loss(self, ctx: StepContext, policy, mb: MiniBatch):
-        aux = [i for i, r in enumerate(mb.rows) if r.rollout.meta.get("sgt_aux")]
-        if not aux:
-            return super().loss(ctx, policy, mb)
-        pg = [i for i in range(len(mb)) if i not in set(aux)]
-        loss, metrics = super().loss(ctx, policy, subset(mb, pg)) if pg else (0.0, {})
-        rows = subset(mb, aux)
-        logp, _ = policy.logprobs(rows.input_ids, rows.attention_mask, rows.resp_len)
-        ell = sequence_mean_logp(logp, rows.loss_mask)
-        # this minibatch's share of lam * (-1/|Rescue|) * sum over the step's rescue set
-        term = sgt_aux_nll_loss(ell, float(self.cfg.lam)) * (len(aux) / max(1, self._n_rescue))
-        metrics["sgt/aux_nll"] = float(-ell.detach().mean())
-        return loss + term, metrics

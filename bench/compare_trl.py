@@ -40,6 +40,17 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+
+from graftzoo.algos.base import StepContext
+from graftzoo.core.engine import HFEngine
+from graftzoo.core.policy import Policy
+from graftzoo.core.registry import get_algo
+from graftzoo.core.types import Prompt
+from graftzoo.envs.templates import TEMPLATES, register_template
 
 PROMPTS_PER_STEP, GENERATIONS, NEW_TOKENS = 8, 8, 32
 LR, GRAD_CLIP = 1e-5, 1.0
@@ -54,8 +65,6 @@ clock = time.perf_counter  # set from --clock in main()
 
 def build_tokenizer(seed: int = 0):
     """Byte-level BPE trained on 400 seeded arithmetic strings; vocab 512; left padding."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
     rng = random.Random(seed)
     corpus = []
     for _ in range(400):
@@ -72,7 +81,6 @@ def build_tokenizer(seed: int = 0):
 
 def build_model(tok):
     """Qwen2 hidden 128 / 2 layers / 4 heads / 2 KV heads / vocab 512, tied, fp32, SDPA, seed 0."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=512, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
@@ -115,11 +123,6 @@ class Ours:
     """graftzoo's GRPO step on its real components (prompts rendered verbatim, no template)."""
 
     def __init__(self, model, tok):
-        from graftzoo.algos.base import StepContext, config_from
-        from graftzoo.core.engine import HFEngine
-        from graftzoo.envs.templates import TEMPLATES, register_template
-        from graftzoo.core.policy import Policy
-        from graftzoo.core.registry import get_algo
         if "verbatim" not in TEMPLATES:
             register_template("verbatim")(lambda problem, tokenizer=None: problem)
         self.policy = Policy("bench-qwen2", model, tok, template="verbatim",
@@ -127,7 +130,7 @@ class Ours:
         self.engine = HFEngine(self.policy, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=NEW_TOKENS,
                                min_new_tokens=NEW_TOKENS)
         algo = get_algo("grpo")
-        self.learner = algo(config_from(algo, {}), {})
+        self.learner = algo(algo.Config(), {})
         self.cfg = {"rollout": {"n": GENERATIONS, "max_new_tokens": NEW_TOKENS},
                     "optim": {"minibatches": 1, "epochs": 1}}
         self.env = RewardEnv()
@@ -138,7 +141,6 @@ class Ours:
 
     def step(self, problems) -> int:
         """One training step through the Learner hooks (as graftzoo.core.trainer does); returns response tokens."""
-        from graftzoo.core.types import Prompt
         prompts = [Prompt(id=f"p{self.step_no}-{i}", text=t, gold=a) for i, (t, a) in enumerate(problems)]
         ctx, learner, pol = self.make_ctx(self.step_no), self.learner, self.policy
         t0 = clock()
@@ -218,9 +220,7 @@ class Floor:
 # ------------------------------------------------------------------------------------------------
 
 def run(args) -> dict:
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
+    from datasets import Dataset  # the bench extra (trl and its datasets dependency)
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(args.threads)
@@ -299,7 +299,6 @@ def main():
     global clock
     clock = CLOCKS[args.clock]
     warnings.filterwarnings("ignore")
-    import transformers
     try:
         import trl
     except ImportError:

@@ -27,7 +27,10 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from math_verify import parse, verify
+
 from graftzoo.envs import verifier as V
+from graftzoo.envs import verify_pool
 
 DATA_CANDIDATES = (
     lambda: resources.files("graftzoo.envs") / "data" / "math500.jsonl",  # the packaged copy
@@ -102,7 +105,6 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def _plain_pass(warm, steps) -> tuple[float, float, list[float], list[bool]]:
-    from math_verify import parse, verify
     for step in warm:  # math-verify's first-use costs, outside the timing
         for response, gold in step:
             verify(parse(f"${gold}$"), parse(response))
@@ -132,7 +134,7 @@ def fresh_pool(warm, workers: int) -> None:
 def cpu_seconds() -> float | None:
     """CPU time of this process plus the verifier's worker processes (Linux /proc), else None."""
     total = time.process_time()
-    for w in V._pool()._workers:
+    for w in verify_pool._pool()._workers:
         try:
             with open(f"/proc/{w.proc.pid}/stat") as f:
                 utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]

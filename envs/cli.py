@@ -4,6 +4,8 @@ from __future__ import annotations
 import click
 import yaml
 
+from graftzoo.envs.check import check_env_id
+
 
 def parse_kw(pairs: tuple) -> dict:
     """``("dataset=math500", "size=64")`` -> ``{"dataset": "math500", "size": 64}``; values are
@@ -31,8 +33,6 @@ def env_group() -> None:
               help="keyword argument for gymnasium.make (repeatable), e.g. --kw dataset=aime24")
 def check(env_id: str, kw: tuple) -> None:
     """Run Gymnasium's env checker plus gold self-verification and reset determinism on ENV_ID."""
-    from graftzoo.envs.check import check_env_id
-
     report = check_env_id(env_id, **parse_kw(kw))
     click.echo(str(report))
     if not report.ok:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional, Union, overload
 
 from graftzoo.core.types import Prompt
+from graftzoo.envs.arithmetic import SKILLS, ArithmeticDataset
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -194,8 +195,6 @@ def _reject_kwargs(what: str, kw: dict, allowed: set) -> None:
 
 def _load_arithmetic(split: Optional[str], kw: dict) -> MathDataset:
     """The procedural task; defaults: 1000 items, seed 0, every skill in equal parts."""
-    from graftzoo.envs.arithmetic import SKILLS, ArithmeticDataset
-
     _reject_kwargs("arithmetic", kw, _ARITHMETIC_KWARGS)
     kw = {"size": 1000, "seed": 0, **{k: v for k, v in kw.items() if v is not None}}
     kw.setdefault("mix", {s: 1.0 for s in SKILLS})

@@ -9,7 +9,7 @@ Add a template with :func:`register_template`; :data:`TEMPLATES` maps names to r
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 

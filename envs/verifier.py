@@ -11,52 +11,29 @@ Per (response, gold):
   3. look up the LRU of verdicts keyed by the normalized pair;
   4. otherwise run math-verify (its LaTeX path only: no ExprExtractionConfig, so no sympy string
      parser or eval on model text; latex2sympy passes sympy only digit tokens from its lexer)
-     in a bounded pool of worker processes. Each call has a soft timer inside the worker and a
-     hard wall-clock kill in the caller; a killed or dead worker is replaced and the call gets
-     status "timeout". Workers keep LRU caches of parsed gold and predicted answers, parse with
-     two-stage (SLL, then LL) ANTLR prediction (same results, about 2x faster), and pay
-     math-verify's first-use costs before they take calls. A batch sends each distinct pair once
-     and keeps the answers of one gold on the worker that parsed that gold.
-
-Workers come from the "forkserver" start method (the trainer has torch threads, so fork is
-unsafe); the forkserver preloads math_verify once, so a new worker imports nothing and only
-spends about a second on warm-up, while the other workers carry on. The pool starts on first use and is shut down at exit (``close_pool``). As with any
-spawn/forkserver pool, workers import the main module, so a script must guard its entry point
-with ``if __name__ == "__main__":``.
+     in a bounded pool of worker processes with a hard wall-clock kill per call
+     (``graftzoo.envs.verify_pool``: workers, timeouts, start-up and shutdown).
 """
 from __future__ import annotations
 
-import atexit
-import logging
 import math
-import multiprocessing as mp
-import multiprocessing.connection
-import os
 import re
-import signal
 import threading
-import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 from importlib.metadata import version
 
 from graftzoo.envs.extract import MAX_ANSWER_CHARS, braces_balanced, extract_answer
+from graftzoo.envs.verify_pool import DEFAULT_WORKERS, close_pool, configure_pool, run_tasks
 
 __all__ = ["VerifyResult", "verify", "verify_batch", "answers_equivalent", "extract_answer",
-           "normalize_answer", "configure_pool", "close_pool", "clear_caches", "VERIFIER_VERSION"]
+           "normalize_answer", "configure_pool", "close_pool", "clear_caches", "VERIFIER_VERSION",
+           "DEFAULT_WORKERS"]
 
 VERIFIER_VERSION = f"graftzoo-verifier-1+math-verify-{version('math-verify')}"
 STATUSES = ("ok", "no_answer", "unparsable", "timeout", "multiple_answers")
-DEFAULT_WORKERS = 2
-STARTUP_TIMEOUT_S = 120.0
-MAX_FAILED_STARTS = 3
 VERDICT_CACHE_SIZE = 65_536
-SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself first; the hard kill is the backstop
-WORKER_MEMORY_HEADROOM = 2 << 30  # bytes of address space a worker may add after start-up
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -165,315 +142,6 @@ class _LRU:
 
 _VERDICTS = _LRU(VERDICT_CACHE_SIZE)
 
-# ---------------------------------------------------------------- worker side (math-verify)
-
-
-class _SoftTimeout(BaseException):
-    """Raised by SIGALRM inside a worker; a BaseException so math-verify's handlers let it pass."""
-
-
-def _on_alarm(signum, frame):
-    raise _SoftTimeout()
-
-
-@lru_cache(maxsize=1)
-def _latex_config():
-    from math_verify import LatexExtractionConfig
-    return [LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
-
-
-def _parse(answer: str) -> list:
-    """math-verify parse of one extracted answer via its LaTeX path only (no eval, no parse_expr)."""
-    from math_verify import parse
-    return parse("\\boxed{" + answer + "}", extraction_config=_latex_config(),
-                 fallback_mode="no_fallback", parsing_timeout=None)
-
-
-_parse_gold = lru_cache(maxsize=2048)(_parse)
-_parse_pred = lru_cache(maxsize=8192)(_parse)
-
-
-def _evaluate(kind: str, a: str, b: str) -> tuple[str, bool]:
-    """``("verify", gold, pred)`` or ``("equiv", x, y)`` -> (status, verdict)."""
-    from math_verify import verify as mv_verify
-    if kind == "verify":
-        gold, pred = _parse_gold(a), _parse_pred(b)
-        if not gold or not pred:
-            return "unparsable", False
-        return "ok", bool(mv_verify(gold, pred, timeout_seconds=None))
-    x, y = _parse_pred(a), _parse_pred(b)
-    if not x or not y:
-        return "unparsable", False
-    return "ok", bool(mv_verify(x, y, timeout_seconds=None) or mv_verify(y, x, timeout_seconds=None))
-
-
-def two_stage_latex2sympy():
-    """A drop-in for latex2sympy as math-verify calls it, with two-stage ANTLR parsing.
-
-    The first attempt uses SLL prediction; only when it fails is the input parsed again with the
-    full LL prediction latex2sympy uses. ANTLR guarantees that SLL returns either the parse tree LL
-    would return or a syntax error, and latex2sympy's error listener raises on every syntax error,
-    so results are unchanged; parsing is about 2x faster because full-context LL predictions are
-    never cached. Calls with options math-verify does not use go to the original function.
-    """
-    from antlr4.atn.PredictionMode import PredictionMode
-    from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy, latex2sympy
-
-    class TwoStage(_Latex2Sympy):
-        sll = True
-
-        def create_parser(self, latex_str):
-            parser = super().create_parser(latex_str)
-            if self.sll:
-                parser._interp.predictionMode = PredictionMode.SLL
-            return parser
-
-        def parse(self, latex_str):
-            try:
-                return super().parse(latex_str)
-            except Exception:
-                if not self.sll:
-                    raise
-                self.sll = False
-                return super().parse(latex_str)
-
-    def two_stage(latex_str, is_real=None, convert_degrees=False, normalization_config=None, **options):
-        if normalization_config is not None or options:
-            return latex2sympy(latex_str, is_real=is_real, convert_degrees=convert_degrees,
-                               normalization_config=normalization_config, **options)
-        return TwoStage(is_real=is_real, convert_degrees=convert_degrees).parse(latex_str)
-
-    return two_stage
-
-
-def _install_two_stage_parser() -> None:
-    """Make math-verify's parser use ``two_stage_latex2sympy`` (in worker processes only)."""
-    import math_verify.parser
-    try:
-        math_verify.parser.latex2sympy = two_stage_latex2sympy()
-    except (ImportError, AttributeError) as e:  # another latex2sympy2_extended layout: keep LL only
-        log.warning("verifier: two-stage LaTeX parsing unavailable (%s); using math-verify as is", e)
-
-
-# One pair per common answer shape; parsing them once in a new worker pays math-verify's first-use
-# costs (grammar and sympy initialisation, ~1 s) before the worker takes timed calls.
-_WARMUP = (("\\frac{\\sqrt{2}}{2}", "\\sqrt{3}"), ("(1,2]", "[1,2)"), ("(1,-2)", "(-\\infty,2)\\cup(3,\\infty)"),
-           ("x^2+2x-1", "(x+1)^2"), ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "6+9i"), ("10^\\circ", "50\\%"),
-           ("\\text{(C)}", "y=2x+3"))
-
-
-def _limit_memory() -> None:
-    """Cap the worker's address space (Linux) so a memory bomb raises MemoryError, not OOM."""
-    try:
-        import resource
-        with open("/proc/self/statm") as f:
-            current = int(f.read().split()[0]) * resource.getpagesize()
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        cap = current + WORKER_MEMORY_HEADROOM
-        resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
-    except (ImportError, OSError, ValueError):
-        pass
-
-
-def _worker_main(conn) -> None:
-    """Worker loop: receive (task, soft_timeout), answer (status, verdict); exit on EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGALRM, _on_alarm)
-    for name in ("math_verify", "latex2sympy2_extended"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    _limit_memory()
-    _install_two_stage_parser()
-    for gold, pred in _WARMUP:
-        _evaluate("verify", gold, pred)
-    conn.send("ready")
-    while True:
-        try:
-            task, soft = conn.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            signal.setitimer(signal.ITIMER_REAL, soft)
-            try:
-                out = _evaluate(*task)
-            except Exception:  # math-verify / sympy failure on this input
-                out = ("unparsable", False)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _SoftTimeout:
-            out = ("timeout", False)
-        conn.send(out)
-
-
-# ---------------------------------------------------------------- caller side (the pool)
-
-
-def _context():
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["math_verify", "graftzoo.envs.verifier"])
-        return ctx
-    return mp.get_context("spawn")
-
-
-class _Worker:
-    def __init__(self, ctx):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True,
-                                name="graftzoo-verifier")
-        self.proc.start()
-        child.close()
-        self.ready = False
-        self.task: int | None = None
-        self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
-
-
-class _Schedule:
-    """Task order for one pool run: tasks are grouped by their first answer (the gold), and a
-    worker keeps taking tasks of the gold it already parsed, then claims an unclaimed gold, and
-    only when every gold is claimed shares one (no worker idles while work is queued)."""
-
-    def __init__(self, tasks: list[tuple[str, str, str]]):
-        self._tasks = tasks
-        self._groups: dict[str, deque[int]] = {}
-        for i, task in enumerate(tasks):
-            self._groups.setdefault(task[1], deque()).append(i)
-        self._owner: dict[str, int] = {}
-        self._current: dict[int, str] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._groups)
-
-    def take(self, slot: int) -> int:
-        key = self._current.get(slot)
-        if key not in self._groups:
-            key = next((g for g in self._groups if g not in self._owner), next(iter(self._groups)))
-            self._owner[key], self._current[slot] = slot, key
-        group = self._groups[key]
-        i = group.popleft()
-        if not group:
-            del self._groups[key]
-            self._owner.pop(key, None)
-        return i
-
-    def put_back(self, i: int) -> None:
-        self._groups.setdefault(self._tasks[i][1], deque()).appendleft(i)
-
-
-class _Pool:
-    """Bounded pool of math-verify workers with a hard wall-clock kill per call."""
-
-    def __init__(self, workers: int):
-        self._ctx = _context()
-        self._workers = [_Worker(self._ctx) for _ in range(workers)]
-        self._lock = threading.Lock()
-        self._failed_starts = 0
-        self.pid = os.getpid()
-
-    def run(self, tasks: list[tuple[str, str, str]], timeout: float) -> list[tuple[str, bool]]:
-        """Run tasks on free workers; return (status, verdict) per task, in order."""
-        with self._lock:
-            if not self._workers:
-                raise RuntimeError("graftzoo verifier: the worker pool was closed during this call")
-            results: list = [None] * len(tasks)
-            queue = _Schedule(tasks)
-            ws = self._workers
-            while queue or any(w.task is not None for w in ws):
-                now = time.monotonic()
-                for k, w in enumerate(ws):
-                    if w.ready and w.task is None and queue:
-                        i = queue.take(k)
-                        try:
-                            w.conn.send((tasks[i], SOFT_TIMEOUT_FRACTION * timeout))
-                        except OSError:  # died while idle: retry the task on a fresh worker
-                            queue.put_back(i)
-                            ws[k] = self._replace(w)
-                            continue
-                        w.task, w.deadline = i, now + timeout
-                waiting = [w for w in ws if not w.ready or w.task is not None]
-                wait_s = max(0.0, min(w.deadline for w in waiting) - now)
-                readable = mp.connection.wait([w.conn for w in waiting], timeout=wait_s)
-                for k, w in enumerate(ws):
-                    if w not in waiting:
-                        continue
-                    if w.conn in readable:
-                        try:
-                            msg = w.conn.recv()
-                        except (EOFError, OSError):
-                            ws[k] = self._replace(w)
-                            if w.task is not None:
-                                log.warning("verifier worker died (exit code %s); replaced", w.proc.exitcode)
-                                results[w.task] = ("unparsable", False)
-                            continue
-                        if msg == "ready":
-                            w.ready, self._failed_starts = True, 0
-                        else:
-                            results[w.task], w.task = msg, None
-                    elif time.monotonic() >= w.deadline:
-                        ws[k] = self._replace(w)
-                        if w.task is not None:
-                            results[w.task] = ("timeout", False)
-            return results
-
-    def _replace(self, w: _Worker) -> _Worker:
-        """Kill ``w`` (hung or dead) and start a fresh worker in its place; raise when workers keep
-        dying before they are ready (a broken install, or an unguarded main script)."""
-        w.kill()
-        if not w.ready:
-            self._failed_starts += 1
-            if self._failed_starts >= MAX_FAILED_STARTS:
-                raise RuntimeError(
-                    f"graftzoo verifier: {self._failed_starts} math-verify workers in a row died while starting "
-                    f"(last exit code {w.proc.exitcode}); is math-verify importable, and is the main script "
-                    "guarded by `if __name__ == '__main__':`?")
-            log.warning("verifier worker died while starting (exit code %s); retrying", w.proc.exitcode)
-        return _Worker(self._ctx)
-
-    def close(self) -> None:
-        with self._lock:
-            for w in self._workers:
-                w.kill()
-            self._workers = []
-
-
-_POOL: _Pool | None = None
-_POOL_SIZE = DEFAULT_WORKERS
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> _Pool:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL.pid != os.getpid():  # none yet, or inherited through fork
-            _POOL = _Pool(_POOL_SIZE)
-        return _POOL
-
-
-def configure_pool(workers: int) -> None:
-    """Set the number of math-verify worker processes (default 2); restarts the pool."""
-    global _POOL_SIZE
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"configure_pool: workers must be a positive int, got {workers!r}")
-    close_pool()
-    _POOL_SIZE = workers
-
-
-def close_pool() -> None:
-    """Stop the worker processes (registered with atexit; the next call starts a new pool)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is not None:
-            _POOL.close()
-            _POOL = None
-
-
-atexit.register(close_pool)
-
 
 def clear_caches() -> None:
     """Forget cached verdicts (the workers' parse caches go with ``close_pool``)."""
@@ -515,7 +183,7 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
             pending.setdefault((ref, pred), []).append((i, extracted))
     if pending:
         keys = list(pending)
-        for (ref, pred), (status, correct) in zip(keys, _pool().run([("verify", *k) for k in keys], timeout)):
+        for (ref, pred), (status, correct) in zip(keys, run_tasks([("verify", *k) for k in keys], timeout)):
             if status != "timeout":
                 _VERDICTS.put(("verify", ref, pred), (status, correct))
             for i, extracted in pending[(ref, pred)]:
@@ -546,7 +214,7 @@ def answers_equivalent(a: str, b: str, *, timeout: float = 1.0) -> bool | None:
         return fast
     cached = _VERDICTS.get(("equiv", x, y))
     if cached is None:
-        cached = _pool().run([("equiv", x, y)], timeout)[0]
+        cached = run_tasks([("equiv", x, y)], timeout)[0]
         if cached[0] != "timeout":
             _VERDICTS.put(("equiv", x, y), cached)
     status, same = cached

@@ -21,7 +21,8 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
     without its newline that does not parse is a torn write of a killed run and is ignored.
 
 ``run_dir/eval/<model file name>.json``
-    Final evaluation of one model (``write_eval``); the file name is the model id with "/"
+    Final evaluation of one model (``write_eval``, by the trainer's final evaluation or by
+    ``graftzoo eval``: ``graftzoo.eval.evaluate``); the file name is the model id with "/"
     replaced by "__", the id itself is the ``model`` field::
 
         {"model": "tiny-qwen-char", "step": 174,
@@ -35,6 +36,9 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
     ``avg`` per benchmark. ``avg`` is avg@k over the benchmark's items for this run;
     ``per_seed_run`` holds that score for each evaluation sampling seed, and ``sd``/``ci``
     describe those. The report's ± is a different spread: across training seeds (runs).
+    The trainer's final evaluation (of the held-out split) has one ``benchmarks`` entry per group
+    of prompts (the arithmetic skill, else the prompt's source: ``add``, ``mul``, ...) and the
+    whole split under ``overall``; ``graftzoo eval`` has one entry per benchmark it was asked for.
 
 ``run_dir/summary.json``
     Written at start (status "running") and at the end (``write_summary``; build it with
@@ -159,9 +163,11 @@ def write_config(run_dir, config: Mapping) -> Path:
     return path
 
 
-def write_eval(run_dir, model_id: str, payload: Mapping) -> Path:
-    """Write one model's final eval as ``run_dir/eval/<model>.json`` (validated, atomic)."""
-    path = Path(run_dir) / EVAL_DIR / eval_file_name(model_id)
+def write_eval(run_dir, model_id: str, payload: Mapping, *, folder=None) -> Path:
+    """Write one model's eval as ``run_dir/eval/<model>.json``, or ``folder/<model>.json``
+    (validated, atomic). The only writer of eval files: the trainer's final evaluation and
+    ``graftzoo eval`` both write through ``graftzoo.eval.evaluate.evaluate_and_write``."""
+    path = Path(folder if folder is not None else Path(run_dir) / EVAL_DIR) / eval_file_name(model_id)
     validate_eval(payload, str(path))
     if payload["model"] != model_id:
         raise ArtifactError(f"{path}: payload model {payload['model']!r} != {model_id!r}")

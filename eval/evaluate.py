@@ -1,110 +1,163 @@
-"""Evaluate a policy on a prompt set: greedy accuracy, avg@k and unbiased pass@k (spec algos_single §1.6).
+"""Evaluate a live policy on benchmarks: the one evaluation path of ``graftzoo eval`` and of the
+trainer's own evaluation, and the one place eval result files are written from.
 
-Sampling protocol: an *evaluation run* draws k samples per problem; sample j of run r is drawn
-under its own torch seed ``sample_seed(seed, r, j)``, so any sample is reproducible on its own.
-``summarize`` turns the correctness of every sample into avg@k, its spread and pass@k.
+- ``eval_request(cfg, ...)``: every evaluation setting, unset options filled from ``eval.*``;
+  ``top_p`` is ``eval.top_p``, None meaning ``rollout.top_p`` (``eval_top_p``), in both callers.
+- ``make_eval_engine(policy, cfg, top_p)``: a rollout engine built as in training, with that top-p.
+- ``evaluate_benchmarks(policy, engine, request, task=...)``: the eval payload
+  (``graftzoo.eval.artifacts`` format), every benchmark scored by
+  ``graftzoo.eval.protocol.score_benchmark``. ``group_by`` (one benchmark) reports its groups of
+  prompts as the benchmarks and the whole set as ``overall``: the trainer's layout, whose
+  ``eval_metrics`` are the ``eval/*`` metrics of a run.
+- ``evaluate_and_write``: the same, written with ``graftzoo.eval.artifacts.write_eval``.
 """
 from __future__ import annotations
 
-import math
-import random
-from collections import defaultdict
-from typing import Optional, Sequence
+import copy
+from typing import Callable, Optional
 
-import torch
-
-from graftzoo.eval.metrics import mean_sd_ci, pass_at_k
-
-
-def sample_seed(seed: int, run: int, j: int) -> int:
-    """The torch seed of sample ``j`` of evaluation run ``run`` (distinct per (seed, run, j))."""
-    return random.Random(f"eval:{seed}:{run}:{j}").randrange(2**31)
+from graftzoo.core.models import build_engine
+from graftzoo.envs.task import HELDOUT, Task, load_benchmark, resolve_benchmarks
+from graftzoo.envs.verifier import VERIFIER_VERSION
+from graftzoo.eval.artifacts import write_eval
+from graftzoo.eval.protocol import score_benchmark
 
 
-def _correct(env, groups) -> list:
-    env.score_groups(groups)
-    return [[bool(r.correct) for r in g.rollouts] for g in groups]
+def eval_top_p(cfg: dict) -> float:
+    """The top-p of evaluation: ``eval.top_p``, None meaning ``rollout.top_p``."""
+    top_p = cfg["eval"].get("top_p")
+    return float(cfg["rollout"]["top_p"] if top_p is None else top_p)
 
 
-def greedy_correctness(engine, env, prompts, max_new_tokens=None) -> list:
-    """One greedy response per prompt; its correctness, in prompt order."""
-    groups = engine.generate(list(prompts), 1, greedy=True, max_new_tokens=max_new_tokens)
-    return [c[0] for c in _correct(env, groups)]
+def make_eval_engine(policy, cfg: dict, top_p: Optional[float] = None):
+    """A rollout engine for ``policy`` built as in training, with the eval top-p (``top_p``, else
+    ``eval_top_p(cfg)``)."""
+    cfg = copy.deepcopy(cfg)
+    cfg["rollout"]["top_p"] = float(eval_top_p(cfg) if top_p is None else top_p)
+    return build_engine(policy, cfg)
 
 
-def sample_correctness(engine, env, prompts, k: int, *, seed: int = 0, runs: int = 1,
-                       temperature: Optional[float] = None, max_new_tokens=None) -> list:
-    """``out[r][j][i]``: is sample j of run r on prompt i correct (sampled at ``temperature``)."""
-    prompts = list(prompts)
-    out = []
-    for r in range(runs):
-        per_run = []
-        for j in range(k):
-            torch.manual_seed(sample_seed(seed, r, j))
-            groups = engine.generate(prompts, 1, temperature=temperature, max_new_tokens=max_new_tokens)
-            per_run.append([c[0] for c in _correct(env, groups)])
-        out.append(per_run)
+def eval_request(cfg: dict, benchmarks=None, k: Optional[int] = None, *, seeds: int = 1,
+                 greedy: Optional[bool] = None, temperature: Optional[float] = None, top_p: Optional[float] = None,
+                 max_new_tokens: Optional[int] = None, limit: Optional[int] = None, seed: Optional[int] = None,
+                 select: Optional[str] = None) -> dict:
+    """The full evaluation request: every unset option filled from the run config (``eval.*``;
+    benchmarks default to ``eval.benchmarks``, else ``heldout``). Stored in each eval file."""
+    ev = cfg["eval"]
+    return {"benchmarks": [str(b) for b in resolve_benchmarks(benchmarks or ev.get("benchmarks") or [HELDOUT])],
+            "k": int(ev["k"] if k is None else k), "seeds": int(seeds),
+            "greedy": bool(ev["greedy"] if greedy is None else greedy),
+            "temperature": float(ev["temperature"] if temperature is None else temperature),
+            "top_p": eval_top_p(cfg) if top_p is None else float(top_p),
+            "max_new_tokens": max_new_tokens or ev.get("max_new_tokens"),
+            "limit": limit, "seed": int(cfg["run"]["seed"] if seed is None else seed),
+            "select": select or ev.get("select") or "last"}
+
+
+def heldout_request(cfg: dict) -> dict:
+    """What the trainer evaluates: the held-out split under the run's ``eval.*`` settings."""
+    return eval_request(cfg, [HELDOUT])
+
+
+def prompt_budget(policy, max_new_tokens: int) -> int:
+    """Prompt tokens kept (the last ones, as ``Policy.encode_prompt`` does): the policy's limit,
+    lowered so that prompt + ``max_new_tokens`` fit the model's context window when it has one."""
+    ctx = getattr(getattr(policy.model, "config", None), "max_position_embeddings", None)
+    if not ctx:
+        return policy.max_prompt_tokens
+    if ctx <= max_new_tokens:
+        raise ValueError(f"model {policy.model_id!r}: max_new_tokens={max_new_tokens} leaves no room for a prompt "
+                         f"in its context of {ctx} tokens")
+    return min(policy.max_prompt_tokens, ctx - max_new_tokens)
+
+
+def _engine_name(engine, cfg: Optional[dict]) -> str:
+    if cfg is not None:
+        return str(cfg["rollout"]["engine"])
+    return {"HFEngine": "hf", "VLLMEngine": "vllm"}.get(type(engine).__name__, type(engine).__name__)
+
+
+def evaluate_benchmarks(policy, engine, request: dict, *, task: Optional[Task] = None, step: int = 0,
+                        group_by: Optional[str] = None, log: Optional[Callable[[str], None]] = None) -> dict:
+    """The eval payload of a live ``policy`` generating with ``engine`` (built with the request's
+    top-p: ``make_eval_engine``) under ``request`` (``eval_request``).
+
+    ``task``: the run's task (needed for ``heldout``; its rewards score every benchmark).
+    ``group_by``: a prompt field; with it the one benchmark's groups of prompts are the payload's
+    benchmarks and the whole benchmark is ``overall`` (module docstring)."""
+    k, seeds, limit = int(request["k"]), int(request["seeds"]), request["limit"]
+    if k < 0 or seeds < 1:
+        raise ValueError(f"need k >= 0 and seeds >= 1, got k={k}, seeds={seeds}")
+    names = resolve_benchmarks(request["benchmarks"])
+    if group_by and len(names) != 1:
+        raise ValueError(f"group_by={group_by!r} reports the groups of one benchmark, got {names}")
+    max_new = int(request["max_new_tokens"] or engine.max_new_tokens)
+    temp = float(engine.temperature if request["temperature"] is None else request["temperature"])
+    payload: dict = {"model": policy.model_id, "step": int(step), "benchmarks": {}, "dataset_hashes": {}}
+    saved = policy.max_prompt_tokens
+    policy.max_prompt_tokens = prompt_budget(policy, max_new)
+    try:
+        for name in names:
+            bench = load_benchmark(name, task, limit)
+            rec = score_benchmark(policy, engine, bench, k, seeds=seeds, greedy=bool(request["greedy"]),
+                                  temperature=temp, max_new_tokens=max_new, seed=int(request["seed"]),
+                                  group_by=group_by)
+            rec["truncated_prompts"] = sum(len(policy.tokenizer.encode(policy.render(p), add_special_tokens=False))
+                                           > policy.max_prompt_tokens for p in bench.prompts)
+            if limit is not None:
+                rec["limit"] = int(limit)
+            payload["benchmarks"][bench.name] = rec
+            payload["dataset_hashes"][bench.name] = bench.hash
+            if log:
+                log(_line(policy.model_id, bench.name, rec))
+        budget = policy.max_prompt_tokens
+    finally:
+        policy.max_prompt_tokens = saved
+    payload.update({
+        "verifier": VERIFIER_VERSION, "engine": _engine_name(engine, task.cfg if task is not None else None),
+        "sampling": {"temperature": temp, "top_p": getattr(engine, "top_p", None),
+                     "top_k": getattr(engine, "top_k", None), "max_new_tokens": max_new,
+                     "max_prompt_tokens": budget, "k": k, "seeds": seeds, "greedy": bool(request["greedy"]),
+                     "seed": int(request["seed"]),
+                     "sample_seed": "graftzoo.eval.protocol.sample_seed(seed, run, j)"},
+    })
+    if group_by:
+        (whole,) = payload["benchmarks"].values()
+        payload["benchmarks"] = whole.pop("groups")
+        payload["overall"] = whole
+    return payload
+
+
+def evaluate_and_write(policy, engine, request: dict, run_dir, *, folder=None, task: Optional[Task] = None,
+                       step: int = 0, group_by: Optional[str] = None, extra: Optional[dict] = None,
+                       log: Optional[Callable[[str], None]] = None) -> tuple:
+    """(payload, path): ``evaluate_benchmarks`` plus the ``extra`` fields, written as the model's
+    eval file in ``run_dir/eval/`` (or ``folder``)."""
+    payload = evaluate_benchmarks(policy, engine, request, task=task, step=step, group_by=group_by, log=log)
+    payload.update(extra or {})
+    return payload, write_eval(run_dir, payload["model"], payload, folder=folder)
+
+
+def eval_metrics(payload: dict) -> dict:
+    """The ``eval/*`` metrics of a run from a grouped payload (``group_by``): ``eval/avg``,
+    ``eval/greedy``, and per group ``eval/avg_<group>`` (when sampled) and ``eval/greedy_<group>``."""
+    whole, groups = payload["overall"], payload["benchmarks"]
+    out = {"eval/avg": whole.get("avg"), "eval/greedy": whole.get("greedy")}
+    if whole.get("k", 0) > 0:
+        out.update({f"eval/avg_{g}": rec["avg"] for g, rec in groups.items()})
+    out.update({f"eval/greedy_{g}": rec["greedy"] for g, rec in groups.items() if "greedy" in rec})
     return out
 
 
-def _nan_to_none(x: float) -> Optional[float]:
-    return None if x is None or math.isnan(x) else x
+def fmt_score(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
 
 
-def summarize(correct: Sequence) -> dict:
-    """Scores from ``correct[r][j][i]`` (runs x k samples x items; spec algos_single §1.6).
-
-    - ``avg``: avg@k over every sample of every run (= the mean of the runs' avg@k);
-    - ``per_seed_run``: one score per evaluation run (its avg@k) when there are several runs; with
-      a single run, one score per sample seed j (its avg@1); ``spread_over`` says which;
-    - ``sd`` / ``ci``: sample sd and 95% t-interval of ``per_seed_run`` (None with one value);
-    - ``pass_at_k``: unbiased pass@k over the n = runs*k samples of each item, for k in {1, k, n}.
-    """
-    runs = len(correct)
-    k = len(correct[0]) if runs else 0
-    items = len(correct[0][0]) if k else 0
-    if runs == 0 or k == 0 or items == 0:
-        raise ValueError(f"summarize: need at least one run, sample and item (got {runs}, {k}, {items})")
-    if runs > 1:
-        per_seed = [sum(map(sum, run)) / (k * items) for run in correct]
-    else:
-        per_seed = [sum(sample) / items for sample in correct[0]]
-    mean, sd, lo, hi = mean_sd_ci(per_seed)
-    n = runs * k
-    counts = [sum(correct[r][j][i] for r in range(runs) for j in range(k)) for i in range(items)]
-    return {"avg": sum(counts) / (n * items), "sd": _nan_to_none(sd),
-            "ci": None if math.isnan(lo) else [lo, hi], "per_seed_run": per_seed,
-            "spread_over": "runs" if runs > 1 else "samples", "k": k, "seeds": runs, "n_items": items,
-            "pass_at_k": {str(kk): sum(pass_at_k(n, c, kk) for c in counts) / items for kk in sorted({1, k, n})}}
-
-
-def evaluate_policy(policy, engine, prompts, env, k: int = 1, greedy: bool = True, temperature: float = 1.0,
-                    max_new_tokens=None, seed: int = 0, group_key: str = "skill") -> dict:
-    """Scores of ``policy`` on ``prompts`` (a list of Prompt), overall and per ``group_key``
-    (the prompt's metadata field, else its source): ``summarize`` of k samples per prompt, plus
-    greedy accuracy when ``greedy``."""
-    prompts = list(prompts)
-    out: dict = {"n_items": len(prompts), "k": int(k)}
-    keys = [str(p.metadata.get(group_key, p.source or "all")) for p in prompts]
-
-    def by_key(values):
-        acc = defaultdict(list)
-        for key, v in zip(keys, values):
-            acc[key].append(v)
-        return {key: sum(v) / len(v) for key, v in sorted(acc.items())}
-
-    if greedy:
-        corr = greedy_correctness(engine, env, prompts, max_new_tokens)
-        out["greedy"] = sum(corr) / max(1, len(corr))
-        out["greedy_by"] = by_key([float(c) for c in corr])
-    if k > 0:
-        correct = sample_correctness(engine, env, prompts, k, seed=seed, temperature=temperature,
-                                     max_new_tokens=max_new_tokens)
-        s = summarize(correct)
-        out.update({key: s[key] for key in ("avg", "sd", "ci", "per_seed_run", "pass_at_k")})
-        per_item_c = [sum(sample[i] for sample in correct[0]) for i in range(len(prompts))]
-        out["avg_by"] = by_key([c / k for c in per_item_c])
-        out["pass_at_k_by"] = by_key([pass_at_k(k, c, k) for c in per_item_c])
-    if "avg" not in out:
-        out["avg"] = out.get("greedy", 0.0)
-    return out
+def _line(model: str, name: str, rec: dict) -> str:
+    ci = rec.get("ci")
+    parts = [f"{model}  {name:<14} avg@{rec['k']} {fmt_score(rec['avg'])} ± {fmt_score(rec.get('sd'))}",
+             f"CI [{fmt_score(ci[0])}, {fmt_score(ci[1])}]" if ci else "CI -",
+             " ".join(f"pass@{kk} {fmt_score(v)}" for kk, v in rec.get("pass_at_k", {}).items())]
+    if "greedy" in rec:
+        parts.append(f"greedy {fmt_score(rec['greedy'])}")
+    return "  ".join(parts) + f"  (n={rec['n_items']})"

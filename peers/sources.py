@@ -28,6 +28,9 @@ class PeerSource:
     def peer_of(self, learner_id: str) -> Optional[str]:
         return None
 
+    def observe(self, groups_by_model: dict):
+        """Every trained model's groups of this step, before any update (a no-op unless a source needs them)."""
+
     def state_dict(self) -> dict:
         return {}
 
@@ -48,20 +51,13 @@ class OnlinePeer(PeerSource):
         a, b = self.model_ids
         return b if learner_id == a else a
 
-    def set_step_groups(self, groups_by_model: dict):
+    def observe(self, groups_by_model: dict):
         """Every model's groups of this step (rollouts finished, advantages computed, no update yet)."""
         self._step_groups = {m: {g.prompt.id: g for g in gs} for m, gs in groups_by_model.items()}
 
     def groups(self, prompts, step, epoch, learner_id):
         mine = self._step_groups.get(self.peer_of(learner_id), {})
-        out = {}
-        for p in prompts:
-            if p.id in mine:
-                g = mine[p.id]
-                for r, a in zip(g.rollouts, g.advantages or []):
-                    r.meta["advantage"] = a
-                out[p.id] = g
-        return out
+        return {p.id: mine[p.id] for p in prompts if p.id in mine}
 
 
 def _store_dir(path) -> Path:
@@ -122,11 +118,7 @@ class StoredPeer(PeerSource):
             if text != by_id[pid].text:  # same id, another question: other task settings or seed
                 raise StoreError(f"peer store {self.path}: prompt {pid} is {text!r} in the store but "
                                  f"{by_id[pid].text!r} in this run (different task settings?)")
-        out = rows_to_groups(part, by_id)
-        for g in out.values():
-            for r, a in zip(g.rollouts, g.advantages):
-                r.meta["advantage"] = a
-        return out
+        return rows_to_groups(part, by_id)
 
 
 class MixedPeer(PeerSource):
@@ -140,8 +132,8 @@ class MixedPeer(PeerSource):
     def peer_of(self, learner_id):
         return self.online.peer_of(learner_id)
 
-    def set_step_groups(self, groups_by_model):
-        self.online.set_step_groups(groups_by_model)
+    def observe(self, groups_by_model):
+        self.online.observe(groups_by_model)
 
     def groups(self, prompts, step, epoch, learner_id):
         live = self.online.groups(prompts, step, epoch, learner_id)

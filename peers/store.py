@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.core.types import Group, Origin, Prompt, Rollout
 
 SCHEMA_VERSION = 1
 
@@ -78,7 +78,7 @@ class TrajectoryStore:
             advs = g.advantages or [None] * g.n
             for i, (r, a) in enumerate(zip(g.rollouts, advs)):
                 row = dict(prompt_id=g.prompt.id, step=step, epoch=epoch, model_id=model_id,
-                           tokenizer_id=tokenizer_id or r.meta.get("tokenizer_id", ""),
+                           tokenizer_id=tokenizer_id or r.tokenizer_id,
                            policy_version=r.policy_version, sample_index=i, group_size=g.n,
                            prompt_text=g.prompt.text, gold=g.prompt.gold, dataset=self.dataset or g.prompt.source,
                            text=r.text, reward=float(r.reward), correct=bool(r.correct),
@@ -143,7 +143,10 @@ def rows_to_groups(df, prompts_by_id: Optional[dict] = None) -> dict:
                                  text=row["text"], token_ids=[0] * n_tok, logprobs=lp,
                                  finish_reason=row["finish_reason"], reward=float(row["reward"]),
                                  correct=bool(row["correct"]), extracted=row["extracted"], status=row["status"],
-                                 meta={"tokenizer_id": row["tokenizer_id"], "stored_step": int(row["step"])}))
+                                 tokenizer_id=row["tokenizer_id"],
+                                 origin=Origin(model_id=row["model_id"], tokenizer_id=row["tokenizer_id"],
+                                               mean_logp=lp[0] if lp else 0.0, token_count=n_tok,
+                                               stored_step=int(row["step"]))))
         advs = part["advantage"].tolist()
         out[pid] = Group(prompt=prompt, model_id=first["model_id"], rollouts=rolls,
                          advantages=[float(a) if a == a and a is not None else 0.0 for a in advs], source="peer")

@@ -8,7 +8,7 @@ def scored_rollout(pol, prompt, text, correct):
     ids = pol.encode_text(text) + [pol.eos_id]
     r = Rollout(prompt_id=prompt.id, model_id=pol.model_id, policy_version=0, text=text, token_ids=ids,
                 logprobs=[0.0] * len(ids), prompt_token_ids=pol.encode_prompt(prompt), eos_id=pol.eos_id,
-                reward=float(correct), correct=correct, meta={"tokenizer_id": pol.tokenizer_id})
+                reward=float(correct), correct=correct, tokenizer_id=pol.tokenizer_id)
     score_rollouts(pol, [r])
     return r
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.tracking import METRICS
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.core.trainer import Trainer, train
 
@@ -112,12 +113,57 @@ def test_store_schema_and_pandas(tmp_path):
     assert meta["schema_version"] == 1 and meta["dataset"] == "arithmetic"
 
 
+# metrics every algorithm logs on every step (the tracker fills each name of METRICS, with None
+# where it does not apply, so presence alone proves nothing: these must have values)
+EVERY_STEP = ("reward/mean", "reward/acc", "groups/all_fail", "groups/all_success", "groups/mixed", "groups/count",
+              "clip/frac", "clip/frac_own", "clip/frac_low", "clip/frac_high", "loss", "grad_norm", "lr", "entropy",
+              "ratio/mean", "response/len_mean", "response/trunc_rate", "perf/tokens_per_s", "rollouts/generated",
+              "time/generate", "time/score", "time/logprob", "time/exchange", "time/update", "time/step")
+EXCHANGE = ("peer/admitted", "peer/rejected", "peer/rescued_groups", "tokens/peer_share")  # GRAFT, every step
+CANDIDATES = ("peer/s_mean", "peer/s_median", "peer/s_min", "peer/s_max")  # when a peer response was gated
+
+
+def _records(run_dir) -> list:
+    rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert rows and all(set(METRICS) <= set(r) for r in rows), "a metric name of the vocabulary is missing"
+    return rows
+
+
+def _assert_logged(rows, names):
+    missing = {f"step {r['step']} {r['model']}": [k for k in names if r[k] is None] for r in rows}
+    assert not any(missing.values()), f"metrics that apply but were logged as None: {missing}"
+
+
+def _assert_complementarity(rows):
+    """Co-trained pairs measure complementarity: defined exactly when the learner has all-fail groups."""
+    for r in rows:
+        for k in ("peer/solved_all_fail_frac", "peer/mixed_on_all_fail_frac"):
+            assert (r[k] is not None) == (r["groups/all_fail"] > 0), (r["step"], r["model"], k, r[k])
+
+
 def test_wandb_offline_run_and_metric_vocabulary(tmp_path, monkeypatch):
-    from graftzoo.core.tracking import METRICS
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     out = train(load_config(pair="micro", algo="grpo", overrides=[f"run.out_dir={tmp_path}", "run.steps=1",
-                                                                   "run.eval_at_end=false"]))
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert all(set(METRICS) <= set(r) for r in rows)
+                                                                   "run.eval_at_end=false", "algo.beta_kl=0.01"]))
+    rows = _records(out)
+    assert len(rows) == 2
+    _assert_logged(rows, EVERY_STEP + ("kl",))   # kl: the KL term applies with beta_kl > 0
+    _assert_complementarity(rows)
     assert list(out.glob("wandb/offline-run-*")), "wandb offline run directory missing"
+
+
+def test_graft_run_logs_the_peer_metrics(tmp_path):
+    """A GRAFT step on a pair where exchange happens (addition only, 8 x 8: each micro model has
+    all-fail groups its peer solves; delta 0 admits every candidate) logs the peer metrics."""
+    out = train(micro_cfg(tmp_path, "peer.source=online", "run.steps=1", "run.eval_at_end=false", "task.mix={add: 1}",
+                          "task.difficulty=1", "task.prompts_per_step=8", "rollout.n=8", "algo.delta=0.0",
+                          algo="graft"))
+    rows = _records(out)
+    _assert_logged(rows, EVERY_STEP + EXCHANGE)
+    _assert_complementarity(rows)
+    gated = [r for r in rows if r["peer/admitted"] + r["peer/rejected"] > 0]
+    admitted = [r for r in rows if r["peer/admitted"] > 0]
+    assert admitted, "no peer response was admitted: the run does not exercise the exchange"
+    _assert_logged(gated, CANDIDATES)
+    _assert_logged(admitted, ("clip/frac_peer",))

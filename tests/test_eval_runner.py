@@ -10,10 +10,14 @@ from graftzoo.apps.cli import main
 from graftzoo.core.config import load_config
 from graftzoo.envs.datasets import BENCHMARKS, load_dataset
 from graftzoo.envs.verifier import VERIFIER_VERSION
-from graftzoo.eval import runner
+from graftzoo.core.checkpoint import load_weights
+from graftzoo.envs.task import DEFAULT_VAL_SIZE, Task, resolve_benchmarks, validation_slice
+from graftzoo.eval import evaluate, selection
+from graftzoo.eval.checkpoints import build_policies, load_run_config
+from graftzoo.eval.evaluate import make_eval_engine
 from graftzoo.eval.artifacts import load_run, validate_eval
 from graftzoo.eval.metrics import pass_at_k
-from graftzoo.eval.evaluate import summarize
+from graftzoo.eval.protocol import summarize
 from graftzoo.core.trainer import train
 
 MODELS = ("micro-qwen-char", "micro-gpt2-pair")
@@ -45,11 +49,11 @@ def test_summarize_protocol():
 
 
 def test_resolve_benchmarks():
-    assert runner.resolve_benchmarks("all") == list(BENCHMARKS)
-    assert runner.resolve_benchmarks("amc23, all,heldout") == ["amc23"] + [b for b in BENCHMARKS if b != "amc23"] \
+    assert resolve_benchmarks("all") == list(BENCHMARKS)
+    assert resolve_benchmarks("amc23, all,heldout") == ["amc23"] + [b for b in BENCHMARKS if b != "amc23"] \
         + ["heldout"]
     with pytest.raises(ValueError, match="no benchmark"):
-        runner.resolve_benchmarks(" , ")
+        resolve_benchmarks(" , ")
 
 
 def test_cli_eval_artifact_fields(run_dir):
@@ -89,13 +93,13 @@ def test_run_dir_target_selects_last_and_feeds_the_report(run_dir):
 
 
 def test_load_weights_restores_the_checkpoint(run_dir):
-    cfg = runner.load_run_config(run_dir)
-    pol = runner.build_policies(cfg, [MODELS[1]])[MODELS[1]]
+    cfg = load_run_config(run_dir)
+    pol = build_policies(cfg, [MODELS[1]])[MODELS[1]]
     with torch.no_grad():
         for p in pol.model.parameters():
             p.add_(1.0)
     ckpt = run_dir / "checkpoints" / "step_000001"
-    runner.load_weights(pol, ckpt)
+    load_weights(pol, ckpt)
     saved = torch.load(ckpt / f"{MODELS[1]}.pt", weights_only=False)["policy"]
     for k, v in pol.model.state_dict().items():
         assert torch.equal(v, saved["model"][k]), k
@@ -103,34 +107,34 @@ def test_load_weights_restores_the_checkpoint(run_dir):
 
 
 def test_val_avg_picks_the_best_validation_checkpoint(run_dir, monkeypatch):
-    cfg = runner.load_run_config(run_dir)
-    pols = runner.build_policies(cfg)
-    engines = {m: runner.make_eval_engine(p, cfg) for m, p in pols.items()}
+    cfg = load_run_config(run_dir)
+    pols = build_policies(cfg)
+    engines = {m: make_eval_engine(p, cfg) for m, p in pols.items()}
     seen = []
 
     def fake_score(policy, engine, bench, k, **kw):   # checkpoint of step s has policy.version s + 1
-        seen.append((bench["name"], bench["split"], len(bench["prompts"])))
+        seen.append((bench.name, bench.split, len(bench.prompts)))
         return {"avg": {1: 0.5, 2: 0.25}[policy.version] if policy.model_id == MODELS[0] else 0.1 * policy.version}
 
-    monkeypatch.setattr(runner, "score_benchmark", fake_score)
-    out = runner.select_checkpoints(run_dir, cfg, pols, engines, rule="val_avg", val_size=5, k=1)
+    monkeypatch.setattr(selection, "score_benchmark", fake_score)
+    out = selection.select_checkpoints(run_dir, cfg, pols, engines, rule="val_avg", val_size=5, k=1)
     assert out[MODELS[0]][0].name == "step_000000" and out[MODELS[0]][1]["selected_step"] == 0
     assert out[MODELS[1]][0].name == "step_000001"
     assert out[MODELS[0]][1]["scores"] == {"0": 0.5, "1": 0.25} and out[MODELS[0]][1]["dataset"] == "val"
     assert set(seen) == {("val", "val", 5)}   # never the test split
-    last = runner.select_checkpoints(run_dir, cfg, pols, engines, rule="last")
+    last = selection.select_checkpoints(run_dir, cfg, pols, engines, rule="last")
     assert all(c.name == "step_000001" for c, _ in last.values())
 
 
 @pytest.mark.parametrize("val", ["math500", "heldout", "aime24"])
 def test_selecting_on_a_test_set_raises_unless_allowed(run_dir, monkeypatch, val):
-    cfg = runner.load_run_config(run_dir)
-    with pytest.raises(runner.SelectionError, match="test set"):
-        runner.select_checkpoints(run_dir, cfg, {}, {}, rule="val_avg", val_dataset=val, val_size=2)
-    monkeypatch.setattr(runner, "score_benchmark", lambda *a, **kw: {"avg": 0.0})
+    cfg = load_run_config(run_dir)
+    with pytest.raises(selection.SelectionError, match="test set"):
+        selection.select_checkpoints(run_dir, cfg, {}, {}, rule="val_avg", val_dataset=val, val_size=2)
+    monkeypatch.setattr(selection, "score_benchmark", lambda *a, **kw: {"avg": 0.0})
     pols = {MODELS[0]: object()}
-    monkeypatch.setattr(runner, "load_weights", lambda pol, ckpt: None)
-    out = runner.select_checkpoints(run_dir, cfg, pols, {MODELS[0]: None}, rule="val_avg", val_dataset=val,
+    monkeypatch.setattr(selection, "load_weights", lambda pol, ckpt: None)
+    out = selection.select_checkpoints(run_dir, cfg, pols, {MODELS[0]: None}, rule="val_avg", val_dataset=val,
                                     val_size=2, allow_test=True)
     assert out[MODELS[0]][1]["dataset"] == val
 
@@ -144,13 +148,67 @@ def test_cli_refuses_test_selection(run_dir):
 def test_validation_slice_of_a_training_file():
     cfg = load_config(pair="micro", algo="grpo", overrides=[
         "task.env=graftzoo/MathReasoning-v0", "task.dataset=math_train"])
-    ids = runner.validation_ids(cfg)
-    assert len(ids) == runner.DEFAULT_VAL_SIZE and ids == runner.validation_ids(cfg)
+    ids = Task(cfg).validation_ids()
+    assert len(ids) == DEFAULT_VAL_SIZE and ids == Task(cfg).validation_ids()
     train_ids = {p.id for p in load_dataset("math_train")}
     assert ids <= train_ids
-    val = runner.validation_set(cfg, size=10)
-    assert val["split"] == "val" and len(val["prompts"]) == 10 and not runner.is_test_set(val, cfg)
+    val = Task(cfg).validation(size=10)
+    assert val.split == "val" and len(val.prompts) == 10 and not Task(cfg).is_test_set(val)
     arith = load_config(pair="micro", algo="grpo")
-    assert runner.validation_ids(arith) == set()
+    assert Task(arith).validation_ids() == set()
     with pytest.raises(ValueError, match="validation slice"):
-        runner.validation_slice(load_dataset("amc23"), 40)
+        validation_slice(load_dataset("amc23"), 40)
+
+
+class RecordingEngine:
+    """An engine wrapper that keeps every response text it generates."""
+
+    def __init__(self, engine):
+        self.engine, self.texts = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, *args, **kw):
+        groups = self.engine.generate(*args, **kw)
+        self.texts += [r.text for g in groups for r in g.rollouts]
+        return groups
+
+
+def test_trainer_final_eval_and_graftzoo_eval_are_one_path(tmp_path, monkeypatch):
+    """The trainer's final evaluation and ``graftzoo eval --benchmarks heldout`` on its checkpoint score
+    through the same function with the same samples, and eval.top_p (not rollout.top_p) reaches the engine."""
+    calls = []
+    score = evaluate.score_benchmark
+
+    def spy(policy, engine, bench, k, **kw):
+        rec_engine = RecordingEngine(engine)
+        rec = score(policy, rec_engine, bench, k, **kw)
+        calls.append({"model": policy.model_id, "top_p": engine.top_p, "bench": bench.name, "texts": rec_engine.texts})
+        return rec
+
+    monkeypatch.setattr(evaluate, "score_benchmark", spy)
+    cfg = load_config(pair="micro", algo="grpo", overrides=[
+        "run.steps=1", "run.track=false", "run.progress=false", "task.prompts_per_step=2", "eval.size=6",
+        "eval.k=3", "eval.top_p=0.9", "rollout.top_p=1.0"])
+    run_dir = train(cfg, run_dir=str(tmp_path / "run"))
+    assert [c["model"] for c in calls] == list(MODELS)
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(run_dir / "checkpoints" / "step_000000"),
+                                    "--benchmarks", "heldout"])
+    assert res.exit_code == 0, res.output
+    assert len(calls) == 4 and all(c["top_p"] == 0.9 and c["bench"] == "heldout" for c in calls)
+    for trained, evaluated in zip(calls[:2], calls[2:]):
+        assert trained["model"] == evaluated["model"] and len(trained["texts"]) == 6 * 4   # k = 3 + greedy
+        assert trained["texts"] == evaluated["texts"]
+    for m in MODELS:
+        final = json.loads((run_dir / "eval" / f"{m}.json").read_text())
+        ckpt = json.loads((run_dir / "eval" / "step_000000" / f"{m}.json").read_text())
+        held = ckpt["benchmarks"]["heldout"]
+        for key in ("avg", "sd", "ci", "per_seed_run", "pass_at_k", "greedy", "n_items", "k", "seeds"):
+            assert final["overall"][key] == held[key], key
+        assert final["sampling"] == ckpt["sampling"] and final["sampling"]["top_p"] == 0.9
+        assert set(final["benchmarks"]) == {"add", "mul"}   # the trainer reports the held-out split per skill
+        assert sum(b["n_items"] for b in final["benchmarks"].values()) == held["n_items"]
+    logged = [r for r in load_run(run_dir).metrics if "eval/avg" in r]
+    assert {r["model"]: r["eval/avg"] for r in logged} == {m: json.loads(
+        (run_dir / "eval" / f"{m}.json").read_text())["overall"]["avg"] for m in MODELS}

@@ -13,10 +13,10 @@ from graftzoo.algos.base import StepContext
 from graftzoo.algos.extra import ExTra, ExTraConfig
 from graftzoo.algos.functional import (most_confident_rollout, prefix_cut_points, prefix_entropy_scores,
                                        select_prefix)
-from graftzoo.core.config import load_config
+from graftzoo.core.config import ConfigError, load_config
 from graftzoo.algos.embedders import HashedNgramEmbedder, make_embedder
 from graftzoo.core.models import build_engine, build_policy
-from graftzoo.core.trainer import make_env
+from graftzoo.envs.task import Task
 from graftzoo.core.types import Group, Prompt, Rollout
 
 OVERRIDES = ["pair.train=[micro-qwen-char]", "algo.regen_warmup_steps=0", "algo.prefix_min_gap=3",
@@ -28,7 +28,7 @@ def setup():
     cfg = load_config(pair="micro", algo="extra", overrides=OVERRIDES)
     spec = next(s for s in cfg["pair"]["models"] if s["id"] == "micro-qwen-char")
     policy = build_policy(spec, cfg, seed=0)
-    return cfg, policy, build_engine(policy, cfg), make_env(cfg, "train")
+    return cfg, policy, build_engine(policy, cfg), Task(cfg).train_env
 
 
 def learner_for(cfg, **algo):
@@ -206,9 +206,9 @@ def test_state_dict_round_trip_keeps_memories_and_queue(setup):
 @pytest.mark.parametrize("algo,match", [({"memory_size": 2}, "memory_size"), ({"estimator": "rloo"}, "estimator"),
                                         ({"novelty_mode": "both"}, "novelty_mode"),
                                         ({"embedder": "nope"}, "algo.embedder")])
-def test_bad_config_is_rejected_by_key(setup, algo, match):
-    with pytest.raises(ValueError, match=match):
-        learner_for(setup[0], **algo)
+def test_bad_config_is_rejected_by_key(algo, match):
+    with pytest.raises(ConfigError, match=match):  # at load, before any model is built
+        load_config(pair="micro", algo="extra", overrides=OVERRIDES + [f"algo.{k}={v}" for k, v in algo.items()])
 
 
 def test_cli_end_to_end_micro(tmp_path):

@@ -247,6 +247,7 @@ def test_sgt_augment_worked_advantages():
 
 
 def test_sgt_aux_nll():
-    assert F.sgt_aux_nll_loss(t([-1.0, -3.0])).item() == pytest.approx(2.0)
-    assert F.sgt_aux_nll_loss(t([-1.0, -3.0]), lam=0.5).item() == pytest.approx(1.0)
-    assert F.sgt_aux_nll_loss(t([])).item() == 0.0
+    # lambda * (-1/|Rescue|) * sum l: weights lambda / |Rescue| per rescue response
+    assert F.aux_nll_loss(t([-1.0, -3.0]), t([0.5, 0.5])).item() == pytest.approx(2.0)
+    assert F.aux_nll_loss(t([-1.0, -3.0]), t([0.25, 0.25])).item() == pytest.approx(1.0)   # lambda = 0.5
+    assert F.aux_nll_loss(t([]), t([])).item() == 0.0

@@ -11,10 +11,10 @@ import torch
 import graftzoo.core.xt
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import align_peer_logprobs, group_advantages
-from graftzoo.algos.graft import GRAFT, GRAFTConfig, char_offsets
+from graftzoo.algos.graft import GRAFT, GRAFTConfig
 from graftzoo.core.config import ConfigError, load_config
 from graftzoo.core.models import build_policy
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.core.types import Group, Origin, Prompt, Rollout
 
 LEARNER, PEER = "micro-qwen-char", "micro-gpt2-pair"
 
@@ -67,15 +67,12 @@ def rollout(pol, prompt, text, correct, lp=-1.0):
 
 
 def group(pol, prompt, rewards, lp=-1.0, texts=None):
-    """A group with GRPO advantages set as the trainer does (rollout.meta["advantage"] too)."""
+    """A group with GRPO advantages set as the trainer does."""
     a, b = (int(v) for v in prompt.text.split("+"))
     texts = texts or [f"{a}+{b}+0*{i}={a + b if r else a + b + 1}" for i, r in enumerate(rewards)]  # distinct
     rolls = [rollout(pol, prompt, t, r, lp) for t, r in zip(texts, rewards)]
     adv = group_advantages(torch.tensor(rewards, dtype=torch.float64), torch.zeros(len(rewards), dtype=torch.long))
-    g = Group(prompt=prompt, model_id=pol.model_id, rollouts=rolls, advantages=adv.tolist())
-    for r, x in zip(rolls, g.advantages):
-        r.meta["advantage"] = x
-    return g
+    return Group(prompt=prompt, model_id=pol.model_id, rollouts=rolls, advantages=adv.tolist())
 
 
 def prompts(k):
@@ -358,7 +355,7 @@ def test_token_ratio_none_drops_clipping_for_peer_tokens(pols):
         batch = algo.build_batch(ctx, algo.exchange(ctx, own, peer))
         mb = batch.minibatch(range(len(batch)))
         logp = mb.old_logp + math.log(2.0)                 # ratio 2 > 1 + eps_high everywhere
-        tok, _ = algo.surrogate(logp, mb)
+        tok = algo.surrogate(ctx, logp, mb).token_loss
         losses[mode] = (tok, mb)
     (t_clip, mb), (t_free, _) = losses["learner_old"], losses["none"]
     peer_rows, adv = mb.is_peer, mb.advantages.unsqueeze(1)
@@ -377,24 +374,24 @@ def test_token_ratio_cross_aligned(pols):
     peer_lp = [-0.1 * (k + 1) for k in range(len(ids))]
     pg = Group(p, PEER, [rollout(pl, p, text, 1, peer_lp)] + [rollout(pl, p, f"10+20={31 + i}", 0) for i in range(7)],
                advantages=[2.4749] + [-0.35355] * 7)
-    for r, a in zip(pg.rollouts, pg.advantages):
-        r.meta["advantage"] = a
-        r.meta["char_offsets"] = char_offsets(pl.tokenizer, r.token_ids[:-1], r.text)
+    for r in pg.rollouts:
+        r.char_offsets = pl.char_offsets(r.token_ids[:-1], r.text)
     own = [group(lp, p, FAIL)] + [group(lp, q, MIXED) for q in prompts(4)[1:]]
     algo, cfg = learner("token_ratio=cross_aligned", "delta=0")
     ctx = context(cfg, lp)
     batch = algo.build_batch(ctx, algo.exchange(ctx, own, {p.id: pg}))
     row = next(r for r in batch.rows if r.is_peer and r.rollout.text == text)
     body = lp.encode_text(text)
-    want = align_peer_logprobs(char_offsets(lp.tokenizer, body, text), pg.rollouts[0].meta["char_offsets"], peer_lp)
+    want = align_peer_logprobs(lp.char_offsets(body, text), pg.rollouts[0].char_offsets, peer_lp)
     assert row.old_logp == pytest.approx(want + [-0.1])      # + the peer's EOS log-prob for the learner's EOS
     assert sum(row.old_logp[:-1]) == pytest.approx(sum(peer_lp))   # the peer's mass, spread over learner tokens
     assert len(body) != len(ids)                             # really two tokenizations
     assert row.rollout.logprobs != row.old_logp              # not the learner's theta_old
     # the same run with peer groups from a store (no offsets, no per-token log-probs): a config error
     for r in pg.rollouts:
-        r.meta.pop("char_offsets")
-        r.meta["stored_step"] = 0
+        r.char_offsets = None
+        r.origin = Origin(model_id=PEER, tokenizer_id="", mean_logp=r.mean_logp, token_count=r.token_count,
+                          stored_step=0)
     with pytest.raises(ConfigError, match="token_ratio"):
         algo.exchange(context(cfg, lp), own, {p.id: pg})
     with pytest.raises(ConfigError, match="token_ratio"):

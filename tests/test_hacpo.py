@@ -4,18 +4,20 @@ import copy
 import json
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 from helpers import scored_rollout
 import torch
 from click.testing import CliRunner
 
-from graftzoo.algos.base import StepContext, TrainBatch, TrainRow
-from graftzoo.algos.functional import sequence_mean_logp
+from graftzoo.algos.base import StepContext
+from graftzoo.algos.functional import sequence_mean_logp, sequence_terms_as_tokens
+from graftzoo.core.batch import TrainBatch
 from graftzoo.algos.hacpo import HACPO, HACPOConfig
 from graftzoo.core.config import ConfigError, load_config
 from graftzoo.core.models import build_policy
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.core.types import Group, Prompt, Rollout, TrainRow
 
 torch.set_num_threads(1)
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"
@@ -76,7 +78,7 @@ def test_worked_example_through_the_learner(pols):
     assert [g.source for g in slots] == ["own", "peer"]
     cross = slots[1].rollouts
     assert cross[0].token_ids == pol.encode_text("2+3=5") + [pol.eos_id]
-    assert cross[0].meta["loss_mask"][-1] == 0.0 and sum(cross[0].meta["loss_mask"]) == len(cross[0].token_ids) - 1
+    assert cross[0].loss_mask[-1] == 0.0 and sum(cross[0].loss_mask) == len(cross[0].token_ids) - 1
     # A = [-0.2, -0.2 | 1.8, -0.2]; cross advantages times omega^(P,L) = 2.5
     assert slots[0].advantages == pytest.approx([-0.2, -0.2], rel=1e-5)
     assert slots[1].advantages == pytest.approx([4.5, -0.5], rel=1e-5)
@@ -85,9 +87,11 @@ def test_worked_example_through_the_learner(pols):
     batch = learner.build_batch(ctx, slots)
     mbs = learner.schedule(ctx, batch)
     assert [[batch.rows[i].is_peer for i in mb] for mb in mbs] == [[False, False], [True, True]]
-    for mb in mbs:  # updates u = 0 and 1: floors 0.8 and 0.825
-        learner.loss(ctx, pol, batch.minibatch(mb))
-    assert learner.cross_lower() == pytest.approx(0.85)  # u = 2
+    lows = []
+    for u, mb in enumerate(mbs):  # updates u = 0 and 1: floors 0.8 and 0.825
+        ctx.update = u
+        lows.append(learner.loss(ctx, pol, batch.minibatch(mb))[1]["hacpo/cross_lower"])
+    assert lows == pytest.approx([0.8, 0.825]) and learner.cross_lower(2) == pytest.approx(0.85)
 
     success = [i for i in mbs[1] if batch.rows[i].rollout.correct]
     mb = batch.minibatch(success)
@@ -97,10 +101,11 @@ def test_worked_example_through_the_learner(pols):
     assert float(ell) == pytest.approx(ell_old, abs=1e-5)
 
     def loss_at_u2():
-        learner._update = 2
+        ctx.update = 2
+        mb = learner.build_batch(ctx, slots).minibatch(success)  # the peer's l_P is sequence-level row data
         return learner.loss(ctx, pol, mb)
 
-    cross[0].meta["origin_mean_logp"] = ell_old - math.log(0.9)  # s = 0.9 at theta_old
+    cross[0].origin.mean_logp = ell_old - math.log(0.9)  # s = 0.9 at theta_old
     loss, met = loss_at_u2()
     assert float(loss.detach()) == pytest.approx(-0.9 * 0.9 * 2.5 * 1.8, rel=1e-4)  # objective 3.645
     assert met["hacpo/cross_lower"] == pytest.approx(0.85)
@@ -109,7 +114,7 @@ def test_worked_example_through_the_learner(pols):
                                      mb.loss_mask).sum(), pol.model)
     assert torch.allclose(g_loss, -(0.9 ** 2) * 2.5 * 1.8 * g_ell, rtol=1e-3, atol=1e-6)
 
-    cross[0].meta["origin_mean_logp"] = ell_old - math.log(0.8)  # s = 0.8 < 0.85: a constant
+    cross[0].origin.mean_logp = ell_old - math.log(0.8)  # s = 0.8 < 0.85: a constant
     loss, met = loss_at_u2()
     assert float(loss.detach()) == pytest.approx(-0.85 * 0.85 * 4.5, rel=1e-4)
     assert met["clip/frac_peer"] == 1.0
@@ -120,19 +125,17 @@ def cross_minibatch(s_values, adv):
     """Cross rows with sequence ratio s at logp = 0 (origin l_P = -log s), for the surrogate alone."""
     rows = []
     for i, (s, a) in enumerate(zip(s_values, adv)):
-        r = Rollout(prompt_id="p", model_id="peer", policy_version=0, text="x", token_ids=[5, 6], eos_id=0,
-                    meta={"origin_mean_logp": -math.log(s)})
-        rows.append(TrainRow([1], [5, 6], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0], a, 1.0, True, i, r))
+        rows.append(TrainRow([1], [5, 6], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0], a, 1.0, "peer", i, -math.log(s)))
     return TrainBatch(rows, []).minibatch(range(len(rows)))
 
 
 def cross_values(cfg_overrides, u, s_values, adv):
     cfg = run_cfg(*cfg_overrides)
     learner = HACPO(HACPOConfig(**{k: v for k, v in cfg["algo"].items() if k != "name"}), cfg)
-    learner._update = u
     mb = cross_minibatch(s_values, adv)
     logp = torch.zeros(len(s_values), 2, requires_grad=True)
-    tok, _ = learner.surrogate(logp, mb)
+    pg = learner.surrogate(SimpleNamespace(update=u), logp, mb)
+    tok = sequence_terms_as_tokens(pg.token_loss, pg.seq_loss, pg.seq_rows)
     tok[:, 0].sum().backward()
     return tok[:, 0].detach(), logp.grad.abs().sum(1)
 
@@ -172,9 +175,9 @@ def test_self_clip_sets_the_gspo_clip_of_self_samples():
         cfg = run_cfg(*ov, "algo.ratio_form=sequence")
         learner = HACPO(HACPOConfig(**{k: v for k, v in cfg["algo"].items() if k != "name"}), cfg)
         mb = cross_minibatch([1.0], [1.0])
-        mb.is_peer[:] = False
-        tok, info = learner.surrogate(torch.full((1, 2), math.log(1.05)), mb)  # s = 1.05
-        return float(tok[0, 0]), bool(info["clipped_high"].all())
+        mb.role[:] = 0  # a self (own) row
+        pg = learner.surrogate(SimpleNamespace(update=0), torch.full((1, 2), math.log(1.05)), mb)  # s = 1.05
+        return float(pg.token_loss[0, 0]), bool(pg.info["clipped_high"].all())
 
     assert self_loss() == (pytest.approx(-1.0004), True)
     assert self_loss("algo.self_clip=[0.1,0.2]") == (pytest.approx(-1.05), False)
@@ -245,9 +248,8 @@ def test_capability_state_window_and_checkpoint_roundtrip(pols):
 
 
 def test_needs_a_peer_source(pols):
-    cfg = load_config(pair="micro", algo="hacpo", overrides=["run.track=false"])
-    with pytest.raises(ConfigError, match="needs a peer source.*--peer online"):
-        HACPO(HACPOConfig(), cfg)
+    with pytest.raises(ConfigError, match="needs a peer source.*--peer online"):  # at load (needs_peer)
+        load_config(pair="micro", algo="hacpo", overrides=["run.track=false"])
     learner, ctx = make(run_cfg(), pols[QWEN])
     with pytest.raises(ConfigError, match="needs a peer source"):
         learner.exchange(ctx, [group(pols[QWEN], P, ["2+3=5"], [True])], None)

@@ -6,9 +6,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from graftzoo.algos.base import StepContext, config_from
+from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import hit_utility
-from graftzoo.algos.hora import HORA
+from graftzoo.algos.hora import HORA, HORAConfig
+from graftzoo.core.schema import ConfigError, validate
 from graftzoo.core.types import Group, Prompt, Rollout
 
 COUNTS = [(4, 0), (2, 2), (0, 4), (1, 3)]
@@ -57,7 +58,7 @@ class FakePolicy:
 
 def make(G, algo=None, script=None, step=0):
     run_cfg = {"rollout": {"n": G, "max_new_tokens": 8}, "optim": {"minibatches": 1}}
-    learner = HORA(config_from(HORA, dict(algo or {})), run_cfg)
+    learner = HORA(validate(HORAConfig(**dict(algo or {})), run_cfg), run_cfg)  # checked as load_config does
     engine = ScriptedEngine(script or {})
     ctx = StepContext(step=step, epoch=0, cfg=run_cfg, policy=FakePolicy(), engine=engine, env=MarkEnv())
     return learner, ctx, engine
@@ -156,7 +157,7 @@ def test_history_posterior_allocates_without_probe_and_is_checkpointed():
                                         ({"posterior_source": "oracle"}, "posterior_source"),
                                         ({"history_decay": 0.0}, "history_decay")])
 def test_bad_config_is_rejected_by_key(algo, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigError, match=match):
         make(8, algo)
 
 

@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 import graftzoo.algos.om_grpo as om
 from graftzoo.algos.base import StepContext
-from graftzoo.algos.om_grpo import OMGRPO, OMGRPOConfig, token_offsets
-from graftzoo.core.config import load_config
+from graftzoo.algos.om_grpo import OMGRPO, OMGRPOConfig
+from graftzoo.core.policy import Policy
+from graftzoo.core.config import ConfigError, load_config
 from graftzoo.core.models import build_policy
 from graftzoo.core.types import Group, Prompt, Rollout
 
@@ -39,6 +40,8 @@ class TextPolicy:
 
     def decode(self, ids):
         return "".join(chr(i) for i in ids if i)
+
+    char_offsets = Policy.char_offsets
 
 
 class ScriptedEngine:
@@ -118,21 +121,21 @@ def test_unformatted_answers_score_zero_and_any_format_reads_scratchpads():
     assert g.rewards == pytest.approx([1 + 2 / 3, 1 + 2 / 3, 1 + 1 / 3])
 
 
-def test_answer_span_mask_in_rollout_meta():
+def test_answer_span_mask_on_the_rollout():
     own = ["x=\\boxed{12} so \\boxed{15}", "15", "no"]
     ctx, _ = text_ctx({"x": own})
     g = learner(ctx.cfg, contrast=False, answer_grad_scale=0.25).collect(ctx, [Prompt(id="x", text="q")])[0]
-    m = g.rollouts[0].meta["loss_mask"]
+    m = g.rollouts[0].loss_mask
     text = own[0]
     start = text.rindex("15")
     assert len(m) == len(text) + 1 and m[-1] == 1.0                     # EOS keeps its gradient
     assert [i for i, v in enumerate(m) if v != 1.0] == [start, start + 1] and m[start] == 0.25
-    assert g.rollouts[0].meta["kl_mask"] == m
-    assert g.rollouts[1].meta["loss_mask"] == [1.0] * 3                 # unformatted: nothing to mask
+    assert g.rollouts[0].kl_mask == m
+    assert g.rollouts[1].loss_mask == [1.0] * 3                 # unformatted: nothing to mask
     ctx, _ = text_ctx({"x": own})
     g = learner(ctx.cfg, contrast=False, mask_all_boxed=True, mask_kl=False).collect(ctx, [Prompt(id="x", text="q")])[0]
-    m = g.rollouts[0].meta["loss_mask"]
-    assert sum(v == 0.0 for v in m) == 4 and g.rollouts[0].meta["kl_mask"] == [1.0] * len(m)
+    m = g.rollouts[0].loss_mask
+    assert sum(v == 0.0 for v in m) == 4 and g.rollouts[0].kl_mask == [1.0] * len(m)
 
 
 # ---------------------------------------------------------------- gradients with the micro policy
@@ -196,9 +199,9 @@ def test_no_gradient_reaches_answer_tokens(micro, mask_kl):
 def test_token_offsets_fall_back_to_prefix_decoding(micro):
     policy = micro[1]
     ids = policy.encode_text("12+3=15")
-    assert token_offsets(policy, ids, "12+3=15") == [(i, i + 1) for i in range(7)]
+    assert policy.char_offsets(ids, "12+3=15") == [(i, i + 1) for i in range(7)]
     non_canonical = SimpleNamespace(tokenizer=SimpleNamespace(is_fast=False), decode=lambda x: "ab"[:len(x)])
-    assert token_offsets(non_canonical, [7, 8], "ab") == [(0, 1), (1, 2)]
+    assert Policy.char_offsets(non_canonical, [7, 8], "ab") == [(0, 1), (1, 2)]
 
 
 def test_contrast_prompts_fit_the_context(micro):
@@ -249,10 +252,12 @@ def test_heldout_prompts_are_the_evaluation_set(micro):
                                         ({"answer_grad_scale": 1.5}, "answer_grad_scale"),
                                         ({"contrast_max_new_tokens": 0}, "contrast_max_new_tokens")])
 def test_bad_config_is_rejected_by_key(algo, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ConfigError, match=match):  # at load, before any model is built
+        load_config(pair="micro", algo="om_grpo", overrides=[f"algo.{k}={v}" for k, v in algo.items()])
+    with pytest.raises(ConfigError, match=match):  # direct construction checks the declared fields too
         learner({"rollout": {"n": 4}}, **algo)
-    with pytest.raises(ValueError, match="rollout.n"):
-        learner({"rollout": {"n": 1}})
+    with pytest.raises(ConfigError, match="rollout.n"):
+        load_config(pair="micro", algo="om_grpo", overrides=["rollout.n=1"])
 
 
 def test_cli_end_to_end_micro_ttt(tmp_path):

@@ -43,13 +43,13 @@ def test_stored_peer_reads_groups_with_behaviour_stats(tmp_path):
     g = out["arith-train-0-1"]
     assert peer.peer_of(A) == B and g.source == "peer" and g.model_id == B
     assert g.rewards == [1.0, 0.0] and g.advantages == [0.5, -0.5]
-    assert [r.meta["advantage"] for r in g.rollouts] == [0.5, -0.5]
+    assert g.advantages == [0.5, -0.5]
     r = g.rollouts[0]
     assert r.token_count == 2 and r.mean_logp == pytest.approx(-1.0)   # EOS excluded when stored
-    assert r.meta["stored_step"] == 1 and r.meta["tokenizer_id"] == "digit_pair"
+    assert r.origin.stored_step == 1 and r.tokenizer_id == "digit_pair"
     assert peer.groups(prompts(3), 5, 0, A) == {}                       # same_step: nothing logged at step 5
     latest = StoredPeer(tmp_path, align="latest").groups(prompts(3), 5, 0, A)
-    assert {g.rollouts[0].meta["stored_step"] for g in latest.values()} == {1}
+    assert {g.rollouts[0].origin.stored_step for g in latest.values()} == {1}
 
 
 def test_store_with_unknown_schema_version_is_refused(tmp_path):
@@ -89,7 +89,7 @@ def test_partly_written_store_is_readable_up_to_its_last_complete_step(tmp_path)
     assert store.steps(B) == [0, 1]
     peer = StoredPeer(tmp_path, align="latest")
     assert len(peer.df) == 2 * 3 * 2
-    assert {g.rollouts[0].meta["stored_step"] for g in peer.groups(prompts(3), 2, 0, A).values()} == {1}
+    assert {g.rollouts[0].origin.stored_step for g in peer.groups(prompts(3), 2, 0, A).values()} == {1}
     assert StoredPeer(tmp_path).groups(prompts(3), 2, 0, A) == {}        # same_step: step 2 never completed
 
 
@@ -111,12 +111,12 @@ def test_mixed_peer_uses_the_store_only_for_the_stored_model(tmp_path):
     write_store(tmp_path, steps=1)
     ps = prompts(3)
     online = OnlinePeer([A, B])
-    online.set_step_groups({A: [group(A, p, [0, 1]) for p in ps], B: [group(B, p, [0, 0]) for p in ps[:2]]})
+    online.observe({A: [group(A, p, [0, 1]) for p in ps], B: [group(B, p, [0, 0]) for p in ps[:2]]})
     fallback = MixedPeer(online, StoredPeer(tmp_path))
     got = fallback.groups(ps, 0, 0, A)                    # B's live groups, the store where B has none
-    assert [("stored_step" in got[p.id].rollouts[0].meta) for p in ps] == [False, False, True]
+    assert [got[p.id].rollouts[0].origin is not None for p in ps] == [False, False, True]
     always = MixedPeer(online, StoredPeer(tmp_path), mix_ratio=1.0)
-    assert all("stored_step" in g.rollouts[0].meta for g in always.groups(ps, 0, 0, A).values())
+    assert all(g.rollouts[0].origin is not None for g in always.groups(ps, 0, 0, A).values())
     # B's peer is A, which the store does not hold: B gets A's live groups, never B's own stored ones
     for src in (fallback, always):
         assert {g.model_id for g in src.groups(ps, 0, 0, B).values()} == {A}

@@ -61,7 +61,7 @@ def step(pols, own_correct, peer_correct, *overrides):
 
 
 def injected(group):
-    return [i for i, r in enumerate(group.rollouts) if r.meta.get("sgt_injected")]
+    return [i for i, r in enumerate(group.rollouts) if r.role == "peer"]
 
 
 def test_augment_worked_example(pols):
@@ -80,7 +80,7 @@ def test_augment_worked_example(pols):
     assert r.prompt_token_ids == pols[QWEN].encode_prompt(P)
     assert all(g.rollouts[i] is groups[0].rollouts[i] for i in range(G) if i != pos)
     assert (ctx.metrics["peer/rescued_groups"], ctx.metrics["peer/admitted"], ctx.metrics["peer/rejected"]) == (1, 1, 0)
-    assert ctx.metrics["peer/s_mean"] == pytest.approx(math.exp(r.mean_logp - r.meta["origin_mean_logp"]))
+    assert ctx.metrics["peer/s_mean"] == pytest.approx(math.exp(r.mean_logp - r.origin.mean_logp))
 
     batch = learner.build_batch(ctx, slots)
     rows = {id(row.rollout): row for row in batch.rows}
@@ -136,12 +136,12 @@ def test_aux_nll_mode_and_lambda(pols):
     assert slots[0].rollouts == groups[0].rollouts and slots[0].advantages == [0.0] * G
     assert slots[2].advantages == groups[1].advantages
     (r,) = slots[1].rollouts
-    assert r.correct and r.model_id == GPT2 and r.meta["sgt_aux"]
+    assert r.correct and r.model_id == GPT2 and r.role == "aux"
     pol = pols[QWEN]
     ids = torch.tensor([r.prompt_token_ids + r.token_ids])
     logp, _ = pol.logprobs(ids, torch.ones_like(ids), len(r.token_ids))
     nll = -float(sequence_mean_logp(logp, torch.ones_like(logp)).detach())
-    assert met["sgt/aux_nll"] == pytest.approx(nll, abs=1e-5)
+    assert met["loss/aux_nll"] == pytest.approx(nll, abs=1e-5)
     _, _, loss3, _ = run("algo.lam=3")
     assert loss3 - loss1 == pytest.approx(2 * nll, rel=1e-4)
     learner, ctx, _, slots = step(pols, [0, 2], [peer_c, peer_c], "algo.mode=aux_nll", "algo.lam=0")
@@ -150,13 +150,18 @@ def test_aux_nll_mode_and_lambda(pols):
     loss0 = float(loss0.detach())
     assert loss1 - loss0 == pytest.approx(nll, rel=1e-4)
     # the rescue rows carry no policy-gradient loss and stay out of its token-mean denominator
-    own = [i for i, row in enumerate(batch.rows) if not row.rollout.meta.get("sgt_aux")]
+    learner, ctx, _, slots = step(pols, [0, 2], [peer_c, peer_c], "algo.mode=aux_nll")
+    batch = learner.build_batch(ctx, slots)
+    own = [i for i, row in enumerate(batch.rows) if row.role != "aux"]
+    assert len(own) == len(batch) - 1
 
-    def grpo_loss(idx):
-        return float(Learner.loss(learner, ctx, pol, batch.minibatch(idx))[0].detach())
+    def loss_of(idx):
+        return float(learner.loss(ctx, pol, batch.minibatch(idx))[0].detach())
 
-    assert loss0 == pytest.approx(grpo_loss(own), abs=1e-7)
-    assert loss0 != pytest.approx(grpo_loss(range(len(batch))), abs=1e-7)
+    assert loss_of(range(len(batch))) - nll == pytest.approx(loss_of(own), abs=1e-6)
+    for row in batch.rows:  # the same rows as policy-gradient rows: another loss
+        row.role = "peer" if row.role == "aux" else row.role
+    assert loss_of(range(len(batch))) - nll != pytest.approx(loss_of(own), abs=1e-6)
 
 
 def test_config_and_peer_source_errors(pols):
@@ -164,9 +169,8 @@ def test_config_and_peer_source_errors(pols):
                        ("algo.k_inj=0", "algo.k_inj"), ("algo.tau=1.0", "algo.tau")):
         with pytest.raises(ConfigError, match=match):
             run_cfg(bad)
-    cfg = load_config(pair="micro", algo="sgt", overrides=["run.track=false"])
-    with pytest.raises(ConfigError, match="needs a peer source.*--peer online"):
-        SGT(SGTConfig(), cfg)
+    with pytest.raises(ConfigError, match="needs a peer source.*--peer online"):  # at load (needs_peer)
+        load_config(pair="micro", algo="sgt", overrides=["run.track=false"])
     learner = SGT(SGTConfig(), run_cfg())
     ctx = StepContext(step=0, epoch=0, cfg=run_cfg(), policy=pols[QWEN], engine=None, env=None)
     with pytest.raises(ConfigError, match="needs a peer source"):

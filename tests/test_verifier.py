@@ -8,6 +8,8 @@ from importlib import resources
 import pytest
 
 from graftzoo.envs import verifier as V
+from graftzoo.envs import verify_pool as P
+from graftzoo.envs.verify_worker import two_stage_latex2sympy
 from graftzoo.envs.extract import MAX_RESPONSE_CHARS, extract_answer
 
 
@@ -83,9 +85,9 @@ def test_normalize_answer():
 
 
 def test_fast_path_never_calls_math_verify(monkeypatch):
-    def no_pool():
+    def no_pool(tasks, timeout):
         raise AssertionError("math-verify pool used on the fast path")
-    monkeypatch.setattr(V, "_pool", no_pool)
+    monkeypatch.setattr(V, "run_tasks", no_pool)
     assert V.verify("\\boxed{2082}", "2082") == V.VerifyResult(True, "2082", "ok")
     assert V.verify("\\boxed{2083}", "2082") == V.VerifyResult(False, "2083", "ok")
     assert V.verify("\\boxed{12.50}", "12.5").correct
@@ -129,7 +131,7 @@ def test_two_stage_parser_matches_latex2sympy():
     with resources.files("graftzoo.envs").joinpath("data/math500.jsonl").open() as f:
         answers = [json.loads(line)["answer"] for line in f][:150]
     answers += ["\\frac{", "(1,2", "x^{2", "\\sqrt[3]{8}", "\\{1,2\\}", "1,234", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"]
-    two_stage = V.two_stage_latex2sympy()
+    two_stage = two_stage_latex2sympy()
 
     def outcome(fn, latex):
         try:
@@ -158,13 +160,13 @@ def test_unparsable_answer():
 
 def test_verify_batch_dedupes_and_caches(monkeypatch):
     sent = []
-    run = V._Pool.run
+    run = P._Pool.run
 
     def counting_run(self, tasks, timeout):
         sent.extend(tasks)
         return run(self, tasks, timeout)
 
-    monkeypatch.setattr(V._Pool, "run", counting_run)
+    monkeypatch.setattr(P._Pool, "run", counting_run)
     answers = ["\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", "\\dfrac{\\sqrt2}{2}", "\\sqrt{2}/2", "\\sqrt{3}", "\\sqrt{2}/2",
                "1", "\\sqrt{3}"]
     responses = [f"Hence \\boxed{{{a}}}." for a in answers]
@@ -249,19 +251,19 @@ def test_timeout_then_normal_query():
 
 def test_hard_kill_replaces_a_hung_worker(monkeypatch):
     _start_pool()
-    before = {w.proc.pid for w in V._pool()._workers}
-    monkeypatch.setattr(V, "SOFT_TIMEOUT_FRACTION", 20.0)  # the worker's own timer would fire too late
+    before = {w.proc.pid for w in P._pool()._workers}
+    monkeypatch.setattr(P, "SOFT_TIMEOUT_FRACTION", 20.0)  # the worker's own timer would fire too late
     t0 = time.monotonic()
     assert V.verify("\\boxed{9^{9^{9^9}}}", "12", timeout=0.5).status == "timeout"
     assert time.monotonic() - t0 < 2.0
-    after = {w.proc.pid for w in V._pool()._workers}
+    after = {w.proc.pid for w in P._pool()._workers}
     assert len(before - after) == 1  # exactly the hung worker was killed and replaced
     assert V.verify("\\boxed{\\frac{3}{6}}", "0.5").correct
 
 
 def test_dead_worker_is_replaced():
     _start_pool()
-    for w in V._pool()._workers:
+    for w in P._pool()._workers:
         os.kill(w.proc.pid, signal.SIGKILL)
         w.proc.join()
     assert V.verify_batch(["\\boxed{\\sqrt{4}}", "\\boxed{\\frac{4}{2}}", "\\boxed{3/2}"], ["2", "2", "2"]) == [
@@ -271,7 +273,7 @@ def test_dead_worker_is_replaced():
 
 def test_close_pool_and_restart():
     _start_pool()
-    procs = [w.proc for w in V._pool()._workers]
+    procs = [w.proc for w in P._pool()._workers]
     V.close_pool()
     assert not any(p.is_alive() for p in procs)
     V.clear_caches()

@@ -313,8 +313,36 @@ def gspo_token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: Option
     return torch.exp(log_tok)
 
 
+def sequence_terms_as_tokens(token_loss: Tensor, seq_loss: Optional[Tensor] = None,
+                             seq_rows: Optional[Tensor] = None) -> Tensor:
+    """A ``[B, T]`` token loss in which rows ``seq_rows`` carry one sequence-level value ``seq_loss[b]``
+    (spec algos_peer §2.4.4: HACPO's cross term is defined per sequence).
+
+    The convention that makes a sequence-level term exact under every aggregation of ``agg_loss``
+    (spec algos_single §1.1.3): the value is the row's per-token value. Under ``seq-mean-token-mean`` the
+    row then contributes exactly ``seq_loss[b]``; under ``token-mean`` it is weighted by its token count
+    like every other row; under the token-sum modes it is summed over the row's tokens (the GSPO-token
+    convention, spec algos_single §1.5). Rows outside ``seq_rows`` keep their token losses.
+    """
+    if seq_loss is None:
+        return token_loss
+    if seq_rows is None or seq_rows.shape != seq_loss.shape or seq_loss.dim() != 1 \
+            or seq_loss.shape[0] != token_loss.shape[0]:
+        raise ValueError("sequence_terms_as_tokens: seq_loss and seq_rows must both be [B] for a [B, T] token loss")
+    return torch.where(seq_rows.unsqueeze(1), seq_loss.unsqueeze(1).expand_as(token_loss), token_loss)
+
+
+def aux_nll_loss(mean_logp: Tensor, weights: Tensor) -> Tensor:
+    """Auxiliary NLL ``-sum_i w_i l(y_i; theta)`` over length-normalized sequence log-probs (spec algos_peer
+    §3.2 step 3: SGT ``aux_nll`` sets ``w_i = lambda / |Rescue|``, giving ``lambda * (-1/|Rescue|) sum l``).
+    A minibatch holding part of the rescue set contributes its share. Empty -> 0."""
+    if mean_logp.shape != weights.shape:
+        raise ValueError(f"aux_nll_loss: {tuple(mean_logp.shape)} log-probs for {tuple(weights.shape)} weights")
+    return -(weights.to(mean_logp.dtype) * mean_logp).sum()
+
+
 __all__ = [
-    "AGG_MODES", "group_stats", "group_advantages", "rloo_advantages", "zero_variance_groups",
+    "sequence_terms_as_tokens", "aux_nll_loss", "AGG_MODES", "group_stats", "group_advantages", "rloo_advantages", "zero_variance_groups",
     "dapo_overlong_penalty", "agg_loss", "ratio_surrogate", "clipped_surrogate", "kl_k3",
     "entropy_from_logits", "sequence_mean_logp", "gspo_sequence_ratio", "gspo_token_ratio",
 ]

@@ -25,6 +25,14 @@ BALANCE_MODES = ("cap_pvar", "none")
 PEER_POSITIONS = ("last", "first", "uniform")
 
 
+def compatibility_score(learner_mean_logp: Tensor, peer_mean_logp: Tensor, clip: float = 10.0) -> Tensor:
+    """Sequence-level compatibility ``s = exp(clip(l_L - l_P, -clip, clip))`` of a response under the learner
+    and under the model that generated it, each a mean log-prob over its own tokenizer's tokens, EOS
+    excluded (spec algos_peer §1.4 item 4, §4.4.1; HACPO's cross ratio §2.4.4 is the same quantity with the
+    learner's current parameters). Differentiable in both arguments."""
+    return torch.exp((learner_mean_logp - peer_mean_logp).clamp(min=-clip, max=clip))
+
+
 def compatibility_weights(learner_mean_logp, peer_mean_logp, delta: float = 0.8, weight: str = "min_s_1",
                           clip: float = 10.0) -> tuple[Tensor, Tensor]:
     """GRAFT sequence-level compatibility score and weight (spec algos_peer §4.3 step 5, §4.4.1, §4.4.5).
@@ -41,7 +49,7 @@ def compatibility_weights(learner_mean_logp, peer_mean_logp, delta: float = 0.8,
     lP = torch.as_tensor(peer_mean_logp, dtype=torch.float64).detach()
     if lL.shape != lP.shape:
         raise ValueError(f"compatibility_weights: learner shape {tuple(lL.shape)} != peer shape {tuple(lP.shape)}")
-    s = torch.exp((lL - lP).clamp(min=-clip, max=clip))
+    s = compatibility_score(lL, lP, clip)
     admitted = s >= delta
     w = s.clamp(max=1.0) if weight == "min_s_1" else torch.ones_like(s)
     return s, torch.where(admitted, w, torch.zeros_like(w))
@@ -329,8 +337,8 @@ def cross_sequence_ratio(learner_mean_logp: Tensor, source_mean_logp, clamp: flo
     """HACPO cross ratio ``s^(k,j) = exp(clamp(l_k(y; theta) - l_j(y; theta_old^j), -10, 10))``, each mean
     over its own tokenizer's length (v2/CODE form, spec algos_peer §2.4.4). Differentiable in the
     learner's mean log-prob (see ``core.sequence_mean_logp``)."""
-    src = torch.as_tensor(source_mean_logp, dtype=learner_mean_logp.dtype)
-    return torch.exp((learner_mean_logp - src).clamp(min=-clamp, max=clamp))
+    return compatibility_score(learner_mean_logp, torch.as_tensor(source_mean_logp, dtype=learner_mean_logp.dtype),
+                               clamp)
 
 
 def stepwise_lower_bound(update_index: int, lower: float = 0.8, step: float = 0.025) -> float:
@@ -411,18 +419,10 @@ def sgt_augment(learner_rewards, learner_correct: Sequence[bool], injected_rewar
     return pos, r, adv
 
 
-def sgt_aux_nll_loss(rescue_mean_logp: Tensor, lam: float = 1.0) -> Tensor:
-    """SGT auxiliary loss ``lam * (-1/|Rescue|) sum l_n(y; theta)`` over rescue responses, each a
-    length-normalized log-prob (spec algos_peer §3.2 step 3, ``sgt.mode=aux_nll``). Empty -> 0."""
-    if rescue_mean_logp.numel() == 0:
-        return rescue_mean_logp.sum() * 0.0
-    return -lam * rescue_mean_logp.mean()
-
-
 __all__ = [
     "compatibility_weights", "graft_candidates", "graft_cap", "symmetric_cap", "graft_balance",
     "random_count_matched_prompts", "random_count_matched_admission", "minibatch_bounds", "peer_order",
     "separate_minibatches", "align_peer_logprobs", "capability_estimate", "capability_ratio", "hacpo_omegas",
     "hacpo_advantages", "hacpo_discrepancy", "cross_sequence_ratio", "stepwise_lower_bound", "hacpo_cross_loss",
-    "sgt_rescue", "sgt_augment", "sgt_aux_nll_loss",
+    "sgt_rescue", "sgt_augment", "compatibility_score",
 ]

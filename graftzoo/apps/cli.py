@@ -4,14 +4,32 @@ from __future__ import annotations
 import sys
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from graftzoo.core.config import ConfigError
+from graftzoo.apps.demo import demo_cmd
+from graftzoo.apps.grid import grid_cmd
+from graftzoo.apps.options import PEER_FORMS, peer_option
+from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.registry import RegistryError, list_algos
+from graftzoo.core.trainer import train as run_train
+from graftzoo.core.xt import XTOverflowError
+from graftzoo.envs.cli import env_group
+from graftzoo.eval.cli import report_cmd
+from graftzoo.eval.runner import eval_cmd
+from graftzoo.peers.store import StoreError
+
+
+class ConfigUsageError(click.ClickException):
+    """A config the run cannot start with: one line ``Error: ...`` naming the key, exit code 2 (a usage error)."""
+
+    exit_code = 2
+
+    def __init__(self, error: Exception):
+        super().__init__("; ".join(line.strip() for line in str(error).splitlines() if line.strip()))
 
 
 def _progress_printer(label: str):
     """A rich progress bar: step, reward, all-fail fraction and tokens/s per model."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     state = {}
 
     def update(step, total, mets):
@@ -38,7 +56,7 @@ def main():
 @main.command()
 @click.option("--algo", required=True, help="algorithm name or preset (configs/algos/NAME.yaml)")
 @click.option("--pair", default="tiny", show_default=True, help="model pair (configs/pairs/NAME.yaml)")
-@click.option("--peer", default=None, help="online | stored:PATH | mixed:PATH | none")
+@click.option("--peer", default=None, callback=peer_option, help=PEER_FORMS)
 @click.option("--config", "-c", "files", multiple=True, type=click.Path(exists=True), help="extra YAML config files")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="dotted override, e.g. optim.lr=1e-5")
 @click.option("--run-dir", default=None, help="run directory (default: run.out_dir/run.name)")
@@ -46,23 +64,13 @@ def main():
 @click.option("--no-track", is_flag=True, help="turn wandb off (metrics.jsonl is still written)")
 def train(algo, pair, peer, files, overrides, run_dir, no_resume, no_track):
     """Train one model or co-train a pair: graftzoo train --algo grpo --pair tiny [--set key=value ...]."""
-    from graftzoo.core.config import load_config
-    from graftzoo.peers.store import StoreError
-    from graftzoo.core.registry import RegistryError
-    from graftzoo.core.trainer import train as run_train
-    from graftzoo.core.xt import XTOverflowError
-    overrides = list(overrides)
-    if peer:
-        kind, _, path = peer.partition(":")
-        overrides.append(f"peer.source={kind}")
-        if path:
-            overrides.append(f"peer.path={path}")
+    overrides = list(overrides) + peer  # --peer, as peer.* overrides (peer_option)
     if no_track:
         overrides.append("run.track=false")
-    try:
+    try:  # every config check happens here, once, before any model is built
         cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)
     except (ConfigError, RegistryError) as e:
-        raise click.UsageError(str(e))
+        raise ConfigUsageError(e)
     progress = _progress_printer(f"{cfg['algo']['name']} on {cfg['pair']['name']}") if cfg["run"]["progress"] else None
     try:
         out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress)
@@ -79,7 +87,6 @@ def algos():
 @algos.command("list")
 def algos_list():
     """Show each algorithm's name, source and module; failed plugins are reported by name."""
-    from graftzoo.core.registry import list_algos
     entries, failed = list_algos()
     width = max(len(e.name) for e in entries)
     for e in entries:
@@ -90,23 +97,9 @@ def algos_list():
         sys.exit(1)
 
 
-def _mount():
-    from graftzoo.envs.cli import env_group
-    from graftzoo.eval.cli import report_cmd
-    main.add_command(env_group, "env")
-    main.add_command(report_cmd, "report")
-    for modname, attr, name in (("graftzoo.eval.runner", "eval_cmd", "eval"), ("graftzoo.apps.grid", "grid_cmd", "grid"),
-                                ("graftzoo.apps.demo", "demo_cmd", "demo")):
-        try:
-            mod = __import__(modname, fromlist=[attr])
-        except ModuleNotFoundError as e:
-            if e.name != modname:
-                raise
-            continue
-        main.add_command(getattr(mod, attr), name)
-
-
-_mount()
+for _name, _cmd in (("env", env_group), ("eval", eval_cmd), ("report", report_cmd), ("grid", grid_cmd),
+                   ("demo", demo_cmd)):
+    main.add_command(_cmd, _name)
 
 if __name__ == "__main__":
     main()

@@ -19,8 +19,18 @@ import time
 from pathlib import Path
 
 import click
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from graftzoo.apps.grid import load_grid, run_grid, write_report
 from graftzoo.core.config import find_config, load_config, read_yaml
+from graftzoo.core.models import build_engine, build_policy, split_spec
+from graftzoo.envs.task import Task
+from graftzoo.eval.artifacts import eval_file_name
+from graftzoo.eval.compute import joint_charge
+from graftzoo.tiny.build import TinyModelSpec
+from graftzoo.tiny.warmup import warmup_info, warmup_pair
 
 
 def _steps_logged(run_dir: Path) -> int:
@@ -38,9 +48,6 @@ def _steps_logged(run_dir: Path) -> int:
 
 def run_with_progress(grid, cells, jobs: int, console) -> dict:
     """``graftzoo.apps.grid.run_grid`` with a rich progress bar per run (steps logged / steps)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from graftzoo.apps.grid import run_grid
     stop = threading.Event()
     with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
@@ -65,12 +72,8 @@ def run_with_progress(grid, cells, jobs: int, console) -> dict:
 
 def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 0) -> dict:
     """Per model: fraction of its all-fail held-out prompts that the peer solves / where the peer's group is mixed."""
-    import torch
-
-    from graftzoo.core.models import build_engine, build_policy
-    from graftzoo.core.trainer import make_env
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
-    env = make_env(cfg, "test", size=size)
+    env = Task(cfg).make_env("test", size=size)
     prompts = list(env.dataset)
     groups = {}
     for spec in cfg["pair"]["models"]:
@@ -96,7 +99,7 @@ def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 
 def _avg(run_dirs: list, model: str):
     vals = []
     for d in run_dirs:
-        f = Path(d) / "eval" / f"{model.replace('/', '__')}.json"
+        f = Path(d) / "eval" / eval_file_name(model)
         if f.exists():
             bench = json.loads(f.read_text())["benchmarks"]
             vals.append(statistics.fmean(v["avg"] for v in bench.values()))
@@ -104,7 +107,6 @@ def _avg(run_dirs: list, model: str):
 
 
 def _charge(run_dirs: list, model: str):
-    from graftzoo.eval.compute import joint_charge
     vals = []
     for d in run_dirs:
         f = Path(d) / "summary.json"
@@ -163,12 +165,6 @@ def conclusion(cells: list, model_ids: list) -> str:
 @click.option("--jobs", default=2, show_default=True, help="runs in parallel (one torch thread each)")
 def demo_cmd(quick, full, out, jobs):
     """GRAFT vs GRPO on a heterogeneous tiny pair, on CPU, with the paper's table and plots."""
-    from rich.console import Console
-
-    from graftzoo.apps.grid import load_grid, write_report
-    from graftzoo.core.models import split_spec
-    from graftzoo.tiny.build import TinyModelSpec
-    from graftzoo.tiny.warmup import warmup_info, warmup_pair
     console = Console()
     t0 = time.time()
     mode = "full" if full else "quick" if quick else "default"

@@ -5,6 +5,10 @@ DEFAULTS <- configs/pairs/<pair>.yaml <- configs/algos/<algo>.yaml (a preset, if
 <- extra YAML files <- ``key=value`` overrides. Every key must exist in DEFAULTS (or, under
 ``algo.``, in the learner's Config dataclass); an unknown key raises ``ConfigError`` naming it.
 Free-form maps (model specs, task mixes) are marked in FREE and not checked key by key.
+
+Values are checked once, by ``validate`` at the end of ``load_config``: the core keys declared in CORE
+and the learner's Config (choices, bounds and cross-field rules declared on the dataclass, see
+graftzoo.core.schema). ``algo_config`` gives the trainer that Config object without checking again.
 """
 from __future__ import annotations
 
@@ -12,13 +16,13 @@ import copy
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Literal, Optional
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A config key or value is wrong; the message names the key and the file."""
+from graftzoo.core.registry import get_algo
+from graftzoo.core.schema import ConfigError, build, check_value
+from graftzoo.core.schema import validate as validate_algo
 
 
 DEFAULTS: dict = {
@@ -111,6 +115,16 @@ DEFAULTS: dict = {
 }
 
 FREE = {"pair.models", "task.mix", "task.difficulty", "eval.benchmarks", "run.tags", "optim.betas"}
+
+# declared choices (and bounds, as (type, interval)) of core keys, checked like the algo.* fields
+CORE = {
+    "peer.source": Literal["none", "online", "stored", "mixed"],
+    "peer.align": Literal["same_step", "latest"],
+    "xt.overflow": Literal["drop", "truncate", "error"],
+    "rollout.engine": Literal["hf"],          # the only engine in this release
+    "rollout.n": (int, "[1, inf)"),
+    "eval.select": Optional[Literal["last", "val_avg"]],
+}
 
 
 def _merge(base: dict, new: dict, origin: str, prefix: str = "", schema: dict | None = None) -> dict:
@@ -209,32 +223,30 @@ def load_config(pair: str | None = None, algo: str | None = None, files=(), over
 
 
 def validate(cfg: dict) -> dict:
-    """Check algo keys against the learner's Config and fill the learner defaults."""
-    from graftzoo.core.registry import get_algo
-
+    """The one check of a merged run config: algo keys known to the learner's Config, the CORE keys, then
+    the Config's declared types, choices, bounds and cross-field rules (``schema.validate``). Fills the
+    learner's defaults (and derived values) into ``cfg["algo"]``, a plain dict."""
     algo = dict(cfg["algo"])
     name = algo.pop("name", None)
     if not name:
         raise ConfigError("config key 'algo.name' is required")
     cls = get_algo(name)
-    fields = {f.name: f for f in dataclasses.fields(cls.Config)}
+    fields = {f.name for f in dataclasses.fields(cls.Config)}
     for key in algo:
         if key not in fields:
-            raise ConfigError(f"unknown config key 'algo.{key}' for algorithm '{name}'; "
-                              f"known: {sorted(fields)}")
-    full = dataclasses.asdict(cls.Config(**algo))
-    cfg["algo"] = {"name": name, **full}
+            raise ConfigError(f"unknown config key 'algo.{key}' for algorithm '{name}'; known: {sorted(fields)}")
     if not cfg["pair"]["models"]:
         raise ConfigError("no models: give --pair NAME (configs/pairs/NAME.yaml) or pair.models")
-    if cfg["peer"]["source"] not in ("none", "online", "stored", "mixed"):
-        raise ConfigError(f"config key 'peer.source' must be none|online|stored|mixed, got {cfg['peer']['source']!r}")
+    for key, decl in CORE.items():
+        section, sub = key.split(".")
+        tp, rng = decl if isinstance(decl, tuple) else (decl, None)
+        check_value(key, cfg[section][sub], tp, rng)
+    obj = validate_algo(build(cls.Config, algo), cfg)
+    cfg["algo"] = {"name": name, **dataclasses.asdict(obj)}
     return cfg
 
 
-def get(cfg: dict, dotted: str, default: Any = None) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
+def algo_config(cfg: dict):
+    """The learner's Config object from a run config that ``load_config`` checked (not checked again)."""
+    algo = dict(cfg["algo"])
+    return build(get_algo(algo.pop("name")).Config, algo)

@@ -95,7 +95,7 @@ class HFEngine(Engine):
                 text=pol.decode(list(pre) + body), token_ids=list(pre) + toks,
                 logprobs=[0.0] * len(pre) + lp[r][:length], finish_reason=finish,
                 prompt_token_ids=list(pids), eos_id=pol.eos_id, prefix_len=len(pre),
-                meta={"tokenizer_id": pol.tokenizer_id}))
+                tokenizer_id=pol.tokenizer_id))
         return results
 
     def _decode(self, ids, mask, greedy, temp, max_new):

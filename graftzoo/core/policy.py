@@ -6,10 +6,14 @@ here and in generation, so training log-probs equal the behaviour log-probs of t
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
+from graftzoo.core.batch import pad_pairs
 from graftzoo.core.types import Prompt
+from graftzoo.envs.templates import render_prompt
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -76,7 +80,6 @@ class Policy:
         return self.eos_id if pid is None else pid
 
     def render(self, prompt: Prompt) -> str:
-        from graftzoo.envs.templates import render_prompt
         return render_prompt(prompt.text, self.template, self.tokenizer)
 
     def encode_prompt(self, prompt: Prompt) -> list:
@@ -112,6 +115,54 @@ class Policy:
         if with_entropy:
             ent = -(logp_all.exp() * logp_all).sum(-1)
         return logp, ent
+
+    @torch.no_grad()
+    def score_sequences(self, prompts: list, responses: list, *, with_entropy: bool = False,
+                        chunk: int = 256) -> tuple[list, Optional[list]]:
+        """Per-token log-probs (and entropies) of ``responses[i]`` after ``prompts[i]`` (token-id lists) under
+        the current parameters, in eval mode, ``chunk`` sequences per forward pass: the theta_old pass of
+        cross-tokenizer exchange (spec algos_peer §1.4) and of ExTra's prefix mining (spec algos_single §3.3).
+        Returns one list per sequence (None for the entropies unless asked)."""
+        logps, ents = [], [] if with_entropy else None
+        was = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prompts), chunk):
+                ids, att, R = pad_pairs(prompts[start:start + chunk], responses[start:start + chunk], self.pad_id)
+                logp, ent = self.logprobs(ids, att, R, with_entropy=with_entropy)
+                for b, resp in enumerate(responses[start:start + chunk]):
+                    logps.append(logp[b, :len(resp)].tolist())
+                    if with_entropy:
+                        ents.append(ent[b, :len(resp)].float().cpu())
+        finally:
+            self.model.train(was)
+        return logps, ents
+
+    def char_offsets(self, ids: list, text: str) -> list:
+        """``(start, end)`` character span in ``text`` of each token of ``ids`` (the tokenization of ``text``).
+
+        The fast tokenizer's offset mapping when re-encoding ``text`` gives back ``ids`` (or a prefix of
+        them: a truncated response); otherwise spans from decoding growing prefixes. Spans are made
+        non-decreasing. Used by GRAFT's cross-aligned ratio (spec algos_peer §4.4.3) and OM-GRPO's
+        answer-span mask (spec algos_single §4.3).
+        """
+        spans = None
+        if getattr(self.tokenizer, "is_fast", False):
+            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            if list(enc["input_ids"][:len(ids)]) == list(ids):
+                spans = [tuple(o) for o in enc["offset_mapping"][:len(ids)]]
+        if spans is None:
+            spans, prev = [], 0
+            for i in range(len(ids)):
+                end = len(self.decode(ids[:i + 1]))
+                spans.append((prev, max(prev, end)))
+                prev = max(prev, end)
+        out, lo, hi = [], 0, 0
+        for a, b in spans:
+            lo = max(lo, int(a))
+            hi = max(hi, int(b), lo)
+            out.append((lo, hi))
+        return out
 
     # ---- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict:

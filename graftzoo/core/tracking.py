@@ -84,18 +84,3 @@ class Tracker:
             self.wandb_run.finish()
             self.wandb_run = None
 
-
-def read_metrics(run_dir) -> list:
-    p = Path(run_dir) / "metrics.jsonl"
-    if not p.exists():
-        return []
-    out = []
-    for i, line in enumerate(p.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                if i == len(p.read_text().splitlines()):
-                    break  # a torn last line from a killed run
-                raise
-    return out

@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import yaml
 
-from graftzoo.algos.base import StepContext, config_from
+from graftzoo.algos.base import StepContext
 from graftzoo.core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from graftzoo.eval.artifacts import make_summary, write_eval, write_summary
+from graftzoo.core.config import algo_config
+from graftzoo.envs.task import Task
+from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
+from graftzoo.eval.evaluate import (eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request,
+                                    make_eval_engine)
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.core.models import build_engine, build_policy
 from graftzoo.peers.sources import make_peer_source
@@ -33,26 +36,6 @@ from graftzoo.core.tracking import Tracker
 
 def derive_seed(*parts) -> int:
     return random.Random(":".join(str(p) for p in parts)).randrange(2**31)
-
-
-def make_env(cfg: dict, split: str, size: Optional[int] = None):
-    """The task environment (unwrapped), used for scoring and as the prompt source."""
-    import gymnasium as gym
-
-    import graftzoo.envs  # noqa: F401  (registers the ids)
-    task = cfg["task"]
-    kw = dict(reward_correct=task["reward_correct"], reward_wrong=task["reward_wrong"],
-              verifier_timeout=task["verifier_timeout"])
-    if "Arithmetic" in task["env"]:
-        kw.update(size=size or task["size"] or 1, seed=cfg["run"]["seed"] if split == "train" else 999,
-                  mix=task["mix"] or None, difficulty=task["difficulty"] or None, split=split)
-    else:
-        kw.update(dataset=task["dataset"], split=split if split != "train" else task["split"])
-    return gym.make(task["env"], disable_env_checker=True, **kw).unwrapped
-
-
-def is_stream(cfg: dict) -> bool:
-    return "Arithmetic" in cfg["task"]["env"] and cfg["task"]["size"] is None
 
 
 class Trainer:
@@ -82,7 +65,8 @@ class Trainer:
         self.policies = {s["id"]: build_policy(s, cfg, self.seed) for s in specs if s["id"] in train_ids}
         self.engines = {m: build_engine(p, cfg) for m, p in self.policies.items()}
         algo_cls = get_algo(cfg["algo"]["name"])
-        self.learners = {m: algo_cls(config_from(algo_cls, cfg["algo"]), cfg) for m in self.model_ids}
+        algo_cfg = algo_config(cfg)  # checked once by load_config; built here without a second check
+        self.learners = {m: algo_cls(algo_cfg, cfg) for m in self.model_ids}
         self.refs = {}
         if getattr(self.learners[self.model_ids[0]].cfg, "beta_kl", 0) > 0:
             for m, p in self.policies.items():
@@ -92,13 +76,10 @@ class Trainer:
                     q.requires_grad_(False)
                 self.refs[m] = ref
 
-        self.env = make_env(cfg, "train")
-        exclude = ()
-        if cfg["eval"]["select"] == "val_avg" and not is_stream(cfg):
-            from graftzoo.eval.runner import validation_ids
-            exclude = validation_ids(cfg)
-        self.sampler = PromptSampler(cfg, None if is_stream(cfg) else self.env.dataset, exclude)
-        self.dataset_id = "arithmetic" if is_stream(cfg) else getattr(self.env.dataset, "name", cfg["task"]["dataset"])
+        self.task = Task(cfg)
+        self.env = self.task.train_env
+        self.sampler = PromptSampler(cfg, self.task.train_dataset, self.task.reserved_ids)
+        self.dataset_id = self.task.dataset_id
         self.total_steps = int(run["steps"])
         if run["epochs"]:
             self.total_steps = int(run["epochs"]) * self.sampler.steps_per_epoch
@@ -109,7 +90,6 @@ class Trainer:
         self.store = TrajectoryStore(self.run_dir / "store", dataset=self.dataset_id) if cfg["store"]["enabled"] else None
         self.meter = ComputeMeter()
         self.tracker: Optional[Tracker] = None
-        self.eval_results: dict = {}
 
     # ------------------------------------------------------------------------------------------
     def context(self, step: int, epoch: int, m: str, mi: int) -> StepContext:
@@ -133,14 +113,11 @@ class Trainer:
             torch.manual_seed(derive_seed(self.seed, step, m, "generate"))
             gs = self.learners[m].collect(ctx, prompts)
             gs = self.learners[m].advantages(ctx, gs)
-            for g in gs:
-                for r, a in zip(g.rollouts, g.advantages or []):
-                    r.meta["advantage"] = a
             groups[m] = gs
             if self.store is not None:
                 self.store.write(step, epoch, gs, tokenizer_id=self.policies[m].tokenizer_id)
-        if hasattr(self.peers, "set_step_groups"):
-            self.peers.set_step_groups(groups)
+        if self.peers is not None:
+            self.peers.observe(groups)
         batches, xtime = {}, {}
         for m in self.model_ids:
             ctx = ctxs[m]
@@ -159,7 +136,8 @@ class Trainer:
             ctx, pol, learner = ctxs[m], self.policies[m], self.learners[m]
             upd = []
             with self.meter.phase(m, "update"):
-                for idx in learner.schedule(ctx, batches[m]):
+                for u, idx in enumerate(learner.schedule(ctx, batches[m])):
+                    ctx.update = u
                     mb = batches[m].minibatch(idx).to(pol.device)
                     loss, met = learner.loss(ctx, pol, mb)
                     met["grad_norm"] = pol.step(loss)
@@ -185,47 +163,20 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------------------------------
-    def eval_prompts(self):
-        ev = self.cfg["eval"]
-        if ev["dataset"]:
-            from graftzoo.envs.datasets import load_dataset
-            ds = load_dataset(ev["dataset"])
-            return list(ds)[: ev["size"] or len(ds)], None
-        if "Arithmetic" not in self.cfg["task"]["env"]:
-            raise ValueError("config key 'eval.dataset' is required for non-procedural tasks "
-                             "(e.g. eval.dataset=math500); the held-out split is only defined for Arithmetic")
-        env = make_env(self.cfg, "test", size=ev["size"])
-        return list(env.dataset), env
-
     def evaluate(self, step: int, final: bool = False) -> dict:
-        from graftzoo.envs.verifier import VERIFIER_VERSION
-        from graftzoo.eval.evaluate import evaluate_policy
-        ev = self.cfg["eval"]
-        prompts, env = self.eval_prompts()
-        env = env or self.env
+        """Every trained model on the task's held-out split through ``graftzoo eval``'s path
+        (``graftzoo.eval.evaluate``, ``eval.*`` settings); the final evaluation is written to
+        ``RUN/eval/<model>.json``. model id -> payload (its ``eval_metrics`` are logged)."""
+        req = heldout_request(self.cfg)
+        kw = dict(task=self.task, step=step, group_by=self.task.group_field)
         res = {}
         for m in self.model_ids:
+            engine = make_eval_engine(self.policies[m], self.cfg, req["top_p"])
             with self.meter.phase(m, "eval"):
-                r = evaluate_policy(self.policies[m], self.engines[m], prompts, env, k=int(ev["k"]),
-                                    greedy=bool(ev["greedy"]), temperature=float(ev["temperature"]),
-                                    max_new_tokens=ev["max_new_tokens"], seed=self.seed)
-            res[m] = r
-            if final:
-                benches = {}
-                for key, v in r["avg_by"].items():
-                    benches[key] = {"avg": v, "k": r["k"], "n_items": sum(1 for p in prompts
-                                                                          if str(p.metadata.get("skill", p.source or "all")) == key),
-                                    "greedy": r.get("greedy_by", {}).get(key),
-                                    "pass_at_k": {str(r["k"]): r["pass_at_k_by"][key]}}
-                write_eval(self.run_dir, m, {
-                    "model": m, "step": step, "benchmarks": benches,
-                    "overall": {k: r[k] for k in ("avg", "sd", "ci", "per_seed_run", "greedy", "pass_at_k") if k in r},
-                    "dataset_hashes": {"eval": getattr(env.dataset, "hash", None)},
-                    "verifier": VERIFIER_VERSION, "engine": self.cfg["rollout"]["engine"],
-                    "sampling": {"temperature": ev["temperature"], "top_p": self.cfg["rollout"]["top_p"],
-                                 "k": ev["k"], "greedy": ev["greedy"],
-                                 "max_new_tokens": ev["max_new_tokens"] or self.engines[m].max_new_tokens}})
-        self.eval_results = res
+                if final:
+                    res[m], _ = evaluate_and_write(self.policies[m], engine, req, self.run_dir, **kw)
+                else:
+                    res[m] = evaluate_benchmarks(self.policies[m], engine, req, **kw)
         return res
 
     # ------------------------------------------------------------------------------------------
@@ -234,7 +185,6 @@ class Trainer:
         src = None if self.peers is None else {"online": "live", "stored": "stored", "mixed": "mixed"}[self.peers.kind]
         prc = None
         if src == "stored":
-            from graftzoo.eval.artifacts import stored_peer_cost
             try:
                 prc = stored_peer_cost(self.cfg["peer"]["path"], self.peers.peer_of(self.model_ids[0]))
             except Exception:  # the original peer run's compute is optional (amortized charge only)
@@ -243,7 +193,6 @@ class Trainer:
                             compute=self.meter.summary(), peer_source=src, peer_run_compute=prc)
 
     def run(self) -> Path:
-        from graftzoo.eval.artifacts import write_config
         start, wandb_id = 0, None
         ck = latest_checkpoint(self.run_dir) if self.resume else None
         if ck is not None:
@@ -336,15 +285,6 @@ def mean_metrics(records: list) -> dict:
     for k in keys:
         vals = [r[k] for r in records if r.get(k) is not None and not (isinstance(r[k], float) and math.isnan(r[k]))]
         out[k] = statistics.fmean(vals) if vals else None
-    return out
-
-
-def eval_metrics(res: dict) -> dict:
-    out = {"eval/avg": res.get("avg"), "eval/greedy": res.get("greedy")}
-    for k, v in (res.get("avg_by") or {}).items():
-        out[f"eval/avg_{k}"] = v
-    for k, v in (res.get("greedy_by") or {}).items():
-        out[f"eval/greedy_{k}"] = v
     return out
 
 

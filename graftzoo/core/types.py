@@ -1,12 +1,22 @@
-"""The data that flows through graftzoo (DESIGN.md, "The data that flows").
+"""The data contract of graftzoo (DESIGN.md, "The data that flows"; README "Architecture").
 
-Text is the lingua franca between models; token ids belong to one tokenizer.
-These are plain dataclasses so they cross process / Ray boundaries as plain data.
+    Prompt -> Group of Rollouts (one model, one prompt) -> TrainRow (one response as a learner trains on it)
+           -> MiniBatch (tensors, graftzoo.core.batch) -> loss parts (policy gradient, auxiliary NLL, KL)
+
+Text is the lingua franca between models; token ids belong to one tokenizer. Everything here is a
+plain, picklable dataclass: hooks exchange these and nothing else (no string-keyed side channels),
+so they can cross process / Ray boundaries as they are.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Literal, Optional
+
+Role = Literal["own", "peer", "aux"]
+"""What a response is to the learner that trains on it: its own sample (policy gradient, KL), a peer's
+response (policy gradient with the peer's / recomputed advantage, no KL), or an auxiliary target
+(length-normalized NLL only, e.g. SGT ``mode=aux_nll``)."""
+ROLES = ("own", "peer", "aux")
 
 
 @dataclass
@@ -21,12 +31,35 @@ class Prompt:
 
 
 @dataclass
-class Rollout:
-    """One sampled response, in the generating model's tokenizer.
+class Origin:
+    """Where a localized peer response came from (spec algos_peer §1.4): the generating model and
+    tokenizer, and the peer's behaviour mean log-prob ``l_P`` over its own ``token_count`` tokens
+    (EOS excluded). ``stored_step`` is set when the response was read from a trajectory store."""
 
-    ``token_ids`` and ``logprobs`` cover the response only (including the EOS token when the
-    model stopped). ``prefix_len`` counts leading response tokens that were given, not sampled
-    (ExTra prefix regeneration); they carry no gradient.
+    model_id: str
+    tokenizer_id: str
+    mean_logp: float
+    token_count: int
+    stored_step: Optional[int] = None
+
+
+@dataclass
+class Rollout:
+    """One sampled response, in the token ids of the tokenizer that ``tokenizer_id`` names.
+
+    ``token_ids`` and ``logprobs`` cover the response only (including the EOS token when the model
+    stopped). ``prefix_len`` counts leading response tokens that were given, not sampled (ExTra prefix
+    regeneration); they carry no gradient. For a peer response localized into a learner's tokenizer
+    (``origin`` set), ``logprobs`` are the learner's theta_old log-probs of the re-tokenized text.
+
+    Fields that learner hooks set for the loss (None = the default):
+
+    - ``role``: own | peer | aux (see ``Role``);
+    - ``loss_mask``: per-token loss weights, multiplied into the default mask (1 after the prefix);
+    - ``kl_mask``: per-token KL weights of an own response (default: the loss mask);
+    - ``old_logp``: the log-probs the importance ratio is taken against (default: ``logprobs``);
+    - ``char_offsets``: character span of each body token in ``text`` (GRAFT's cross-aligned ratio);
+    - ``dropped``: why a localized response cannot be trained on ("overflow", "empty").
     """
 
     prompt_id: str
@@ -43,7 +76,14 @@ class Rollout:
     extracted: Optional[str] = None
     status: str = ""
     prefix_len: int = 0
-    meta: dict = field(default_factory=dict)
+    tokenizer_id: str = ""
+    role: Role = "own"
+    loss_mask: Optional[list] = None
+    kl_mask: Optional[list] = None
+    old_logp: Optional[list] = None
+    char_offsets: Optional[list] = None
+    origin: Optional[Origin] = None
+    dropped: Optional[str] = None
 
     @property
     def body_ids(self) -> list:
@@ -77,10 +117,11 @@ class Rollout:
 
 @dataclass
 class Group:
-    """One model's rollouts for one prompt, plus their advantages.
+    """One model's rollouts for one prompt, plus their advantages (the one advantage channel).
 
-    ``source`` is "own" for the learner's rollouts and "peer" for grafted / transferred ones;
-    ``weights`` are per-response loss weights (1.0 for own responses).
+    ``source`` is "own" for a slot that holds the learner's group and "peer" for a slot that the
+    exchange filled with peer data (it decides the slot's place in the minibatch order);
+    ``weights`` are per-response loss weights (GRAFT's ``w_i``; None = 1).
     """
 
     prompt: Prompt
@@ -89,7 +130,6 @@ class Group:
     advantages: Optional[list] = None
     source: str = "own"
     weights: Optional[list] = None
-    meta: dict = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -115,12 +155,29 @@ class Group:
     def mixed(self) -> bool:
         return 0 < self.num_correct < self.n
 
+
+@dataclass
+class TrainRow:
+    """One response as a learner trains on it, in the learner's own tokenizer (plain data).
+
+    Token-level: ``old_logp``, ``loss_mask``, ``kl_mask`` (one entry per response token).
+    Sequence-level: ``advantage``, ``weight``, ``role``, ``slot`` (the group slot it came from) and
+    ``origin_mean_logp`` (the peer's ``l_P`` for a localized response, used by HACPO's cross ratio).
+    ``rollout`` is the response it was built from, for inspection only: the loss reads the fields.
+    """
+
+    prompt_ids: list
+    response_ids: list
+    old_logp: list
+    loss_mask: list
+    kl_mask: list
+    advantage: float
+    weight: float
+    role: Role
+    slot: int
+    origin_mean_logp: Optional[float] = None
+    rollout: Optional[Rollout] = None
+
     @property
-    def outcome(self) -> str:
-        return "all_fail" if self.all_fail else "all_success" if self.all_success else "mixed"
-
-
-def to_plain(obj: Any) -> Any:
-    """Dataclass tree -> dicts/lists (for Ray, JSON, Parquet)."""
-    from dataclasses import asdict, is_dataclass
-    return asdict(obj) if is_dataclass(obj) else obj
+    def is_peer(self) -> bool:
+        return self.role == "peer"

@@ -7,10 +7,9 @@ parameters. Mean log-probs are per tokenizer, each over its own token count, EOS
 from __future__ import annotations
 
 import copy
+import dataclasses
 
-import torch
-
-from graftzoo.core.types import Group, Rollout
+from graftzoo.core.types import Origin, Rollout
 
 
 class XTOverflowError(ValueError):
@@ -19,7 +18,7 @@ class XTOverflowError(ValueError):
 
 def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, overflow: str = "drop",
                      append_eos: bool = True) -> Rollout:
-    """One peer rollout as a learner rollout (logprobs filled in later by ``score_rollouts``)."""
+    """One peer rollout as a learner rollout (role "peer"; logprobs filled in by ``score_rollouts``)."""
     ids = policy.encode_text(r.text)
     stopped = r.finish_reason == "stop" and len(ids) <= max_response  # a truncated response did not stop
     dropped = None
@@ -35,37 +34,31 @@ def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, ov
             dropped = "overflow"
     if stopped and (append_eos or not ids):  # a terminal-only response becomes [EOS]
         ids = ids + [policy.eos_id]
-    meta = {"origin_model": r.model_id, "origin_mean_logp": r.mean_logp, "origin_token_count": r.token_count,
-            "origin_tokenizer": r.meta.get("tokenizer_id"), "dropped": dropped}
-    for key in ("advantage",):
-        if key in r.meta:
-            meta[key] = r.meta[key]
+    origin = Origin(model_id=r.model_id, tokenizer_id=r.tokenizer_id, mean_logp=r.mean_logp,
+                    token_count=r.token_count, stored_step=r.origin.stored_step if r.origin else None)
     return Rollout(prompt_id=r.prompt_id, model_id=r.model_id, policy_version=r.policy_version, text=r.text,
                    token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=r.finish_reason,
                    prompt_token_ids=list(prompt_ids), eos_id=policy.eos_id, reward=r.reward, correct=r.correct,
-                   extracted=r.extracted, status=r.status, meta=meta)
+                   extracted=r.extracted, status=r.status, tokenizer_id=policy.tokenizer_id, role="peer",
+                   origin=origin, dropped=dropped)
 
 
-@torch.no_grad()
 def score_rollouts(policy, rollouts: list, chunk: int = 256):
     """Fill ``logprobs`` of rollouts (learner token ids) with the policy's current log-probs."""
-    from graftzoo.algos.base import TrainBatch, TrainRow
     todo = [r for r in rollouts if r.token_ids]
-    for start in range(0, len(todo), chunk):
-        part = todo[start:start + chunk]
-        rows = [TrainRow(r.prompt_token_ids, r.token_ids, [0.0] * len(r.token_ids), [1.0] * len(r.token_ids),
-                         [0.0] * len(r.token_ids), 0.0, 1.0, True, 0, r) for r in part]
-        mb = TrainBatch(rows, [], pad_id=policy.pad_id).minibatch(range(len(rows)))
-        was = policy.model.training
-        policy.model.eval()
-        logp, _ = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
-        policy.model.train(was)
-        for b, r in enumerate(part):
-            r.logprobs = logp[b, :len(r.token_ids)].tolist()
+    if todo:
+        logps, _ = policy.score_sequences([r.prompt_token_ids for r in todo], [r.token_ids for r in todo],
+                                          chunk=chunk)
+        for r, lp in zip(todo, logps):
+            r.logprobs = lp
 
 
 def localize_groups(policy, groups: list, cfg: dict):
-    """Localize every rollout of ``groups`` that another model generated; returns (groups, stats)."""
+    """Localize every rollout of ``groups`` for ``policy``; returns (groups, stats).
+
+    A rollout already in the learner's model and tokenizer keeps its ids and log-probs (it only takes
+    the role "peer"); every other one is re-tokenized and scored under theta_old.
+    """
     overflow = cfg["xt"]["overflow"]
     append_eos = bool(cfg["xt"]["append_eos_if_stopped"])
     max_response = int(getattr(policy, "max_response_tokens", cfg["rollout"]["max_new_tokens"]))
@@ -75,24 +68,23 @@ def localize_groups(policy, groups: list, cfg: dict):
         prompt_ids = policy.encode_prompt(g.prompt)
         rolls = []
         for r in g.rollouts:
-            if r.model_id == policy.model_id and r.meta.get("tokenizer_id") == policy.tokenizer_id:
-                rolls.append(r)
+            if r.model_id == policy.model_id and r.tokenizer_id == policy.tokenizer_id:
+                rolls.append(dataclasses.replace(r, role="peer"))
                 continue
             lr = localize_rollout(policy, prompt_ids, r, max_response, overflow, append_eos)
-            if r.meta.get("tokenizer_id") == policy.tokenizer_id and "stored_step" not in r.meta:
+            if r.tokenizer_id == policy.tokenizer_id and r.origin is None:
                 same_tok += 1
-                body = r.body_ids
-                mismatch += int(policy.encode_text(r.text) != list(body))
+                mismatch += int(policy.encode_text(r.text) != list(r.body_ids))
             rolls.append(lr)
             todo.append(lr)
         ng = copy.copy(g)
         ng.rollouts = rolls
         out.append(ng)
-    score_rollouts(policy, [r for r in todo if not r.meta.get("dropped")])
-    stats = {"xt/responses": len(todo), "xt/dropped": sum(1 for r in todo if r.meta.get("dropped"))}
+    score_rollouts(policy, [r for r in todo if not r.dropped])
+    stats = {"xt/responses": len(todo), "xt/dropped": sum(1 for r in todo if r.dropped)}
     if same_tok:
         stats["xt/id_mismatch_rate"] = mismatch / same_tok
     if todo:
-        peer_tok = sum(r.meta["origin_token_count"] for r in todo)
+        peer_tok = sum(r.origin.token_count for r in todo)
         stats["xt/token_count_ratio"] = sum(r.token_count for r in todo) / peer_tok if peer_tok else None
     return out, stats

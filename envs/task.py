@@ -1,0 +1,225 @@
+"""The task of a run, in one place: what the run config (``task.*`` and the evaluation sets of
+``eval.*``) says about the problems a run trains on, is evaluated on and selects checkpoints on.
+The trainer, OM-GRPO's test-time training and ``graftzoo eval`` all ask a :class:`Task`.
+
+- **training env** (``train_env``): the task's environment on its training split; it scores
+  rollouts and is the prompt source. A procedural task (``procedural``: the registered env is an
+  :class:`ArithmeticEnv`) with ``task.size: null`` is an endless ``stream`` (the sampler draws
+  fresh prompts every step); any other task is a finite ``train_dataset``.
+- **held-out split** (``heldout()``): what the trainer evaluates on and the ``heldout`` benchmark
+  of ``graftzoo eval``: ``eval.dataset`` (its first ``eval.size`` prompts), else the task's
+  ``test`` split (procedural: ``eval.size`` prompts drawn under seed ``HELDOUT_SEED``).
+- **validation split** (``validation()``): the set ``eval.select=val_avg`` picks checkpoints on:
+  ``eval.val_dataset`` when set, else ``eval.val_size`` prompts of the task held out from testing
+  (the procedural ``val`` split, or a fixed slice of the training file, ``validation_slice``,
+  whose ids training leaves out: ``reserved_ids``).
+- **benchmarks** (``load_benchmark``): any dataset name or path, a MathDataset, or ``heldout``;
+  ``is_test_set`` says whether checkpoint selection on one would select on a test set.
+
+Procedural splits never share a question with training (``graftzoo.envs.arithmetic``: held-out
+questions are a hash partition), and the validation slice of a file is disjoint from what the
+sampler trains on.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from functools import cached_property
+from pathlib import Path
+from typing import Optional, Union
+
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
+
+from graftzoo.envs.datasets import BENCHMARKS, MathDataset, load_dataset
+from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv
+
+HELDOUT = "heldout"
+DEFAULT_VAL_SIZE = 64
+HELDOUT_SEED = 999  # the dataset seed of every non-train procedural split (test, val)
+SCORING_DEFAULTS = {"reward_correct": 1.0, "reward_wrong": 0.0, "verifier_timeout": 2.0}
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A loaded prompt set and the env that scores it. ``dataset``: the source dataset's name;
+    ``hash``: the hash of exactly these prompts' source (the sliced set for a validation slice)."""
+
+    name: str
+    prompts: list
+    env: MathReasoningEnv
+    dataset: str
+    hash: str
+    split: Optional[str]
+
+
+def resolve_benchmarks(spec) -> list:
+    """Benchmark names from ``"all"``, ``"a,b"`` or a list (``all`` expands in place, no repeats)."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out: list = []
+    for item in items:
+        if not isinstance(item, str):
+            out.append(item)
+            continue
+        for name in (BENCHMARKS if item.strip() == "all" else [item.strip()]):
+            if name and name not in out:
+                out.append(name)
+    if not out:
+        raise ValueError(f"no benchmark named in {spec!r}")
+    return out
+
+
+def validation_slice(dataset, size: int) -> list:
+    """Indices of the fixed validation slice of a training file: ``size`` items drawn by a seed
+    derived from the file's hash, so every run on that file shares it (sorted)."""
+    n = len(dataset)
+    if not 0 < size < n:
+        raise ValueError(f"validation slice of {size} items out of {n} in {dataset.name!r}: need 0 < size < {n}")
+    return sorted(random.Random(f"val:{dataset.hash}").sample(range(n), size))
+
+
+def _limited(items, limit: Optional[int]) -> list:
+    items = list(items)
+    return items if limit is None else items[:int(limit)]
+
+
+def load_benchmark(bench: Union[str, Path, MathDataset], task: Optional["Task"] = None,
+                   limit: Optional[int] = None) -> Benchmark:
+    """One benchmark: a dataset name or path, a MathDataset, or ``"heldout"`` (needs the run's
+    ``task``); its first ``limit`` prompts. Scored with the task's rewards (defaults without one)."""
+    if bench == HELDOUT:
+        if task is None:
+            raise ValueError("benchmark 'heldout' is the run's held-out split: it needs the run's task (its config)")
+        return task.heldout(limit)
+    ds = bench if isinstance(bench, MathDataset) else load_dataset(bench)
+    env = task.scoring_env(ds) if task is not None else MathReasoningEnv(dataset=ds, **SCORING_DEFAULTS)
+    return Benchmark(ds.name, _limited(ds, limit), env, ds.name, ds.hash, ds.split)
+
+
+class Task:
+    """The task of the run config ``cfg`` (module docstring). Envs are built on first use."""
+
+    group_field = "skill"  # prompts are reported by this metadata field (else by source), e.g. add / mul
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.spec = cfg["task"]
+        self.eval = cfg["eval"]
+        self.seed = int(cfg["run"]["seed"])
+
+    # ---- the training task -----------------------------------------------------------------
+    @cached_property
+    def procedural(self) -> bool:
+        """Whether the env generates its problems (an :class:`ArithmeticEnv`) rather than reading a file."""
+        entry = gym.spec(self.spec["env"]).entry_point
+        cls = load_env_creator(entry) if isinstance(entry, str) else entry
+        return isinstance(cls, type) and issubclass(cls, ArithmeticEnv)
+
+    @property
+    def stream(self) -> bool:
+        """An endless procedural prompt stream (``task.size: null``) rather than a finite dataset."""
+        return self.procedural and self.spec["size"] is None
+
+    @property
+    def env_kwargs(self) -> dict:
+        """The scoring settings every env of this task shares."""
+        return {k: self.spec[k] for k in SCORING_DEFAULTS}
+
+    def make_env(self, split: str, size: Optional[int] = None) -> MathReasoningEnv:
+        """The task's env (unwrapped) on ``split``; ``size`` prompts for a procedural task (default
+        ``task.size``, else 1: a stream's env only scores)."""
+        kw = self.env_kwargs
+        if self.procedural:
+            kw.update(size=size or self.spec["size"] or 1, seed=self.seed if split == "train" else HELDOUT_SEED,
+                      mix=self.spec["mix"] or None, difficulty=self.spec["difficulty"] or None, split=split)
+        else:
+            kw.update(dataset=self.spec["dataset"], split=split if split != "train" else self.spec["split"])
+        return gym.make(self.spec["env"], disable_env_checker=True, **kw).unwrapped
+
+    def scoring_env(self, dataset: MathDataset) -> MathReasoningEnv:
+        """An env that scores responses to ``dataset``'s prompts with this task's rewards."""
+        return MathReasoningEnv(dataset=dataset, **self.env_kwargs)
+
+    @cached_property
+    def train_env(self) -> MathReasoningEnv:
+        """Scores training rollouts; its dataset is the prompt source of a finite task."""
+        return self.make_env("train")
+
+    @property
+    def train_dataset(self) -> Optional[MathDataset]:
+        """The finite training set (None for a stream); the sampler leaves out ``reserved_ids``."""
+        return None if self.stream else self.train_env.dataset
+
+    @property
+    def dataset_id(self) -> str:
+        """The name stored trajectories are filed under."""
+        if self.stream:
+            return "arithmetic"
+        return getattr(self.train_env.dataset, "name", self.spec["dataset"])
+
+    @property
+    def reserved_ids(self) -> set:
+        """Prompt ids training must leave out: the validation slice when ``eval.select=val_avg``."""
+        return self.validation_ids() if self.eval.get("select") == "val_avg" else set()
+
+    # ---- evaluation sets -------------------------------------------------------------------
+    def heldout(self, limit: Optional[int] = None) -> Benchmark:
+        """The held-out split (module docstring), its first ``limit`` prompts."""
+        whole = self._heldout
+        return whole if limit is None else replace(whole, prompts=whole.prompts[:int(limit)])
+
+    @cached_property
+    def _heldout(self) -> Benchmark:
+        ev = self.eval
+        if ev.get("dataset"):
+            ds = load_dataset(ev["dataset"])
+            prompts, env = _limited(ds, ev.get("size") or None), self.scoring_env(ds)
+        elif self.procedural:
+            env = self.make_env("test", size=ev.get("size"))
+            ds, prompts = env.dataset, list(env.dataset)
+        else:
+            try:
+                env = self.make_env("test")
+            except ValueError as e:
+                raise ValueError(f"config key 'eval.dataset' is required: the task's dataset "
+                                 f"{self.spec['dataset']!r} has no test split ({e})") from None
+            ds, prompts = env.dataset, _limited(env.dataset, ev.get("size") or None)
+        return Benchmark(HELDOUT, prompts, env, ds.name, ds.hash, "test")
+
+    def benchmark(self, bench, limit: Optional[int] = None) -> Benchmark:
+        return load_benchmark(bench, self, limit)
+
+    def validation(self, dataset=None, size: Optional[int] = None) -> Benchmark:
+        """The validation set of checkpoint selection (module docstring); ``dataset`` / ``size``
+        override ``eval.val_dataset`` / ``eval.val_size``."""
+        dataset = dataset or self.eval.get("val_dataset")
+        size = int(size or self.eval.get("val_size") or DEFAULT_VAL_SIZE)
+        if dataset:
+            return self.benchmark(dataset, limit=size)
+        if self.procedural:
+            env = self.make_env("val", size=size)
+            return Benchmark("val", list(env.dataset), env, env.dataset.name, env.dataset.hash, "val")
+        train, items = self._validation_slice(size)
+        sliced = MathDataset(f"{train.name}-val", items, split="val")
+        return Benchmark(sliced.name, items, self.scoring_env(train), train.name, sliced.hash, "val")
+
+    def _validation_slice(self, size: int) -> tuple:
+        train = load_dataset(self.spec["dataset"], self.spec["split"])
+        return train, [train[i] for i in validation_slice(train, size)]
+
+    def validation_ids(self) -> set:
+        """Prompt ids of the training-file validation slice (empty when the validation set is not
+        carved from the training data)."""
+        if self.eval.get("val_dataset") or self.procedural:
+            return set()
+        _, items = self._validation_slice(int(self.eval.get("val_size") or DEFAULT_VAL_SIZE))
+        return {p.id for p in items}
+
+    def is_test_set(self, bench: Benchmark) -> bool:
+        """Whether a loaded benchmark is a test set: the held-out split, a dataset whose split is
+        ``test``, one of the GRAFT benchmarks, or one the run evaluates on (eval.benchmarks/dataset)."""
+        listed = set(BENCHMARKS) | {str(b) for b in (self.eval.get("benchmarks") or [])}
+        if self.eval.get("dataset"):
+            listed.add(Path(str(self.eval["dataset"])).stem)
+            listed.add(str(self.eval["dataset"]))
+        return bench.name == HELDOUT or bench.split == "test" or bench.dataset in listed

@@ -1,0 +1,48 @@
+"""``graftzoo grid``: run an algorithm x pair x seed grid (plus ablation variants) and its report.
+
+A grid file (``configs/grids/NAME.yaml``)::
+
+    name: tiny_table1                 # wandb group of every cell; default folder runs/<name>
+    out_dir: runs/tiny_table1         # optional (``--out`` wins)
+    pairs: [micro]                    # configs/pairs/<pair>.yaml
+    seeds: [0, 1, 2]                  # or a count: 3
+    files: []                         # extra config files for every cell (optional)
+    set: {run.steps: 20}              # dotted overrides for every cell (optional)
+    algorithms: [grpo_n8, grpo_n16]   # presets or algorithm names; label = the preset's run.variant
+    variants:                         # ablations and other labelled methods
+      - {label: "GRAFT", algo: graft, peer: online}
+      - {label: "GRAFT w/o gate", algo: graft, peer: online, set: {algo.delta: 0.0}}
+      - {label: "GRAFT (stored)", algo: graft, peer: "stored:{cell:GRPO (n=8)}", each_model: true}
+    eval: {benchmarks: all, k: 8}     # optional: ``graftzoo eval`` on each finished cell
+    report: {baseline: "GRPO (n=8)", budgets: [16, 32]}
+
+A method entry (in ``algorithms`` or ``variants``) has ``algo`` and optionally ``label``, ``set``
+(its own overrides, after the grid's), ``files``, ``peer`` (``online`` | ``none`` |
+``stored:PATH`` | ``mixed:PATH``, where PATH may be ``{cell:LABEL}``: the run directory of the
+method LABEL with the same pair and seed, which then runs first) and ``each_model: true`` (one
+cell per model of the pair, training that model alone: stored-peer methods, whose source is
+one model of an earlier pair run).
+
+Cell ``f"{slug(label)}-{pair}-s{seed}"`` (``f"{slug(label)}-{model}-{pair}-s{seed}"`` with
+``each_model``) trains in ``<grid dir>/<cell>`` with ``run.variant = label``,
+``run.wandb_group = name`` and ``run.tags = [algo, pair, "s<seed>"]``. A cell whose
+``summary.json`` says "done" (and, with an ``eval`` block, whose eval files answer the same
+request) is skipped; an unfinished one is run again and the trainer resumes from its last
+checkpoint. Cells run one after another (``--jobs N``: N at a time), each in its own process
+(output in ``<grid dir>/logs/<cell>.log``), so a failed cell is reported by name and the grid
+goes on; cells that depend on it are not run. The exit code is 1 if any cell failed. At the
+end the report (Table 1, the clip table and the figures) is written to ``<grid dir>/report``.
+
+Modules: ``model`` (Method, Cell, Grid, ordering and selection), ``load`` (reading and expanding a
+grid file), ``run`` (cell status, the runners, ``run_grid``), ``command`` (``graftzoo grid``,
+the dry-run plan, the report).
+"""
+from graftzoo.apps.grid.command import grid_cmd, print_plan, write_report
+from graftzoo.apps.grid.load import load_grid
+from graftzoo.apps.grid.model import Cell, Grid, GridError, Method, order_cells, select_cells, slug
+from graftzoo.apps.grid.run import (cell_status, check_configs, eval_command, eval_done, run_cell_inprocess,
+                                    run_cell_subprocess, run_grid, summary_status)
+
+__all__ = ["Cell", "Grid", "GridError", "Method", "cell_status", "check_configs", "eval_command", "eval_done",
+           "grid_cmd", "load_grid", "order_cells", "print_plan", "run_cell_inprocess", "run_cell_subprocess",
+           "run_grid", "select_cells", "slug", "summary_status", "write_report"]

@@ -1,0 +1,101 @@
+"""``graftzoo grid``: the click command, its dry-run plan and the report of the finished cells."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import click
+
+from graftzoo.apps.grid.load import load_grid
+from graftzoo.apps.grid.model import Grid, GridError, select_cells
+from graftzoo.apps.grid.run import cell_status, check_configs, eval_command, resume_note, run_grid, summary_status
+from graftzoo.core.config import ConfigError
+from graftzoo.eval.artifacts import ArtifactError, load_run
+from graftzoo.eval.plots import plot_fractions, plot_score_vs_compute
+from graftzoo.eval.report import build_table1, clip_fraction_table, to_csv, to_latex, to_markdown
+
+
+def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -> Optional[Path]:
+    """Table 1 (md/csv/tex), the clip table and the figures of the finished cells, in
+    ``<grid dir>/report``; None when nothing is finished."""
+    finished = [c for c in cells if summary_status(c.run_dir) == "done"]
+    if not finished:
+        echo("report skipped: no finished cell")
+        return None
+    labels = [m.label for m in grid.methods]
+    baseline = grid.report.get("baseline") or ("GRPO (n=8)" if "GRPO (n=8)" in labels else labels[0])
+    budgets = tuple(grid.report.get("budgets") or (16, 32))
+    out = grid.root / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        runs = [load_run(c.run_dir) for c in finished]
+        table = build_table1(runs, baseline=baseline, budgets=budgets, methods=labels)
+    except (ArtifactError, ValueError) as e:
+        echo(f"report skipped: {e}")
+        return None
+    md = to_markdown(table)
+    (out / "table1.md").write_text(md, encoding="utf-8")
+    (out / "table1.csv").write_text(to_csv(table), encoding="utf-8")
+    (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
+    (out / "clip_table.md").write_text(to_markdown(clip_fraction_table(runs)), encoding="utf-8")
+    for fname, plot in (("score_vs_compute.png", lambda p: plot_score_vs_compute(runs, p, baseline)),
+                        ("fractions.png", lambda p: plot_fractions(runs, p))):
+        try:
+            plot(out / fname)
+        except ValueError as e:
+            echo(f"figure {fname} skipped: {e}")
+    echo(md)
+    echo(f"report: {out}")
+    return out
+
+
+def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
+    """The cells, their status and the commands that would run them (``--dry-run``)."""
+    echo(f"grid {grid.name}: {len(cells)} cell(s) in {grid.root}")
+    for c in cells:
+        dep = f"  (after {', '.join(c.depends)})" if c.depends else ""
+        status = cell_status(c, grid.eval)
+        echo(f"  [{status}] {c.name}{dep}" + (f": {resume_note(c)}" if status == "resume" else ""))
+        echo("      graftzoo " + shlex.join(c.train_command()[3:]))
+        if grid.eval is not None:
+            echo("      graftzoo " + shlex.join(eval_command(c, grid.eval)[3:]))
+
+
+@click.command("grid")
+@click.argument("grid_file")
+@click.option("--dry-run", is_flag=True, help="print the cells, their status and commands; check configs; run nothing")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="grid folder [default: out_dir or runs/NAME]")
+@click.option("--only", multiple=True, metavar="GLOB", help="run only matching cells (and what they depend on)")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="cells run at a time")
+@click.option("--in-process", is_flag=True, help="run cells in this process instead of child processes")
+@click.option("--no-report", is_flag=True, help="do not write the report at the end")
+def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report):
+    """Run a grid: graftzoo grid configs/grids/NAME.yaml [--dry-run] [--out DIR]."""
+    try:
+        grid = load_grid(grid_file, out)
+        cells = select_cells(grid, only)
+    except (GridError, ConfigError) as e:
+        raise click.ClickException(str(e)) from None
+    if in_process and jobs > 1:
+        raise click.UsageError("--in-process runs one cell at a time; drop --jobs")
+    errors = check_configs(cells)
+    if dry_run:
+        print_plan(grid, cells, click.echo)
+    for name, why in errors.items():
+        click.echo(f"config error in cell {name}: {why}", err=True)
+    if errors:
+        sys.exit(2)
+    if dry_run:
+        return
+    result = run_grid(grid, cells, jobs=jobs, in_process=in_process, echo=click.echo)
+    if not no_report:
+        write_report(grid, cells, echo=click.echo)
+    bad = [n for n, s in result.items() if s in ("failed", "blocked")]
+    counts = {s: sum(1 for v in result.values() if v == s) for s in ("done", "skipped", "failed", "blocked")}
+    click.echo(f"grid {grid.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    if bad:
+        click.echo(f"failed or blocked cells: {', '.join(bad)}", err=True)
+        sys.exit(1)

@@ -1,0 +1,182 @@
+"""Reading a grid file and expanding it into cells (format: the package docstring); nothing is run or created."""
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Optional
+
+from graftzoo.apps.grid.model import Cell, Grid, GridError, Method, order_cells, slug
+from graftzoo.apps.options import PEER_FORMS, PeerOptionError, parse_peer
+from graftzoo.core.config import DEFAULTS, ConfigError, find_config, read_yaml
+from graftzoo.eval.runner import evaluate_checkpoint
+
+GRID_KEYS = {"name", "out_dir", "pairs", "seeds", "files", "set", "algorithms", "variants", "eval", "report"}
+METHOD_KEYS = {"label", "algo", "set", "files", "peer", "each_model"}
+REPORT_KEYS = {"baseline", "budgets"}
+CELL_REF = re.compile(r"^\{cell:(.+)\}$")
+
+
+def _preset_label(algo: str) -> str:
+    p = find_config("algos", algo)
+    variant = (read_yaml(p).get("run") or {}).get("variant") if p is not None else None
+    return str(variant or algo)
+
+
+def _flat(mapping: dict, where: str, prefix: str = "") -> dict:
+    """Dotted overrides from ``{a.b: 1}`` or ``{a: {b: 1}}``; free maps (task.mix ...) and
+    ``algo.*`` values stay whole."""
+    if not isinstance(mapping, dict):
+        raise GridError(f"{where} must be a mapping of dotted config keys to values")
+    out = {}
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and path in DEFAULTS and isinstance(DEFAULTS[path], dict) and path != "algo":
+            out.update(_flat(value, f"{where}.{key}", f"{path}."))
+        elif isinstance(value, dict) and path == "algo":
+            out.update({f"algo.{k}": v for k, v in value.items()})
+        else:
+            out[path] = value
+    return out
+
+
+def _method(entry, where: str) -> Method:
+    if isinstance(entry, str):
+        return Method(label=_preset_label(entry), algo=entry)
+    if not isinstance(entry, dict):
+        raise GridError(f"{where} must be an algorithm name or a mapping with 'algo'")
+    unknown = sorted(set(entry) - METHOD_KEYS)
+    if unknown:
+        raise GridError(f"{where}: unknown key(s) {unknown}; known: {sorted(METHOD_KEYS)}")
+    if not isinstance(entry.get("algo"), str) or not entry["algo"]:
+        raise GridError(f"{where}: key 'algo' (a preset or algorithm name) is required")
+    files = entry.get("files") or []
+    if not isinstance(files, list):
+        raise GridError(f"{where}.files must be a list of config files")
+    peer = entry.get("peer")
+    if peer is not None and not isinstance(peer, str):
+        raise GridError(f"{where}.peer must be {PEER_FORMS}")
+    return Method(label=str(entry.get("label") or _preset_label(entry["algo"])), algo=entry["algo"],
+                  overrides=_flat(entry.get("set") or {}, f"{where}.set"), files=[str(f) for f in files],
+                  peer=peer, each_model=bool(entry.get("each_model", False)))
+
+
+def _pair_models(pair: str, where: str) -> list:
+    p = find_config("pairs", pair)
+    if p is None:
+        raise GridError(f"{where}: unknown pair {pair!r} (no configs/pairs/{pair}.yaml)")
+    data = read_yaml(p)
+    models = data.get("models") or (data.get("pair") or {}).get("models") or []
+    return [m["id"] for m in models]
+
+
+def _peer_overrides(peer: str, where: str) -> tuple:
+    """({peer.* overrides}, label of the referenced method or None); PATH may be ``{cell:LABEL}``."""
+    try:
+        out = parse_peer(peer)
+    except PeerOptionError as e:
+        raise GridError(f"{where}.peer: {e} (PATH may be {{cell:LABEL}})") from None
+    ref = CELL_REF.match(out.get("peer.path", ""))
+    if ref:
+        del out["peer.path"]   # the referenced cell's run directory, set per pair and seed
+    return out, (ref.group(1).strip() if ref else None)
+
+
+def _eval_options(ev, where: str) -> dict:
+    if not isinstance(ev, dict):
+        raise GridError(f"{where} must be a mapping of graftzoo eval options")
+    allowed = {p for p in inspect.signature(evaluate_checkpoint).parameters
+               if p not in ("path", "out", "log", "models")}
+    unknown = sorted(set(ev) - allowed)
+    if unknown:
+        raise GridError(f"{where}: unknown option(s) {unknown}; known: {sorted(allowed)}")
+    return dict(ev)
+
+
+def _read(path: Path) -> tuple:
+    """(path of the grid file, its data), the path looked up in configs/grids when not a file."""
+    if not path.is_file():
+        found = find_config("grids", str(path))
+        if found is None:
+            raise GridError(f"{path}: no such grid file (nor configs/grids/{path}.yaml)")
+        path = found
+    try:
+        return path, read_yaml(path)
+    except ConfigError as e:
+        raise GridError(str(e)) from None
+
+
+def load_grid(path, out: Optional[str] = None) -> Grid:
+    """Read and expand a grid file (format: the package docstring); nothing is run or created."""
+    path, data = _read(Path(path))
+    where = str(path)
+    unknown = sorted(set(data) - GRID_KEYS)
+    if unknown:
+        raise GridError(f"{where}: unknown key(s) {unknown}; known: {sorted(GRID_KEYS)}")
+    name = str(data.get("name") or path.stem)
+    root = Path(out or data.get("out_dir") or Path("runs") / name)
+    pairs = data.get("pairs")
+    pairs = [pairs] if isinstance(pairs, str) else pairs
+    if not pairs or not all(isinstance(p, str) for p in pairs):
+        raise GridError(f"{where}: key 'pairs' must name at least one pair")
+    seeds = data.get("seeds", [0])
+    seeds = list(range(seeds)) if isinstance(seeds, int) and not isinstance(seeds, bool) else seeds
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise GridError(f"{where}: key 'seeds' must be a list of integers or a count")
+    files = [str(f) for f in data.get("files") or []]
+    common = _flat(data.get("set") or {}, f"{where}: set")
+    methods = [_method(e, f"{where}: algorithms[{i}]") for i, e in enumerate(data.get("algorithms") or [])]
+    methods += [_method(e, f"{where}: variants[{i}]") for i, e in enumerate(data.get("variants") or [])]
+    if not methods:
+        raise GridError(f"{where}: no methods: give 'algorithms' and/or 'variants'")
+    labels = [m.label for m in methods]
+    clash = sorted({x for x in labels if labels.count(x) > 1})
+    if clash:
+        raise GridError(f"{where}: method label(s) {clash} repeat; give each a distinct 'label'")
+    by_label = {m.label: m for m in methods}
+    ev = data.get("eval")
+    if ev is not None:
+        ev = _eval_options(ev, f"{where}: eval")
+    report = data.get("report") or {}
+    if not isinstance(report, dict) or set(report) - REPORT_KEYS:
+        raise GridError(f"{where}: report must be a mapping with keys among {sorted(REPORT_KEYS)}")
+
+    cells, names = [], {}
+    for m in methods:
+        mwhere = f"{where}: method {m.label!r}"
+        peer, ref = _peer_overrides(m.peer, mwhere) if m.peer else ({}, None)
+        if ref is not None:
+            if ref not in by_label:
+                raise GridError(f"{mwhere}: peer refers to {{cell:{ref}}} but no method has that label; "
+                                f"labels: {labels}")
+            if by_label[ref].each_model:
+                raise GridError(f"{mwhere}: peer cell {ref!r} trains one model per cell (each_model); "
+                                f"refer to a method that trains the whole pair")
+        for pair in pairs:
+            models = _pair_models(pair, mwhere) if m.each_model else [None]
+            for seed in seeds:
+                for model in models:
+                    stem = slug(m.label) + (f"-{slug(model.split('/')[-1])}" if model else "")
+                    cname = f"{stem}-{pair}-s{seed}"
+                    if cname in names:
+                        raise GridError(f"{where}: methods {names[cname]!r} and {m.label!r} both name a run "
+                                        f"{cname!r}; make their labels differ in letters or digits")
+                    names[cname] = m.label
+                    ov = dict(common)
+                    ov.update(m.overrides)
+                    ov.update({"run.name": cname, "run.variant": m.label, "run.seed": seed,
+                               "run.wandb_group": name, "run.tags": [m.algo, pair, f"s{seed}"],
+                               "run.out_dir": str(root)})
+                    ov.update(peer)
+                    depends = []
+                    if ref is not None:
+                        dep = f"{slug(ref)}-{pair}-s{seed}"
+                        ov["peer.path"] = str(root / dep)
+                        depends.append(dep)
+                    if model is not None:
+                        ov["pair.train"] = [model]
+                    cells.append(Cell(name=cname, label=m.label, algo=m.algo, pair=pair, seed=seed,
+                                      run_dir=root / cname, overrides=ov, files=files + m.files, model=model,
+                                      depends=depends))
+    return Grid(name=name, path=path, root=root, methods=methods, cells=order_cells(cells, where), eval=ev,
+                report=report)

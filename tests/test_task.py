@@ -1,0 +1,108 @@
+"""The task of a run (graftzoo.envs.task): training env, stream vs finite, held-out and validation
+splits (disjoint from training), benchmark loading; one home used by the trainer, OM-GRPO and eval."""
+import gymnasium as gym
+import pytest
+
+from graftzoo.algos import om_grpo
+from graftzoo.core.config import load_config
+from graftzoo.core.sampler import PromptSampler
+from graftzoo.envs.arithmetic import is_heldout
+from graftzoo.envs.datasets import load_dataset
+from graftzoo.envs.env import ArithmeticEnv
+from graftzoo.envs.task import DEFAULT_VAL_SIZE, HELDOUT, Task, load_benchmark
+
+
+def arith(*overrides):
+    return load_config(pair="micro", algo="grpo", overrides=list(overrides))
+
+
+def from_file(*overrides):
+    return arith("task.env=graftzoo/MathReasoning-v0", "task.dataset=math_train", *overrides)
+
+
+def test_procedural_stream_and_finite():
+    task = Task(arith())
+    assert task.procedural and task.stream and task.train_dataset is None and task.dataset_id == "arithmetic"
+    finite = Task(arith("task.size=20"))
+    assert finite.procedural and not finite.stream and len(finite.train_dataset) == 20
+    assert finite.dataset_id == "arithmetic" and finite.train_dataset.split == "train"
+    file_task = Task(from_file())
+    assert not file_task.procedural and not file_task.stream
+    assert file_task.dataset_id == "math_train" and len(file_task.train_dataset) == len(load_dataset("math_train"))
+
+
+def test_procedural_is_a_property_of_the_registered_env_not_of_its_name():
+    class Drills(ArithmeticEnv):
+        pass
+
+    if "graftzoo-test/Drills-v0" not in gym.registry:
+        gym.register(id="graftzoo-test/Drills-v0", entry_point=Drills, kwargs={"template": "compact"})
+    task = Task(arith("task.env=graftzoo-test/Drills-v0"))
+    assert task.procedural and task.stream and isinstance(task.train_env, Drills)
+
+
+def test_env_settings_come_from_the_task_config():
+    task = Task(arith("task.reward_wrong=-1.0", "task.verifier_timeout=3.0", "eval.dataset=amc23"))
+    for env in (task.train_env, task.heldout().env, task.benchmark("math500").env, task.validation().env):
+        assert (env.reward_correct, env.reward_wrong, env.verifier_timeout) == (1.0, -1.0, 3.0)
+
+
+def test_procedural_splits_are_disjoint_from_training():
+    task = Task(arith("task.size=300", "eval.size=50", "eval.val_size=40"))
+    train = {p.text for p in task.train_dataset}
+    held, val = task.heldout(), task.validation()
+    assert len(held.prompts) == 50 and held.name == HELDOUT and held.split == "test"
+    assert len(val.prompts) == 40 and val.name == "val" and val.split == "val" and not task.is_test_set(val)
+    assert not train & {p.text for p in held.prompts} and not train & {p.text for p in val.prompts}
+    assert all(is_heldout(p.text) for p in held.prompts + val.prompts)
+    assert task.is_test_set(held) and task.reserved_ids == set()
+    # a stream draws from the same train partition
+    stream = PromptSampler(arith(), None).batch(0)[0]
+    assert not any(is_heldout(p.text) for p in stream)
+
+
+def test_file_validation_slice_is_left_out_of_training():
+    cfg = from_file("eval.select=val_avg", "eval.val_size=16", "eval.dataset=math500")
+    task = Task(cfg)
+    ids = task.validation_ids()
+    assert len(ids) == 16 and task.reserved_ids == ids
+    val = task.validation()
+    assert {p.id for p in val.prompts} == ids and val.split == "val" and not task.is_test_set(val)
+    sampler = PromptSampler(cfg, task.train_dataset, task.reserved_ids)
+    assert not ids & {p.id for p in sampler.dataset} and len(sampler.dataset) == len(task.train_dataset) - 16
+    held = task.heldout()
+    assert held.dataset == "math500" and len(held.prompts) == cfg["eval"]["size"]
+    assert not {p.id for p in held.prompts} & {p.id for p in task.train_dataset}
+    # only val_avg selection reserves the slice; a separate validation set reserves nothing
+    assert Task(from_file("eval.val_size=16")).reserved_ids == set()
+    assert Task(from_file("eval.select=val_avg", "eval.val_dataset=amc23")).validation_ids() == set()
+    assert len(Task(from_file()).validation_ids()) == DEFAULT_VAL_SIZE
+
+
+def test_heldout_of_a_dataset_task():
+    gsm = Task(arith("task.env=graftzoo/MathReasoning-v0", "task.dataset=gsm8k", "eval.size=7"))
+    held = gsm.heldout()
+    assert held.dataset == "gsm8k_test" and len(held.prompts) == 7
+    assert not {p.id for p in held.prompts} & {p.id for p in gsm.train_dataset}
+    with pytest.raises(ValueError, match="eval.dataset"):   # math_train has no test split
+        Task(from_file()).heldout()
+
+
+def test_benchmark_loading():
+    task = Task(arith("eval.size=6"))
+    b = load_benchmark("amc23", task, limit=3)
+    full = load_dataset("amc23")
+    assert (b.name, b.dataset, b.split, b.hash) == ("amc23", "amc23", "test", full.hash)
+    assert [p.id for p in b.prompts] == [p.id for p in full][:3] and task.is_test_set(b)
+    assert len(load_benchmark("amc23").prompts) == len(full)            # no task: default rewards
+    held = load_benchmark(HELDOUT, task, limit=4)
+    assert [p.id for p in held.prompts] == [p.id for p in task.heldout().prompts][:4]
+    with pytest.raises(ValueError, match="heldout"):
+        load_benchmark(HELDOUT)
+
+
+def test_om_grpo_test_time_training_uses_the_task_heldout_split():
+    cfg = arith("eval.size=5")
+    assert [p.id for p in om_grpo.heldout_prompts(cfg)] == [p.id for p in Task(cfg).heldout().prompts]
+    cfg = arith("eval.dataset=amc23", "eval.size=3")
+    assert [p.id for p in om_grpo.heldout_prompts(cfg)] == [p.id for p in load_dataset("amc23")][:3]
