@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
 import torch

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, group_advantages, is_hard_prompt,
@@ -128,26 +129,9 @@ class ExTra(Learner):
         """(newline token ids, fallback cut token ids) of the policy's tokenizer (spec §3.3 step 3)."""
         if self._cuts is None:
             chars = tuple(self.cfg.fallback_cut_chars)
-
-            def ids_of(strings, strip):
-                found = {i for i in range(min(len(policy.tokenizer), SCAN_IDS))
-                         if (policy.decode([i]).strip(" ") if strip else policy.decode([i])) in strings}
-                for s in strings:
-                    enc = policy.encode_text(s)
-                    if len(enc) == 1:
-                        found.add(enc[0])
-                return found
-
-            self._cuts = (ids_of(NEWLINES, False), ids_of(chars, True) if chars else set())
+            self._cuts = (policy.token_ids_decoding_to(NEWLINES, scan=SCAN_IDS),
+                          policy.token_ids_decoding_to(chars, strip=True, scan=SCAN_IDS) if chars else set())
         return self._cuts
-
-    def _entropies(self, ctx, rollouts) -> list:
-        """Token entropies of theta_old over each rollout's response tokens (spec §3.3, "old-log-prob pass")."""
-        with ctx.phase("logprob"):
-            _, ents = ctx.policy.score_sequences([r.prompt_token_ids for r in rollouts],
-                                                 [r.token_ids for r in rollouts], with_entropy=True,
-                                                 chunk=ENTROPY_BATCH)
-        return ents
 
     def _mine(self, ctx, groups):
         """Hard prompts -> most confident rollout -> prefixes -> prefix memory -> queue (spec §3.3 steps 1-6)."""
@@ -161,17 +145,16 @@ class ExTra(Learner):
         if not hard:
             return
         newline, fallback = self._cut_ids(ctx.policy)
-        ents = self._entropies(ctx, [r for _, rs in hard for r in rs])
+        rolls = [r for _, rs in hard for r in rs]
+        with ctx.phase("logprob"):  # token entropies under theta_old (spec §3.3, "old-log-prob pass")
+            _, ents = ctx.policy.score_sequences([r.prompt_token_ids for r in rolls], [r.token_ids for r in rolls],
+                                                 with_entropy=True, chunk=ENTROPY_BATCH)
         pos, queued = 0, 0
         for prompt, rs in hard:
             sampled = [e[r.prefix_len:] for e, r in zip(ents[pos:pos + len(rs)], rs)]
             pos += len(rs)
-            width = max(1, max(len(e) for e in sampled))
-            H = torch.zeros((len(rs), width))
-            M = torch.zeros((len(rs), width))
-            for i, e in enumerate(sampled):
-                H[i, :len(e)], M[i, :len(e)] = e, 1.0
-            best = most_confident_rollout(H, M)
+            best = most_confident_rollout(pad_sequence(sampled, batch_first=True),
+                                          pad_sequence([torch.ones(len(e)) for e in sampled], batch_first=True))
             if best is None:
                 continue
             r = rs[best]

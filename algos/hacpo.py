@@ -16,7 +16,6 @@ unless ``kl_on_cross``.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Optional
 

@@ -26,7 +26,7 @@ from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import (answer_span_mask, boxed_spans, contrast_pairs, contrast_prompt,
                                        soft_consensus_rewards)
 from graftzoo.envs.task import Task
-from graftzoo.envs.verifier import answers_equivalent, extract_answer
+from graftzoo.envs.verifier import answer_classes, extract_answer
 from graftzoo.core.registry import register_algo
 from graftzoo.core.schema import ConfigError, bounded
 from graftzoo.core.types import Prompt
@@ -64,25 +64,6 @@ def unlabeled(p: Prompt) -> Prompt:
     return Prompt(id=p.id, text=p.text, gold=None, source=p.source)
 
 
-def cluster_answers(answers, timeout: float = 1.0) -> list:
-    """Equivalence-class ids of answers (None stays None): each answer joins the first earlier class whose
-    representative the verifier finds equivalent (spec §4.8.3)."""
-    reps: list = []
-    out: list = []
-    for a in answers:
-        if a is None:
-            out.append(None)
-            continue
-        for ci, rep in enumerate(reps):
-            if a == rep or answers_equivalent(a, rep, timeout=timeout) is True:
-                out.append(ci)
-                break
-        else:
-            reps.append(a)
-            out.append(len(reps) - 1)
-    return out
-
-
 @register_algo("om_grpo")
 class OMGRPO(Learner):
     Config = OMGRPOConfig
@@ -117,7 +98,7 @@ class OMGRPO(Learner):
         formatted, distinct = 0, 0.0
         for g, extra in zip(groups, votes):
             own = [self.answer(r.text) for r in g.rollouts]
-            ids = cluster_answers(own + extra, timeout)
+            ids = answer_classes(own + extra, timeout)
             rewards = soft_consensus_rewards(ids[:g.n], ids[g.n:], format_weight=c.format_weight)
             for r, z, rew in zip(g.rollouts, own, rewards):
                 r.reward, r.correct, r.extracted = rew, False, z
@@ -133,7 +114,7 @@ class OMGRPO(Learner):
         """CAR: one short answer per ordered pair of each group's trajectories (spec §4.2 step 3, §4.4)."""
         c = self.cfg
         pol = ctx.policy
-        room = min(pol.max_prompt_tokens, context_window(pol.model) - c.contrast_max_new_tokens)
+        room = min(pol.max_prompt_tokens, pol.context_window - c.contrast_max_new_tokens)
         asks, owner, skipped = [], [], 0
         for gi, g in enumerate(groups):
             texts = fit_contrast_prompts(pol, g, room, CONTRAST_TEMPLATES[c.contrast_template])
@@ -229,9 +210,3 @@ def fit_contrast_prompts(policy, group, room: int, template=contrast_prompt) -> 
             return texts
         keep -= over
     return None
-
-
-def context_window(model, default: int = 1 << 30) -> int:
-    """The model's maximum sequence length (position embeddings), ``default`` when it has none."""
-    cfg = model.config
-    return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or default)

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Optional, Union, overload
 
+import pyarrow.parquet as pq
+
 from graftzoo.core.types import Prompt
 from graftzoo.envs.arithmetic import SKILLS, ArithmeticDataset
 
@@ -221,7 +223,6 @@ def _jsonl_rows(path: Path, data: bytes) -> Iterator[tuple[int, dict]]:
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    import pyarrow.parquet as pq
 
     try:
         table = pq.read_table(path)

@@ -27,7 +27,7 @@ from importlib.metadata import version
 from graftzoo.envs.extract import MAX_ANSWER_CHARS, braces_balanced, extract_answer
 from graftzoo.envs.verify_pool import DEFAULT_WORKERS, close_pool, configure_pool, run_tasks
 
-__all__ = ["VerifyResult", "verify", "verify_batch", "answers_equivalent", "extract_answer",
+__all__ = ["VerifyResult", "verify", "verify_batch", "answers_equivalent", "answer_classes", "extract_answer",
            "normalize_answer", "configure_pool", "close_pool", "clear_caches", "VERIFIER_VERSION",
            "DEFAULT_WORKERS"]
 
@@ -219,3 +219,22 @@ def answers_equivalent(a: str, b: str, *, timeout: float = 1.0) -> bool | None:
             _VERDICTS.put(("equiv", x, y), cached)
     status, same = cached
     return same if status == "ok" else None
+
+
+def answer_classes(answers, timeout: float = 1.0) -> list:
+    """Equivalence-class ids of answers (None stays None): each answer joins the first earlier class whose
+    representative ``answers_equivalent`` accepts (OM-GRPO's answer clustering, spec algos_single §4.8.3)."""
+    reps: list = []
+    out: list = []
+    for a in answers:
+        if a is None:
+            out.append(None)
+            continue
+        for ci, rep in enumerate(reps):
+            if a == rep or answers_equivalent(a, rep, timeout=timeout) is True:
+                out.append(ci)
+                break
+        else:
+            reps.append(a)
+            out.append(len(reps) - 1)
+    return out

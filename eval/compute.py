@@ -20,6 +20,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Mapping, Optional
 
+import torch
+
 FIELDS = ("wall_s", "cpu_s", "gpu_h")
 
 
@@ -32,7 +34,6 @@ def _add(a: Mapping, b: Mapping) -> dict:
 
 
 def _default_gpus() -> int:
-    import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Optional
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -106,7 +107,6 @@ class TrajectoryStore:
 
     def read(self, model_id: str, steps: Optional[Iterable[int]] = None):
         """All rows of a model as a pandas DataFrame (complete steps only)."""
-        import pandas as pd
         wanted = self.steps(model_id) if steps is None else [s for s in steps if s in set(self.steps(model_id))]
         frames = []
         for s in wanted:

@@ -97,7 +97,8 @@ def test_hard_prompt_prefix_is_mined_from_the_most_confident_rollout(setup):
     assert ctx.metrics["extra/hard_prompts"] == 1 and len(learner.queue) == 1
     guided, prefix = learner.queue[0]
     # the same pipeline by hand: entropies under theta_old, fallback cuts after '=' / '+', smoothing
-    ents = learner._entropies(ctx, g.rollouts)
+    _, ents = policy.score_sequences([r.prompt_token_ids for r in g.rollouts], [r.token_ids for r in g.rollouts],
+                                     with_entropy=True)
     width = max(len(e) for e in ents)
     H = torch.zeros(3, width)
     M = torch.zeros(3, width)

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps import grid as G
 from graftzoo.apps.cli import main
+from graftzoo.apps.options import PeerOptionError, parse_peer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "grids"
 TINY = {
@@ -82,6 +83,8 @@ def test_unfinished_cell_is_resumed(ran, tmp_path):
     (fake.run_dir / "checkpoints").mkdir(parents=True)
     (fake.run_dir / "summary.json").write_text(json.dumps({"status": "running"}))
     assert G.cell_status(fake, None) == "resume"
+    assert G.resume_note(fake) == "no checkpoint yet: training starts from the beginning"
+    assert G.resume_note(cell) == "training resumes from its last checkpoint (step 0)"
     assert G.cell_status(cell, {"benchmarks": "heldout", "k": 1}) == "evaluate"   # no eval files for that request
 
 
@@ -203,3 +206,23 @@ def test_grid_file_errors_name_the_key(tmp_path, change, message):
 
 def test_slug():
     assert G.slug("GRPO (n=8) + DS") == "grpo-n-8-ds" and G.slug("GRAFT w/o gate") == "graft-w-o-gate"
+
+
+@pytest.mark.parametrize("value, want", [
+    ("online", {"peer.source": "online"}), ("none", {"peer.source": "none"}),
+    ("stored:runs/a", {"peer.source": "stored", "peer.path": "runs/a"}),
+    ("mixed:{cell:GRPO}", {"peer.source": "mixed", "peer.path": "{cell:GRPO}"}),
+])
+def test_peer_values_parse_in_one_place(value, want):
+    assert parse_peer(value) == want
+
+
+@pytest.mark.parametrize("value, message", [("stored:", "stored needs a path"), ("bogus", "must be online"),
+                                            ("online:x", "online takes no path")])
+def test_malformed_peer_is_one_line_naming_the_option(value, message):
+    with pytest.raises(PeerOptionError, match=message):
+        parse_peer(value)
+    res = CliRunner().invoke(main, ["train", "--algo", "grpo", "--pair", "micro", "--peer", value])
+    assert res.exit_code == 2
+    errors = [line for line in res.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "'--peer'" in errors[0] and message in errors[0], res.output

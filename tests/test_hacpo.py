@@ -17,7 +17,7 @@ from graftzoo.core.batch import TrainBatch
 from graftzoo.algos.hacpo import HACPO, HACPOConfig
 from graftzoo.core.config import ConfigError, load_config
 from graftzoo.core.models import build_policy
-from graftzoo.core.types import Group, Prompt, Rollout, TrainRow
+from graftzoo.core.types import Group, Prompt, TrainRow
 
 torch.set_num_threads(1)
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"

@@ -42,6 +42,7 @@ class TextPolicy:
         return "".join(chr(i) for i in ids if i)
 
     char_offsets = Policy.char_offsets
+    context_window = 1 << 30
 
 
 class ScriptedEngine:

@@ -3,9 +3,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
-
-import pytest
 
 PLUGIN = '''
 from dataclasses import dataclass

@@ -9,7 +9,7 @@ from helpers import scored_rollout
 import torch
 from click.testing import CliRunner
 
-from graftzoo.algos.base import Learner, StepContext
+from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import sequence_mean_logp
 from graftzoo.algos.sgt import SGT, SGTConfig
 from graftzoo.core.config import ConfigError, load_config

@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
 from graftzoo.core.policy import Policy, position_ids_from_mask
 from graftzoo.core.types import Group, Prompt, Rollout
@@ -104,7 +105,6 @@ class HFEngine(Engine):
         Positions are ``cumsum(mask) - 1`` as in ``Policy.logprobs``. A row that emitted EOS
         continues with pad tokens; decoding stops when every row has or after ``max_new`` tokens.
         """
-        from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
         pol = self.policy
         model = pol.model
         scale = 1.0 if greedy else temp

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import copy
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from graftzoo.core.engine import HFEngine
 from graftzoo.core.policy import Policy
+from graftzoo.tiny.build import TinyModelSpec
+from graftzoo.tiny.warmup import load_or_warmup, load_tiny
 
 PER_MODEL_KEYS = ("template", "max_new_tokens", "lr")
 
@@ -21,19 +28,14 @@ def split_spec(spec: dict) -> tuple[dict, dict]:
 
 def load_model(spec: dict, seed: int = 0, progress=None):
     """(model, tokenizer, tokenizer_id) for a spec (without the per-model keys)."""
-    from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # "Loading weights" bars for every model load clutter the run output
     kind = spec.get("kind", "tiny")
     if kind == "tiny":
-        from graftzoo.tiny.build import TinyModelSpec
-        from graftzoo.tiny.warmup import load_or_warmup, load_tiny
         ts = TinyModelSpec.from_dict(spec)
         path = load_or_warmup(ts, progress=progress)
         model, tok = load_tiny(path)
         return model, tok, f"{ts.tokenizer}"
     if kind == "hf":
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
         path = spec.get("path") or spec["id"]
         dtype = getattr(torch, spec.get("dtype", "bfloat16"))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -61,7 +63,6 @@ def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
 def build_engine(policy: Policy, cfg: dict):
     r = cfg["rollout"]
     if r["engine"] == "hf":
-        from graftzoo.core.engine import HFEngine
         return HFEngine(policy, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"],
                         max_new_tokens=policy.max_response_tokens, gen_batch_size=r["gen_batch_size"])
     raise ValueError(f"config key 'rollout.engine' must be 'hf' (the only engine in this release), got {r['engine']!r}")

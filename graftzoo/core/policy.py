@@ -138,6 +138,23 @@ class Policy:
             self.model.train(was)
         return logps, ents
 
+    @property
+    def context_window(self) -> int:
+        """The model's maximum sequence length (position embeddings); unbounded when it declares none."""
+        cfg = self.model.config
+        return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 1 << 30)
+
+    def token_ids_decoding_to(self, strings, strip: bool = False, scan: int = 1000) -> set:
+        """Ids among the first ``scan`` of the vocabulary that decode to one of ``strings`` (stripped of spaces
+        when ``strip``), plus each string's id when it encodes as one token (ExTra's cut tokens, spec §3.3)."""
+        found = {i for i in range(min(len(self.tokenizer), scan))
+                 if (self.decode([i]).strip(" ") if strip else self.decode([i])) in strings}
+        for s in strings:
+            enc = self.encode_text(s)
+            if len(enc) == 1:
+                found.add(enc[0])
+        return found
+
     def char_offsets(self, ids: list, text: str) -> list:
         """``(start, end)`` character span in ``text`` of each token of ``ids`` (the tokenization of ``text``).
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import random
 
+from graftzoo.envs.arithmetic import generate_prompts
+
 
 class PromptSampler:
     def __init__(self, cfg: dict, dataset=None, exclude_ids=()):
@@ -37,7 +39,6 @@ class PromptSampler:
     def batch(self, step: int):
         """(prompts, epoch) of a step."""
         if self.stream:
-            from graftzoo.envs.arithmetic import generate_prompts
             return generate_prompts(self.per_step, self.seed, self.task["mix"] or {"add": 1, "mul": 1},
                                     self.task["difficulty"] or 3, "train", start=step * self.per_step), 0
         epoch, k = divmod(step, self.steps_per_epoch)
@@ -49,7 +50,6 @@ class PromptSampler:
         """Refill prompts (DAPO dynamic sampling), disjoint from the step's batch, deterministic per call order."""
         self._extra += 1
         if self.stream:
-            from graftzoo.envs.arithmetic import generate_prompts
             start = 10**9 + (step * 1000 + self._extra) * self.per_step
             return generate_prompts(k, self.seed, self.task["mix"] or {"add": 1, "mul": 1},
                                     self.task["difficulty"] or 3, "train", start=start)

@@ -40,9 +40,9 @@ the dry-run plan, the report).
 from graftzoo.apps.grid.command import grid_cmd, print_plan, write_report
 from graftzoo.apps.grid.load import load_grid
 from graftzoo.apps.grid.model import Cell, Grid, GridError, Method, order_cells, select_cells, slug
-from graftzoo.apps.grid.run import (cell_status, check_configs, eval_command, eval_done, run_cell_inprocess,
-                                    run_cell_subprocess, run_grid, summary_status)
+from graftzoo.apps.grid.run import (cell_status, check_configs, eval_command, eval_done, resume_note,
+                                    run_cell_inprocess, run_cell_subprocess, run_grid, summary_status)
 
 __all__ = ["Cell", "Grid", "GridError", "Method", "cell_status", "check_configs", "eval_command", "eval_done",
-           "grid_cmd", "load_grid", "order_cells", "print_plan", "run_cell_inprocess", "run_cell_subprocess",
-           "run_grid", "select_cells", "slug", "summary_status", "write_report"]
+           "grid_cmd", "load_grid", "order_cells", "print_plan", "resume_note", "run_cell_inprocess",
+           "run_cell_subprocess", "run_grid", "select_cells", "slug", "summary_status", "write_report"]

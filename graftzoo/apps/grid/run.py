@@ -16,7 +16,9 @@ from graftzoo.apps.grid.model import Cell, Grid, GridError
 from graftzoo.core.checkpoint import checkpoint_step, latest_checkpoint
 from graftzoo.core.trainer import train
 from graftzoo.eval.artifacts import eval_file_name
-from graftzoo.eval.runner import eval_request, evaluate_checkpoint, load_run_config, trained_specs
+from graftzoo.eval.checkpoints import load_run_config, trained_specs
+from graftzoo.eval.evaluate import eval_request
+from graftzoo.eval.runner import evaluate_checkpoint
 
 
 # ---------------------------------------------------------------------------------------------
