@@ -32,6 +32,7 @@ from graftzoo.algos.functional import (agg_loss, aux_nll_loss, clipped_surrogate
                                        minibatch_bounds, rloo_advantages, sequence_mean_logp,
                                        sequence_terms_as_tokens)
 from graftzoo.core.batch import MiniBatch, TrainBatch
+from graftzoo.core.config import shared_clip
 from graftzoo.core.types import Group, Rollout, TrainRow
 from graftzoo.core.xt import localize_groups
 from graftzoo.core.schema import bounded, check_fields, needs_peer_error
@@ -59,9 +60,6 @@ class LearnerConfig:
     estimator: Estimator = "grpo"    # advantage estimator
     std_normalize: bool = True       # False = Dr.GRPO (spec §1.2)
     adv_eps: float = bounded(1e-6, "[0, inf)")
-    eps_low: float = bounded(0.2, "[0, 1]")
-    eps_high: float = bounded(0.2, "[0, inf)")
-    dual_clip_c: Optional[float] = bounded(None, "(1, inf)")
     loss_agg: LossAgg = "token-mean"
     beta_kl: float = bounded(0.0, "[0, inf)")   # k3 KL to the initial policy, own tokens only
     entropy_coeff: float = 0.0
@@ -73,6 +71,13 @@ class LearnerConfig:
 
     def check(self, run_cfg: dict) -> None:
         """Cross-field and run-dependent rules (``run_cfg``: the whole run config); raise ConfigError."""
+
+    def effective_clip(self, run_cfg: dict) -> dict:
+        """The clip this learner trains with, as plain data (the surrogate, the grid's one-clip check and the
+        report read it): ``eps_low``, ``eps_high``, ``dual_clip_c`` and ``ratio`` ("token" | "sequence").
+        The shared ``optim.clip`` of the run (spec algos_peer §4.4.2); a learner that clips another quantity
+        overrides this and states the value in a key of its own (GSPO ``seq_clip``, HACPO ``self_clip``)."""
+        return {**shared_clip(run_cfg), "ratio": "token"}
 
 
 class StepContext:
@@ -149,6 +154,7 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, run_cfg: dict):
         self.cfg = cfg
         self.run_cfg = run_cfg
+        self.clip = cfg.effective_clip(run_cfg)   # eps_low, eps_high, dual_clip_c: the one clip of the run
 
     # ---- hooks ---------------------------------------------------------------------------
     def allocate(self, ctx: StepContext, prompts) -> list:
@@ -216,7 +222,7 @@ class Learner:
             km = list(lm) if r.kl_mask is None or r.role != "own" else list(r.kl_mask)
         old = r.logprobs if r.old_logp is None else r.old_logp
         return TrainRow(r.prompt_token_ids, r.token_ids, old, lm, km, advantage, weight, r.role, slot,
-                        r.origin.mean_logp if r.origin else None, r)
+                        r.origin.mean_logp if r.origin else None, r.old_logp is not None, r)
 
     def schedule(self, ctx: StepContext, batch: TrainBatch) -> list:
         """Row indices of each minibatch: ``slot_chunks`` in order, repeated for ``optim.epochs``."""
@@ -236,9 +242,10 @@ class Learner:
         return [list(range(start, end)) for start, end in minibatch_bounds(len(batch.groups), k)]
 
     def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
-        """The policy-gradient part for own and peer rows (spec algos_single §1.1.2): the clipped surrogate."""
-        c = self.cfg
-        tok, info = clipped_surrogate(logp, mb.old_logp, mb.advantages, c.eps_low, c.eps_high, c.dual_clip_c)
+        """The policy-gradient part for own and peer rows (spec algos_single §1.1.2): the clipped surrogate with
+        the run's shared clip (``self.clip``, config keys ``optim.clip.*``)."""
+        c = self.clip
+        tok, info = clipped_surrogate(logp, mb.old_logp, mb.advantages, c["eps_low"], c["eps_high"], c["dual_clip_c"])
         return Surrogate(tok, info)
 
     def loss(self, ctx: StepContext, policy, mb: MiniBatch):

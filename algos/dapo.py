@@ -1,6 +1,6 @@
 """DAPO [dapo] (spec algos_single §1.3): clip-higher, dynamic sampling, overlong shaping, token-mean."""
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 import torch
 
@@ -12,8 +12,9 @@ from graftzoo.core.schema import bounded
 
 @dataclass
 class DAPOConfig(LearnerConfig):
-    eps_high: float = 0.28
-    dual_clip_c: Optional[float] = 10.0
+    """``algo.*`` keys of DAPO. Its clip-higher (0.28, dual clip 10) is the preset configs/algos/dapo.yaml, which sets
+    the shared ``optim.clip``: never a private default that a comparison would silently inherit."""
+
     dynamic_sampling: bool = True
     max_gen_batches: int = 10          # generation batches per step before giving up (<=0: unlimited)
     on_shortfall: Literal["keep", "error"] = "keep"   # keep (train on what was found) | error (verl raises)

@@ -9,12 +9,13 @@ Option A (``before_norm``): the bonus, scaled by ``exp(-lambda * reward-variance
 the reward before GRPO normalization.
 
 Prefix regeneration (§3.3): for hard prompts (pass rate <= 1/G) the most confident rollout (lowest mean
-token entropy under theta_old) is cut after newlines (or, with none, after the ``fallback_cut_chars``
-tokens: tiny-model scratchpads have no newlines); each prefix is scored by its mean entropy and kept in
-the prompt's prefix memory; the prefix with the lowest similarity-smoothed score is queued with the
-prompt, which keeps its own gold answer (§3.7.1). After ``regen_warmup_steps`` steps, queued prompts
-replace the tail of the batch and are generated from their prefix (``Rollout.prefix_len``; prefix
-tokens carry no loss). A guided prompt is its own group, with its own memories.
+token entropy under theta_old) is cut after newlines (no newline: no prefix, spec §3.3 step 3; the option
+``fallback_cut_chars``, e.g. "=+" for the tiny models' newline-free scratchpads, cuts after those tokens
+instead); each prefix is scored by its mean entropy and kept in the prompt's prefix memory; the prefix
+with the lowest similarity-smoothed score is queued with the prompt, which keeps its own gold answer (§3.7.1).
+After ``regen_warmup_steps`` steps, queued prompts replace the tail of the batch and are generated from
+their prefix (``Rollout.prefix_len``; prefix tokens carry no loss). A guided prompt is its own group, with
+its own memories.
 
 Memories are keyed by prompt id (the spec keys them by prompt token ids: the same grouping whenever an
 id names one text); duplicates of a prompt in one batch share and pool them.
@@ -47,8 +48,7 @@ ENTROPY_BATCH = 64
 
 @dataclass
 class ExTraConfig(LearnerConfig):
-    eps_high: float = 0.28                 # DAPO-style clip of the paper runs (spec §3.5)
-    dual_clip_c: Optional[float] = 10.0
+    # the paper runs' DAPO-style clip (spec §3.5) is the preset configs/algos/extra.yaml (shared optim.clip)
     novelty_alpha: float = 0.1             # alpha (paper runs; the released script uses 0.01)
     novelty_mode: Literal["after_norm", "before_norm"] = "after_norm"   # Option B (RECOMMENDED) | Option A
     novelty_lambda: float = 1.0            # Option A: gamma = exp(-lambda * reward-variance EMA)
@@ -60,7 +60,7 @@ class ExTraConfig(LearnerConfig):
     prefix_regen: bool = True
     regen_warmup_steps: int = 30           # mining and regeneration start after this many steps
     hard_pass_rate: Optional[float] = None  # hard iff pass rate <= this (None: 1/G)
-    fallback_cut_chars: str = "=+"         # cut after these tokens when a response has no newline ("" = none)
+    fallback_cut_chars: str = ""           # no newline: cut after these tokens ("" = no prefix, the spec)
     prefix_min_gap: int = bounded(32, "[1, inf)")      # tokens between kept cut points
     max_prefixes: int = bounded(15, "[1, inf)")        # cut points per rollout
     prefix_memory: int = bounded(128, "[1, inf)")      # prefixes kept per prompt

@@ -2,15 +2,18 @@
 
 Per step, for each learner (all decisions under theta_old, before any update):
 
-1. **Which** (``select``, ``balance``, ``max_peer_frac``): prompts where the learner's group is all-fail
-   and the peer's group is mixed (§4.3 step 2), capped at ``floor(max_peer_frac * |B_t|)`` and ranked by
-   the peer's outcome balance ``p(1-p)`` (step 3a); ``balance=symmetric`` caps both directions at
-   ``min(|C^A|, |C^B|, cap)`` (step 3b), ``balance=none`` takes every candidate. ``select=random_count_matched``
-   replaces as many prompts, drawn at random (§4.4.4). ``select=sgt_rescue`` is "SGT + GRAFT how" (§4.4.4):
-   SGT's rescue set (learner all-fail, peer has a verified success; SGT has no cap, so ``balance`` is not
-   applied), only the peer's successes are transferred; from a mixed peer group they keep their peer
-   advantages, from an all-success peer group (zero peer advantage) up to ``sgt_k_inj`` of them are injected
-   into the learner's group, whose GRPO advantages are recomputed (the §3.2 augmentation fallback).
+1. **Which** (``select``; §4.3 steps 2-3): every prompt where the learner's group is all-fail and the peer's
+   group is mixed is replaced by the **whole** peer group, successes and failures with their peer advantages:
+   the sourced "balanced exchange", with no cap. ``select=random_count_matched`` replaces as many prompts,
+   drawn at random ("Count-matched random prompt selection", §4.4.4). ``select=sgt_rescue`` is "w/o balanced
+   exchange", the same configuration as "SGT + GRAFT how" (§4.4.4): SGT's rescue set (learner all-fail, peer
+   has a verified success), only the peer's successes are transferred; from a mixed peer group they keep
+   their peer advantages, from an all-success peer group (zero peer advantage) up to ``k_inj`` of them (SGT's
+   ``algo.k_inj``) are injected into the learner's group, whose GRPO advantages are recomputed (the §3.2
+   augmentation, as plain SGT does).
+   EXTENSIONS, not in the sourced method and off by default (``balance=none``, ``max_peer_frac=1``):
+   ``balance=cap_pvar`` caps the replaced prompts at ``floor(max_peer_frac * |B_t|)``, ranked by the peer's
+   outcome balance ``p(1-p)``; ``balance=symmetric`` caps both directions at ``min(|C^A|, |C^B|, cap)``.
 2. **Replacement** (step 4): the peer group takes the learner group's slot (the slot count is kept), its
    responses re-tokenized by XT (``ctx.localize``) and carrying the advantages the peer computed, reused as
    they are (``renorm_adv_after_gate`` recomputes them over the admitted responses instead).
@@ -23,8 +26,8 @@ Per step, for each learner (all decisions under theta_old, before any update):
    grafted text; ``cross_aligned`` (T2) uses the peer's per-token log-probs mapped onto learner tokens by
    character offsets; ``none`` drops clipping for grafted tokens (own tokens keep it).
 5. **Order** (step 6): grafted slots ``last`` / ``first`` / ``uniform`` over ``optim.minibatches``
-   (``peer_minibatches=replace_slots``), or in minibatches of their own after (or before) the own ones
-   (``peer_minibatches=separate``).
+   (``peer_minibatches=replace_slots``), or in minibatches of their own after (or before) minibatches of the
+   own *informative* groups (``peer_minibatches=separate``; own groups with zero advantages are left out).
 
 ``xt.append_eos_if_stopped`` and ``xt.overflow`` (spec §4.5) act inside ``ctx.localize``.
 """
@@ -53,19 +56,22 @@ class GRAFTConfig(LearnerConfig):
 
     needs_peer: ClassVar[bool] = True
 
-    eps_high: float = 0.28
     delta: float = bounded(0.8, "[0, inf)")                          # compatibility floor
     weight: Literal["min_s_1", "one"] = "min_s_1"
-    # sgt_rescue: SGT + GRAFT how
+    # complementary: learner all-fail + peer mixed, whole peer group (balanced exchange, §4.3 steps 2-3);
+    # random_count_matched: as many prompts at random; sgt_rescue: successes only = "w/o balanced exchange"
+    # = "SGT + GRAFT how" (§4.4.4)
     select: Literal["complementary", "random_count_matched", "sgt_rescue"] = "complementary"
-    balance: Literal["cap_pvar", "symmetric", "none"] = "cap_pvar"
-    max_peer_frac: float = bounded(0.25, "[0, 1]")                   # rho_max: cap = floor(rho_max * |B_t|)
+    # EXTENSION (not in the sourced method, §4.3 step 3): cap_pvar = cap ranked by p(1-p), symmetric = the
+    # same cap both directions; none (sourced): every candidate
+    balance: Literal["cap_pvar", "symmetric", "none"] = "none"
+    max_peer_frac: float = bounded(1.0, "[0, 1]")   # EXTENSION, balance=cap_pvar|symmetric: cap floor(rho_max*|B_t|)
     admission: Literal["gate", "random_count_matched", "all"] = "gate"
     token_ratio: Literal["learner_old", "cross_aligned", "none"] = "learner_old"   # T1 | T2 | none
     peer_position: Literal["last", "first", "uniform"] = "last"
     peer_minibatches: Literal["replace_slots", "separate"] = "replace_slots"
     renorm_adv_after_gate: bool = False
-    sgt_k_inj: int = bounded(1, "[1, inf)")  # select=sgt_rescue: successes injected from an all-success peer group
+    k_inj: int = bounded(1, "[1, inf)")  # select=sgt_rescue: SGT's algo.k_inj (augmentation, all-success peer)
 
     def check(self, run_cfg: dict) -> None:
         super().check(run_cfg)
@@ -74,6 +80,11 @@ class GRAFTConfig(LearnerConfig):
                               "minibatches; it needs algo.peer_minibatches=replace_slots (separate: use last|first)")
         if self.token_ratio == "cross_aligned" and run_cfg["peer"]["source"] == "stored":
             raise token_ratio_error("the rollouts of a stored peer (peer.source=stored)")
+        if self.balance == "none" and float(self.max_peer_frac) != 1.0:
+            raise ConfigError("config key 'algo.max_peer_frac' caps the grafted groups only with the extension "
+                              "algo.balance=cap_pvar|symmetric (default none: every candidate, as sourced)")
+        if self.select == "sgt_rescue" and self.balance != "none":
+            raise ConfigError("algo.select=sgt_rescue (SGT's rescue set) has no cap: algo.balance must stay none")
 
 
 def token_ratio_error(where: str) -> ConfigError:
@@ -149,10 +160,10 @@ class GRAFT(Learner):
         pG = [0 if p is None else p.n for p in pgs]
         if c.select == "sgt_rescue":
             # mixed peer group: its successes with their peer advantages; all-success peer group (zero peer
-            # advantage): SGT's rescue draw of up to sgt_k_inj successes, injected by augmentation (§3.2)
+            # advantage): SGT's rescue draw of up to k_inj successes, injected by augmentation (§3.2)
             succ = [None if p is None or not g.all_fail else [i for i, r in enumerate(p.rollouts) if r.correct]
                     for g, p in zip(groups, pgs)]
-            k_inj = min([int(c.sgt_k_inj), *lG])  # never more than a learner group's failures
+            k_inj = min([int(c.k_inj), *lG])  # never more than a learner group's failures
             inject = sgt_rescue(lc, lG, [s if s and len(s) == p.n else None for s, p in zip(succ, pgs)], ctx.rng,
                                 k_inj)
             plans = {x: (s, "replace") for x, s in enumerate(succ) if s and len(s) < pgs[x].n}
@@ -211,15 +222,16 @@ class GRAFT(Learner):
 
     # ---- schedule and loss -------------------------------------------------------------------
     def slot_chunks(self, ctx: StepContext, batch: TrainBatch) -> list:
-        """``peer_minibatches=separate``: own slots, then the grafted slots in minibatches of their own."""
+        """``peer_minibatches=separate`` (spec §4.3 step 6, alternative): the own *informative* groups (some
+        non-zero advantage) in minibatches, then the grafted slots in minibatches of their own; own groups
+        with zero advantages (no gradient) are in no minibatch."""
         if self.cfg.peer_minibatches == "replace_slots":
             return super().slot_chunks(ctx, batch)
-        n_slots = len(batch.groups)
-        n_peer = sum(1 for g in batch.groups if g.source != "own")
-        n_own = n_slots - n_peer
-        size = max(1, math.ceil(n_slots / max(1, int(ctx.cfg["optim"]["minibatches"]))))
-        chunks = separate_minibatches(n_own, n_peer, size)
-        k_own = math.ceil(n_own / size)
+        own = [i for i, g in enumerate(batch.groups) if g.source == "own" and any(g.advantages or [])]
+        peer = [i for i, g in enumerate(batch.groups) if g.source != "own"]
+        size = max(1, math.ceil(len(batch.groups) / max(1, int(ctx.cfg["optim"]["minibatches"]))))
+        chunks = [[(own + peer)[j] for j in c] for c in separate_minibatches(len(own), len(peer), size)]
+        k_own = math.ceil(len(own) / size)
         return chunks[k_own:] + chunks[:k_own] if self.cfg.peer_position == "first" else chunks
 
     def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:

@@ -12,19 +12,21 @@ cross last. Cross samples get four corrections:
 
 The capabilities are sliding-window accuracies (§2.4.1) kept as learner state, so a checkpoint
 resumes them. The KL term (``beta_kl``, 0.001 as in the run scripts) covers self samples only
-unless ``kl_on_cross``.
+unless ``kl_on_cross``. ``select=graft_which`` ("HACPO + GRAFT which", GRAFT's Table 8) pools only the
+prompts GRAFT would replace (learner all-fail, peer mixed; ``graft_candidates``); default ``all``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import ClassVar, Literal, Optional
 
 import torch
 
 from graftzoo.algos.base import MiniBatch, StepContext, Surrogate, log_compatibility, require_peer
-from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, hacpo_advantages, hacpo_cross_loss,
-                                       hacpo_discrepancy, hacpo_omegas, sequence_mean_logp, stepwise_lower_bound)
-from graftzoo.algos.gspo import GSPO, GSPOConfig
+from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, graft_candidates, hacpo_advantages,
+                                       hacpo_cross_loss, hacpo_discrepancy, hacpo_omegas, sequence_mean_logp,
+                                       stepwise_lower_bound)
+from graftzoo.algos.gspo import GSPO, GSPOConfig, clip_pair
 from graftzoo.core.registry import register_algo
 from graftzoo.core.schema import ConfigError, bounded
 from graftzoo.core.types import Group
@@ -34,7 +36,8 @@ SELF, PEER = 0, 1  # source ids in the pooled group (spec §2.4.2: agent k = the
 
 @dataclass
 class HACPOConfig(GSPOConfig):
-    """``algo.*`` keys of HACPO (spec algos_peer §2.6, §6). ``self_clip`` sets ``eps_low``/``eps_high``."""
+    """``algo.*`` keys of HACPO (spec algos_peer §2.6, §6). ``self_clip`` is the GSPO-scale clip of self samples,
+    HACPO's own by design (the shared ``optim.clip`` does not apply); a grid marks a HACPO row ``clip: own``."""
 
     needs_peer: ClassVar[bool] = True
 
@@ -48,6 +51,7 @@ class HACPOConfig(GSPOConfig):
     binary_baseline_guard: bool = True
     kl_on_cross: bool = False             # V1 code: KL on self samples only (§2.7 item 8)
     beta_kl: float = 0.001
+    select: Literal["all", "graft_which"] = "all"  # graft_which: "HACPO + GRAFT which" (module docstring)
 
     def __post_init__(self):
         super().__post_init__()
@@ -57,16 +61,19 @@ class HACPOConfig(GSPOConfig):
         super().check(run_cfg)
         self.resolve()
 
-    def resolve(self):
-        """The cross-field rules; copies ``self_clip`` into ``eps_low``/``eps_high`` (which may not be set apart)."""
-        if len(self.self_clip) != 2:
-            raise ConfigError(f"config key 'algo.self_clip' must be [low, high], got {self.self_clip}")
+    def effective_clip(self, run_cfg: dict) -> dict:
+        """HACPO's self samples are clipped with its explicit ``algo.self_clip`` (GSPO scale), not ``optim.clip``."""
         lo, hi = (float(x) for x in self.self_clip)
-        if (self.eps_low, self.eps_high) not in ((GSPOConfig.eps_low, GSPOConfig.eps_high), (lo, hi)):
-            raise ConfigError(f"HACPO clips self samples with config key 'algo.self_clip'={list(self.self_clip)}; "
-                              f"set that key instead of algo.eps_low/eps_high ({self.eps_low}, {self.eps_high})")
-        self.eps_low, self.eps_high = lo, hi
-        self.self_clip = [lo, hi]
+        return {"eps_low": lo, "eps_high": hi, "dual_clip_c": None, "ratio": "sequence"}
+
+    def resolve(self):
+        """The cross-field rules; copies ``self_clip`` into GSPO's ``seq_clip`` (which may not be set apart)."""
+        self.self_clip = clip_pair("algo.self_clip", self.self_clip)
+        default = GSPOConfig.__dataclass_fields__["seq_clip"].default_factory()
+        if [float(x) for x in self.seq_clip] not in (default, self.self_clip):
+            raise ConfigError(f"HACPO clips self samples with config key 'algo.self_clip'={self.self_clip}; "
+                              f"set that key instead of algo.seq_clip ({list(self.seq_clip)})")
+        self.seq_clip = list(self.self_clip)
         if len(self.ratio_clamp) != 2 or not 0 < self.ratio_clamp[0] <= 1 <= self.ratio_clamp[1]:
             raise ConfigError(f"config key 'algo.ratio_clamp' must be [low <= 1, high >= 1], got {self.ratio_clamp}")
         self.ratio_clamp = [float(x) for x in self.ratio_clamp]
@@ -115,6 +122,11 @@ class HACPO(GSPO):
         self._push("peer", accuracy(peer_groups))
         p_self, p_peer = self.capabilities()
         base_w, grad_coef = hacpo_omegas([p_self, p_peer], SELF, tuple(c.ratio_clamp))
+        if c.select == "graft_which" and groups:  # only GRAFT's prompts are pooled; capabilities see every group
+            pgs = [peer.get(g.prompt.id) for g in groups]
+            pc, pn = zip(*[(None, 0) if p is None else (p.num_correct, p.n) for p in pgs])
+            peer_groups = [pgs[x] for x in graft_candidates([g.num_correct for g in groups], pc,
+                                                             [g.n for g in groups], pn)]
         cross = {g.prompt.id: g for g in ctx.localize(peer_groups)}
 
         rewards, index, source = [], [], []

@@ -23,14 +23,20 @@ Table 1 (``build_table1``), precisely:
 
 Each row also carries the compute charged to its model (``joint_charge``; mean over seeds), used
 by ``graftzoo.eval.plots.plot_score_vs_compute``.
+
+Aliases (``aliases={label: method}``): one configuration that the paper reports under two labels
+(GRAFT's "SGT + GRAFT how" is its "w/o balanced exchange"). The method's row is shown a second time
+under the alias label, with the same numbers, Δ, bold and mark (``Row.same_as`` names the method).
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from graftzoo.core.config import clip_label, effective_clip
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
 from graftzoo.eval.metrics import mean_sd_ci
@@ -71,6 +77,8 @@ class Row:
     mark: str = ""
     compute: Optional[dict] = None      # mean charged {"wall_s","cpu_s","gpu_h"}
     compute_amortized: Optional[dict] = None
+    same_as: Optional[str] = None       # an alias row: the row of this method, under a second label
+    clip: str = DASH                    # the clip its runs trained with (``clip_label``), e.g. "0.2/0.2"
 
 
 @dataclass
@@ -165,7 +173,20 @@ def _make_row(method: str, members: list, benchmarks: list) -> Row:
     return Row(method=method, budget=budgets.pop(), baseline=first_run.peers[model] is None,
                seeds=[r.seed for r, _ in members], runs=[str(r.path) for r, _ in members],
                scores=scores, avg=_stat(per_seed_avg) if complete else Stat(None, None, 0),
-               compute=_mean_dicts(list(charged)), compute_amortized=_mean_dicts(list(amortized)))
+               compute=_mean_dicts(list(charged)), compute_amortized=_mean_dicts(list(amortized)),
+               clip=_clip_text(members))
+
+
+def _clip_text(members: list) -> str:
+    """The clip of a row's runs (``effective_clip`` of each run config; "?" where it cannot be resolved);
+    differing clips are all shown, joined by "; "."""
+    texts = []
+    for run, _ in members:
+        try:
+            texts.append(clip_label(effective_clip(run.config)))
+        except (ValueError, KeyError, TypeError, RuntimeError):  # ConfigError, RegistryError: an unknown algorithm
+            texts.append("?")
+    return "; ".join(dict.fromkeys(texts))
 
 
 def _order(rows: list, methods: Optional[Sequence[str]]) -> list:
@@ -206,12 +227,14 @@ def _decorate(block: Block, baseline: str, budgets: tuple) -> None:
 
 def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
                  budgets: tuple = (16, 32), benchmarks: Optional[Sequence[str]] = None,
-                 methods: Optional[Sequence[str]] = None, digits: int = 1) -> Table:
+                 methods: Optional[Sequence[str]] = None, digits: int = 1,
+                 aliases: Optional[dict] = None) -> Table:
     """Table 1 of the GRAFT paper from loaded runs (layout and marks: module docstring).
 
     ``budgets`` are the (†, ‡) budget tiers; ``benchmarks`` fixes the column order (default: order
     of first appearance); ``methods`` puts those rows first in that order (default: baselines by
-    budget then name, then the other methods by budget then name).
+    budget then name, then the other methods by budget then name); ``aliases`` ({alias label: method})
+    repeat a method's row under a second label.
     """
     if len(budgets) != 2 or budgets[0] >= budgets[1]:
         raise ValueError(f"budgets must be two increasing tiers for (†, ‡), got {budgets}")
@@ -238,6 +261,12 @@ def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
                                  f"single-model run and a run with a peer; give them distinct "
                                  f"run.variant labels")
             _decorate(block, baseline, tuple(budgets))
+            copies = [dataclasses.replace(r, method=alias, same_as=r.method)
+                      for alias, target in (aliases or {}).items() for r in block.rows if r.method == target]
+            if any(r.method == c.method for c in copies for r in block.rows):
+                raise ValueError(f"block {block.title!r}: alias label(s) {[c.method for c in copies]} are also "
+                                 f"run labels")
+            block.rows = _order(block.rows + copies, methods)
             blocks.append(block)
     labels = {r.method for b in blocks for r in b.rows}
     if baseline not in labels:
@@ -296,8 +325,11 @@ def _legend(table: Table) -> str:
     lo, hi = table.budgets
     return (f"Scores are avg@k x100, mean ± sd over training seeds. Δ = Avg − {table.baseline}. "
             f"Bold: best Avg among methods with the same rollout budget n. "
+            f"Clip: eps_low/eps_high of the ratio clip (c: dual clip; seq: a sequence ratio). "
             f"†: beats every single-model baseline with n ≤ {lo}; "
-            f"‡: beats every single-model baseline with n ≤ {hi}.")
+            f"‡: beats every single-model baseline with n ≤ {hi}."
+            + "".join(f" {a} = {m} (the same runs)." for a, m in
+                      dict.fromkeys((r.method, r.same_as) for b in table.blocks for r in b.rows if r.same_as)))
 
 
 def _clip_header() -> list:
@@ -324,7 +356,7 @@ def to_markdown(table) -> str:
         lines += [_md_row(_clip_cells(r, table.digits)) for r in table.rows]
         return "\n".join(lines) + "\n"
     d = table.digits
-    header = ["Method", "n"] + table.benchmarks + ["Avg", "Δ"]
+    header = ["Method", "n"] + table.benchmarks + ["Avg", "Δ", "Clip"]
     out = []
     for block in table.blocks:
         out += [f"**{block.title}**", "", _md_row(header), _md_row(["---"] * len(header))]
@@ -334,7 +366,7 @@ def to_markdown(table) -> str:
                 avg = f"**{avg}**"
             out.append(_md_row([r.method, str(r.budget)]
                                + [_fmt(r.scores[b], d) for b in table.benchmarks]
-                               + [avg + r.mark, _fmt_delta(r.delta, d)]))
+                               + [avg + r.mark, _fmt_delta(r.delta, d), r.clip]))
         out.append("")
     out.append(_legend(table))
     return "\n".join(out) + "\n"
@@ -352,21 +384,23 @@ def flat_rows(table) -> tuple:
                  _round(r.own.mean, 2), _round(r.own.sd, 2),
                  _round(r.peer_tokens.mean, 2), _round(r.peer_tokens.sd, 2)] for r in table.rows]
         return header, rows
-    header = ["block", "model", "peer", "method", "budget", "baseline", "n_seeds", "seeds"]
+    header = ["block", "model", "peer", "method", "budget", "clip", "baseline", "n_seeds", "seeds"]
     for b in table.benchmarks:
         header += [f"{b}_mean", f"{b}_sd"]
     header += ["avg_mean", "avg_sd", "delta", "best_in_budget", "mark"]
     header += [f"charged_{k}" for k in FIELDS] + [f"amortized_{k}" for k in FIELDS]
+    header += ["same_as"]
     rows = []
     for block in table.blocks:
         for r in block.rows:
-            row = [block.title, block.model, block.peer, r.method, r.budget, r.baseline,
+            row = [block.title, block.model, block.peer, r.method, r.budget, r.clip, r.baseline,
                    len(r.seeds), " ".join(str(s) for s in r.seeds)]
             for b in table.benchmarks:
                 row += [_round(r.scores[b].mean, 2), _round(r.scores[b].sd, 2)]
             row += [_round(r.avg.mean, 2), _round(r.avg.sd, 2), _round(r.delta, 2), r.bold, r.mark]
             for comp in (r.compute, r.compute_amortized):
                 row += [None if comp is None else comp[k] for k in FIELDS]
+            row += [r.same_as]
             rows.append(row)
     return header, rows
 
@@ -404,11 +438,11 @@ def to_latex(table) -> str:
                   for r in table.rows]
         return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
     d = table.digits
-    ncol = 4 + len(table.benchmarks)
+    ncol = 5 + len(table.benchmarks)
     tex_marks = {"": "", "†": r"$^\dagger$", "‡": r"$^\ddagger$"}
-    lines = [rf"\begin{{tabular}}{{lr{'c' * (len(table.benchmarks) + 1)}r}}", r"\toprule",
+    lines = [rf"\begin{{tabular}}{{lr{'c' * (len(table.benchmarks) + 1)}rl}}", r"\toprule",
              " & ".join(["Method", "$n$"] + [_tex(b) for b in table.benchmarks]
-                        + ["Avg", r"$\Delta$"]) + r" \\"]
+                        + ["Avg", r"$\Delta$", "Clip"]) + r" \\"]
     for block in table.blocks:
         lines += [r"\midrule", rf"\multicolumn{{{ncol}}}{{l}}{{\textit{{{_tex(block.title)}}}}} \\",
                   r"\midrule"]
@@ -418,7 +452,7 @@ def to_latex(table) -> str:
                 avg = rf"\textbf{{{avg}}}"
             cells = ([_tex(r.method), str(r.budget)]
                      + [num(_fmt(r.scores[b], d, pm=pm)) for b in table.benchmarks]
-                     + [avg + tex_marks[r.mark], num(_fmt_delta(r.delta, d))])
+                     + [avg + tex_marks[r.mark], num(_fmt_delta(r.delta, d)), _tex(r.clip)])
             lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"

@@ -6,8 +6,9 @@ the peer's groups: text, rewards, peer advantages, peer log-prob stats and polic
 - ``OnlinePeer``: the partner in the same run; the trainer hands it every model's groups of the
   step before any model updates.
 - ``StoredPeer``: the TrajectoryStore of an earlier run; alignment ``same_step`` (the record of
-  this step) or ``latest`` (the most recent record of the prompt at or before this step). A
-  missing prompt means no replacement.
+  this step) or ``latest`` (the most recent record of the prompt at or before this EPOCH, spec
+  algos_peer §4.3 stored mode: the earlier run may visit the prompt at another step of the
+  epoch). A missing prompt means no replacement.
 - ``MixedPeer``: online with a stored fallback, or a mixing ratio.
 """
 from __future__ import annotations
@@ -109,7 +110,8 @@ class StoredPeer(PeerSource):
                 return {}
             part = part[part["prompt_id"].isin(ids)]
         else:
-            cand = self.df[(self.df["prompt_id"].isin(ids)) & (self.df["step"] <= step)]
+            # the most recent record at or before this epoch, whatever its step within the epoch (§4.3 stored mode)
+            cand = self.df[(self.df["prompt_id"].isin(ids)) & (self.df["epoch"] <= epoch)]
             if not len(cand):
                 return {}
             last = cand.groupby("prompt_id")["step"].transform("max")

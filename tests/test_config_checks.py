@@ -15,6 +15,7 @@ from graftzoo.algos.dapo import DAPOConfig
 from graftzoo.algos.functional.core import AGG_MODES
 from graftzoo.algos.functional.peer import SGT_GATES
 from graftzoo.algos.graft import GRAFTConfig
+from graftzoo.algos.hacpo import HACPOConfig
 from graftzoo.algos.hora import HORAConfig
 from graftzoo.algos.om_grpo import CONTRAST_TEMPLATES, OMGRPOConfig
 from graftzoo.algos.sgt import SGTConfig
@@ -124,13 +125,13 @@ def test_validate_fields_then_peer_then_cross_field_rules():
         validate(build(ToyConfig, {}), run(source="none"))
     with pytest.raises(ConfigError, match="'algo.k' must be <= rollout.n"):
         validate(build(ToyConfig, {"mode": "b", "k": 5}), run())
-    with pytest.raises(ConfigError, match="config key 'algo.eps_low'"):  # the base class's declarations too
-        validate(build(ToyConfig, {"eps_low": 2.0}), run())
+    with pytest.raises(ConfigError, match="config key 'algo.adv_eps'"):  # the base class's declarations too
+        validate(build(ToyConfig, {"adv_eps": -1.0}), run())
 
 
 def test_build_checks_nothing_and_fills_defaults():
     obj = build(ToyConfig, {"mode": "c", "k": 0})     # no check: the values were checked before
-    assert (obj.mode, obj.k, obj.pair, obj.eps_low) == ("c", 0, [1, 2], 0.2)
+    assert (obj.mode, obj.k, obj.pair, obj.adv_eps) == ("c", 0, [1, 2], 1e-6)
     assert build(ToyConfig, {}).pair is not build(ToyConfig, {}).pair
     with pytest.raises(ConfigError, match="unknown config key 'algo.kk'"):
         build(ToyConfig, {"kk": 1})
@@ -147,11 +148,9 @@ def test_direct_construction_checks_the_declared_fields():
 
 
 def test_a_redeclared_default_keeps_the_base_bounds():
-    assert DAPOConfig().eps_high == 0.28
-    with pytest.raises(ConfigError, match="config key 'algo.eps_high' must be >= 0"):
-        DAPOConfig(eps_high=-0.1)
-    with pytest.raises(ConfigError, match="config key 'algo.dual_clip_c' must be > 1"):
-        DAPOConfig(dual_clip_c=0.5)
+    assert HACPOConfig().beta_kl == 0.001
+    with pytest.raises(ConfigError, match="config key 'algo.beta_kl' must be >= 0"):
+        HACPOConfig(beta_kl=-0.1)
 
 
 def test_declared_choices_match_the_code_that_uses_them():
@@ -194,7 +193,7 @@ def test_core_keys_and_types_are_checked_at_load(override, key):
     ("graft", ["peer.source=online", "algo.peer_position=uniform", "algo.peer_minibatches=separate"],
      "peer_minibatches=replace_slots"),
     ("graft", ["peer.source=stored", "algo.token_ratio=cross_aligned"], "token_ratio"),
-    ("hacpo", ["peer.source=online", "algo.eps_low=0.2"], "self_clip"),
+    ("hacpo", ["peer.source=online", "algo.seq_clip=[0.1, 0.2]"], "self_clip"),
     ("hacpo", ["peer.source=online", "algo.ratio_clamp=[2, 3]"], "algo.ratio_clamp"),
     ("sgt", [], "needs a peer source"),
 ])
@@ -205,10 +204,10 @@ def test_cross_field_and_run_dependent_rules_at_load(algo, overrides, match):
 
 def test_derived_values_are_resolved_once_and_kept():
     cfg = micro("hacpo", "peer.source=online", "algo.self_clip=[0.1, 0.2]", "algo.ratio_clamp=[0.5, 2]")
-    assert (cfg["algo"]["eps_low"], cfg["algo"]["eps_high"]) == (0.1, 0.2)
+    assert cfg["algo"]["seq_clip"] == [0.1, 0.2]
     assert cfg["algo"]["ratio_clamp"] == [0.5, 2.0] and isinstance(cfg["algo"]["ratio_clamp"][1], float)
     obj = algo_config(cfg)
-    assert (obj.eps_low, obj.eps_high, obj.self_clip) == (0.1, 0.2, [0.1, 0.2])
+    assert (obj.seq_clip, obj.self_clip) == ([0.1, 0.2], [0.1, 0.2])
 
 
 def test_the_config_is_checked_once_and_built_without_a_second_check(monkeypatch):

@@ -28,8 +28,8 @@ def test_unknown_config_key_is_rejected_with_its_name(tmp_path):
         micro_cfg(tmp_path, "optim.lrr=1")
     with pytest.raises(ConfigError, match="algo.eps_hi"):
         micro_cfg(tmp_path, "algo.eps_hi=0.3")
-    cfg = micro_cfg(tmp_path, "optim.lr=3e-5", "algo.eps_high=0.28")
-    assert cfg["optim"]["lr"] == 3e-5 and cfg["algo"]["eps_high"] == 0.28
+    cfg = micro_cfg(tmp_path, "optim.lr=3e-5", "optim.clip.eps_high=0.28")
+    assert cfg["optim"]["lr"] == 3e-5 and cfg["optim"]["clip"]["eps_high"] == 0.28
 
 
 def test_presets_are_configs_of_the_family(tmp_path):
@@ -117,7 +117,8 @@ def test_store_schema_and_pandas(tmp_path):
 # where it does not apply, so presence alone proves nothing: these must have values)
 EVERY_STEP = ("reward/mean", "reward/acc", "groups/all_fail", "groups/all_success", "groups/mixed", "groups/count",
               "clip/frac", "clip/frac_own", "clip/frac_low", "clip/frac_high", "loss", "grad_norm", "lr", "entropy",
-              "ratio/mean", "response/len_mean", "response/trunc_rate", "perf/tokens_per_s", "rollouts/generated",
+              "ratio/mean", "rollout/logp_diff_max", "response/len_mean", "response/trunc_rate", "perf/tokens_per_s",
+              "rollouts/generated",
               "time/generate", "time/score", "time/logprob", "time/exchange", "time/update", "time/step")
 EXCHANGE = ("peer/admitted", "peer/rejected", "peer/rescued_groups", "tokens/peer_share")  # GRAFT, every step
 CANDIDATES = ("peer/s_mean", "peer/s_median", "peer/s_min", "peer/s_max")  # when a peer response was gated

@@ -1,5 +1,5 @@
 """HFEngine's own decoding loop: same tokens as transformers' generate when greedy, the right
-sampling distribution (temperature, top-k) when sampling, and min_new_tokens."""
+sampling distribution (temperature, top-k) when sampling, its log-probs recorded, and min_new_tokens."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,8 +61,8 @@ def test_sampling_follows_softmax_of_logits_over_t_within_top_k():
     got = torch.bincount(first, minlength=logits.numel()).float() / n
     assert set(first.tolist()) <= set(kept.tolist())
     assert 0.5 * (got - want).abs().sum() < 0.04
-    # behaviour log-probs are those of softmax(logits / T) before the top-k cut (as Policy.logprobs computes)
-    lp = F.log_softmax(logits / T, -1)
+    # behaviour log-probs are those of the distribution sampled: softmax(logits / T) renormalised over the top k
+    lp = want.log()
     assert max(abs(r.logprobs[0] - float(lp[r.token_ids[0]])) for r in g.rollouts) < 1e-5
 
 

@@ -19,8 +19,10 @@ from graftzoo.core.models import build_engine, build_policy
 from graftzoo.envs.task import Task
 from graftzoo.core.types import Group, Prompt, Rollout
 
+# the micro models' scratchpads have no newlines: these tests cut after '=' / '+' (algo.fallback_cut_chars;
+# the default "" makes no cut without a newline, spec algos_single §3.3 step 3)
 OVERRIDES = ["pair.train=[micro-qwen-char]", "algo.regen_warmup_steps=0", "algo.prefix_min_gap=3",
-             "algo.regen_batch_size=1", "eval.size=2"]
+             "algo.regen_batch_size=1", "eval.size=2", "algo.fallback_cut_chars==+"]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +119,10 @@ def test_hard_prompt_prefix_is_mined_from_the_most_confident_rollout(setup):
 
 
 def test_no_prefix_without_cut_tokens_and_easy_prompts_skipped(setup):
+    """By default a response without a newline gives no prefix (spec algos_single §3.3 step 3)."""
     cfg, policy = setup[0], setup[1]
-    learner = learner_for(cfg, fallback_cut_chars="")
+    assert cfg["algo"]["fallback_cut_chars"] == "=+" and ExTraConfig().fallback_cut_chars == ""
+    learner = learner_for(cfg, fallback_cut_chars=ExTraConfig().fallback_cut_chars)
     ctx = context(setup)
     learner._mine(ctx, [group(policy, P, ["12+34=46", "12+34=47"], [False, False]),
                         group(policy, Prompt(id="q2", text="1+1", gold="2"), ["1+1=2", "1+1=2"], [True, True])])

@@ -179,12 +179,17 @@ def test_needs_a_peer_source(pols):
 
 def test_config_keys_are_checked():
     cfg = make_cfg()
-    a = cfg["algo"]
+    a = {**cfg["algo"], "eps_high": cfg["optim"]["clip"]["eps_high"]}   # the shared clip: GRPO's 0.2
     assert (a["eps_high"], a["delta"], a["weight"], a["select"], a["balance"], a["max_peer_frac"], a["admission"],
             a["token_ratio"], a["peer_position"], a["peer_minibatches"], a["renorm_adv_after_gate"]) == \
-        (0.28, 0.8, "min_s_1", "complementary", "cap_pvar", 0.25, "gate", "learner_old", "last", "replace_slots", False)
+        (0.2, 0.8, "min_s_1", "complementary", "none", 1.0, "gate", "learner_old", "last", "replace_slots", False)
+    assert a["k_inj"] == 1 and "sgt_k_inj" not in a                  # SGT's key name and meaning
     with pytest.raises(ConfigError, match="algo.balance"):
         make_cfg("algo.balance=fair")
+    with pytest.raises(ConfigError, match="max_peer_frac.*extension"):  # a cap without the extension that applies it
+        make_cfg("algo.max_peer_frac=0.25")
+    with pytest.raises(ConfigError, match="sgt_rescue.*no cap"):
+        make_cfg("algo.select=sgt_rescue", "algo.balance=cap_pvar")
     with pytest.raises(ConfigError, match="peer_minibatches=replace_slots"):
         make_cfg("algo.peer_position=uniform", "algo.peer_minibatches=separate")
 
@@ -246,14 +251,28 @@ BAL_L = [FAIL, FAIL, FAIL, FAIL, MIXED, MIXED, MIXED, FAIL]
 BAL_P = [[1] * 4 + [0] * 4, [1] + [0] * 7, [1] * 2 + [0] * 6, [1] * 7 + [0], FAIL, MIXED, MIXED, [1] * 8]
 
 
-@pytest.mark.parametrize("overrides, want", [
-    ((), ["p0", "p2"]),                                   # cap floor(0.25 * 8) = 2, ranked by p(1-p)
-    (("balance=none",), ["p0", "p1", "p2", "p3"]),        # every candidate, no cap
-    (("balance=symmetric",), ["p0"]),                     # min(|C^A| = 4, |C^B| = 1, cap 2)
-    (("max_peer_frac=0.5",), ["p0", "p1", "p2", "p3"]),   # cap 4
-    (("max_peer_frac=0.125",), ["p0"]),                   # cap 1
+def test_balanced_exchange_replaces_every_candidate_with_the_whole_peer_group(pols):
+    """The sourced default (spec §4.3 step 3): every learner all-fail prompt with a mixed peer group is replaced
+    by the whole peer group, successes and failures with their peer advantages; no cap."""
+    own, peer = batch_of(pols, BAL_L, BAL_P)
+    algo, cfg = learner("delta=0")
+    slots = {g.prompt.id: g for g in algo.exchange(context(cfg, pols[LEARNER]), own, peer)}
+    assert sorted(k for k, g in slots.items() if g.source == "peer") == ["p0", "p1", "p2", "p3"]
+    for x in ("p0", "p1", "p2", "p3"):
+        g = slots[x]
+        assert g.n == 8 and [r.correct for r in g.rollouts] == [bool(v) for v in BAL_P[int(x[1])]]
+        assert g.advantages == peer[x].advantages and min(g.advantages) < 0 < max(g.advantages)
+    assert slots["p7"] is own[7]                          # peer all-success: zero peer advantage, not informative
+
+
+@pytest.mark.parametrize("overrides, want", [             # EXTENSIONS (not in the sourced method)
+    (("balance=cap_pvar", "max_peer_frac=0.25"), ["p0", "p2"]),   # cap floor(0.25 * 8) = 2, ranked by p(1-p)
+    (("balance=cap_pvar",), ["p0", "p1", "p2", "p3"]),            # max_peer_frac 1: no cap in effect
+    (("balance=symmetric", "max_peer_frac=0.25"), ["p0"]),        # min(|C^A| = 4, |C^B| = 1, cap 2)
+    (("balance=cap_pvar", "max_peer_frac=0.5"), ["p0", "p1", "p2", "p3"]),   # cap 4
+    (("balance=cap_pvar", "max_peer_frac=0.125"), ["p0"]),                   # cap 1
 ])
-def test_balanced_exchange(pols, overrides, want):
+def test_cap_extensions(pols, overrides, want):
     own, peer = batch_of(pols, BAL_L, BAL_P)
     algo, cfg = learner(*overrides)
     slots = algo.exchange(context(cfg, pols[LEARNER]), own, peer)
@@ -263,6 +282,8 @@ def test_balanced_exchange(pols, overrides, want):
 def test_missing_peer_group_means_no_replacement(pols):
     own, peer = batch_of(pols, BAL_L, [None] + BAL_P[1:])
     algo, cfg = learner()
+    assert grafted_ids(algo.exchange(context(cfg, pols[LEARNER]), own, peer)) == ["p1", "p2", "p3"]
+    algo, cfg = learner("balance=cap_pvar", "max_peer_frac=0.25")
     ids = grafted_ids(algo.exchange(context(cfg, pols[LEARNER]), own, peer))
     assert len(ids) == 2 and "p2" in ids and "p0" not in ids   # p1 and p3 tie on p(1-p): a seeded draw
 
@@ -273,7 +294,7 @@ def test_select_random_count_matched(pols):
     seen = set()
     for seed in range(6):
         ids = grafted_ids(algo.exchange(context(cfg, pols[LEARNER], seed), own, peer))
-        assert len(ids) == 2                               # the balanced exchange's count
+        assert len(ids) == 4                               # the balanced exchange's count (4 candidates)
         seen.update(ids)
     assert seen - {"p0", "p1", "p2", "p3"}                 # prompts outside the candidate set get picked
 
@@ -307,6 +328,17 @@ def test_sgt_graft_how(pols, monkeypatch):
     assert ctx.metrics["peer/rescued_groups"] == 4 and ctx.metrics["peer/admit_rate_succ"] == 0.0
 
 
+def test_sgt_graft_how_augments_with_sgts_k_inj(pols, monkeypatch):
+    """"SGT + GRAFT how" (= "w/o balanced exchange") uses SGT's algo.k_inj for the augmentation, as plain SGT
+    does; a mixed peer group still gives all its successes, with their peer advantages."""
+    own, peer = batch_of(pols, BAL_L, BAL_P)
+    fixed_scores(monkeypatch, {}, default=-0.6)
+    algo, cfg = learner("select=sgt_rescue", "k_inj=3")
+    slots = {g.prompt.id: g for g in algo.exchange(context(cfg, pols[LEARNER]), own, peer)}
+    assert sum(r.correct for r in slots["p7"].rollouts) == 3 and slots["p7"].n == 8
+    assert slots["p0"].n == 4 and slots["p1"].n == 1
+
+
 # ------------------------------------------------------------------------------------------------
 # slot order and minibatches
 # ------------------------------------------------------------------------------------------------
@@ -320,15 +352,32 @@ def minibatch_peers(algo, ctx, slots):
     ((), [[], [6, 7]]),                                    # last
     (("peer_position=first",), [[0, 1], []]),
     (("peer_position=uniform",), [[3], [7]]),              # one per minibatch
-    (("peer_minibatches=separate",), [[], [], [6, 7]]),    # own 6 slots in 2 minibatches of 4, then the peer's
-    (("peer_minibatches=separate", "peer_position=first"), [[6, 7], [], []]),
+    (("peer_minibatches=separate",), [[], [6, 7]]),        # own informative 3 slots: 1 minibatch of 4, then peer
+    (("peer_minibatches=separate", "peer_position=first"), [[6, 7], []]),
 ])
 def test_peer_position_and_minibatches(pols, overrides, want):
-    own, peer = batch_of(pols, BAL_L, BAL_P)
-    algo, cfg = learner(*overrides, "delta=0", "optim.minibatches=2")
+    own, peer = batch_of(pols, BAL_L, BAL_P)   # capped at 2 grafted groups (extension) for a mixed layout
+    algo, cfg = learner(*overrides, "delta=0", "optim.minibatches=2", "balance=cap_pvar", "max_peer_frac=0.25")
     ctx = context(cfg, pols[LEARNER])
     slots = algo.exchange(ctx, own, peer)
     assert minibatch_peers(algo, ctx, slots) == want
+
+
+def test_separate_minibatches_hold_only_informative_own_groups(pols):
+    """peer_minibatches=separate (spec §4.3 step 6, alternative): own minibatches hold the own informative groups;
+    an own group with zero advantages (here p7: learner all-fail, peer all-success, not replaced) is left out."""
+    own, peer = batch_of(pols, BAL_L, BAL_P)
+    scheduled = {}
+    for layout in ("replace_slots", "separate"):
+        algo, cfg = learner(f"peer_minibatches={layout}", "delta=0", "optim.minibatches=2")
+        ctx = context(cfg, pols[LEARNER])
+        batch = algo.build_batch(ctx, algo.exchange(ctx, own, peer))
+        mbs = algo.schedule(ctx, batch)
+        scheduled[layout] = {batch.groups[batch.rows[i].slot].prompt.id for mb in mbs for i in mb}
+        if layout == "separate":
+            assert [{batch.groups[batch.rows[i].slot].source for i in mb} for mb in mbs] == [{"own"}, {"peer"}]
+    assert scheduled["replace_slots"] == {f"p{i}" for i in range(8)}
+    assert scheduled["separate"] == {f"p{i}" for i in range(8)} - {"p7"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -361,7 +410,7 @@ def test_token_ratio_none_drops_clipping_for_peer_tokens(pols):
     peer_rows, adv = mb.is_peer, mb.advantages.unsqueeze(1)
     pos = (adv > 0).squeeze(1)
     assert torch.allclose(t_free[~peer_rows], t_clip[~peer_rows])                       # own tokens: clipped
-    assert torch.allclose(t_clip[peer_rows & pos], (-1.28 * adv.expand_as(t_clip))[peer_rows & pos])
+    assert torch.allclose(t_clip[peer_rows & pos], (-1.2 * adv.expand_as(t_clip))[peer_rows & pos])  # 1 + eps_high
     assert torch.allclose(t_free[peer_rows], (-2.0 * adv.expand_as(t_free))[peer_rows])  # peer tokens: -rho*A
 
 
@@ -409,6 +458,32 @@ def test_append_eos_if_stopped(pols, append):
     assert all(len(r.response_ids) == len(pols[LEARNER].encode_text(r.rollout.text)) + append for r in rows)
 
 
+@pytest.mark.parametrize("overflow", ["drop", "truncate"])
+def test_a_prompt_over_the_limit_is_dropped_not_truncated(pols, monkeypatch, overflow):
+    """Spec §4.5: a grafted response whose prompt, in the learner's template, is longer than
+    rollout.max_prompt_tokens is dropped and counted (default xt.overflow=drop); truncate (HACPO's code) keeps
+    the prompt's last tokens."""
+    own, peer = batch_of(pols, [FAIL, MIXED], [MIXED, MIXED])
+    pol = pols[LEARNER]
+    full = len(pol.encode_prompt(own[0].prompt))
+    algo, cfg = learner("delta=0", f"xt.overflow={overflow}")
+    monkeypatch.setattr(pol, "max_prompt_tokens", full)              # at the limit: kept
+    ctx = context(cfg, pol)
+    g = algo.exchange(ctx, own, peer)[-1]
+    assert g.source == "peer" and not any(r.dropped for r in g.rollouts) and ctx.metrics["xt/dropped"] == 0
+    monkeypatch.setattr(pol, "max_prompt_tokens", full - 1)          # one token over
+    ctx = context(cfg, pol)
+    g = algo.exchange(ctx, own, peer)[-1]
+    if overflow == "drop":
+        assert all(r.dropped == "prompt_overflow" for r in g.rollouts)
+        assert ctx.metrics["xt/dropped"] == ctx.metrics["xt/dropped_prompt_overflow"] == 8
+        assert ctx.metrics["peer/admitted"] == 0 and g.weights == [0.0] * 8
+        assert not [r for r in algo.build_batch(ctx, [g]).rows if r.is_peer]   # out of the loss
+    else:
+        assert not any(r.dropped for r in g.rollouts) and ctx.metrics["xt/dropped_prompt_overflow"] == 0
+        assert all(r.prompt_token_ids == pol.encode_prompt(own[0].prompt)[-(full - 1):] for r in g.rollouts)
+
+
 # ------------------------------------------------------------------------------------------------
 # end to end: a heterogeneous pair co-trained through the CLI
 # ------------------------------------------------------------------------------------------------
@@ -427,7 +502,8 @@ def test_cli_cotrains_a_heterogeneous_pair(tmp_path):
     for r in recs:
         for k in ("peer/rescued_groups", "peer/admitted", "peer/rejected", "peer/mixed_on_all_fail_frac"):
             assert k in r
-        assert r["peer/rescued_groups"] <= 2                                  # cap floor(0.25 * 8)
+        # no cap: every learner all-fail prompt with a mixed peer group is replaced
+        assert r["peer/rescued_groups"] == round((r["peer/mixed_on_all_fail_frac"] or 0) * r["peer/all_fail_count"])
         if r["peer/admitted"] + r["peer/rejected"]:
             assert r["peer/s_min"] <= r["peer/s_median"] <= r["peer/s_max"]
         if r["peer/admitted"]:

@@ -12,6 +12,11 @@ from graftzoo.apps.cli import main
 from graftzoo.apps.options import PeerOptionError, parse_peer
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "grids"
+# the rows of the GRAFT paper's Tables 1, 2, 6, 7 and 8 for pair 1, under the spec's labels (algos_peer §4.4.4)
+TABLE_ROWS = ["GRPO (n=8)", "GRPO (n=16)", "GRPO (n=32)", "GRPO (n=8) + DS", "HACPO", "SGT", "GRAFT",
+              "GRAFT (stored)", "w/o compatibility gate", "w/o balanced exchange", "w/o token-level ratio",
+              "Count-matched random prompt selection", "Count-matched random response admission",
+              "First", "Uniform", "Last", "SGT + GRAFT how", "HACPO + GRAFT which"]
 TINY = {
     "name": "t",
     "pairs": ["micro"],
@@ -160,12 +165,26 @@ def test_graft_table1_expansion():
     grid = G.load_grid(CONFIGS / "graft_table1.yaml")
     assert grid.name == "graft_table1" and grid.eval["benchmarks"] == "all"
     names = [c.name for c in grid.cells]
-    assert len(names) == len(set(names)) == 3 * (4 + 7 + 2)
+    assert len(names) == len(set(names)) == 3 * (4 + 11 + 2)
     labels = [m.label for m in grid.methods]
     assert labels[:4] == ["GRPO (n=8)", "GRPO (n=16)", "GRPO (n=32)", "GRPO (n=8) + DS"]
-    assert {"HACPO", "SGT", "GRAFT", "GRAFT w/o gate", "GRAFT w/o balance", "GRAFT w/o token ratio",
-            "GRAFT (peer first)", "GRAFT (stored)"} <= set(labels)
-    gate = grid.cell("graft-w-o-gate-pair1-s2")
+    assert set(labels) == set(TABLE_ROWS) and len(labels) == len(TABLE_ROWS)   # every paper row, spec labels
+    ov = {m.label: m.overrides for m in grid.methods}
+    assert ov["w/o compatibility gate"] == {"algo.delta": 0.0} and ov["w/o token-level ratio"] == {
+        "algo.token_ratio": "none"}
+    assert ov["w/o balanced exchange"] == {"algo.select": "sgt_rescue"}       # successes only
+    assert ov["Count-matched random prompt selection"] == {"algo.select": "random_count_matched"}
+    assert ov["Count-matched random response admission"] == {"algo.admission": "random_count_matched"}
+    assert ov["First"] == {"algo.peer_position": "first"} and ov["Uniform"] == {"algo.peer_position": "uniform"}
+    assert ov["HACPO + GRAFT which"] == {"algo.select": "graft_which"} and ov["GRAFT"] == {}
+    alias = {m.label: m.same_as for m in grid.methods if m.same_as}
+    assert alias == {"Last": "GRAFT", "SGT + GRAFT how": "w/o balanced exchange"}   # one configuration, two names
+    assert not [c for c in grid.cells if c.label in alias]                          # no second set of runs
+    which = grid.cell("hacpo-graft-which-pair1-s0").config()
+    assert which["algo"]["name"] == "hacpo" and which["algo"]["select"] == "graft_which"
+    graft = grid.cell("graft-pair1-s0").config()["algo"]
+    assert (graft["select"], graft["balance"], graft["max_peer_frac"]) == ("complementary", "none", 1.0)
+    gate = grid.cell("w-o-compatibility-gate-pair1-s2")
     assert gate.overrides["algo.delta"] == 0.0 and gate.overrides["peer.source"] == "online"
     assert gate.overrides["run.tags"] == ["graft", "pair1", "s2"]
     assert gate.overrides["run.wandb_group"] == "graft_table1"
@@ -181,8 +200,26 @@ def test_graft_table1_expansion():
 
 def test_tiny_table1_configs_load():
     grid = G.load_grid("tiny_table1")
-    assert {c.pair for c in grid.cells} == {"micro"} and len(grid.cells) == 3 * (4 + 7 + 2)
+    assert {c.pair for c in grid.cells} == {"micro"} and len(grid.cells) == 3 * (4 + 11 + 2)
+    full = G.load_grid(CONFIGS / "graft_table1.yaml")
+    assert [(m.label, m.algo, m.overrides, m.same_as) for m in grid.methods] == [
+        (m.label, m.algo, m.overrides, m.same_as) for m in full.methods]    # the same rows as graft_table1
     assert G.check_configs(grid.cells) == {}
+
+
+def test_alias_entry_and_its_report_rows(tmp_path):
+    """``{label, same_as}``: no cells, listed by --dry-run, and the report repeats the runs under the alias."""
+    spec = write_grid(tmp_path / "t.yaml", seeds=[0], variants=[{"label": "RLOO", "algo": "rloo"},
+                                                                {"label": "RLOO again", "same_as": "RLOO"}])
+    grid = G.load_grid(spec, str(tmp_path / "out"))
+    assert [c.name for c in grid.cells] == ["grpo-micro-s0", "rloo-micro-s0"]
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path / "out"), "--dry-run"])
+    assert res.exit_code == 0 and "  RLOO again: the runs of 'RLOO', under a second label" in res.output
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path / "out"), "--in-process"])
+    assert res.exit_code == 0, res.output
+    table = (tmp_path / "out" / "report" / "table1.md").read_text()
+    line = next(x for x in table.splitlines() if x.startswith("| RLOO |"))
+    assert line.replace("| RLOO |", "| RLOO again |", 1) in table and "RLOO again = RLOO (the same runs)." in table
 
 
 @pytest.mark.parametrize("change, message", [
@@ -196,6 +233,10 @@ def test_tiny_table1_configs_load():
     ({"variants": [{"label": "G-R-P-O", "algo": "rloo"}], "algorithms": [{"label": "g r p o", "algo": "grpo"}]},
      "both name a run"),
     ({"eval": {"benchmark": "all"}}, "unknown option"),
+    ({"variants": [{"label": "A", "same_as": "Nope"}]}, "not the label of a method with runs"),
+    ({"variants": [{"label": "A", "same_as": "grpo"}, {"label": "B", "same_as": "A"}]}, "'A', which is not"),
+    ({"variants": [{"label": "A", "same_as": "grpo", "algo": "grpo"}]}, "exactly 'label' and 'same_as'"),
+    ({"variants": [{"label": "grpo", "same_as": "grpo"}]}, "repeat"),
 ])
 def test_grid_file_errors_name_the_key(tmp_path, change, message):
     spec = write_grid(tmp_path / "bad.yaml", **change)

@@ -165,9 +165,9 @@ def test_alpha_is_the_exponential_is_power():
 
 def test_self_clip_sets_the_gspo_clip_of_self_samples():
     cfg = run_cfg("algo.self_clip=[0.1,0.2]")
-    assert (cfg["algo"]["eps_low"], cfg["algo"]["eps_high"]) == (0.1, 0.2)
+    assert cfg["algo"]["seq_clip"] == [0.1, 0.2]
     with pytest.raises(ConfigError, match="self_clip"):
-        run_cfg("algo.eps_low=0.2")
+        run_cfg("algo.seq_clip=[0.2, 0.2]")
     with pytest.raises(ConfigError, match="capability-aware"):
         run_cfg("algo.estimator=rloo")
 
@@ -245,6 +245,34 @@ def test_capability_state_window_and_checkpoint_roundtrip(pols):
     fresh, _ = make(run_cfg("algo.capability_window=2"), pols[QWEN])
     fresh.load_state_dict(learner.state_dict())
     assert fresh.capabilities() == (0.5, 1e-8)
+
+
+def test_select_graft_which_pools_only_grafts_prompts(pols):
+    """"HACPO + GRAFT which" (GRAFT Table 8): HACPO's update on GRAFT's prompts only (learner all-fail, peer
+    mixed); default select=all pools every peer group (HACPO as published). The capabilities see every group."""
+    q, g2 = pols[QWEN], pols[GPT2]
+    ps = [Prompt(f"p{i}", f"{i}+3", gold=str(i + 3)) for i in range(4)]
+    # p0: learner all-fail, peer mixed (GRAFT's candidate); p1: both all-fail; p2: both mixed; p3: peer all-success
+    lc = [[False, False], [False, False], [True, False], [False, False]]
+    pc = [[True, False], [False, False], [True, False], [True, True]]
+
+    def texts(p, cs):
+        a = int(p.text.split("+")[0])
+        return [f"{p.text}={a + 3 if c else a + 4 + j}" for j, c in enumerate(cs)]
+
+    own = [group(q, p, texts(p, c), c) for p, c in zip(ps, lc)]
+    peer = {p.id: group(g2, p, texts(p, c), c) for p, c in zip(ps, pc)}
+    out = {}
+    for select in ("all", "graft_which"):
+        learner, ctx = make(run_cfg(f"algo.select={select}"), q)
+        slots = learner.exchange(ctx, own, peer)
+        out[select] = [g.prompt.id for g in slots if g.source == "peer"]
+        assert learner.history["peer"] == [pytest.approx(4 / 8)]            # every peer group counts
+        assert [g.prompt.id for g in slots if g.source == "own"] == ["p0", "p1", "p2", "p3"]
+        assert ctx.metrics["xt/responses"] == 2 * len(out[select])
+    assert out == {"all": ["p0", "p1", "p2", "p3"], "graft_which": ["p0"]}
+    with pytest.raises(ConfigError, match="algo.select"):
+        run_cfg("algo.select=graft")
 
 
 def test_needs_a_peer_source(pols):

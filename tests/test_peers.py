@@ -52,6 +52,25 @@ def test_stored_peer_reads_groups_with_behaviour_stats(tmp_path):
     assert {g.rollouts[0].origin.stored_step for g in latest.values()} == {1}
 
 
+def test_latest_alignment_is_by_epoch(tmp_path):
+    """peer.align=latest (spec algos_peer §4.3 stored mode): the most recent logged group of the prompt at or
+    before the same EPOCH, whatever step of that epoch the earlier run visited it at (not at or before the step)."""
+    store = TrajectoryStore(tmp_path, dataset="arithmetic")
+    p0, p1 = prompts(2)
+    # the earlier run saw p0 at step 0 (epoch 0) and step 3 (epoch 1), p1 at step 1 (epoch 0) and step 2 (epoch 1)
+    for step, epoch, p in ((0, 0, p0), (1, 0, p1), (2, 1, p1), (3, 1, p0)):
+        store.write(step, epoch, [group(B, p, [1, 0], step)], tokenizer_id="digit_pair")
+    peer = StoredPeer(tmp_path, align="latest")
+
+    def stored_steps(step, epoch):
+        return {pid: g.rollouts[0].origin.stored_step for pid, g in peer.groups([p0, p1], step, epoch, A).items()}
+
+    assert stored_steps(2, 1) == {p0.id: 3, p1.id: 2}   # p0's epoch-1 group was logged at a later step (3)
+    assert stored_steps(5, 0) == {p0.id: 0, p1.id: 1}   # never a later epoch's group, whatever the step
+    assert stored_steps(0, 0) == {p0.id: 0, p1.id: 1}
+    assert stored_steps(9, 2) == {p0.id: 3, p1.id: 2}   # epoch 2 not logged: the most recent before it
+
+
 def test_store_with_unknown_schema_version_is_refused(tmp_path):
     write_store(tmp_path)
     meta = json.loads((tmp_path / "meta.json").read_text())

@@ -189,12 +189,37 @@ def test_csv(table):
 
 def test_latex(table):
     tex = to_latex(table)
-    assert tex.startswith(r"\begin{tabular}{lrcccr}") and tex.rstrip().endswith(r"\end{tabular}")
-    assert rf"\multicolumn{{6}}{{l}}{{\textit{{{BLOCK_A}}}}} \\" in tex
-    assert r"GRAFT (stored) & 8 & 42.0 & 38.0 & \textbf{40.0}$^\ddagger$ & +10.0 \\" in tex
-    assert r"GRAFT & 8 & 41.0 $\pm$ 1.4 & 31.0 $\pm$ 1.4 & 36.0 $\pm$ 1.4$^\dagger$ & +6.0 \\" in tex
-    assert r"GRPO (n=8) & 8 & 31.0 $\pm$ 1.4 & 29.0 $\pm$ 1.4 & 30.0 $\pm$ 1.4 & -- \\" in tex
+    assert tex.startswith(r"\begin{tabular}{lrcccrl}") and tex.rstrip().endswith(r"\end{tabular}")
+    assert rf"\multicolumn{{7}}{{l}}{{\textit{{{BLOCK_A}}}}} \\" in tex
+    assert r"GRAFT (stored) & 8 & 42.0 & 38.0 & \textbf{40.0}$^\ddagger$ & +10.0 & 0.2/0.2 \\" in tex
+    assert r"GRAFT & 8 & 41.0 $\pm$ 1.4 & 31.0 $\pm$ 1.4 & 36.0 $\pm$ 1.4$^\dagger$ & +6.0 & 0.2/0.2 \\" in tex
+    assert r"GRPO (n=8) & 8 & 31.0 $\pm$ 1.4 & 29.0 $\pm$ 1.4 & 30.0 $\pm$ 1.4 & -- & 0.2/0.2 \\" in tex
     assert "±" not in tex and "–" not in tex
+
+
+def test_alias_shows_one_method_under_a_second_label(results):
+    """One configuration, two labels (GRAFT's "w/o balanced exchange" = "SGT + GRAFT how"): the row is
+    repeated, at the alias's place in ``methods``, with the same numbers; no second set of runs."""
+    runs = load_runs([results])
+    t = build_table1(runs, methods=["GRPO (n=8)", "GRAFT w/o gate", "GRAFT", "SGT + GRAFT how"],
+                     aliases={"SGT + GRAFT how": "GRAFT w/o gate"})
+    for title in (BLOCK_A, BLOCK_B):
+        rows = _rows(t, title)
+        alias, orig = rows["SGT + GRAFT how"], rows["GRAFT w/o gate"]
+        assert alias.same_as == "GRAFT w/o gate" and orig.same_as is None
+        assert (alias.avg, alias.delta, alias.mark, alias.bold, alias.runs) == (
+            orig.avg, orig.delta, orig.mark, orig.bold, orig.runs)
+        assert [r.method for r in next(b for b in t.blocks if b.title == title).rows][:4] == [
+            "GRPO (n=8)", "GRAFT w/o gate", "GRAFT", "SGT + GRAFT how"]
+    md = to_markdown(t)
+    assert md.count("| SGT + GRAFT how | 8 | 34.0 ± 1.4 | 32.0 ± 1.4 | 33.0 ± 1.4 | +3.0 |") == 1
+    assert md.count("| GRAFT w/o gate | 8 | 34.0 ± 1.4 | 32.0 ± 1.4 | 33.0 ± 1.4 | +3.0 |") == 1
+    assert "SGT + GRAFT how = GRAFT w/o gate (the same runs)." in md
+    rows = list(csv.DictReader(io.StringIO(to_csv(t))))
+    assert len(rows) == 13 and {r["same_as"] for r in rows if r["method"] == "SGT + GRAFT how"} == {"GRAFT w/o gate"}
+    assert set(_rows(build_table1(runs), BLOCK_A)) == set(_rows(t, BLOCK_A)) - {"SGT + GRAFT how"}  # no alias
+    with pytest.raises(ValueError, match="alias label"):
+        build_table1(runs, aliases={"GRAFT": "GRAFT w/o gate"})
 
 
 def test_unknown_baseline_and_duplicate_seed(results, tmp_path):

@@ -39,6 +39,7 @@ class MiniBatch:
     role: torch.Tensor              # [B] long: ROLE_ID of own | peer | aux
     slot: torch.Tensor              # [B] group slot index
     origin_mean_logp: torch.Tensor  # [B] the peer's l_P of a localized response (0 elsewhere)
+    given_old: torch.Tensor         # [B] bool: old_logp is a given ratio base, not theta_old
     rows: list
 
     def __len__(self):
@@ -92,4 +93,5 @@ class TrainBatch:
                          f32(per_token["kl_mask"]), f32([r.advantage for r in rows]), f32([r.weight for r in rows]),
                          torch.tensor([ROLE_ID[r.role] for r in rows], dtype=torch.long),
                          torch.tensor([r.slot for r in rows], dtype=torch.long),
-                         f32([r.origin_mean_logp or 0.0 for r in rows]), rows)
+                         f32([r.origin_mean_logp or 0.0 for r in rows]),
+                         torch.tensor([r.given_old_logp for r in rows], dtype=torch.bool), rows)

@@ -16,7 +16,7 @@ import copy
 import dataclasses
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import yaml
 
@@ -88,6 +88,9 @@ DEFAULTS: dict = {
         "max_prompt_tokens": 2048,
         "engine": "hf",
         "gen_batch_size": 1024,
+        # theta_old log-probs from the training path (spec algos_single §0) instead of decoding: true | false |
+        # auto (on unless the engine is the training model itself in float32, sampling without top-p / top-k)
+        "recompute_old_logp": "auto",
     },
     "optim": {
         "lr": 1e-4,
@@ -98,6 +101,13 @@ DEFAULTS: dict = {
         "grad_clip": 1.0,
         "minibatches": 1,        # optimizer steps per rollout batch (1 = fully on-policy)
         "epochs": 1,             # optimization epochs over a rollout batch
+        # the PPO ratio clip, ONE setting shared by every method of a run and of a grid (spec algos_peer
+        # §4.4.2): an algorithm never brings a private default; presets (configs/algos/dapo.yaml) set it
+        "clip": {
+            "eps_low": 0.2,      # ratio floor 1 - eps_low
+            "eps_high": 0.2,     # ratio ceiling 1 + eps_high (clip-higher: 0.28, only as a shared choice)
+            "dual_clip_c": None,  # dual clip of negative-advantage tokens (verl), > 1; null = off
+        },
     },
     "algo": {"name": "grpo"},
     "peer": {
@@ -123,8 +133,13 @@ CORE = {
     "xt.overflow": Literal["drop", "truncate", "error"],
     "rollout.engine": Literal["hf"],          # the only engine in this release
     "rollout.n": (int, "[1, inf)"),
+    "rollout.recompute_old_logp": Union[Literal["auto"], bool],
     "eval.select": Optional[Literal["last", "val_avg"]],
+    "optim.clip.eps_low": (float, "[0, 1]"),
+    "optim.clip.eps_high": (float, "[0, inf)"),
+    "optim.clip.dual_clip_c": (Optional[float], "(1, inf)"),
 }
+CLIP_KEYS = ("eps_low", "eps_high", "dual_clip_c")   # optim.clip.*; no longer algo.* keys
 
 
 def _merge(base: dict, new: dict, origin: str, prefix: str = "", schema: dict | None = None) -> dict:
@@ -233,14 +248,20 @@ def validate(cfg: dict) -> dict:
     cls = get_algo(name)
     fields = {f.name for f in dataclasses.fields(cls.Config)}
     for key in algo:
+        if key in CLIP_KEYS and key not in fields:
+            raise ConfigError(f"config key 'algo.{key}' moved to 'optim.clip.{key}': the clip is one setting shared "
+                              f"by every method of a comparison (spec algos_peer §4.4.2); an algorithm's own clip "
+                              f"has its own key (gspo: algo.seq_clip, hacpo: algo.self_clip)")
         if key not in fields:
             raise ConfigError(f"unknown config key 'algo.{key}' for algorithm '{name}'; known: {sorted(fields)}")
     if not cfg["pair"]["models"]:
         raise ConfigError("no models: give --pair NAME (configs/pairs/NAME.yaml) or pair.models")
     for key, decl in CORE.items():
-        section, sub = key.split(".")
         tp, rng = decl if isinstance(decl, tuple) else (decl, None)
-        check_value(key, cfg[section][sub], tp, rng)
+        value = cfg
+        for part in key.split("."):
+            value = value[part]
+        check_value(key, value, tp, rng)
     obj = validate_algo(build(cls.Config, algo), cfg)
     cfg["algo"] = {"name": name, **dataclasses.asdict(obj)}
     return cfg
@@ -250,3 +271,36 @@ def algo_config(cfg: dict):
     """The learner's Config object from a run config that ``load_config`` checked (not checked again)."""
     algo = dict(cfg["algo"])
     return build(get_algo(algo.pop("name")).Config, algo)
+
+
+def shared_clip(cfg: dict) -> dict:
+    """The run's shared clip ``optim.clip`` (eps_low, eps_high, dual_clip_c) as plain data; keys a hand-built
+    run config leaves out take the DEFAULTS."""
+    clip = (cfg.get("optim") or {}).get("clip") or {}
+    return {k: clip.get(k, DEFAULTS["optim"]["clip"][k]) for k in CLIP_KEYS}
+
+
+def effective_clip(cfg: dict) -> dict:
+    """The clip a run's learner trains with (its Config's ``effective_clip``): ``eps_low``, ``eps_high``,
+    ``dual_clip_c`` and ``ratio`` ("token" | "sequence", the ratio it clips). A run config saved before the
+    clip moved to ``optim.clip`` is read from its ``algo.eps_*`` keys."""
+    algo = dict(cfg["algo"])
+    cls = get_algo(algo.pop("name")).Config
+    fields = {f.name for f in dataclasses.fields(cls)}
+    legacy = {k: algo.pop(k) for k in CLIP_KEYS if k in algo and k not in fields}
+    if legacy:
+        cfg = {**cfg, "optim": {**(cfg.get("optim") or {}), "clip": legacy}}
+        if "seq_clip" in fields and "seq_clip" not in algo:
+            algo["seq_clip"] = [legacy.get("eps_low", 0.2), legacy.get("eps_high", 0.2)]
+    return build(cls, algo).effective_clip(cfg)
+
+
+def clip_label(clip: dict | None) -> str:
+    """``{eps_low: 0.2, eps_high: 0.28, dual_clip_c: 10, ...}`` -> ``"0.2/0.28 c=10"``; a sequence-ratio clip
+    ends in ``" seq"``; None -> ``"?"``."""
+    if not clip:
+        return "?"
+    text = f"{float(clip['eps_low']):g}/{float(clip['eps_high']):g}"
+    if clip.get("dual_clip_c") is not None:
+        text += f" c={float(clip['dual_clip_c']):g}"
+    return text + (" seq" if clip.get("ratio") == "sequence" else "")

@@ -10,9 +10,13 @@ than the exponential draws inside ``torch.multinomial``. Only these settings sha
 model's ``generation_config`` (e.g. a hub ``repetition_penalty``) is not applied, since the
 recorded log-probs would no longer be those of the sampling distribution.
 
-Behaviour log-probs are read from each step's raw logits, divided by the temperature and
-log-softmaxed exactly as ``Policy.logprobs`` does, so the first PPO ratio is 1 to numerical
-precision without an extra forward pass.
+Behaviour log-probs are those of the distribution actually sampled: each step's raw logits divided
+by the temperature exactly as ``Policy.logprobs`` does, then cut by top-k / top-p and (before
+``min_new_tokens``) EOS, and log-softmaxed over what is left (renormalised). With no cut they are
+``Policy.logprobs``' values up to the numerics of a KV-cached decode; with a cut they differ from the
+training path, so the trainer then recomputes theta_old through it (``rollout.recompute_old_logp``,
+graftzoo.core.trainer) and logs the largest difference (``rollout/logp_diff_max``). Greedy decoding
+records the log-probs of softmax(logits) (no distribution is sampled).
 """
 from __future__ import annotations
 
@@ -134,11 +138,13 @@ class HFEngine(Engine):
                 scores = scores.index_fill(1, eos, float("-inf"))
             for w in warpers:
                 scores = w(ids, scores)
+            # the sampled distribution, renormalised after the cuts (no cut: softmax(logits / T) itself)
+            sampled = scaled if greedy else scores
             if not greedy:  # Gumbel-max: argmax(scores - log(-log U)) ~ softmax(scores)
                 scores = scores - torch.rand_like(scores).log_().neg_().log_()
             nxt = torch.where(done, pad, scores.argmax(-1))
             toks.append(nxt)
-            lps.append(F.log_softmax(scaled, dim=-1).gather(-1, nxt.unsqueeze(-1)).squeeze(-1))
+            lps.append(F.log_softmax(sampled, dim=-1).gather(-1, nxt.unsqueeze(-1)).squeeze(-1))
             done = done | (nxt == pol.eos_id)
             if t == max_new - 1 or bool(done.all()):
                 break

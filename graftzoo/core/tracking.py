@@ -20,6 +20,8 @@ METRICS = [
     "clip/frac", "clip/frac_own", "clip/frac_peer", "clip/frac_low", "clip/frac_high",
     # optimisation
     "loss", "grad_norm", "lr", "entropy", "kl", "ratio/mean",
+    # theta_old: max |decoding log-prob - training-path log-prob| over own response tokens (engine/trainer mismatch)
+    "rollout/logp_diff_max",
     # responses and throughput
     "response/len_mean", "response/trunc_rate", "perf/tokens_per_s", "rollouts/generated",
     "time/generate", "time/score", "time/logprob", "time/exchange", "time/update", "time/step",

@@ -2,7 +2,8 @@
 learner, optimizer and tokenizer. It never branches on an algorithm's name: every difference
 between algorithms lives in the Learner hooks (graftzoo.algos.base).
 
-Per step: every model collects and scores its groups and computes advantages; the store records
+Per step: every model collects and scores its groups, scores its own responses once more through the
+training path (theta_old, ``rollout.recompute_old_logp``) and computes advantages; the store records
 them; then (all decisions under theta_old) every learner exchanges with its peer source and
 builds its batch; then every model updates.
 """
@@ -108,10 +109,13 @@ class Trainer:
         prompts, epoch = self.sampler.batch(step)
         before = {m: self._phase_wall(m) for m in self.model_ids}
         ctxs, groups = {}, {}
+        recompute = {m: recompute_old_logp(self.cfg, self.policies[m], self.engines[m]) for m in self.model_ids}
         for mi, m in enumerate(self.model_ids):
             ctx = ctxs[m] = self.context(step, epoch, m, mi)
             torch.manual_seed(derive_seed(self.seed, step, m, "generate"))
             gs = self.learners[m].collect(ctx, prompts)
+            with ctx.phase("logprob"):  # theta_old through the training path (spec algos_single §0)
+                ctx.log("rollout/logp_diff_max", old_logp_pass(self.policies[m], gs, recompute[m]))
             gs = self.learners[m].advantages(ctx, gs)
             groups[m] = gs
             if self.store is not None:
@@ -135,10 +139,14 @@ class Trainer:
         for m in self.model_ids:
             ctx, pol, learner = ctxs[m], self.policies[m], self.learners[m]
             upd = []
+            mbs = [batches[m].minibatch(idx).to(pol.device) for idx in learner.schedule(ctx, batches[m])]
+            if recompute[m]:
+                with self.meter.phase(m, "logprob"):
+                    for mb in mbs:
+                        minibatch_old_logp(pol, mb)
             with self.meter.phase(m, "update"):
-                for u, idx in enumerate(learner.schedule(ctx, batches[m])):
+                for u, mb in enumerate(mbs):
                     ctx.update = u
-                    mb = batches[m].minibatch(idx).to(pol.device)
                     loss, met = learner.loss(ctx, pol, mb)
                     met["grad_norm"] = pol.step(loss)
                     met["loss"] = float(loss.detach())
@@ -246,6 +254,56 @@ class Trainer:
                          "peers": self.peers.state_dict() if self.peers is not None else {},
                          "compute": self.meter.summary(), "sampler": {"step": step + 1}},
                         keep=int(self.cfg["run"]["keep_checkpoints"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# theta_old log-probs (spec algos_single §0: recomputed by the trainer before the update)
+# ----------------------------------------------------------------------------------------------
+
+def recompute_old_logp(cfg: dict, policy, engine) -> bool:
+    """``rollout.recompute_old_logp`` resolved for one model. ``auto`` is on unless the engine decodes with the
+    training model itself in float32 from the uncut softmax(logits / T) (no top-p, top-k or min_new_tokens):
+    any other engine, precision or cut records log-probs that the update's forward pass does not reproduce."""
+    r = cfg["rollout"]
+    want = r.get("recompute_old_logp", "auto")
+    if want != "auto":
+        return bool(want)
+    itself = r["engine"] == "hf" and getattr(engine, "policy", None) is policy
+    fp32 = next(policy.model.parameters()).dtype == torch.float32
+    cut = (float(getattr(engine, "top_p", r["top_p"])) < 1.0 or int(getattr(engine, "top_k", r["top_k"]) or 0) > 0
+           or int(getattr(engine, "min_new_tokens", 0) or 0) > 0)
+    return not (itself and fp32) or cut
+
+
+@torch.no_grad()
+def minibatch_old_logp(policy, mb):
+    """theta_old of a minibatch's rows by the update's own forward code on the same batch (same rows, same
+    padding), before any optimizer step of the rollout batch: the first minibatch's ratio is then exactly 1 in
+    every precision (spec algos_single §0). A given ratio base (``given_old``, e.g. GRAFT T2) is kept."""
+    logp, _ = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
+    mb.old_logp = torch.where(mb.given_old.unsqueeze(1), mb.old_logp, logp.to(mb.old_logp.dtype))
+
+
+def old_logp_pass(policy, groups, recompute: bool) -> Optional[float]:
+    """The training-path log-probs of the own rollouts of ``groups`` under theta_old (``Policy.score_sequences``:
+    ``Policy.logprobs``, the forward code of the update, one no-grad pass). Returns max |decoding log-prob -
+    training-path log-prob| over their sampled response tokens (None without any). With ``recompute`` the
+    training-path values replace ``Rollout.logprobs`` (given prefix tokens keep theirs), so the ratio base, the
+    peer's l_P and the store's log-prob sums are all theta_old as the update computes it; the trainer then also
+    recomputes each minibatch's ratio base on the minibatch itself (``minibatch_old_logp``), removing the
+    rounding that another batch shape would leave."""
+    rolls = [r for g in groups for r in g.rollouts
+             if r.role == "own" and r.origin is None and len(r.token_ids) > r.prefix_len]
+    if not rolls:
+        return None
+    lps, _ = policy.score_sequences([r.prompt_token_ids for r in rolls], [r.token_ids for r in rolls])
+    diff = 0.0
+    for r, lp in zip(rolls, lps):
+        k = r.prefix_len
+        diff = max([diff, *(abs(float(a) - b) for a, b in zip(r.logprobs[k:], lp[k:]))])
+        if recompute:
+            r.logprobs = list(r.logprobs[:k]) + lp[k:]
+    return diff
 
 
 # ----------------------------------------------------------------------------------------------

@@ -161,8 +161,10 @@ class TrainRow:
     """One response as a learner trains on it, in the learner's own tokenizer (plain data).
 
     Token-level: ``old_logp``, ``loss_mask``, ``kl_mask`` (one entry per response token).
-    Sequence-level: ``advantage``, ``weight``, ``role``, ``slot`` (the group slot it came from) and
-    ``origin_mean_logp`` (the peer's ``l_P`` for a localized response, used by HACPO's cross ratio).
+    Sequence-level: ``advantage``, ``weight``, ``role``, ``slot`` (the group slot it came from),
+    ``origin_mean_logp`` (the peer's ``l_P`` for a localized response, used by HACPO's cross ratio) and
+    ``given_old_logp`` (``old_logp`` is a given ratio base, e.g. GRAFT T2's aligned peer log-probs, not the
+    learner's theta_old: a recompute of theta_old leaves it as it is).
     ``rollout`` is the response it was built from, for inspection only: the loss reads the fields.
     """
 
@@ -176,6 +178,7 @@ class TrainRow:
     role: Role
     slot: int
     origin_mean_logp: Optional[float] = None
+    given_old_logp: bool = False
     rollout: Optional[Rollout] = None
 
     @property

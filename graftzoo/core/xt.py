@@ -3,6 +3,11 @@
 Peer responses travel as text. The learner re-renders the prompt with its own template, re-tokenizes
 the response (``add_special_tokens=False``) and scores it once under its current (theta_old)
 parameters. Mean log-probs are per tokenizer, each over its own token count, EOS excluded.
+
+``xt.overflow`` (spec §4.5): a response longer than the learner's max response, or whose prompt in the
+learner's template is longer than ``rollout.max_prompt_tokens``, is dropped (``drop``, default; reasons
+``overflow`` / ``prompt_overflow``, counted in ``xt/dropped``), cut to the limit (``truncate``: HACPO's
+code; a prompt keeps its last tokens) or an error (``error``).
 """
 from __future__ import annotations
 
@@ -17,20 +22,28 @@ class XTOverflowError(ValueError):
 
 
 def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, overflow: str = "drop",
-                     append_eos: bool = True) -> Rollout:
-    """One peer rollout as a learner rollout (role "peer"; logprobs filled in by ``score_rollouts``)."""
+                     append_eos: bool = True, prompt_overflow: bool = False) -> Rollout:
+    """One peer rollout as a learner rollout (role "peer"; logprobs filled in by ``score_rollouts``).
+    ``prompt_overflow``: the learner's rendering of the prompt is over its limit (``prompt_ids`` are its
+    last tokens)."""
     ids = policy.encode_text(r.text)
     stopped = r.finish_reason == "stop" and len(ids) <= max_response  # a truncated response did not stop
     dropped = None
     if not ids and r.finish_reason != "stop":
         dropped = "empty"
+    if prompt_overflow:
+        if overflow == "error":
+            raise XTOverflowError(f"prompt {r.prompt_id} is longer than {policy.model_id}'s max prompt "
+                                  f"{policy.max_prompt_tokens} tokens (xt.overflow=error)")
+        if overflow != "truncate":
+            dropped = "prompt_overflow"  # truncating would change what the reward verified (spec §4.5)
     if len(ids) > max_response:
         if overflow == "error":
             raise XTOverflowError(f"peer response of {len(ids)} tokens for prompt {r.prompt_id} exceeds "
                                   f"{policy.model_id}'s max response {max_response} (xt.overflow=error)")
         if overflow == "truncate":
             ids = ids[:max_response]
-        else:
+        elif dropped is None:
             dropped = "overflow"
     if stopped and (append_eos or not ids):  # a terminal-only response becomes [EOS]
         ids = ids + [policy.eos_id]
@@ -66,12 +79,14 @@ def localize_groups(policy, groups: list, cfg: dict):
     same_tok, mismatch = 0, 0
     for g in groups:
         prompt_ids = policy.encode_prompt(g.prompt)
+        long_prompt = len(prompt_ids) >= policy.max_prompt_tokens and \
+            len(policy.encode_text(policy.render(g.prompt))) > policy.max_prompt_tokens  # untruncated length
         rolls = []
         for r in g.rollouts:
             if r.model_id == policy.model_id and r.tokenizer_id == policy.tokenizer_id:
                 rolls.append(dataclasses.replace(r, role="peer"))
                 continue
-            lr = localize_rollout(policy, prompt_ids, r, max_response, overflow, append_eos)
+            lr = localize_rollout(policy, prompt_ids, r, max_response, overflow, append_eos, long_prompt)
             if r.tokenizer_id == policy.tokenizer_id and r.origin is None:
                 same_tok += 1
                 mismatch += int(policy.encode_text(r.text) != list(r.body_ids))
@@ -81,7 +96,8 @@ def localize_groups(policy, groups: list, cfg: dict):
         ng.rollouts = rolls
         out.append(ng)
     score_rollouts(policy, [r for r in todo if not r.dropped])
-    stats = {"xt/responses": len(todo), "xt/dropped": sum(1 for r in todo if r.dropped)}
+    stats = {"xt/responses": len(todo), "xt/dropped": sum(1 for r in todo if r.dropped),
+             "xt/dropped_prompt_overflow": sum(1 for r in todo if r.dropped == "prompt_overflow")}
     if same_tok:
         stats["xt/id_mismatch_rate"] = mismatch / same_tok
     if todo:

@@ -19,9 +19,19 @@ A grid file (``configs/grids/NAME.yaml``)::
 A method entry (in ``algorithms`` or ``variants``) has ``algo`` and optionally ``label``, ``set``
 (its own overrides, after the grid's), ``files``, ``peer`` (``online`` | ``none`` |
 ``stored:PATH`` | ``mixed:PATH``, where PATH may be ``{cell:LABEL}``: the run directory of the
-method LABEL with the same pair and seed, which then runs first) and ``each_model: true`` (one
+method LABEL with the same pair and seed, which then runs first), ``each_model: true`` (one
 cell per model of the pair, training that model alone: stored-peer methods, whose source is
-one model of an earlier pair run).
+one model of an earlier pair run) and ``clip: own``.
+
+An alias entry ``{label: "SGT + GRAFT how", same_as: "w/o balanced exchange"}`` names one configuration
+that a paper reports under two labels: it has no cells, the report prints the runs of the method
+``same_as`` a second time, at the alias's place and under its label, and ``--dry-run`` lists it.
+
+One clip per table (spec algos_peer §4.4.2): every cell of a pair trains with the same effective clip
+(``optim.clip.*``, or the key an algorithm clips with by design: GSPO ``algo.seq_clip``, HACPO
+``algo.self_clip``); loading a grid that mixes clips is a GridError naming the cells and their clips,
+unless each differing method is marked ``clip: own`` (e.g. HACPO's GSPO-scale self clip). Set a
+non-default clip (clip-higher) once, grid-wide, in ``set``. ``--dry-run`` prints each cell's clip.
 
 Cell ``f"{slug(label)}-{pair}-s{seed}"`` (``f"{slug(label)}-{model}-{pair}-s{seed}"`` with
 ``each_model``) trains in ``<grid dir>/<cell>`` with ``run.variant = label``,

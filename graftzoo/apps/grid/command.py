@@ -11,7 +11,7 @@ import click
 from graftzoo.apps.grid.load import load_grid
 from graftzoo.apps.grid.model import Grid, GridError, select_cells
 from graftzoo.apps.grid.run import cell_status, check_configs, eval_command, resume_note, run_grid, summary_status
-from graftzoo.core.config import ConfigError
+from graftzoo.core.config import ConfigError, clip_label
 from graftzoo.eval.artifacts import ArtifactError, load_run
 from graftzoo.eval.plots import plot_fractions, plot_score_vs_compute
 from graftzoo.eval.report import build_table1, clip_fraction_table, to_csv, to_latex, to_markdown
@@ -31,7 +31,8 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -
     out.mkdir(parents=True, exist_ok=True)
     try:
         runs = [load_run(c.run_dir) for c in finished]
-        table = build_table1(runs, baseline=baseline, budgets=budgets, methods=labels)
+        table = build_table1(runs, baseline=baseline, budgets=budgets, methods=labels,
+                             aliases={m.label: m.same_as for m in grid.methods if m.same_as})
     except (ArtifactError, ValueError) as e:
         echo(f"report skipped: {e}")
         return None
@@ -52,12 +53,19 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -
 
 
 def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
-    """The cells, their status and the commands that would run them (``--dry-run``)."""
+    """The report's rows (labels, with each method's algorithm, peer and overrides), then the cells, their
+    status and the commands that would run them (``--dry-run``)."""
+    echo(f"grid {grid.name}: {len(grid.methods)} row(s)")
+    for m in grid.methods:
+        parts = [m.algo] + ([f"peer={m.peer}"] if m.peer else []) + (["each_model"] if m.each_model else [])
+        parts += [f"{k}={v}" for k, v in m.overrides.items()]
+        echo(f"  {m.label}: " + (f"the runs of {m.same_as!r}, under a second label" if m.same_as else " ".join(parts)))
     echo(f"grid {grid.name}: {len(cells)} cell(s) in {grid.root}")
     for c in cells:
         dep = f"  (after {', '.join(c.depends)})" if c.depends else ""
         status = cell_status(c, grid.eval)
         echo(f"  [{status}] {c.name}{dep}" + (f": {resume_note(c)}" if status == "resume" else ""))
+        echo(f"      clip: {clip_label(c.clip)}" + ("  (clip: own, differs by design)" if c.clip_own else ""))
         echo("      graftzoo " + shlex.join(c.train_command()[3:]))
         if grid.eval is not None:
             echo("      graftzoo " + shlex.join(eval_command(c, grid.eval)[3:]))

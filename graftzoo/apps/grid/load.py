@@ -6,13 +6,15 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from graftzoo.apps.grid.model import Cell, Grid, GridError, Method, order_cells, slug
+from graftzoo.apps.grid.model import (Cell, Grid, GridError, Method, check_one_clip, order_cells, resolve_clips,
+                                      slug)
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, parse_peer
 from graftzoo.core.config import DEFAULTS, ConfigError, find_config, read_yaml
 from graftzoo.eval.runner import evaluate_checkpoint
 
 GRID_KEYS = {"name", "out_dir", "pairs", "seeds", "files", "set", "algorithms", "variants", "eval", "report"}
-METHOD_KEYS = {"label", "algo", "set", "files", "peer", "each_model"}
+METHOD_KEYS = {"label", "algo", "set", "files", "peer", "each_model", "clip"}
+CLIP_MARKS = ("shared", "own")   # a method's ``clip``: the table's one clip (default) | its own, by design
 REPORT_KEYS = {"baseline", "budgets"}
 CELL_REF = re.compile(r"^\{cell:(.+)\}$")
 
@@ -45,6 +47,11 @@ def _method(entry, where: str) -> Method:
         return Method(label=_preset_label(entry), algo=entry)
     if not isinstance(entry, dict):
         raise GridError(f"{where} must be an algorithm name or a mapping with 'algo'")
+    if "same_as" in entry:  # a label alias: the same runs, shown under a second label (one config, two names)
+        if set(entry) != {"label", "same_as"} or not all(isinstance(entry[k], str) and entry[k] for k in entry):
+            raise GridError(f"{where}: an alias entry has exactly 'label' and 'same_as' (the label of the "
+                            f"method whose runs it shows), got keys {sorted(entry)}")
+        return Method(label=entry["label"], algo="", same_as=entry["same_as"])
     unknown = sorted(set(entry) - METHOD_KEYS)
     if unknown:
         raise GridError(f"{where}: unknown key(s) {unknown}; known: {sorted(METHOD_KEYS)}")
@@ -56,9 +63,13 @@ def _method(entry, where: str) -> Method:
     peer = entry.get("peer")
     if peer is not None and not isinstance(peer, str):
         raise GridError(f"{where}.peer must be {PEER_FORMS}")
+    clip = entry.get("clip", "shared")
+    if clip not in CLIP_MARKS:
+        raise GridError(f"{where}.clip must be shared (the table's one clip, default) or own (a clip that differs "
+                        f"by design, e.g. HACPO's algo.self_clip), got {clip!r}")
     return Method(label=str(entry.get("label") or _preset_label(entry["algo"])), algo=entry["algo"],
                   overrides=_flat(entry.get("set") or {}, f"{where}.set"), files=[str(f) for f in files],
-                  peer=peer, each_model=bool(entry.get("each_model", False)))
+                  peer=peer, each_model=bool(entry.get("each_model", False)), clip=clip)
 
 
 def _pair_models(pair: str, where: str) -> list:
@@ -134,6 +145,10 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
     if clash:
         raise GridError(f"{where}: method label(s) {clash} repeat; give each a distinct 'label'")
     by_label = {m.label: m for m in methods}
+    for m in methods:
+        if m.same_as is not None and (m.same_as not in by_label or by_label[m.same_as].same_as is not None):
+            raise GridError(f"{where}: alias {m.label!r} has same_as {m.same_as!r}, which is not the label of a "
+                            f"method with runs; labels: {[x.label for x in methods if x.same_as is None]}")
     ev = data.get("eval")
     if ev is not None:
         ev = _eval_options(ev, f"{where}: eval")
@@ -142,13 +157,14 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
         raise GridError(f"{where}: report must be a mapping with keys among {sorted(REPORT_KEYS)}")
 
     cells, names = [], {}
-    for m in methods:
+    for m in (x for x in methods if x.same_as is None):  # an alias has no cells of its own
         mwhere = f"{where}: method {m.label!r}"
         peer, ref = _peer_overrides(m.peer, mwhere) if m.peer else ({}, None)
         if ref is not None:
             if ref not in by_label:
                 raise GridError(f"{mwhere}: peer refers to {{cell:{ref}}} but no method has that label; "
                                 f"labels: {labels}")
+            ref = by_label[ref].same_as or ref
             if by_label[ref].each_model:
                 raise GridError(f"{mwhere}: peer cell {ref!r} trains one model per cell (each_model); "
                                 f"refer to a method that trains the whole pair")
@@ -177,6 +193,8 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
                         ov["pair.train"] = [model]
                     cells.append(Cell(name=cname, label=m.label, algo=m.algo, pair=pair, seed=seed,
                                       run_dir=root / cname, overrides=ov, files=files + m.files, model=model,
-                                      depends=depends))
+                                      depends=depends, clip_own=m.clip == "own"))
+    resolve_clips(cells)
+    check_one_clip(cells, where)
     return Grid(name=name, path=path, root=root, methods=methods, cells=order_cells(cells, where), eval=ev,
                 report=report)

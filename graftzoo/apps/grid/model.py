@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from graftzoo.core.config import load_config
+from graftzoo.core.config import clip_label, effective_clip, load_config
 
 
 class GridError(ValueError):
@@ -33,6 +33,8 @@ class Method:
     files: list = field(default_factory=list)
     peer: Optional[str] = None
     each_model: bool = False
+    clip: str = "shared"       # shared: the table's one clip | own: a clip that differs by design (HACPO)
+    same_as: Optional[str] = None  # a label alias: no cells; the report shows that method's row under this label
 
 
 @dataclass
@@ -47,6 +49,8 @@ class Cell:
     files: list
     model: Optional[str] = None  # each_model: the one model this cell trains
     depends: list = field(default_factory=list)
+    clip_own: bool = False       # its method is marked ``clip: own`` (exempt from the one-clip check)
+    clip: Optional[dict] = None  # the effective clip it trains with (``resolve_clips``); None: config not loadable
 
     def override_args(self) -> list:
         """``key=value`` strings (values in JSON, which YAML reads back as the same value)."""
@@ -98,6 +102,39 @@ def order_cells(cells: list, where: str) -> list:
     for c in cells:
         visit(c, ())
     return out
+
+
+def resolve_clips(cells: list) -> None:
+    """Set each cell's ``clip``: the effective clip of its resolved config (None when the config does not load;
+    ``check_configs`` reports that error by cell name)."""
+    for c in cells:
+        try:
+            c.clip = effective_clip(c.config())
+        except Exception:  # ConfigError, RegistryError, ValueError from a learner Config: reported elsewhere
+            c.clip = None
+
+
+def _cell_names(cells: list) -> str:
+    """Cell names with their seeds folded: ``graft-micro-s{0,1,2}, hacpo-micro-s0``."""
+    seeds: dict = {}
+    for c in cells:
+        seeds.setdefault(c.name[:-len(f"-s{c.seed}")], []).append(str(c.seed))
+    return ", ".join(f"{stem}-s{s[0]}" if len(s) == 1 else f"{stem}-s{{{','.join(s)}}}" for stem, s in seeds.items())
+
+
+def check_one_clip(cells: list, where: str) -> None:
+    """Every method of a table (the cells of one pair) trains with one clip (spec algos_peer §4.4.2): a GridError
+    naming the cells and their clips unless the differing methods are marked ``clip: own``."""
+    for pair in dict.fromkeys(c.pair for c in cells):
+        by_clip: dict = {}
+        for c in cells:
+            if c.pair == pair and not c.clip_own and c.clip is not None:
+                by_clip.setdefault(tuple(sorted(c.clip.items(), key=lambda kv: kv[0])), []).append(c)
+        if len(by_clip) > 1:
+            mixed = "; ".join(f"{clip_label(group[0].clip)} in {_cell_names(group)}" for group in by_clip.values())
+            raise GridError(f"{where}: the methods of one table must share one clip (spec algos_peer §4.4.2), but "
+                            f"pair {pair!r} mixes clips (eps_low/eps_high): {mixed}; set optim.clip.* once in the "
+                            f"grid's 'set', or mark a method whose clip differs by design with 'clip: own'")
 
 
 def select_cells(grid: Grid, patterns) -> list:

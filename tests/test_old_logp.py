@@ -1,0 +1,143 @@
+"""theta_old log-probs (spec algos_single §0; issue 12): the engine records the log-prob of the distribution it
+actually sampled (renormalised after top-p / top-k), and ``rollout.recompute_old_logp`` replaces the own rollouts'
+log-probs by the training path's (``Policy.logprobs`` through ``score_sequences``) before the exchange and the
+update, so that the first minibatch's ratio is exactly 1 in any precision; ``rollout/logp_diff_max`` is logged on
+every step."""
+import json
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from test_engine import PROMPTS, tiny_policy
+from test_graft import STRONG_PAIR
+
+from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.engine import HFEngine
+from graftzoo.core.trainer import Trainer, recompute_old_logp, train
+
+LEARNER = "micro-qwen-char"
+
+
+def micro_cfg(tmp_path, *overrides, algo="grpo"):
+    return load_config(pair="micro", algo=algo, overrides=[f"run.out_dir={tmp_path}", "run.track=false",
+                                                          "run.eval_at_end=false", *overrides])
+
+
+def test_top_p_records_the_log_prob_of_the_renormalised_cut_distribution():
+    pol = tiny_policy(sharpen=3.0)
+    T, top_p = 0.8, 0.5
+    torch.manual_seed(0)
+    groups = HFEngine(pol, temperature=T, top_p=top_p, max_new_tokens=4).generate(PROMPTS, 4)
+    gap, checked = 0.0, 0
+    for r in (r for g in groups for r in g.rollouts):
+        P = len(r.prompt_token_ids)
+        with torch.no_grad():  # one row, no padding: a plain forward pass of the whole sequence
+            logits = pol.model(input_ids=torch.tensor([r.prompt_token_ids + r.token_ids])).logits[0].float()
+        for t, tok in enumerate(r.token_ids):
+            probs = F.softmax(logits[P - 1 + t] / T, -1)
+            order = probs.argsort(descending=True)
+            before = probs[order].cumsum(0) - probs[order]      # mass of the more likely tokens
+            kept = order[before < top_p]                        # the smallest head holding >= top_p
+            assert tok in set(kept.tolist()), "sampled a token outside the top-p head"
+            want = float(torch.log(probs[tok] / probs[kept].sum()))
+            assert r.logprobs[t] == pytest.approx(want, abs=1e-4)
+            gap = max(gap, abs(want - float(torch.log(probs[tok]))))
+            checked += 1
+    assert checked > 10 and gap > 0.05  # the renormalisation is visible: the uncut log-prob would fail
+
+
+def test_auto_resolves_on_unless_the_engine_is_the_fp32_training_model_sampling_uncut():
+    pol = tiny_policy()
+
+    def on(eng, policy=pol, **rollout):
+        r = {"recompute_old_logp": "auto", "engine": "hf", "top_p": 1.0, "top_k": 0, **rollout}
+        return recompute_old_logp({"rollout": r}, policy, eng)
+    assert on(HFEngine(pol)) is False
+    assert on(HFEngine(pol, top_p=0.9), top_p=0.9) is True
+    assert on(HFEngine(pol, top_k=5), top_k=5) is True
+    assert on(HFEngine(pol, min_new_tokens=2)) is True               # EOS masked: another distribution
+    assert on(HFEngine(tiny_policy())) is True                       # decodes with another model object
+    assert on(HFEngine(pol), engine="vllm") is True                  # any other engine
+    assert on(HFEngine(pol), recompute_old_logp=False, top_p=0.5) is False
+    assert on(HFEngine(pol), recompute_old_logp=True) is True
+    bf = tiny_policy()
+    bf.model.to(torch.bfloat16)
+    assert on(HFEngine(bf), policy=bf) is True                       # not float32
+    with pytest.raises(ConfigError, match="rollout.recompute_old_logp"):
+        load_config(pair="micro", algo="grpo", overrides=["rollout.recompute_old_logp=always"])
+
+
+def one_step(tmp_path, *overrides, bf16=False):
+    tr = Trainer(micro_cfg(tmp_path, f"pair.train=[{LEARNER}]", "optim.minibatches=1", *overrides))
+    if bf16:
+        tr.policies[LEARNER].model.to(torch.bfloat16)  # parameters cast in place: the optimizer keeps them
+    return tr.train_step(0)[LEARNER]
+
+
+@pytest.mark.parametrize("setting,bf16", [(["rollout.recompute_old_logp=auto"], True),
+                                          (["rollout.top_p=0.5"], False)])
+def test_recompute_makes_the_first_ratio_exactly_one(tmp_path, setting, bf16):
+    """bf16 decoding (KV cache) or a top-p cut: the recorded log-probs are not the update's; recomputed
+    (``auto`` is on in both cases) the single minibatch's ratio is exactly 1 and nothing is clipped."""
+    met = one_step(tmp_path / "on", *setting, bf16=bf16)
+    assert met["rollout/logp_diff_max"] > 1e-4                 # the mismatch that the recompute removes
+    assert met["ratio/mean"] == 1.0
+    assert met["clip/frac"] == 0.0 and met["clip/frac_low"] == 0.0 and met["clip/frac_high"] == 0.0
+    off = one_step(tmp_path / "off", *setting, "rollout.recompute_old_logp=false", bf16=bf16)
+    assert off["rollout/logp_diff_max"] == met["rollout/logp_diff_max"]   # same seed, same rollouts
+    assert off["ratio/mean"] != 1.0                          # decoding log-probs as theta_old: the ratio is off
+
+
+@pytest.mark.parametrize("top_p,bf16", [(0.9, False), (1.0, True)])
+def test_every_minibatch_is_recomputed_on_its_own_rows_own_and_peer(tmp_path, top_p, bf16):
+    """Several minibatches, own and grafted rows, bf16: each minibatch's theta_old is recomputed on that
+    minibatch (same rows, same padding), so with lr 0 (theta never leaves theta_old) every ratio is exactly 1
+    (``auto`` is on for a top-p cut and for bf16)."""
+    (tmp_path / "strong.yaml").write_text(STRONG_PAIR)
+    cfg = load_config(pair="micro", algo="graft", files=[tmp_path / "strong.yaml"],
+                      overrides=[f"run.out_dir={tmp_path}", "run.track=false", "peer.source=online",
+                                 "optim.minibatches=4", "optim.lr=0.0", "algo.delta=0.0", f"rollout.top_p={top_p}"])
+    tr = Trainer(cfg)
+    if bf16:
+        for pol in tr.policies.values():
+            pol.model.to(torch.bfloat16)
+    mets = tr.train_step(0)
+    for met in mets.values():
+        assert met["ratio/mean"] == 1.0 and met["clip/frac"] == 0.0
+    assert any(met["tokens/peer_share"] for met in mets.values())   # grafted rows were in the minibatches
+
+
+def test_peer_l_p_and_the_store_use_the_recomputed_theta_old(tmp_path):
+    """With the recompute on, the groups every model hands to the peer source (the peer's l_P, its per-token
+    log-probs for T2) and to the store carry the training-path log-probs."""
+    seen = {}
+    for mode in ("true", "false"):
+        tr = Trainer(micro_cfg(tmp_path / mode, "peer.source=online", "rollout.top_p=0.5",
+                               f"rollout.recompute_old_logp={mode}", algo="graft"))
+        observe = tr.peers.observe
+
+        def spy(groups_by_model, _tr=tr, _observe=observe, _mode=mode):
+            for m, gs in groups_by_model.items():
+                rolls = [r for g in gs for r in g.rollouts]
+                lps, _ = _tr.policies[m].score_sequences([r.prompt_token_ids for r in rolls],
+                                                         [r.token_ids for r in rolls])
+                seen[_mode, m] = ([r.logprobs for r in rolls], lps, [r.logp_sum for r in rolls])
+            _observe(groups_by_model)
+        tr.peers.observe = spy
+        tr.train_step(0)
+    for m in ("micro-qwen-char", "micro-gpt2-pair"):
+        got, want, _ = seen["true", m]
+        assert got == want                                   # exactly the training path's values
+        got_off, want_off, _ = seen["false", m]
+        assert got_off != want_off                           # off: the decoding (top-p renormalised) values
+    store = pd.read_parquet(tmp_path / "true" / "graft-micro-s0" / "store" / "micro-gpt2-pair")
+    assert sorted(store["logp_sum"]) == sorted(seen["true", "micro-gpt2-pair"][2])
+
+
+def test_logp_diff_max_is_logged_on_every_step(tmp_path):
+    out = train(micro_cfg(tmp_path, "run.steps=2"))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert len(rows) == 4 and all(r["rollout/logp_diff_max"] is not None for r in rows)
+    # the default CPU setting (the fp32 training model decodes uncut) keeps decoding log-probs: they agree
+    assert max(r["rollout/logp_diff_max"] for r in rows) < 1e-4
