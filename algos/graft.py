@@ -50,6 +50,7 @@ from graftzoo.core.registry import register_algo
 from graftzoo.core.schema import ConfigError, bounded
 from graftzoo.core.types import Group, Rollout
 
+
 @dataclass
 class GRAFTConfig(LearnerConfig):
     """``algo.*`` keys of GRAFT: the spec's ``graft.*`` keys (algos_peer §6) with its defaults (§4.4.2, §4.6)."""

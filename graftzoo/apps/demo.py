@@ -134,12 +134,13 @@ def conclusion(cells: list, model_ids: list) -> str:
         spread = f"seed s.d. {100 * sd:.1f} over {len(grpo)} seeds" if len(grpo) > 1 else "one seed"
         gain = g1 - g0 > 0.005  # half a point: below that the runs tie on a 200-prompt eval
         if gain and len(grpo) > 1 and g1 - g0 > sd:
-            verdict = "GRAFT beats GRPO by more than the seeds' s.d."
+            verdict = "GRAFT beats GRPO by more than the seeds' standard deviation"
         elif gain:
-            verdict = ("GRAFT is above GRPO, but not by more than the seeds' s.d." if len(grpo) > 1
+            verdict = ("GRAFT is above GRPO, but not by more than the seeds' standard deviation" if len(grpo) > 1
                        else "GRAFT is above GRPO in this single seed (no claim beyond this run)")
         else:
-            verdict = "GRAFT does not beat GRPO"
+            verdict = "GRAFT does not beat GRPO (the two tie within half a point)" if g1 >= g0 else \
+                "GRAFT does not beat GRPO"
         txt = (f"For {m}, GRAFT n=8 scores {100 * g1:.1f} against GRPO n=8's {100 * g0:.1f} on held-out accuracy "
                f"(Δ {100 * (g1 - g0):+.1f} points; {spread}), so {verdict}.")
         if stored:
