@@ -78,9 +78,8 @@ def localize_groups(policy, groups: list, cfg: dict):
     out, todo = [], []
     same_tok, mismatch = 0, 0
     for g in groups:
-        prompt_ids = policy.encode_prompt(g.prompt)
-        long_prompt = len(prompt_ids) >= policy.max_prompt_tokens and \
-            len(policy.encode_text(policy.render(g.prompt))) > policy.max_prompt_tokens  # untruncated length
+        full = policy.encode_text(policy.render(g.prompt))  # = Policy.encode_prompt before its cut
+        prompt_ids, long_prompt = full[-policy.max_prompt_tokens:], len(full) > policy.max_prompt_tokens
         rolls = []
         for r in g.rollouts:
             if r.model_id == policy.model_id and r.tokenizer_id == policy.tokenizer_id:

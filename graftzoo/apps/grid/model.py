@@ -51,6 +51,7 @@ class Cell:
     depends: list = field(default_factory=list)
     clip_own: bool = False       # its method is marked ``clip: own`` (exempt from the one-clip check)
     clip: Optional[dict] = None  # the effective clip it trains with (``resolve_clips``); None: config not loadable
+    config_error: Optional[str] = None  # why its config does not load (``resolve_clips``), None when it does
 
     def override_args(self) -> list:
         """``key=value`` strings (values in JSON, which YAML reads back as the same value)."""
@@ -105,13 +106,13 @@ def order_cells(cells: list, where: str) -> list:
 
 
 def resolve_clips(cells: list) -> None:
-    """Set each cell's ``clip``: the effective clip of its resolved config (None when the config does not load;
-    ``check_configs`` reports that error by cell name)."""
+    """Load each cell's config once: set its ``clip`` (the effective clip it trains with) or, when the config
+    does not load, its ``config_error`` (``check_configs`` reports it by cell name)."""
     for c in cells:
         try:
-            c.clip = effective_clip(c.config())
-        except Exception:  # ConfigError, RegistryError, ValueError from a learner Config: reported elsewhere
-            c.clip = None
+            c.clip, c.config_error = effective_clip(c.config()), None
+        except Exception as e:  # ConfigError, RegistryError, ValueError from a learner Config
+            c.clip, c.config_error = None, f"{type(e).__name__}: {e}"
 
 
 def _cell_names(cells: list) -> str:

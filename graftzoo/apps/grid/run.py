@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Optional
 
-from graftzoo.apps.grid.model import Cell, Grid, GridError
+from graftzoo.apps.grid.model import Cell, Grid, GridError, resolve_clips
 from graftzoo.core.checkpoint import checkpoint_step, latest_checkpoint
 from graftzoo.core.trainer import train
 from graftzoo.eval.artifacts import eval_file_name
@@ -122,14 +122,10 @@ def run_cell_inprocess(cell: Cell, status: str, eval_options: Optional[dict], lo
 
 
 def check_configs(cells: list) -> dict:
-    """cell name -> config error, for cells whose config does not load."""
-    errors = {}
-    for c in cells:
-        try:
-            c.config()
-        except Exception as e:  # ConfigError, RegistryError, ValueError from a learner Config
-            errors[c.name] = f"{type(e).__name__}: {e}"
-    return errors
+    """cell name -> config error, for cells whose config does not load (loaded once, by ``resolve_clips``)."""
+    unresolved = [c for c in cells if c.clip is None and c.config_error is None]
+    resolve_clips(unresolved)
+    return {c.name: c.config_error for c in cells if c.config_error}
 
 
 # ---------------------------------------------------------------------------------------------
