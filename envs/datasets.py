@@ -46,6 +46,9 @@ BUNDLED: dict[str, tuple[str, str]] = {
 #: the evaluation benchmarks of the GRAFT comparison (spec algos_peer §5.3)
 BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math")
 
+#: the one split a file path accepts besides None: the file itself (``task.split``'s default)
+FILE_SPLIT = "train"
+
 _PROBLEM_KEYS = ("problem", "question")
 _ANSWER_KEYS = ("answer", "gold", "ground_truth")
 _ID_KEYS = ("id",)
@@ -115,7 +118,10 @@ def load_dataset(name_or_path: Union[str, Path], split: Optional[str] = None, **
       split and must not contradict it.
     - ``"arithmetic"``: kwargs ``size, seed, mix, difficulty``; ``split`` defaults to ``"train"``.
     - a path ending in ``.jsonl`` or ``.parquet``: kwargs ``problem_key, answer_key, id_key,
-      label_free, name`` (the name defaults to the file stem).
+      label_free, name`` (the name defaults to the file stem). A file is one split, the set it holds:
+      ``split`` is None or ``"train"`` (a run's ``task.split`` default: the file is what it trains
+      on, so ``task.dataset: my.jsonl`` needs no other key); any other split is an error, since a
+      file has no test or validation part (give ``eval.dataset`` / ``eval.val_dataset``).
     """
     key = str(name_or_path)
     if key == "arithmetic":
@@ -134,10 +140,11 @@ def load_dataset(name_or_path: Union[str, Path], split: Optional[str] = None, **
     if path.suffix not in (".jsonl", ".parquet"):
         raise ValueError(f"unknown dataset {key!r}: not a bundled name ({', '.join(bundled_names())}) "
                          "and not a .jsonl or .parquet file")
-    if split is not None:
-        raise ValueError(f"split={split!r} applies to bundled names only; the file {key!r} is one split")
+    if split not in (None, FILE_SPLIT):
+        raise ValueError(f"split={split!r} applies to bundled names only; the file {key!r} is one split "
+                         f"(split={FILE_SPLIT!r} or None: the file itself)")
     _reject_kwargs(key, kw, _FILE_KWARGS)
-    return load_file(path, **kw)
+    return load_file(path, split=split, **kw)
 
 
 def load_file(path: Union[str, Path], *, name: Optional[str] = None, split: Optional[str] = None,
@@ -225,7 +232,7 @@ def _jsonl_rows(path: Path, data: bytes) -> Iterator[tuple[int, dict]]:
 def _parquet_rows(path: Path) -> Iterator[tuple[int, dict]]:
 
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, page_checksum_verification=True)
     except Exception as e:  # pyarrow raises several types for a corrupt file
         raise DatasetError(f"{path}: cannot read as Parquet ({e})") from None
     for line, row in enumerate(table.to_pylist(), start=1):

@@ -41,6 +41,8 @@ class MathReasoningEnv(gym.Env[str, str]):
         reward_correct / reward_wrong: the reward of a correct / wrong response.
         verifier_timeout: seconds the verifier may spend on one response.
         max_response_chars: the longest response ``step`` accepts (the action space's bound).
+        verifier_budget: seconds the verifier may spend on one scored batch (None: no limit); the
+            responses it has not verified by then get status "timeout" (config ``task.verifier_budget``).
 
     ``reset(options=...)`` accepts ``{"index": i}`` to pick a prompt and ``{"with_gold": True}``
     to put the gold answer in the infos of that episode (it is withheld otherwise).
@@ -51,7 +53,8 @@ class MathReasoningEnv(gym.Env[str, str]):
     def __init__(self, dataset: Union[str, Path, MathDataset] = "math500", split: Optional[str] = None,
                  template: str = "plain", tokenizer: Any = None, reward_correct: float = 1.0,
                  reward_wrong: float = 0.0, verifier_timeout: float = 1.0,
-                 max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS, **dataset_kwargs: Any):
+                 max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS, verifier_budget: Optional[float] = None,
+                 **dataset_kwargs: Any):
         if isinstance(dataset, MathDataset):
             if split is not None or dataset_kwargs:
                 raise ValueError("split and dataset keyword arguments apply to a dataset name or path, "
@@ -64,6 +67,7 @@ class MathReasoningEnv(gym.Env[str, str]):
         self.reward_correct = float(reward_correct)
         self.reward_wrong = float(reward_wrong)
         self.verifier_timeout = verifier_timeout
+        self.verifier_budget = verifier_budget
         self.max_response_chars = int(max_response_chars)
 
         wrapper = render_prompt("", template, tokenizer)  # fails early on a bad template/tokenizer
@@ -147,7 +151,8 @@ class MathReasoningEnv(gym.Env[str, str]):
             raise ValueError(f"{len(unlabelled)} prompt(s) have no gold answer (label-free), e.g. "
                              f"{unlabelled[:3]}; the environment cannot score them: label-free "
                              "learners score their own groups")
-        return verify_batch(list(responses), [p.gold for p in prompts], timeout=self.verifier_timeout)
+        return verify_batch(list(responses), [p.gold for p in prompts], timeout=self.verifier_timeout,
+                            budget=self.verifier_budget)
 
     def score_groups(self, groups: Sequence[Group]) -> list[Group]:
         """Set ``reward, correct, extracted, status`` on every rollout in place; return the groups."""

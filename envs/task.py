@@ -16,6 +16,10 @@ The trainer, OM-GRPO's test-time training and ``graftzoo eval`` all ask a :class
 - **benchmarks** (``load_benchmark``): any dataset name or path, a MathDataset, or ``heldout``;
   ``is_test_set`` says whether checkpoint selection on one would select on a test set.
 
+``Task(cfg).check()`` loads every one of these that the run will use, before any model is built, and
+turns what is wrong into one ``ConfigError`` line naming the config key (and the file and line of a
+broken dataset row).
+
 Procedural splits never share a question with training (``graftzoo.envs.arithmetic``: held-out
 questions are a hash partition), and the validation slice of a file is disjoint from what the
 sampler trains on.
@@ -31,13 +35,32 @@ from typing import Optional, Union
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from graftzoo.envs.datasets import BENCHMARKS, MathDataset, load_dataset
+from graftzoo.core.schema import ConfigError
+from graftzoo.envs.datasets import BENCHMARKS, MathDataset, bundled_names, load_dataset
 from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv
+from graftzoo.envs.templates import TEMPLATES
 
 HELDOUT = "heldout"
 DEFAULT_VAL_SIZE = 64
 HELDOUT_SEED = 999  # the dataset seed of every non-train procedural split (test, val)
 SCORING_DEFAULTS = {"reward_correct": 1.0, "reward_wrong": 0.0, "verifier_timeout": 2.0}
+#: what loading a dataset or building an env raises for a bad config value (DatasetError is a ValueError)
+LOAD_ERRORS = (ValueError, TypeError, LookupError, AttributeError, OSError, ImportError, gym.error.Error)
+
+
+def config_error(key: str, value, fn, keys: Optional[dict] = None):
+    """``fn()``, with a LOAD_ERRORS exception turned into one ``ConfigError`` line naming ``key`` and its value; with
+    ``keys`` (key -> (value, word)), the first key whose word is in the error's text is named instead."""
+    try:
+        return fn()
+    except ConfigError:
+        raise
+    except LOAD_ERRORS as e:
+        text = " ".join(str(e).split()) or type(e).__name__
+        if text.startswith("config key"):
+            raise ConfigError(text) from None
+        key, value = next(((k, v) for k, (v, word) in (keys or {}).items() if word in text), (key, value))
+        raise ConfigError(f"config key '{key}' ({value!r}): {text}") from None
 
 
 @dataclass(frozen=True)
@@ -107,6 +130,54 @@ class Task:
         self.eval = cfg["eval"]
         self.seed = int(cfg["run"]["seed"])
 
+    # ---- the check before any model is built ------------------------------------------------
+    def check(self) -> "Task":
+        """Load what the run will use (training set, held-out split, ``eval.benchmarks``, the validation set
+        of ``eval.select=val_avg``) and check the prompt templates, so that a bad value fails in one
+        ``ConfigError`` line naming its key before any model is built; returns ``self`` (what it loaded is
+        kept: the trainer's later use costs nothing more). Needs no model; reads files."""
+        spec, ev, run = self.spec, self.eval, self.cfg["run"]
+        config_error("task.env", spec["env"], lambda: self.procedural)
+        pair = self.cfg.get("pair") or {}
+        templates = [("pair.template", pair.get("template"))] + [
+            (f"pair.models[{m.get('id')}].template", m["template"]) for m in pair.get("models") or []
+            if isinstance(m, dict) and "template" in m]
+        for key, name in templates:
+            if name is not None and name not in TEMPLATES:
+                raise ConfigError(f"config key '{key}' must be a prompt template ({' | '.join(sorted(TEMPLATES))}), "
+                                  f"got {name!r}")
+        if self.procedural:
+            if self.stream and run.get("epochs"):
+                raise ConfigError(f"config key 'run.epochs' needs a finite training set, but task.size: null makes "
+                                  f"{spec['env']} an endless stream: set task.size, or run.steps without run.epochs")
+            config_error("task.difficulty", spec.get("difficulty"), lambda: self.train_env,
+                         keys={"task.mix": (spec.get("mix"), "mix ")})
+        else:
+            if not spec.get("dataset"):
+                raise ConfigError(f"config key 'task.dataset' is required with task.env={spec['env']}: a bundled "
+                                  f"name ({', '.join(bundled_names())}) or a .jsonl / .parquet file")
+            config_error("task.dataset", spec["dataset"], lambda: self.train_env,
+                         keys={"task.split": (spec["split"], "split=")})
+        algo = self.cfg.get("algo") or {}
+        benchmarks = config_error("eval.benchmarks", ev.get("benchmarks"),
+                                  lambda: resolve_benchmarks(ev.get("benchmarks"))) if ev.get("benchmarks") else []
+        if (ev.get("dataset") or run.get("eval_at_start") or run.get("eval_at_end") or run.get("eval_every")
+                or HELDOUT in benchmarks or algo.get("ttt")):
+            held = config_error("eval.dataset", ev.get("dataset"), lambda: self.heldout())
+            if not held.prompts:
+                raise ConfigError(f"config key 'eval.dataset' ({ev.get('dataset')!r}): the held-out split is empty")
+        for bench in benchmarks:
+            if bench != HELDOUT:
+                config_error("eval.benchmarks", bench, lambda: load_dataset(bench))
+        if ev.get("select") == "val_avg":
+            key = "eval.val_dataset" if ev.get("val_dataset") else "eval.val_size"
+            val = config_error(key, ev.get("val_dataset") or ev.get("val_size"), lambda: self.validation())
+            if self.is_test_set(val) and not ev.get("allow_test_selection"):
+                raise ConfigError(f"config key 'eval.val_dataset' ({val.name!r}) is a test set: eval.select=val_avg "
+                                  f"would pick checkpoints on it; give a validation set or set "
+                                  f"eval.allow_test_selection: true")
+        return self
+
     # ---- the training task -----------------------------------------------------------------
     @cached_property
     def procedural(self) -> bool:
@@ -122,8 +193,9 @@ class Task:
 
     @property
     def env_kwargs(self) -> dict:
-        """The scoring settings every env of this task shares."""
-        return {k: self.spec[k] for k in SCORING_DEFAULTS}
+        """The scoring settings every env of this task shares (``task.verifier_budget`` too: a run config saved
+        before that key existed has no batch budget)."""
+        return {**{k: self.spec[k] for k in SCORING_DEFAULTS}, "verifier_budget": self.spec.get("verifier_budget")}
 
     def make_env(self, split: str, size: Optional[int] = None) -> MathReasoningEnv:
         """The task's env (unwrapped) on ``split``; ``size`` prompts for a procedural task (default
@@ -204,7 +276,7 @@ class Task:
         return Benchmark(sliced.name, items, self.scoring_env(train), train.name, sliced.hash, "val")
 
     def _validation_slice(self, size: int) -> tuple:
-        train = load_dataset(self.spec["dataset"], self.spec["split"])
+        train = self.train_env.dataset  # load_dataset(task.dataset, task.split), loaded once
         return train, [train[i] for i in validation_slice(train, size)]
 
     def validation_ids(self) -> set:

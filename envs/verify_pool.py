@@ -4,61 +4,91 @@ cache could not answer; ``graftzoo.envs.verify_worker`` is what runs inside a wo
 
 Each call has a soft timer inside the worker and a hard wall-clock kill in the caller; a killed
 or dead worker is replaced and the call gets status "timeout". A batch sends each distinct pair
-once and keeps the answers of one gold on the worker that parsed that gold.
+once and keeps the answers of one gold on the worker that parsed that gold. A batch may also have
+a time budget: when it is spent, the calls not yet started and the ones still running get status
+``EXPIRED`` (the verifier reports them as "timeout" but does not cache them: they never had their
+full time).
 
-Workers come from the "forkserver" start method (the trainer has torch threads, so fork is
-unsafe); the forkserver preloads math_verify once, so a new worker imports nothing and only
-spends about a second on warm-up, while the other workers carry on. The pool starts on first use
-and is shut down at exit (``close_pool``). As with any spawn/forkserver pool, workers import the
-main module, so a script must guard its entry point with ``if __name__ == "__main__":``.
+Workers are fresh interpreters that run ``verify_worker.py`` by path and talk over a socket pair
+(``subprocess`` with ``pass_fds``; no multiprocessing start method): they never import the
+caller's ``__main__``, so the verifier works from any script (unguarded, ``python -m``,
+``python -c``, a heredoc on stdin), and they import math-verify but none of graftzoo's packages.
+A new worker needs about 2 s of CPU (interpreter, math-verify import, warm-up) while the others
+carry on. Workers die with the caller: they exit at end of file on their pipe, on Linux the
+kernel kills them when the caller exits (PR_SET_PDEATHSIG, for workers started from the main
+thread), and ``close_pool`` runs at exit. The pool starts on first use.
 """
 from __future__ import annotations
 
 import atexit
 import logging
-import multiprocessing as mp
+import math
 import multiprocessing.connection
 import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections import deque
 
-from graftzoo.envs.verify_worker import worker_main
+from graftzoo.envs import verify_worker
 
-__all__ = ["DEFAULT_WORKERS", "close_pool", "configure_pool", "run_tasks"]
+__all__ = ["DEFAULT_WORKERS", "EXPIRED", "close_pool", "configure_pool", "run_tasks", "wait_ready"]
 
 DEFAULT_WORKERS = 2
 STARTUP_TIMEOUT_S = 120.0
 MAX_FAILED_STARTS = 3
 SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself first; the hard kill is the backstop
+EXPIRED = "expired"  # status of a call cut short or never started because the batch's budget ran out
+WORKER_SCRIPT = os.path.abspath(verify_worker.__file__)
+STDERR_TAIL_CHARS = 2000
 
 log = logging.getLogger(__name__)
 
 
-def _context():
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["math_verify", "graftzoo.envs.verify_worker"])
-        return ctx
-    return mp.get_context("spawn")
-
-
 class _Worker:
-    def __init__(self, ctx):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker_main, args=(child,), daemon=True,
-                                name="graftzoo-verifier")
-        self.proc.start()
-        child.close()
+    """One worker process, our end of its pipe, and a file that collects its stdout and stderr."""
+
+    def __init__(self):
+        if not sys.executable:
+            raise RuntimeError("graftzoo verifier: sys.executable is unknown; cannot start math-verify workers")
+        mine, theirs = socket.socketpair()
+        self.output = tempfile.TemporaryFile()
+        deathsig = threading.current_thread() is threading.main_thread()  # PDEATHSIG follows the starting thread
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, WORKER_SCRIPT, str(theirs.fileno()), str(os.getpid()), "1" if deathsig else "0"],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self.output, stderr=self.output)
+        except BaseException:
+            mine.close()
+            self.output.close()
+            raise
+        finally:
+            theirs.close()
+        self.conn = multiprocessing.connection.Connection(mine.detach())
         self.ready = False
         self.task: int | None = None
+        self.cut = False  # the running task's limit was cut by the batch budget
         self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
 
     def kill(self) -> None:
-        if self.proc.is_alive():
+        """Stop the process and close the pipe; keep the end of its output in ``self.tail``."""
+        if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.join(timeout=5)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
         self.conn.close()
+        try:
+            self.output.seek(max(0, self.output.seek(0, os.SEEK_END) - STDERR_TAIL_CHARS))
+            self.tail = self.output.read().decode(errors="replace").strip() or "(no output)"
+        except (OSError, ValueError):
+            self.tail = "(output unavailable)"
+        self.output.close()
 
 
 class _Schedule:
@@ -92,40 +122,59 @@ class _Schedule:
     def put_back(self, i: int) -> None:
         self._groups.setdefault(self._tasks[i][1], deque()).appendleft(i)
 
+    def drain(self) -> list[int]:
+        """Every task not taken yet (the schedule is empty afterwards)."""
+        left = [i for group in self._groups.values() for i in group]
+        self._groups.clear()
+        return left
+
 
 class _Pool:
     """Bounded pool of math-verify workers with a hard wall-clock kill per call."""
 
     def __init__(self, workers: int):
-        self._ctx = _context()
-        self._workers = [_Worker(self._ctx) for _ in range(workers)]
+        self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._failed_starts = 0
         self.pid = os.getpid()
+        try:
+            for _ in range(workers):
+                self._workers.append(_Worker())
+        except BaseException:
+            self.close()
+            raise
 
-    def run(self, tasks: list[tuple[str, str, str]], timeout: float) -> list[tuple[str, bool]]:
-        """Run tasks on free workers; return (status, verdict) per task, in order."""
+    def run(self, tasks: list[tuple[str, str, str]], timeout: float,
+            budget: float | None = None) -> list[tuple[str, bool]]:
+        """Run tasks on free workers; return (status, verdict) per task, in order. Each call may take
+        ``timeout`` seconds; all of them together ``budget`` seconds (None: no limit), after which
+        unfinished calls get status ``EXPIRED``."""
         with self._lock:
             if not self._workers:
                 raise RuntimeError("graftzoo verifier: the worker pool was closed during this call")
             results: list = [None] * len(tasks)
             queue = _Schedule(tasks)
             ws = self._workers
+            end = math.inf if budget is None else time.monotonic() + budget
             while queue or any(w.task is not None for w in ws):
                 now = time.monotonic()
+                if now >= end:
+                    self._expire(queue, results)
+                    break
                 for k, w in enumerate(ws):
                     if w.ready and w.task is None and queue:
                         i = queue.take(k)
+                        limit = min(timeout, end - now)
                         try:
-                            w.conn.send((tasks[i], SOFT_TIMEOUT_FRACTION * timeout))
+                            w.conn.send((tasks[i], SOFT_TIMEOUT_FRACTION * limit))
                         except OSError:  # died while idle: retry the task on a fresh worker
                             queue.put_back(i)
                             ws[k] = self._replace(w)
                             continue
-                        w.task, w.deadline = i, now + timeout
+                        w.task, w.deadline, w.cut = i, now + limit, limit < timeout
                 waiting = [w for w in ws if not w.ready or w.task is not None]
-                wait_s = max(0.0, min(w.deadline for w in waiting) - now)
-                readable = mp.connection.wait([w.conn for w in waiting], timeout=wait_s)
+                wait_s = max(0.0, min([w.deadline for w in waiting] + [end]) - now)
+                readable = multiprocessing.connection.wait([w.conn for w in waiting], timeout=wait_s)
                 for k, w in enumerate(ws):
                     if w not in waiting:
                         continue
@@ -135,32 +184,67 @@ class _Pool:
                         except (EOFError, OSError):
                             ws[k] = self._replace(w)
                             if w.task is not None:
-                                log.warning("verifier worker died (exit code %s); replaced", w.proc.exitcode)
+                                log.warning("verifier worker died (exit code %s); replaced. Its output ended with:\n%s",
+                                            w.proc.returncode, w.tail)
                                 results[w.task] = ("unparsable", False)
                             continue
                         if msg == "ready":
                             w.ready, self._failed_starts = True, 0
                         else:
-                            results[w.task], w.task = msg, None
+                            results[w.task] = (EXPIRED, False) if msg[0] == "timeout" and w.cut else msg
+                            w.task = None
                     elif time.monotonic() >= w.deadline:
                         ws[k] = self._replace(w)
                         if w.task is not None:
-                            results[w.task] = ("timeout", False)
+                            results[w.task] = (EXPIRED if w.cut else "timeout", False)
             return results
 
+    def wait_ready(self) -> None:
+        """Block until every worker has finished its start-up (one that dies or hangs is replaced)."""
+        with self._lock:
+            ws = self._workers
+            while any(not w.ready for w in ws):
+                waiting = [w for w in ws if not w.ready]
+                wait_s = max(0.0, min(w.deadline for w in waiting) - time.monotonic())
+                readable = multiprocessing.connection.wait([w.conn for w in waiting], timeout=wait_s)
+                for k, w in enumerate(ws):
+                    if w.ready:
+                        continue
+                    if w.conn in readable:
+                        try:
+                            msg = w.conn.recv()
+                        except (EOFError, OSError):
+                            ws[k] = self._replace(w)
+                            continue
+                        if msg == "ready":  # a worker's first message; it has no task before it
+                            w.ready, self._failed_starts = True, 0
+                    elif time.monotonic() >= w.deadline:
+                        ws[k] = self._replace(w)
+
+    def _expire(self, queue: _Schedule, results: list) -> None:
+        """The budget is spent: unstarted tasks expire, running ones are killed (their workers replaced)."""
+        for i in queue.drain():
+            results[i] = (EXPIRED, False)
+        for k, w in enumerate(self._workers):
+            if w.task is not None:
+                results[w.task] = (EXPIRED, False)
+                self._workers[k] = self._replace(w)
+
     def _replace(self, w: _Worker) -> _Worker:
-        """Kill ``w`` (hung or dead) and start a fresh worker in its place; raise when workers keep
-        dying before they are ready (a broken install, or an unguarded main script)."""
+        """Kill ``w`` (hung, dead or cut off) and start a fresh worker in its place; raise when
+        workers keep dying (or hanging) before they are ready."""
         w.kill()
         if not w.ready:
             self._failed_starts += 1
+            hung = w.proc.returncode == -signal.SIGKILL and time.monotonic() >= w.deadline
+            why = f"did not start within {STARTUP_TIMEOUT_S:.0f} s" if hung else \
+                f"died while starting (exit code {w.proc.returncode})"
             if self._failed_starts >= MAX_FAILED_STARTS:
                 raise RuntimeError(
-                    f"graftzoo verifier: {self._failed_starts} math-verify workers in a row died while starting "
-                    f"(last exit code {w.proc.exitcode}); is math-verify importable, and is the main script "
-                    "guarded by `if __name__ == '__main__':`?")
-            log.warning("verifier worker died while starting (exit code %s); retrying", w.proc.exitcode)
-        return _Worker(self._ctx)
+                    f"graftzoo verifier: {self._failed_starts} math-verify workers in a row failed to start; "
+                    f"the last one {why}. Its output ended with:\n{w.tail}")
+            log.warning("verifier worker %s; retrying. Its output ended with:\n%s", why, w.tail)
+        return _Worker()
 
     def close(self) -> None:
         with self._lock:
@@ -196,14 +280,25 @@ def close_pool() -> None:
     global _POOL
     with _POOL_LOCK:
         if _POOL is not None:
-            _POOL.close()
+            if _POOL.pid == os.getpid():  # a forked child leaves its parent's workers alone
+                _POOL.close()
             _POOL = None
 
 
 atexit.register(close_pool)
 
 
-def run_tasks(tasks: list[tuple[str, str, str]], timeout: float) -> list[tuple[str, bool]]:
+def wait_ready() -> None:
+    """Start the pool if needed and block until all of its workers are ready to take calls (a
+    trainer may call this at start-up so that its first steps do not share the CPUs with worker
+    start-up; verify calls do not need it)."""
+    _pool().wait_ready()
+
+
+def run_tasks(tasks: list[tuple[str, str, str]], timeout: float,
+              budget: float | None = None) -> list[tuple[str, bool]]:
     """(status, verdict) of each task (``("verify", gold, pred)`` or ``("equiv", x, y)``), in order,
-    computed by the pool's workers under a hard wall-clock ``timeout`` (seconds) per task."""
-    return _pool().run(tasks, timeout)
+    computed by the pool's workers under a hard wall-clock ``timeout`` (seconds) per task and, when
+    ``budget`` is not None, a wall-clock limit (seconds) for all of them: calls that did not finish
+    within it get status ``EXPIRED``."""
+    return _pool().run(tasks, timeout, budget)

@@ -2,17 +2,42 @@
 answers ``("verify", gold, pred)`` / ``("equiv", x, y)`` tasks with math-verify's LaTeX path, under
 a soft timer of its own (SIGALRM) and a capped address space.
 
+A worker is a fresh interpreter running this file by path::
+
+    python .../verify_worker.py FD PARENT_PID DEATHSIG
+
+so it imports neither the caller's ``__main__`` (any script works: unguarded, ``python -m``,
+``python -c``, a heredoc on stdin) nor the graftzoo packages (torch, gymnasium): only math-verify.
+FD is its end of a socket pair, spoken through ``multiprocessing.connection.Connection``: it sends
+"ready" after its warm-up, then answers each ``(task, soft_timeout)`` with ``(status, verdict)``,
+and exits at end of file (the parent closed its end or died). With DEATHSIG=1 (Linux) the kernel
+also kills it when the parent exits, even in the middle of a call.
+
 Workers keep LRU caches of parsed gold and predicted answers, parse with two-stage (SLL, then LL)
-ANTLR prediction (same results, about 2x faster), and pay math-verify's first-use costs before
-they take calls. math-verify is imported inside the functions: the caller's process never needs it.
+ANTLR prediction (same results, about 2x faster) with remembered full-context predictions and
+numbers built without sympy's string parser (same results, about 2x faster again), skip sympy's ``simplify`` when a difference is
+provably nonzero (same verdicts, ``quick_symbolic_eq``), and pay math-verify's first-use costs
+before they take calls. math-verify is imported inside the functions: the caller's process never needs it.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
+import os
+import re
 import signal
+import sys
 from functools import lru_cache
+from multiprocessing.connection import Connection
+from types import MethodType
 
-__all__ = ["two_stage_latex2sympy", "worker_main"]
+if __name__ == "__main__" and not getattr(sys.flags, "safe_path", False):
+    del sys.path[0]  # run by path: this package folder (datasets.py, ...) must not shadow installed modules
+
+__all__ = ["quick_symbolic_eq", "two_stage_latex2sympy", "worker_main"]
+
+PR_SET_PDEATHSIG = 1
 
 WORKER_MEMORY_HEADROOM = 2 << 30  # bytes of address space a worker may add after start-up
 
@@ -58,17 +83,108 @@ def _evaluate(kind: str, a: str, b: str) -> tuple[str, bool]:
     return "ok", bool(mv_verify(x, y, timeout_seconds=None) or mv_verify(y, x, timeout_seconds=None))
 
 
+_PLAIN_INTEGER = re.compile(r"[0-9]{1,100}")
+_PLAIN_DECIMAL = re.compile(r"[0-9]{0,50}\.[0-9]{1,50}")
+
+
+def plain_number(text: str):
+    """What latex2sympy's ``parse_number(text)`` returns when ``text`` without its commas is a plain
+    integer or decimal (ASCII digits, one point with digits after it): the same ``Integer``/``Float``
+    built directly; None for any other text. latex2sympy gets there through ``sympy.Number(str)``, that
+    is sympy's string parser, which runs ``from sympy import *`` on every call: ~1.5 ms a number,
+    about half of a warm parse."""
+    from sympy import Float, Integer
+    s = text.replace(",", "")
+    if _PLAIN_INTEGER.fullmatch(s):
+        return Integer(int(s))  # latex2sympy drops leading zeros first; int() ignores them
+    if _PLAIN_DECIMAL.fullmatch(s):
+        return Float(s)  # what sympify's auto_number makes of a decimal literal
+    return None
+
+
+FULL_CONTEXT_MEMO_SIZE = 20_000  # remembered full-context predictions (a few hundred bytes each)
+
+
+class _ReadTracker:
+    """A token stream as ANTLR's full-context prediction sees it, noting the tokens it reads."""
+
+    def __init__(self, stream):
+        self._stream, self.reads, self.complete = stream, {}, True
+
+    @property
+    def index(self):
+        return self._stream.index
+
+    def LA(self, i):
+        t = self._stream.LA(i)
+        if i == 1:  # what ANTLR 4.13 reads: the current token, then consume()
+            self.reads[self._stream.index] = t
+        else:
+            self.complete = False  # some other read: do not remember this prediction
+        return t
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def remembered_full_context(memo: dict):
+    """A drop-in for ANTLR's ``ParserATNSimulator.execATNWithFullContext`` (full-context LL
+    prediction, which ANTLR never caches: latex2sympy's grammar needs it at every ``x^2``, ~3 ms each)
+    that remembers its answers in ``memo``. The prediction is a function of the decision, the
+    invoking states of the outer rule contexts, the parser's precedence (latex2sympy's only semantic
+    predicates are precedence predicates) and the types of the tokens it reads from ``startIndex``
+    on; it reports only ambiguities, which latex2sympy's error listener ignores. So an answer is
+    reused when all of those match, and an exception (no viable alternative) is never remembered."""
+    from antlr4.atn.ParserATNSimulator import ParserATNSimulator
+    original = ParserATNSimulator.execATNWithFullContext
+    size = [0]
+
+    def predict(self, dfa, D, s0, input, startIndex, outerContext):
+        chain, ctx = [], outerContext
+        while ctx is not None:
+            chain.append(ctx.invokingState)
+            ctx = ctx.parentCtx
+        precedence = self.parser._precedenceStack
+        key = (dfa.decision, tuple(chain), precedence[-1] if precedence else None)
+        for types, alt in memo.get(key, ()):
+            input.seek(startIndex)
+            for k, t in enumerate(types):  # the same reads as the prediction (it never consumes EOF)
+                if input.LA(1) != t:
+                    break
+                if k + 1 < len(types):
+                    input.consume()
+            else:
+                return alt  # the input stays where the full prediction stops
+        tracker = _ReadTracker(input)
+        alt = original(self, dfa, D, s0, tracker, startIndex, outerContext)
+        if tracker.complete:
+            if size[0] >= FULL_CONTEXT_MEMO_SIZE:
+                memo.clear()
+                size[0] = 0
+            size[0] += 1
+            memo.setdefault(key, []).append((tuple(tracker.reads[i] for i in sorted(tracker.reads)), alt))
+        return alt
+
+    return predict
+
+
 def two_stage_latex2sympy():
     """A drop-in for latex2sympy as math-verify calls it, with two-stage ANTLR parsing.
 
-    The first attempt uses SLL prediction; only when it fails is the input parsed again with the
-    full LL prediction latex2sympy uses. ANTLR guarantees that SLL returns either the parse tree LL
-    would return or a syntax error, and latex2sympy's error listener raises on every syntax error,
-    so results are unchanged; parsing is about 2x faster because full-context LL predictions are
-    never cached. Calls with options math-verify does not use go to the original function.
+    The first attempt uses SLL prediction; only when it fails with a syntax error is the input parsed
+    again with the full LL prediction latex2sympy uses. ANTLR guarantees that SLL returns either the
+    parse tree LL would return or a syntax error, and latex2sympy's error listener raises on every
+    syntax error, so results are unchanged (an error in converting a complete SLL tree, such as a
+    zero denominator, is the error LL would meet: it is raised at once); parsing is about 2x faster
+    because ANTLR never caches full-context LL predictions. The LL stage (``x^2`` needs it) remembers
+    its full-context predictions (``remembered_full_context``), and numbers are built without
+    sympy's string parser (``plain_number``). Calls with options math-verify does not use go to the
+    original function.
     """
     from antlr4.atn.PredictionMode import PredictionMode
     from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy, latex2sympy
+
+    full_context = remembered_full_context({})
 
     class TwoStage(_Latex2Sympy):
         sll = True
@@ -77,13 +193,27 @@ def two_stage_latex2sympy():
             parser = super().create_parser(latex_str)
             if self.sll:
                 parser._interp.predictionMode = PredictionMode.SLL
+                build = parser.math
+
+                def math():
+                    tree = build()
+                    self.built = True  # SLL built the whole tree: it is LL's tree
+                    return tree
+                parser.math = math
+            else:
+                parser._interp.execATNWithFullContext = MethodType(full_context, parser._interp)
             return parser
 
+        def parse_number(self, text):
+            number = plain_number(text)
+            return super().parse_number(text) if number is None else number
+
         def parse(self, latex_str):
+            self.built = False
             try:
                 return super().parse(latex_str)
             except Exception:
-                if not self.sll:
+                if not self.sll or self.built:  # an error converting LL's own tree: LL would fail the same way
                     raise
                 self.sll = False
                 return super().parse(latex_str)
@@ -94,6 +224,7 @@ def two_stage_latex2sympy():
                                normalization_config=normalization_config, **options)
         return TwoStage(is_real=is_real, convert_degrees=convert_degrees).parse(latex_str)
 
+    two_stage.parser_class = TwoStage
     return two_stage
 
 
@@ -106,11 +237,78 @@ def _install_two_stage_parser() -> None:
         log.warning("verifier: two-stage LaTeX parsing unavailable (%s); using math-verify as is", e)
 
 
-# One pair per common answer shape; parsing them once in a new worker pays math-verify's first-use
-# costs (grammar and sympy initialisation, ~1 s) before the worker takes timed calls.
+NONZERO_TOL = 1e-6  # a constant whose 15-digit value is this far from 0 is not zero
+
+
+def _surely_nonzero(d) -> bool:
+    """Whether the sympy expression ``d`` is provably not zero, cheaply: a constant whose numeric
+    value (sympy's error-controlled evalf) is clearly away from 0, or a nonzero polynomial with
+    rational coefficients (which no real, integer or positive values of its symbols make zero
+    everywhere). False means "don't know"."""
+    from sympy import QQ, Expr, Poly
+    if not isinstance(d, Expr) or d.is_Matrix:
+        return False
+    symbols = d.free_symbols
+    if not symbols:
+        v = d.evalf(15)
+        return bool(v.is_Number and v.is_finite and abs(v) > NONZERO_TOL)
+    try:
+        return not Poly(d, *sorted(symbols, key=str), domain=QQ).is_zero
+    except Exception:  # not a polynomial over QQ
+        return False
+
+
+def quick_symbolic_eq(symbolic_eq):
+    """A drop-in for math-verify's ``sympy_symbolic_eq(a, b)`` (true when ``simplify(a - b)`` is
+    zero), its last and often slowest test (sympy ``simplify``, 10-150 ms): when ``a - b`` is
+    provably not zero (``_surely_nonzero``) the answer is False without simplifying, since simplify
+    keeps an expression's value; otherwise the original decides. Verdicts are unchanged, and a
+    wrong answer such as ``12\\pi`` for ``92\\pi`` or ``x^3+3x-5`` for ``x^3+3x-6`` costs
+    well under a millisecond."""
+
+    def quick(a, b):
+        try:
+            if _surely_nonzero(a - b):
+                return False
+        except Exception:  # the original handles (and swallows) whatever went wrong
+            pass
+        return symbolic_eq(a, b)
+
+    quick.original = symbolic_eq
+    return quick
+
+
+def _install_quick_symbolic_eq() -> None:
+    """Make math-verify's grader use ``quick_symbolic_eq`` (in worker processes only)."""
+    import math_verify.grader
+    if not hasattr(math_verify.grader.sympy_symbolic_eq, "original"):
+        math_verify.grader.sympy_symbolic_eq = quick_symbolic_eq(math_verify.grader.sympy_symbolic_eq)
+
+
+# One pair per common answer shape; evaluating them once in a new worker pays math-verify's
+# first-use costs (grammar and sympy initialisation, ~1 s) before the worker takes timed calls.
 _WARMUP = (("\\frac{\\sqrt{2}}{2}", "\\sqrt{3}"), ("(1,2]", "[1,2)"), ("(1,-2)", "(-\\infty,2)\\cup(3,\\infty)"),
            ("x^2+2x-1", "(x+1)^2"), ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "6+9i"), ("10^\\circ", "50\\%"),
            ("\\text{(C)}", "y=2x+3"))
+# Answers of the most common shapes in MATH's training split (digits and letters aside), parsed
+# once more: ANTLR builds its prediction DFA as inputs need it, and a cold DFA makes a worker's
+# first parse of each shape several times slower. Parsing these (~0.5 s) makes a fresh worker's
+# first steps of MATH-like answers 10-15% cheaper.
+_WARMUP_ANSWERS = (
+    "0", "-7", "-\\frac{5}{2}", "\\frac14", "\\frac 92", "\\frac{29}4", ".3", "1,000,000", "1:4", "73^\\circ",
+    "50^{\\circ}", "17\\%", "2\\sqrt{41}", "10\\sqrt3", "63\\pi", "\\frac{\\pi}{6}", "\\frac{35}{2}\\pi",
+    "\\frac{2\\sqrt{35}}{35}", "\\frac{1+\\sqrt{5}}{2}", "-\\frac{\\sqrt{2}}{2}", "12-6\\sqrt{3}", "7-2\\pi",
+    "10\\frac{1}{12}", "12_5", "29i", "5-12i", "-i", "(0,5)", "(\\frac{1}{8},\\frac{1}{3})", "(10,8,6)", "[0,3)",
+    "[1,\\infty)", "(-\\infty,5)\\cup(5,\\infty)", "5,-11", "\\text{(E)}", "\\text{B}", "B", "\\text{odd}",
+    "\\text{H,E}", "8\\text{cm}", "x=2", "b=\\frac{1}{49}", "32x+80", "x^2+7x+10", "16x^2+4x+5", "19x^4",
+    "3x^2-12", "\\begin{pmatrix}4\\\\-3\\end{pmatrix}", "\\begin{pmatrix}1&2500\\\\0&1\\end{pmatrix}")
+
+
+def _warm_up() -> None:
+    for gold, pred in _WARMUP:
+        _evaluate("verify", gold, pred)
+    for answer in _WARMUP_ANSWERS:
+        _parse(answer)
 
 
 def _limit_memory() -> None:
@@ -126,16 +324,30 @@ def _limit_memory() -> None:
         pass
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel SIGKILL this worker when its parent exits (best effort); exit now if
+    the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
 def worker_main(conn) -> None:
     """Worker loop: receive (task, soft_timeout), answer (status, verdict); exit on EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the caller, which closes the pool
     signal.signal(signal.SIGALRM, _on_alarm)
     for name in ("math_verify", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    _install_two_stage_parser()  # imports math-verify, before the memory cap is measured
+    _install_quick_symbolic_eq()
     _limit_memory()
-    _install_two_stage_parser()
-    for gold, pred in _WARMUP:
-        _evaluate("verify", gold, pred)
+    _warm_up()
+    gc.collect()
+    gc.freeze()  # start-up's objects (modules, grammar, DFA, sympy caches) leave the collector's scans: ~10% less CPU
     conn.send("ready")
     while True:
         try:
@@ -143,7 +355,7 @@ def worker_main(conn) -> None:
         except (EOFError, OSError):
             return
         try:
-            signal.setitimer(signal.ITIMER_REAL, soft)
+            signal.setitimer(signal.ITIMER_REAL, max(soft, 1e-3))
             try:
                 out = _evaluate(*task)
             except Exception:  # math-verify / sympy failure on this input
@@ -152,4 +364,14 @@ def worker_main(conn) -> None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except _SoftTimeout:
             out = ("timeout", False)
-        conn.send(out)
+        try:
+            conn.send(out)
+        except OSError:  # the parent is gone
+            return
+
+
+if __name__ == "__main__":
+    _fd, _parent, _deathsig = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+    if _deathsig:
+        _die_with_parent(_parent)
+    worker_main(Connection(_fd))

@@ -75,7 +75,7 @@ CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 EVAL_DIR = "eval"
-STATUSES = ("done", "running", "failed")
+STATUSES = ("done", "running", "failed", "interrupted")  # "error" says why a run failed or stopped
 PEER_SOURCES = (None, "live", "stored", "mixed")
 
 
@@ -213,8 +213,9 @@ def _config_get(config: Mapping, dotted: str) -> Any:
 
 def make_summary(config: Mapping, *, models: list, peers: Mapping, status: str,
                  compute: Optional[Mapping] = None, peer_source: Optional[str] = None,
-                 peer_run_compute: Optional[Mapping] = None) -> dict:
-    """Build a ``summary.json`` payload from the resolved config plus what the trainer knows."""
+                 peer_run_compute: Optional[Mapping] = None, error: Optional[str] = None) -> dict:
+    """Build a ``summary.json`` payload from the resolved config plus what the trainer knows (``error``: one line
+    saying why a run failed or was interrupted)."""
     payload = {
         "name": _config_get(config, "run.name"),
         "algo": _config_get(config, "algo.name"),
@@ -228,6 +229,7 @@ def make_summary(config: Mapping, *, models: list, peers: Mapping, status: str,
         "status": status,
         "compute": dict(compute or {}),
         "peer_run_compute": None if peer_run_compute is None else dict(peer_run_compute),
+        "error": error,
     }
     validate_summary(payload, "summary built from config")
     return payload

@@ -6,21 +6,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-import yaml
-
-from graftzoo.core.checkpoint import is_checkpoint
+from graftzoo.core.checkpoint import MANIFEST, TRAINER_FILE, is_checkpoint
+from graftzoo.core.config import read_yaml
 from graftzoo.core.models import build_policy
+from graftzoo.core.schema import ConfigError
 from graftzoo.eval.artifacts import CONFIG
 
 
 def load_run_config(run_dir) -> dict:
-    """The resolved config a run was trained with (``RUN/config.yaml``)."""
+    """The resolved config a run was trained with (``RUN/config.yaml``); a garbled one is a ``ConfigError``
+    whose one-line message names the file."""
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; {run_dir} is not a graftzoo run directory")
-    cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("pair"), dict):
-        raise ValueError(f"{path}: not a run config (no 'pair' section)")
+    try:
+        cfg = read_yaml(path)  # ConfigError naming the file for invalid YAML or a non-mapping
+    except ConfigError as e:  # YAML's messages span lines (marks): one line
+        raise ConfigError(" ".join(str(e).split())) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text (UTF-8) YAML file: {e}") from None
+    for section in ("pair", "run"):
+        if not isinstance(cfg.get(section), dict):
+            raise ConfigError(f"{path}: not a run config (no '{section}' section)")
+    if not isinstance(cfg["pair"].get("models"), list) or not all(
+            isinstance(s, dict) and isinstance(s.get("id"), str) for s in cfg["pair"]["models"]):
+        raise ConfigError(f"{path}: not a run config ('pair.models' must be a list of model specs with ids)")
     return cfg
 
 
@@ -33,7 +43,8 @@ def resolve_target(path) -> tuple:
         return p.parent.parent, p
     if (p / CONFIG).is_file():
         return p, None
-    raise ValueError(f"{p}: neither a run directory (config.yaml) nor a checkpoint (trainer.pt)")
+    raise ValueError(f"{p}: neither a run directory ({CONFIG}) nor a checkpoint ({MANIFEST}, or {TRAINER_FILE} "
+                     f"of an older graftzoo)")
 
 
 def trained_specs(cfg: dict, models: Optional[Sequence[str]] = None) -> list:

@@ -17,6 +17,11 @@ the checkpoint's weights, and evaluated by ``graftzoo.eval.evaluate`` (the train
 evaluation goes through it too). Results are written in the ``graftzoo.eval.artifacts`` eval
 format, one file per model: by default ``RUN/eval/<model>.json`` for a run directory (what the
 report reads) and ``RUN/eval/step_N/<model>.json`` for an explicit checkpoint.
+
+Checkpoints are read safely (``graftzoo.core.checkpoint.load_weights``: ``torch.load(weights_only=True)``
+after checking the manifest's size and sha256 of the model file): an explicitly given checkpoint that
+fails is an error naming the file; for a run directory, selection skips failing checkpoints with a
+warning (``graftzoo.eval.selection``).
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from typing import Callable, Optional, Sequence
 
 import click
 
-from graftzoo.core.checkpoint import checkpoint_step, load_weights
+from graftzoo.core.checkpoint import CheckpointError, checkpoint_step, load_weights
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import EVAL_DIR
 from graftzoo.eval.checkpoints import build_policies, load_run_config, resolve_target, trained_specs
@@ -57,11 +62,12 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
                                     seed=req["seed"], log=log)
     folder = Path(out) if out else (None if ckpt is None else run_dir / EVAL_DIR / ckpt.name)
     task = Task(cfg)
+    for m, pol in policies.items():  # every checkpoint file checked and loaded before anything is evaluated
+        load_weights(pol, chosen[m][0])
     written = []
     for spec in trained_specs(cfg, models):
         m = spec["id"]
         use, selection = chosen[m]
-        load_weights(policies[m], use)
         _, path = evaluate_and_write(policies[m], engines[m], req, run_dir, folder=folder, task=task,
                                      step=checkpoint_step(use), log=log,
                                      extra={"run": cfg["run"].get("name"), "checkpoint": f"checkpoints/{use.name}",
@@ -106,7 +112,7 @@ def eval_cmd(path, benchmarks, k, seeds, greedy, temperature, top_p, max_new_tok
                                     select=select, val_dataset=val_dataset, val_size=val_size,
                                     allow_test_selection=allow_test_selection, models=models or None,
                                     log=click.echo)
-    except (SelectionError, FileNotFoundError, ValueError) as e:
+    except (SelectionError, FileNotFoundError, ValueError, CheckpointError) as e:  # ConfigError, StoreError: ValueError
         raise click.ClickException(str(e)) from None
     for p in paths:
         click.echo(f"wrote {p}")

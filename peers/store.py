@@ -6,7 +6,9 @@ Layout of a store directory (usually ``<run_dir>/store``)::
     <model_id>/step_000012.parquet     one file per (model, step), written to a temp name then renamed
 
 A crash can only lose the step being written; every complete step stays readable (pandas works too:
-``pandas.read_parquet(store_dir + "/<model_id>")``).
+``pandas.read_parquet(store_dir + "/<model_id>")``). Step files carry Parquet page checksums (CRC32),
+checked on every read here: a flipped bit is a ``StoreError`` naming the file, not a silently wrong
+``text`` or ``reward``; so is a ``meta.json`` that is not valid store metadata.
 """
 from __future__ import annotations
 
@@ -34,7 +36,39 @@ SCHEMA = pa.schema([
 
 
 class StoreError(ValueError):
-    pass
+    """A trajectory store (or one of its files, named in the one-line message) is missing, corrupt or of
+    another version."""
+
+
+def read_step_file(path, columns: Optional[list] = None) -> pa.Table:
+    """One step file, its page checksums verified; any failure is a ``StoreError`` naming the file."""
+    try:
+        return pq.read_table(path, columns=columns, page_checksum_verification=True)
+    except Exception as e:  # a corrupt file names itself; other steps stay readable
+        msg = " ".join(str(e).split())[:300]
+        raise StoreError(f"{path}: unreadable or corrupt Parquet file: {type(e).__name__}: {msg}") from e
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise StoreError(f"{path}: corrupt trajectory-store metadata (invalid JSON: {' '.join(str(e).split())})") \
+            from None
+    if not isinstance(meta, dict):
+        raise StoreError(f"{path}: corrupt trajectory-store metadata (expected a JSON object, got "
+                         f"{type(meta).__name__})")
+    v = meta.get("schema_version")
+    if v != SCHEMA_VERSION:
+        raise StoreError(f"{path}: unknown trajectory-store schema version {v!r} "
+                         f"(this graftzoo reads version {SCHEMA_VERSION})")
+    models, dataset = meta.get("models"), meta.get("dataset")
+    if (not isinstance(models, dict) or not all(isinstance(k, str) and (t is None or isinstance(t, str))
+                                                  for k, t in models.items())
+            or not (dataset is None or isinstance(dataset, str))):
+        raise StoreError(f"{path}: corrupt trajectory-store metadata (expected 'models': {{model id: tokenizer id}}"
+                         f" and 'dataset': a name or null)")
+    return meta
 
 
 def _atomic_write_json(path: Path, payload: dict):
@@ -48,11 +82,7 @@ class TrajectoryStore:
         self.root = Path(root)
         meta_path = self.root / "meta.json"
         if meta_path.exists():
-            self.meta = json.loads(meta_path.read_text())
-            v = self.meta.get("schema_version")
-            if v != SCHEMA_VERSION:
-                raise StoreError(f"{meta_path}: unknown trajectory-store schema version {v!r} "
-                                 f"(this graftzoo reads version {SCHEMA_VERSION})")
+            self.meta = _read_meta(meta_path)
         elif create:
             self.root.mkdir(parents=True, exist_ok=True)
             self.meta = {"schema_version": SCHEMA_VERSION, "dataset": dataset, "models": {}}
@@ -93,7 +123,7 @@ class TrajectoryStore:
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"step_{step:06d}.parquet"
         tmp = d / f".tmp-{os.getpid()}-{path.name}"
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, write_page_checksum=True)
         os.replace(tmp, path)
         if self.meta["models"].get(model_id) != (tokenizer_id or None):
             self.meta["models"][model_id] = tokenizer_id or None
@@ -110,11 +140,7 @@ class TrajectoryStore:
         wanted = self.steps(model_id) if steps is None else [s for s in steps if s in set(self.steps(model_id))]
         frames = []
         for s in wanted:
-            path = self.root / model_id / f"step_{s:06d}.parquet"
-            try:
-                frames.append(pq.read_table(path).to_pandas())
-            except Exception as e:  # a corrupt file names itself; other steps stay readable
-                raise StoreError(f"{path}: unreadable Parquet file: {e}") from e
+            frames.append(read_step_file(self.root / model_id / f"step_{s:06d}.parquet").to_pandas())
         if not frames:
             return pd.DataFrame({f.name: [] for f in SCHEMA})
         return pd.concat(frames, ignore_index=True)
@@ -122,7 +148,7 @@ class TrajectoryStore:
     def prompt_ids(self, model_id: str) -> set:
         ids = set()
         for s in self.steps(model_id):
-            ids.update(pq.read_table(self.root / model_id / f"step_{s:06d}.parquet", columns=["prompt_id"])
+            ids.update(read_step_file(self.root / model_id / f"step_{s:06d}.parquet", columns=["prompt_id"])
                        .column("prompt_id").to_pylist())
         return ids
 

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal, Optional, get_args, get_type_hints
 
 import pytest
@@ -24,6 +25,8 @@ from graftzoo.core.config import ConfigError, algo_config, load_config
 from graftzoo.core.registry import list_algos
 from graftzoo.core.schema import bounded, build, check_value, describe_range, validate
 
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
 # ------------------------------------------------------------------------------------------------
 # the CLI: every invalid value of the issue, one line naming the key, exit 2, no run directory
 # ------------------------------------------------------------------------------------------------
@@ -35,6 +38,9 @@ BAD = [
     (["--algo", "gspo", "--set", "algo.ratio_form=seq"], "algo.ratio_form", "token | sequence"),
     (["--algo", "dapo", "--set", "algo.on_shortfall=eror"], "algo.on_shortfall", "keep | error"),
     (["--algo", "graft"], "peer.source", "--peer online|stored:PATH|mixed:PATH"),
+    (["--algo", "grpo", "--set", "rollout.temperature=0"], "rollout.temperature", "greedy decoding is eval.greedy"),
+    (["--algo", "grpo", "--set", "run.steps=[1,2"], "run.steps", "not valid YAML"),
+    (["--algo", "grpo", "--peer", "stored:"], "'--peer'", "stored needs a path: stored:PATH"),
 ]
 
 
@@ -91,6 +97,19 @@ def test_ranges(rng, ok, bad, text):
         with pytest.raises(ConfigError, match=re.escape(f"config key 'algo.r' must be {text}, got {v!r}")):
             check_value("algo.r", v, float, rng)
     check_value("algo.r", None, Optional[float], rng)  # null skips the bounds
+
+
+def test_fixed_length_lists_and_bounds_of_their_items():
+    check_value("optim.betas", [0.9, 0.999], tuple[float, float], "[0, 1)")
+    check_value("optim.betas", (0, 0.5), tuple[float, float], "[0, 1)")
+    for value in ("hello", [0.9], [0.9, 0.99, 0.999], [0.9, "x"], 0.9):
+        with pytest.raises(ConfigError, match=r"config key 'optim.betas' must be a list of 2 numbers, got"):
+            check_value("optim.betas", value, tuple[float, float], "[0, 1)")
+    with pytest.raises(ConfigError, match=re.escape("'optim.betas' must hold values in [0, 1), got [0.9, 1.0]")):
+        check_value("optim.betas", [0.9, 1.0], tuple[float, float], "[0, 1)")
+    check_value("k", [1, 2, 3], list[int], "[1, inf)")
+    with pytest.raises(ConfigError, match="must hold values >= 1"):
+        check_value("k", [1, 0], list[int], "[1, inf)")
 
 
 def test_bad_interval_declaration_fails_at_import():
@@ -192,7 +211,7 @@ def test_core_keys_and_types_are_checked_at_load(override, key):
     ("om_grpo", ["rollout.n=1"], "rollout.n"),
     ("graft", ["peer.source=online", "algo.peer_position=uniform", "algo.peer_minibatches=separate"],
      "peer_minibatches=replace_slots"),
-    ("graft", ["peer.source=stored", "algo.token_ratio=cross_aligned"], "token_ratio"),
+    ("graft", ["peer.source=stored", "peer.path=runs/p", "algo.token_ratio=cross_aligned"], "token_ratio"),
     ("hacpo", ["peer.source=online", "algo.seq_clip=[0.1, 0.2]"], "self_clip"),
     ("hacpo", ["peer.source=online", "algo.ratio_clamp=[2, 3]"], "algo.ratio_clamp"),
     ("sgt", [], "needs a peer source"),
@@ -220,3 +239,132 @@ def test_the_config_is_checked_once_and_built_without_a_second_check(monkeypatch
     monkeypatch.setattr("graftzoo.core.schema.check_fields", lambda *a, **k: pytest.fail("checked again"))
     obj = algo_config(cfg)
     assert isinstance(obj, HORAConfig) and obj.n0 == 3 and len(calls) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+# every core key: declared type and bounds, cross-field rules, overrides that are not YAML (issue 11)
+# ------------------------------------------------------------------------------------------------
+
+CORE_BAD = [
+    # issue 11, point 3: values that cannot train
+    ("rollout.n=0", "rollout.n"), ("task.prompts_per_step=0", "task.prompts_per_step"), ("run.steps=-5", "run.steps"),
+    ("optim.minibatches=0", "optim.minibatches"), ("optim.minibatches=100", "optim.minibatches"),
+    ("optim.minibatches=5", "optim.minibatches"),           # micro: 4 prompts (groups) per step
+    ("rollout.top_p=2", "rollout.top_p"), ("rollout.top_p=0", "rollout.top_p"),
+    ("rollout.temperature=0", "rollout.temperature"), ("rollout.temperature=-1", "rollout.temperature"),
+    ("rollout.max_new_tokens=0", "rollout.max_new_tokens"), ("rollout.max_new_tokens=1.5", "rollout.max_new_tokens"),
+    ("rollout.max_new_tokens=.inf", "rollout.max_new_tokens"),
+    # issue 11, point 9: values that raised a traceback
+    ("run.steps=abc", "run.steps"), ("run.seed=abc", "run.seed"), ("run.seed=1.5", "run.seed"),
+    ("optim.lr=-1", "optim.lr"), ("optim.lr=abc", "optim.lr"), ("optim.lr=.inf", "optim.lr"),
+    ("optim.lr=.nan", "optim.lr"),
+    ("run.threads=0", "run.threads"), ("optim.betas=hello", "optim.betas"), ("optim.betas=[0.9]", "optim.betas"),
+    ("optim.betas=[0.9, 1.0]", "optim.betas"), ("optim.betas=[-0.1, 0.9]", "optim.betas"),
+    ("task.verifier_timeout=0", "task.verifier_timeout"), ("run.steps=[1,2", "run.steps"), ("eval.k=0", "eval.k"),
+    ("run.steps=", "run.steps"), ("peer.source=stored", "peer.path"), ("peer.source=mixed", "peer.path"),
+    # the other core keys
+    ("run.epochs=0", "run.epochs"), ("run.save_every=-1", "run.save_every"),
+    ("run.keep_checkpoints=-1", "run.keep_checkpoints"), ("run.keep_checkpoints=null", "run.keep_checkpoints"),
+    ("run.eval_every=-2", "run.eval_every"), ("run.eval_at_start=1", "run.eval_at_start"),
+    ("run.eval_at_end=maybe", "run.eval_at_end"), ("run.track=2", "run.track"), ("run.progress=abc", "run.progress"),
+    ("run.wandb_mode=offlin", "run.wandb_mode"), ("run.out_dir=null", "run.out_dir"), ("run.tags=x", "run.tags"),
+    ("run.device=1", "run.device"), ("run.name=[a]", "run.name"),
+    ("pair.train=[nope]", "pair.train"), ("pair.models=[{id: a}, {id: a}]", "pair.models"),
+    ("pair.models=[{kind: tiny}]", "pair.models"), ("pair.models=[{id: a, lr: -1}]", "pair.models[a].lr"),
+    ("pair.models=[{id: a, max_new_tokens: 0}]", "pair.models[a].max_new_tokens"),
+    ("task.size=0", "task.size"), ("task.dataset=7", "task.dataset"), ("task.mix=[add]", "task.mix"),
+    ("task.reward_correct=abc", "task.reward_correct"), ("task.reward_wrong=[1]", "task.reward_wrong"),
+    ("task.reward_correct=0", "task.reward_correct"),        # = reward_wrong: every advantage is 0
+    ("task.verifier_budget=0", "task.verifier_budget"), ("task.verifier_timeout=abc", "task.verifier_timeout"),
+    ("eval.size=0", "eval.size"), ("eval.val_size=0", "eval.val_size"), ("eval.k=1.5", "eval.k"),
+    ("eval.temperature=0", "eval.temperature"), ("eval.top_p=1.5", "eval.top_p"), ("eval.top_p=0", "eval.top_p"),
+    ("eval.max_new_tokens=0", "eval.max_new_tokens"), ("eval.greedy=sometimes", "eval.greedy"),
+    ("eval.benchmarks=7", "eval.benchmarks"), ("eval.allow_test_selection=2", "eval.allow_test_selection"),
+    ("rollout.top_k=-1", "rollout.top_k"), ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens"),
+    ("rollout.gen_batch_size=0", "rollout.gen_batch_size"), ("rollout.recompute_old_logp=maybe",
+                                                              "rollout.recompute_old_logp"),
+    ("optim.eps=0", "optim.eps"), ("optim.weight_decay=-0.1", "optim.weight_decay"),
+    ("optim.warmup_steps=-1", "optim.warmup_steps"), ("optim.grad_clip=-1", "optim.grad_clip"),
+    ("optim.epochs=0", "optim.epochs"), ("peer.mix_ratio=2", "peer.mix_ratio"), ("peer.path=[a]", "peer.path"),
+    ("xt.append_eos_if_stopped=3", "xt.append_eos_if_stopped"), ("store.enabled=sometimes", "store.enabled"),
+]
+
+
+@pytest.mark.parametrize("override,key", CORE_BAD, ids=[f"{o}" for o, _ in CORE_BAD])
+def test_every_bad_core_value_is_rejected_at_load_naming_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(pair="micro", algo="grpo", overrides=[override])
+    msg = str(e.value)
+    assert f"config key '{key}'" in msg and "\n" not in msg, msg
+
+
+def test_the_messages_say_why():
+    with pytest.raises(ConfigError, match=r"'rollout.temperature' must be > 0, got 0: rollouts are sampled "
+                                          r"\(greedy decoding is eval.greedy"):
+        micro("grpo", "rollout.temperature=0")
+    with pytest.raises(ConfigError, match=r"'optim.minibatches' must be <= task.prompts_per_step=4 \(a minibatch "
+                                          r"holds at least one prompt group\), got 100"):
+        micro("grpo", "optim.minibatches=100")
+    with pytest.raises(ConfigError, match=r"config key 'run.steps': the value '\[1,2' is not valid YAML"):
+        micro("grpo", "run.steps=[1,2")
+    with pytest.raises(ConfigError, match=r"'peer.path' is required with peer.source=stored"):
+        micro("graft", "peer.source=stored")
+
+
+@pytest.mark.parametrize("overrides,check", [
+    (["rollout.temperature=0.6", "rollout.top_p=1", "eval.top_p=0.95", "eval.temperature=0.1"],
+     lambda c: c["rollout"]["temperature"] == 0.6 and c["eval"]["top_p"] == 0.95),
+    (["optim.grad_clip=0"], lambda c: c["optim"]["grad_clip"] == 0),      # 0 or null: no clipping
+    (["optim.grad_clip=null", "optim.warmup_steps=null"], lambda c: c["optim"]["grad_clip"] is None),
+    (["rollout.max_new_tokens=1e3", "run.steps=2e1"],                     # an integral float is an integer
+     lambda c: c["rollout"]["max_new_tokens"] == 1000 and type(c["run"]["steps"]) is int),
+    (["optim.lr=3e-5", "optim.eps=1e-6"], lambda c: c["optim"]["lr"] == 3e-5 and c["optim"]["eps"] == 1e-6),
+    (["optim.betas=[0, 0.5]", "optim.weight_decay=0.01"], lambda c: c["optim"]["betas"] == [0, 0.5]),
+    (["optim.minibatches=4", "run.epochs=2"], lambda c: c["optim"]["minibatches"] == 4),
+    (["eval.size=null", "eval.max_new_tokens=null", "eval.val_size=null", "run.save_every=null"],
+     lambda c: c["eval"]["size"] is None),
+    (["task.reward_correct=1", "task.reward_wrong=-1", "task.verifier_budget=null"],
+     lambda c: c["task"]["reward_wrong"] == -1),
+    (["eval.benchmarks=all", "run.wandb_mode=disabled", "run.tags=[a, b]"], lambda c: c["eval"]["benchmarks"] == "all"),
+    (['peer.source=mixed', 'peer.path="2024"', "peer.mix_ratio=0.5"], lambda c: c["peer"]["path"] == "2024"),
+])
+def test_valid_values_are_kept(overrides, check):
+    cfg = micro("graft" if any(o.startswith("peer.source") for o in overrides) else "grpo", *overrides)
+    assert check(cfg)
+
+
+def test_a_peer_path_from_the_command_line_stays_a_string():
+    from graftzoo.apps.options import peer_option
+    cfg = micro("graft", *peer_option(None, None, "stored:2024"))
+    assert (cfg["peer"]["source"], cfg["peer"]["path"]) == ("stored", "2024")
+    with pytest.raises(ConfigError, match="'peer.path' must be a string or null, got 2024"):  # YAML: quote it
+        micro("graft", "peer.source=stored", "peer.path=2024")
+
+
+def test_a_malformed_peer_option_is_one_line():
+    from click.testing import CliRunner
+    from graftzoo.apps.cli import main
+    for value, message in (("stored:", "stored needs a path"), ("mixed: ", "mixed needs a path"),
+                           ("bogus", "must be online")):
+        res = CliRunner().invoke(main, ["train", "--algo", "grpo", "--pair", "micro", "--peer", value])
+        lines = res.output.strip().splitlines()
+        assert res.exit_code == 2 and len(lines) == 1, res.output
+        assert lines[0].startswith("Error: Invalid value for '--peer': ") and message in lines[0]
+
+
+def test_every_shipped_config_loads():
+    pairs = sorted(p.stem for p in (CONFIGS / "pairs").glob("*.yaml"))
+    presets = sorted(p.stem for p in (CONFIGS / "algos").glob("*.yaml"))
+    algos = [e.name for e in list_algos()[0]]
+    assert pairs and presets and algos
+    for pair in pairs:
+        for algo in presets + algos:
+            cfg = load_config(pair=pair, algo=algo, overrides=["peer.source=online"])
+            assert cfg["pair"]["name"] == pair
+    from graftzoo.apps import grid as G
+    files = sorted((CONFIGS / "grids").glob("*.yaml")) + sorted(
+        p for p in (CONFIGS / "demo").glob("*.yaml") if p.stem != "demo")   # demo.yaml: the demo's plan, no grid
+    assert len(files) >= 5
+    for path in files:
+        grid = G.load_grid(path)
+        assert grid.cells and G.check_configs(grid.cells) == {}, path

@@ -70,8 +70,8 @@ def test_resume_gives_identical_metrics_and_weights(tmp_path):
     resumed = train(micro_cfg(part, "run.steps=3", "run.eval_at_end=false"))
     assert _metric_rows(full) == _metric_rows(resumed)
     for m in ("micro-qwen-char", "micro-gpt2-pair"):
-        a = torch.load(full / "checkpoints/step_000002" / f"{m}.pt", weights_only=False)["policy"]["model"]
-        b = torch.load(resumed / "checkpoints/step_000002" / f"{m}.pt", weights_only=False)["policy"]["model"]
+        a = torch.load(full / "checkpoints/step_000002" / f"{m}.pt", weights_only=True)["policy"]["model"]
+        b = torch.load(resumed / "checkpoints/step_000002" / f"{m}.pt", weights_only=True)["policy"]["model"]
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 

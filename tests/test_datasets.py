@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from graftzoo.envs import MathDataset, load_dataset, verify_batch
+from graftzoo.envs import MathDataset, MathReasoningEnv, load_dataset, verify_batch
 from graftzoo.envs.datasets import BENCHMARKS, BUNDLED, DATA_DIR, DatasetError, last_boxed
 from graftzoo.core.types import Prompt
 
@@ -168,3 +168,24 @@ def test_last_boxed():
     assert last_boxed("so it is \\boxed 7$.") == "7"
     assert last_boxed("\\fbox{3}") == "3"
     assert last_boxed("\\boxed{3") is None and last_boxed("none") is None
+
+
+def test_a_file_is_its_own_train_split(tmp_path):
+    """``task.split``'s default ``train`` names the file itself: a user file trains without extra keys; a file
+    has no other split (issue 11)."""
+    rows = [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(3)]
+    jsonl = write_jsonl(tmp_path / "mine.jsonl", rows)
+    parquet = tmp_path / "mine.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    for path in (jsonl, parquet, str(jsonl)):
+        ds = load_dataset(path, split="train")
+        assert len(ds) == 3 and ds.split == "train" and ds.name == "mine"
+        assert [p.id for p in ds] == [p.id for p in load_dataset(path)]
+        assert load_dataset(path).split is None
+        for split in ("test", "val"):
+            with pytest.raises(ValueError, match=f"split='{split}' applies to bundled names only"):
+                load_dataset(path, split=split)
+    env = MathReasoningEnv(dataset=str(jsonl), split="train")
+    assert len(env.dataset) == 3 and env.dataset.path == jsonl
+    with pytest.raises(DatasetError, match=r"^bad\.jsonl:2: invalid JSON"):
+        load_dataset(write_jsonl(tmp_path / "bad.jsonl", [rows[0], "{oops"]), split="train")

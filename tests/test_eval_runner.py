@@ -100,7 +100,7 @@ def test_load_weights_restores_the_checkpoint(run_dir):
             p.add_(1.0)
     ckpt = run_dir / "checkpoints" / "step_000001"
     load_weights(pol, ckpt)
-    saved = torch.load(ckpt / f"{MODELS[1]}.pt", weights_only=False)["policy"]
+    saved = torch.load(ckpt / f"{MODELS[1]}.pt", weights_only=True)["policy"]
     for k, v in pol.model.state_dict().items():
         assert torch.equal(v, saved["model"][k]), k
     assert pol.version == saved["version"] == 2

@@ -444,7 +444,7 @@ def test_token_ratio_cross_aligned(pols):
     with pytest.raises(ConfigError, match="token_ratio"):
         algo.exchange(context(cfg, lp), own, {p.id: pg})
     with pytest.raises(ConfigError, match="token_ratio"):
-        learner("token_ratio=cross_aligned", peer="stored")
+        learner("token_ratio=cross_aligned", "peer.path=runs/any", peer="stored")
 
 
 @pytest.mark.parametrize("append", [True, False])

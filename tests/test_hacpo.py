@@ -316,6 +316,6 @@ def test_cotrain_micro_pair_end_to_end(tmp_path):
     assert res.exit_code == 0, res.output
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     acc.update({(r["step"], r["model"]): r["reward/acc"] for r in recs})
-    state = torch.load(tmp_path / "checkpoints" / "step_000002" / f"{QWEN}.pt", weights_only=False)["learner"]
+    state = torch.load(tmp_path / "checkpoints" / "step_000002" / f"{QWEN}.pt", weights_only=True)["learner"]
     assert state["history"]["self"] == pytest.approx([acc[(s, QWEN)] for s in range(3)])
     assert state["history"]["peer"] == pytest.approx([acc[(s, GPT2)] for s in range(3)])

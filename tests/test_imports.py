@@ -16,7 +16,7 @@ ROOTS = ("graftzoo", "graftzoo.envs", "graftzoo.algos", "graftzoo.peers", "graft
 LAZY_OK = {"vllm", "ray", "matplotlib", "wandb", "sentence_transformers", "trl", "peft", "flash_attn",
            # only the verifier's worker processes parse with math-verify (1.7 s saved on `import graftzoo.envs`);
            # `resource` is POSIX-only (the workers' memory limit)
-           "math_verify", "antlr4", "latex2sympy2_extended", "resource"}
+           "math_verify", "antlr4", "latex2sympy2_extended", "sympy", "resource"}
 
 
 def _walk(package: str, path: str) -> dict:

@@ -1,10 +1,13 @@
 """The task of a run (graftzoo.envs.task): training env, stream vs finite, held-out and validation
 splits (disjoint from training), benchmark loading; one home used by the trainer, OM-GRPO and eval."""
+import json
+import time
+
 import gymnasium as gym
 import pytest
 
 from graftzoo.algos import om_grpo
-from graftzoo.core.config import load_config
+from graftzoo.core.config import ConfigError, load_config
 from graftzoo.core.sampler import PromptSampler
 from graftzoo.envs.arithmetic import is_heldout
 from graftzoo.envs.datasets import load_dataset
@@ -42,9 +45,10 @@ def test_procedural_is_a_property_of_the_registered_env_not_of_its_name():
 
 
 def test_env_settings_come_from_the_task_config():
-    task = Task(arith("task.reward_wrong=-1.0", "task.verifier_timeout=3.0", "eval.dataset=amc23"))
+    task = Task(arith("task.reward_wrong=-1.0", "task.verifier_timeout=3.0", "task.verifier_budget=12",
+                      "eval.dataset=amc23"))
     for env in (task.train_env, task.heldout().env, task.benchmark("math500").env, task.validation().env):
-        assert (env.reward_correct, env.reward_wrong, env.verifier_timeout) == (1.0, -1.0, 3.0)
+        assert (env.reward_correct, env.reward_wrong, env.verifier_timeout, env.verifier_budget) == (1.0, -1.0, 3.0, 12)
 
 
 def test_procedural_splits_are_disjoint_from_training():
@@ -106,3 +110,93 @@ def test_om_grpo_test_time_training_uses_the_task_heldout_split():
     assert [p.id for p in om_grpo.heldout_prompts(cfg)] == [p.id for p in Task(cfg).heldout().prompts]
     cfg = arith("eval.dataset=amc23", "eval.size=3")
     assert [p.id for p in om_grpo.heldout_prompts(cfg)] == [p.id for p in load_dataset("amc23")][:3]
+
+
+# ------------------------------------------------------------------------------------------------
+# Task.check: everything the run loads that needs files but no model, before any model is built
+# ------------------------------------------------------------------------------------------------
+
+def jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def rows(n, start=0):
+    return [{"id": f"q{i}", "problem": f"What is {i}+1?", "answer": str(i + 1)} for i in range(start, start + n)]
+
+
+def test_check_returns_the_task_and_keeps_what_it_loaded():
+    task = Task(arith())
+    assert task.check() is task and "train_env" in task.__dict__ and "_heldout" in task.__dict__
+    file_task = Task(from_file("eval.dataset=amc23", "eval.benchmarks=all", "eval.select=val_avg")).check()
+    assert file_task.train_env.dataset.name == "math_train" and file_task.heldout().dataset == "amc23"
+
+
+def test_a_user_file_is_a_training_set_without_extra_keys(tmp_path):
+    train, held = jsonl(tmp_path / "mine.jsonl", rows(12)), jsonl(tmp_path / "held.jsonl", rows(5, 100))
+    cfg = arith("task.env=graftzoo/MathReasoning-v0", f"task.dataset={train}", f"eval.dataset={held}")
+    assert cfg["task"]["split"] == "train"                      # the default: the file itself
+    task = Task(cfg).check()
+    assert len(task.train_dataset) == 12 and task.dataset_id == "mine" and len(task.heldout().prompts) == 5
+    assert PromptSampler(cfg, task.train_dataset).batch(0)[0][0].id.startswith("mine/")
+    assert Task(arith("task.env=graftzoo/MathReasoning-v0", f"task.dataset={train}", "task.split=null",
+                      f"eval.dataset={held}")).check().train_dataset.hash == task.train_dataset.hash
+    with pytest.raises(ConfigError, match="config key 'eval.dataset' is required"):  # a file has no test split
+        Task(arith("task.env=graftzoo/MathReasoning-v0", f"task.dataset={train}")).check()
+
+
+@pytest.mark.parametrize("key", ["task.dataset", "eval.dataset", "eval.benchmarks", "eval.val_dataset"])
+def test_a_broken_file_is_one_line_naming_the_key_file_and_line(tmp_path, key):
+    bad = jsonl(tmp_path / "broken.jsonl", rows(3) + ["{not json"])
+    good = jsonl(tmp_path / "good.jsonl", rows(8))
+    over = {"task.dataset": [f"task.dataset={bad}", f"eval.dataset={good}"],
+            "eval.dataset": [f"task.dataset={good}", f"eval.dataset={bad}"],
+            "eval.benchmarks": [f"task.dataset={good}", f"eval.dataset={good}", f"eval.benchmarks=[amc23, {bad}]"],
+            "eval.val_dataset": [f"task.dataset={good}", f"eval.dataset={good}", "eval.select=val_avg",
+                                 f"eval.val_dataset={bad}"]}[key]
+    task = Task(arith("task.env=graftzoo/MathReasoning-v0", *over))
+    with pytest.raises(ConfigError) as e:
+        task.check()
+    msg = str(e.value)
+    assert msg.startswith(f"config key '{key}'") and "broken.jsonl:4: invalid JSON" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["run.epochs=2"], "'run.epochs' needs a finite training set"),
+    (["task.env=nope/Nothing-v0"], "'task.env'"),
+    (["task.mix={fizz: 1}"], "'task.mix'.*'fizz' is not a skill"),
+    (["pair.template=fancy"], "'pair.template' must be a prompt template"),
+    (["task.env=graftzoo/MathReasoning-v0"], "'task.dataset' is required"),
+    (["task.env=graftzoo/MathReasoning-v0", "task.dataset=math500"], "'task.split' \\('train'\\).*only the 'test'"),
+    (["task.env=graftzoo/MathReasoning-v0", "task.dataset=no/such.jsonl", "eval.dataset=amc23"],
+     "'task.dataset'.*no such file"),
+    (["task.env=graftzoo/MathReasoning-v0", "task.dataset=math_train"], "'eval.dataset' is required"),
+    (["eval.dataset=math5000"], "'eval.dataset'.*unknown dataset 'math5000'"),
+    (["eval.benchmarks=[amc23, nope]"], "'eval.benchmarks' \\('nope'\\)"),
+    (["eval.select=val_avg", "eval.val_dataset=amc23"], "'eval.val_dataset'.*test set"),
+    (["task.env=graftzoo/MathReasoning-v0", "task.dataset=amc23", "task.split=null", "eval.dataset=aime24",
+      "eval.select=val_avg", "eval.val_size=40"], "'eval.val_size' \\(40\\)"),
+])
+def test_check_rejects_in_one_line_naming_the_key(overrides, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        Task(arith(*overrides)).check()
+    assert "\n" not in str(e.value)
+
+
+def test_check_loads_only_what_the_run_uses():
+    # no evaluation during the run and no eval.dataset: a file without a test split is fine
+    Task(from_file("run.eval_at_end=false")).check()
+    with pytest.raises(ConfigError, match="'eval.dataset' is required"):   # unless an evaluation needs it
+        Task(from_file("run.eval_at_end=false", "run.eval_every=5")).check()
+    with pytest.raises(ConfigError, match="'eval.dataset' is required"):   # or test-time training reads it
+        Task(load_config(pair="micro", algo="om_grpo", overrides=[
+            "task.env=graftzoo/MathReasoning-v0", "task.dataset=math_train", "run.eval_at_end=false",
+            "algo.ttt=true"])).check()
+    Task(arith("task.size=40", "run.epochs=2")).check()                   # a finite procedural set has epochs
+    Task(arith("eval.select=val_avg", "eval.val_dataset=amc23", "eval.allow_test_selection=true")).check()
+
+
+def test_check_is_fast_on_the_default_task():
+    t0 = time.perf_counter()
+    Task(arith()).check()
+    assert time.perf_counter() - t0 < 10

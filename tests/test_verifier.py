@@ -1,14 +1,20 @@
 """Tests of the hardened verifier (graftzoo.envs.verifier, graftzoo.envs.extract)."""
+import importlib.util
 import json
 import os
+import random
 import signal
 import time
 from importlib import resources
+from types import MethodType
+from pathlib import Path
 
+import math_verify.grader
 import pytest
 
 from graftzoo.envs import verifier as V
 from graftzoo.envs import verify_pool as P
+from graftzoo.envs import verify_worker as W
 from graftzoo.envs.verify_worker import two_stage_latex2sympy
 from graftzoo.envs.extract import MAX_RESPONSE_CHARS, extract_answer
 
@@ -102,6 +108,124 @@ def test_fast_path_never_calls_math_verify(monkeypatch):
     assert V.answers_equivalent("3", "4") is False
 
 
+def _bench():
+    """bench/verifier.py as a module (its ``workload`` makes RL-shaped response/gold pairs)."""
+    spec = importlib.util.spec_from_file_location("bench_verifier", Path(__file__).resolve().parents[1] / "bench" / "verifier.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _math500_golds():
+    with resources.files("graftzoo.envs").joinpath("data/math500.jsonl").open() as f:
+        return [json.loads(line)["answer"] for line in f]
+
+
+def _numeric_pairs(rng, n):
+    """(pred, gold) pairs of plain numbers in the forms the fast path reads, near and far apart."""
+    def form(num, den):
+        sign = "-" if num < 0 else ""
+        a, b = abs(num), den
+        return rng.choice([f"{sign}\\frac{{{a}}}{{{b}}}", f"{sign}\\dfrac{{{a}}}{{{b}}}", f"\\frac{{{num}}}{{{b}}}",
+                           f"{sign}{a}/{b}", f"{sign}\\frac{a % 10}{{{b}}}", f"{sign}\\frac{{{a}}}{b % 10 or 1}",
+                           f"{num / den:.{rng.choice([1, 2, 3, 6])}f}", str(num // den) if num % den == 0 else f"{num}/{den}"])
+    out = []
+    for _ in range(n):
+        num, den = rng.randint(-40, 40), rng.randint(1, 12)
+        other = rng.choice([(num, den), (num * 2, den * 2), (num + rng.choice([-1, 1]), den), (-num, den),
+                            (num * 1000 + 1, den * 1000)])
+        pred, gold = form(*other), form(num, den)
+        if rng.random() < 0.2:  # a tuple or interval of two
+            extra = form(rng.randint(-9, 9), 1)
+            pred, gold = f"({pred},{extra})", rng.choice([f"({gold},{extra})", f"[{gold},{extra})"])
+        out.append((pred, gold))
+    return out + [("0.333333", "\\frac13"), ("0.3333", "\\frac13"), ("0.33", "\\frac{1}{3}"), ("3.1416", "3.14159"),
+                  ("0.5", "50"), ("50", "0.5"), ("1000000.5", "1000000.4"), ("123456789.5", "123456789.4"),
+                  ("0.0000001", "0"), ("0.00001", "0"), ("1.0000001", "1"), ("\\frac9{19}", "9/19"),
+                  ("\\frac{12}3", "4"), ("-.5", "-\\frac12"), ("(1.5,2)", "(1.6,2)"), ("[1.5,2)", "(1.5,2)"),
+                  ("(\\infty,1.5)", "(\\infty,1.6)"), ("2.50", "2.5"), ("2.", "2")]
+
+
+def test_fast_path_agrees_with_math_verify():
+    """Every verdict the fast path gives on two different strings is math-verify's (LaTeX path, as
+    the workers run it; this process has no quick paths installed): RL-shaped pairs from the bench
+    workload, and numbers of every form the fast path reads, near and far apart."""
+    assert not hasattr(math_verify.grader.sympy_symbolic_eq, "original")
+    rng = random.Random(7)
+    pairs = [(extract_answer(r)[0], g) for step in _bench().workload(_math500_golds(), 64, 8, 2, seed=3)
+             for r, g in step]
+    pairs = [p for p in pairs if p[0] is not None] + _numeric_pairs(rng, 400)
+    decided = disagree = 0
+    for pred, gold in dict.fromkeys(pairs):
+        a, b = V.normalize_answer(pred), V.normalize_answer(gold)
+        fast = V._fast_verdict(a, b)
+        if fast is None or a == b:
+            continue
+        decided += 1
+        status, verdict = W._evaluate("verify", gold, pred)
+        if (status, verdict) != ("ok", fast):
+            disagree += 1
+            print(f"fast path {fast}, math-verify {status} {verdict}: {pred!r} vs gold {gold!r}")
+    assert disagree == 0
+    assert decided > 300, decided  # the comparison covered the fast path
+
+
+QUICK_EQ_CASES = [  # (pred, gold) where simplify decides, with identities, floats, symbols, sets
+    ("\\sqrt{x^2}", "x"), ("|x|", "x"), ("\\sin^2x+\\cos^2x", "1"), ("e^{i\\pi}", "-1"), ("0.1+0.2", "0.3"),
+    ("\\frac{1}{3}", "0.333333"), ("x^2-1", "(x-1)(x+1)"), ("(x-1)(x+1)", "x^2+1"), ("2^{10}", "1024"),
+    ("\\sqrt{8}", "2\\sqrt{2}"), ("\\sqrt{8}", "3\\sqrt{2}"), ("\\log_2 8", "3"), ("\\pi", "3.14159"),
+    ("\\pi", "3.1416"), ("1.5x", "\\frac{3}{2}x"), ("0.5x+0.5x", "x"), ("x^{0.5}", "\\sqrt{x}"),
+    ("\\frac{x^2-1}{x-1}", "x+1"), ("\\tan x", "\\frac{\\sin x}{\\cos x}"), ("2x", "x+x"), ("3x", "3y"),
+    ("\\sqrt{2}\\sqrt{3}", "\\sqrt{6}"), ("\\binom{5}{2}", "10"), ("5!", "120"), ("\\sqrt{-4}", "2i"),
+    ("(1+i)^2", "2i"), ("(1+i)^2", "2"), ("10^{-3}", "0.001"), ("\\frac{\\sqrt{3}}{2}", "\\sin 60^\\circ"),
+    ("\\sqrt{2}", "1.41421356"), ("x+1", "x+1.0000001"), ("x+1", "x+1.1"), ("x=2", "y=2"), ("y=2x+3", "2x-y+3=0"),
+    ("y=2x+3", "y=2x+4"), ("\\{1,2\\}", "\\{2,1\\}"), ("\\{1,\\sqrt{2}\\}", "\\{1,\\sqrt{3}\\}"),
+    ("(1,2)", "(1,2.0000001)"), ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "\\begin{pmatrix}1\\\\3\\end{pmatrix}"),
+    ("\\cot x", "383"), ("\\frac{a}{b}", "a/b"), ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}"),
+    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{3}}{2}"), ("1e-20", "0"), ("\\sqrt{10^{-40}}", "0"),
+    ("x^2+2x+1", "(x+1)^2"), ("x^2+2x+2", "(x+1)^2"), ("0.3x", "0.1x+0.2x"), ("n(n+1)/2", "\\frac{n^2+n}{2}"),
+    ("\\frac{\\pi}{2}", "90^\\circ"), ("2\\pi r", "\\pi d"), ("\\ln(e^2)", "2"), ("\\infty", "-\\infty"),
+]
+
+
+def test_quick_symbolic_eq_agrees_with_math_verify(monkeypatch):
+    """The workers' shortcut for math-verify's last test (``quick_symbolic_eq``: no simplify when
+    ``a - b`` is provably nonzero) never changes a verdict: compared with math-verify as shipped on
+    the pairs of the bench workload that reach the workers and on identities, floats and symbols."""
+    original = math_verify.grader.sympy_symbolic_eq
+    assert not hasattr(original, "original")
+    pairs = []
+    for step in _bench().workload(_math500_golds(), 64, 8, 2, seed=5):
+        for response, gold in step:
+            pred, status = extract_answer(response)
+            if status == "ok" and V._fast_verdict(V.normalize_answer(pred), V.normalize_answer(gold)) is None:
+                pairs.append((pred, gold))
+    pairs = list(dict.fromkeys(pairs)) + QUICK_EQ_CASES
+    shortcuts = []
+    quick = W.quick_symbolic_eq(original)
+
+    def counting(a, b):
+        try:
+            if W._surely_nonzero(a - b):
+                shortcuts.append((a, b))
+        except Exception:
+            pass
+        return quick(a, b)
+
+    def verdict(pred, gold):
+        W._parse_gold.cache_clear()
+        W._parse_pred.cache_clear()
+        return W._evaluate("verify", gold, pred)
+
+    expected = [verdict(p, g) for p, g in pairs]
+    monkeypatch.setattr(math_verify.grader, "sympy_symbolic_eq", counting)
+    got = [verdict(p, g) for p, g in pairs]
+    wrong = [(p, g, e, q) for (p, g), e, q in zip(pairs, expected, got) if e != q]
+    assert not wrong, wrong
+    assert len(shortcuts) > 40, len(shortcuts)  # the comparison covered the shortcut
+    assert sum(v == ("ok", True) for v in got) > 10
+
+
 # ---------------------------------------------------------------- equivalence (math-verify)
 
 
@@ -125,23 +249,122 @@ def test_equivalence(pred, gold, correct):
     assert V.verify(f"Thus $\\boxed{{{pred}}}$.", gold) == V.VerifyResult(correct, pred, "ok")
 
 
-def test_two_stage_parser_matches_latex2sympy():
-    """The SLL-first parser used in the workers returns exactly what latex2sympy returns."""
-    from latex2sympy2_extended.latex2sympy2 import latex2sympy
+NUMBER_TEXTS = ["0", "00", "007", "123", "1,000", "1,000,000.25", "3.14159", "0.5", ".5", "00.5", "3.", "1.50",
+                "2.500000000000000000001", "1" * 100, "1" * 101, "9" * 50 + ".5", "9" * 51 + ".5", "1e5", "1E5",
+                "\u0661\u0662", "\u00b2", "12.3.4", "-5", "+5", "0.000001", "nan", "inf", "5j", "1_000", " 5", "5 ",
+                "0x1F", "12,34.5", ",5", "5,"]
+
+
+def test_plain_number_matches_sympy_number():
+    """The workers build plain numbers directly; what they build is exactly (type, value and
+    precision) what latex2sympy's ``parse_number`` builds through sympy's string parser."""
+    from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy
+    from sympy import srepr
+    fast = two_stage_latex2sympy().parser_class()
+
+    def outcome(parser, text):
+        try:
+            return srepr(parser.parse_number(text))
+        except Exception as e:
+            return f"error: {type(e).__name__}"
+
+    rng = random.Random(3)
+    texts = NUMBER_TEXTS + ["".join(rng.choice("0123456789.,") for _ in range(rng.randint(1, 12))) for _ in range(300)]
+    pairs = [(outcome(_Latex2Sympy(), t), outcome(fast, t)) for t in texts]
+    assert [x for x, _ in pairs] == [y for _, y in pairs]
+    assert sum(W.plain_number(t) is not None for t in texts) > 100  # the comparison covered the fast path
+
+
+def _math500_answers_and_powers() -> list[str]:
+    """MATH500's answers, powers of letters in many contexts (where SLL fails and LL predicts with
+    full context), malformed inputs and numbers."""
     with resources.files("graftzoo.envs").joinpath("data/math500.jsonl").open() as f:
-        answers = [json.loads(line)["answer"] for line in f][:150]
+        answers = [json.loads(line)["answer"] for line in f]
     answers += ["\\frac{", "(1,2", "x^{2", "\\sqrt[3]{8}", "\\{1,2\\}", "1,234", "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}"]
+    answers += [f"x^{i}+{i + 1}x^2-y^{{{i + 2}}}" for i in range(12)] + [
+        "3R^2", "x^3+3x-5", "(x^2,y^3]", "\\{x^2,y^2\\}", "f(x)=x^2", "x^2=y^2", "x^2<4", "\\sqrt{x^2+y^2}",
+        "\\frac{x^2}{y^3}", "(x^2)^3", "x^2y^3", "x_1^2+x_2^2", "x^2_1", "a^b^c", "x^", "x^+1", "e^{x^2}",
+        "\\sin^2x", "x^{2}^{3}", "2^x", "x^2,3", "x^2;y^2", "\\begin{pmatrix}x^2\\\\y^3\\end{pmatrix}",
+        "x^2\\cdot y^2", "-x^2", "x^{-2}", "x^{1/2}", "x^\\circ", "x^2\\%", "|x^2|", "x^2!",
+        "[x^2,\\frac{2}{0}]"] + NUMBER_TEXTS
+    answers += CONVERSION_ERRORS
+    return answers
+
+
+CONVERSION_ERRORS = ["(\\frac{3}{5},\\frac{8}{0}]", "(1,\\frac{1}{0})", "(i,2]"]  # SLL parses them; sympy refuses
+
+
+def test_two_stage_parser_matches_latex2sympy():
+    """The SLL-first parser used in the workers (with its remembered full-context predictions and
+    plain numbers) returns exactly what latex2sympy returns, and fails where it fails."""
+    from latex2sympy2_extended.latex2sympy2 import latex2sympy
+    from sympy import srepr
+    answers = _math500_answers_and_powers()
     two_stage = two_stage_latex2sympy()
 
     def outcome(fn, latex):
         try:
-            return str(fn(latex, is_real=True, convert_degrees=False, normalization_config=None))
+            return srepr(fn(latex, is_real=True, convert_degrees=False, normalization_config=None))
         except Exception as e:  # syntax errors must stay errors
             return f"error: {type(e).__name__}"
 
     pairs = [(outcome(latex2sympy, a), outcome(two_stage, a)) for a in answers]
     assert [x for x, _ in pairs] == [y for _, y in pairs]
-    assert sum(x.startswith("error") for x, _ in pairs) >= 3  # the malformed inputs above
+    assert [y for _, y in pairs] == [outcome(two_stage, a) for a in answers]  # again, from the memo
+    assert sum(x.startswith("error") for x, _ in pairs) >= 5 + len(CONVERSION_ERRORS)  # the malformed inputs above
+
+
+def test_two_stage_parser_retries_only_syntax_errors(monkeypatch):
+    """The LL stage runs only after an SLL syntax error: an error in converting a complete tree is
+    raised after one parse (LL would build the same tree)."""
+    two_stage = two_stage_latex2sympy()
+    parsers = []
+    create = two_stage.parser_class.create_parser
+    monkeypatch.setattr(two_stage.parser_class, "create_parser", lambda self, s: parsers.append(s) or create(self, s))
+
+    def count(latex):
+        parsers.clear()
+        try:
+            two_stage(latex, is_real=True)
+        except Exception:
+            pass
+        return len(parsers)
+
+    assert [count(a) for a in CONVERSION_ERRORS] == [1] * len(CONVERSION_ERRORS)
+    assert count("\\frac{") == 2 and count("x^3+3x-5") == 2 and count("\\frac{2}{3}") == 1
+
+
+def test_full_context_memo_is_used_and_matches(monkeypatch):
+    """The LL stage's remembered full-context predictions: the same parse trees as ANTLR's own
+    prediction, and most predictions of a second pass come from the memo."""
+    from antlr4.atn.ParserATNSimulator import ParserATNSimulator
+    from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy
+    answers = [a for a in _math500_answers_and_powers() if "^" in a]
+
+    def trees(memo):
+        out = []
+        for a in answers:
+            parser = _Latex2Sympy().create_parser(a)  # plain LL parser
+            if memo is not None:
+                parser._interp.execATNWithFullContext = MethodType(memo, parser._interp)
+            try:
+                out.append(parser.math().toStringTree(recog=parser))
+            except Exception as e:
+                out.append(f"error: {type(e).__name__}")
+        return out
+
+    calls = []
+    original = ParserATNSimulator.execATNWithFullContext
+    monkeypatch.setattr(ParserATNSimulator, "execATNWithFullContext",
+                        lambda *a: calls.append(1) or original(*a))
+    expected = trees(None)
+    memo = W.remembered_full_context({})
+    calls.clear()
+    assert trees(memo) == expected
+    first = len(calls)
+    calls.clear()
+    assert trees(memo) == expected
+    assert first > 50 and len(calls) == 0, (first, len(calls))
 
 
 def test_answers_equivalent():
@@ -162,9 +385,9 @@ def test_verify_batch_dedupes_and_caches(monkeypatch):
     sent = []
     run = P._Pool.run
 
-    def counting_run(self, tasks, timeout):
+    def counting_run(self, tasks, timeout, budget=None):
         sent.extend(tasks)
-        return run(self, tasks, timeout)
+        return run(self, tasks, timeout, budget)
 
     monkeypatch.setattr(P._Pool, "run", counting_run)
     answers = ["\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", "\\dfrac{\\sqrt2}{2}", "\\sqrt{2}/2", "\\sqrt{3}", "\\sqrt{2}/2",
@@ -265,7 +488,7 @@ def test_dead_worker_is_replaced():
     _start_pool()
     for w in P._pool()._workers:
         os.kill(w.proc.pid, signal.SIGKILL)
-        w.proc.join()
+        w.proc.wait()
     assert V.verify_batch(["\\boxed{\\sqrt{4}}", "\\boxed{\\frac{4}{2}}", "\\boxed{3/2}"], ["2", "2", "2"]) == [
         V.VerifyResult(True, "\\sqrt{4}", "ok"), V.VerifyResult(True, "\\frac{4}{2}", "ok"),
         V.VerifyResult(False, "3/2", "ok")]
@@ -275,9 +498,18 @@ def test_close_pool_and_restart():
     _start_pool()
     procs = [w.proc for w in P._pool()._workers]
     V.close_pool()
-    assert not any(p.is_alive() for p in procs)
+    assert all(p.poll() is not None for p in procs)
     V.clear_caches()
     assert V.verify("\\boxed{\\sqrt{3}}", "\\sqrt{2}") == V.VerifyResult(False, "\\sqrt{3}", "ok")
+
+
+def test_wait_ready_starts_every_worker():
+    V.configure_pool(2)
+    P.wait_ready()
+    workers = P._pool()._workers
+    assert len(workers) == 2 and all(w.ready and w.proc.poll() is None for w in workers)
+    assert V.verify("\\boxed{\\sqrt{3}}", "\\sqrt{2}") == V.VerifyResult(False, "\\sqrt{3}", "ok")
+    V.configure_pool(V.DEFAULT_WORKERS)
 
 
 def test_version_is_recorded():

@@ -8,49 +8,96 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from graftzoo.apps.demo import demo_cmd
 from graftzoo.apps.grid import grid_cmd
-from graftzoo.apps.options import PEER_FORMS, peer_option
+from graftzoo.apps.grid.model import GridError
+from graftzoo.apps.options import PEER_FORMS, PeerOptionError, peer_option
+from graftzoo.core.checkpoint import CheckpointError
 from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.policy import NonFiniteError
+from graftzoo.core.preemption import Interrupted
 from graftzoo.core.registry import RegistryError, list_algos
+from graftzoo.core.rundir import RunDirError, RunDirUsageError
+from graftzoo.core.tracking import MetricsFileError
 from graftzoo.core.trainer import train as run_train
 from graftzoo.core.xt import XTOverflowError
 from graftzoo.envs.cli import env_group
+from graftzoo.envs.datasets import DatasetError
+from graftzoo.eval.artifacts import ArtifactError
 from graftzoo.eval.cli import report_cmd
 from graftzoo.eval.runner import eval_cmd
+from graftzoo.eval.selection import SelectionError
 from graftzoo.peers.store import StoreError
 
 
-class ConfigUsageError(click.ClickException):
-    """A config the run cannot start with: one line ``Error: ...`` naming the key, exit code 2 (a usage error)."""
-
-    exit_code = 2
-
-    def __init__(self, error: Exception):
-        super().__init__("; ".join(line.strip() for line in str(error).splitlines() if line.strip()))
+# Anticipated errors: one line ``Error: ...`` naming the culprit, no traceback (``graftzoo --debug`` shows it).
+# Usage and config errors exit 2, runtime errors (data, files, disk, a diverged run) exit 1, a signal 128 + signal.
+USAGE_ERRORS = (ConfigError, RegistryError, PeerOptionError, GridError, RunDirUsageError, SelectionError)
+RUNTIME_ERRORS = (DatasetError, StoreError, ArtifactError, XTOverflowError, CheckpointError, RunDirError,
+                  NonFiniteError, MetricsFileError, OSError)
 
 
-def _progress_printer(label: str):
-    """A rich progress bar: step, reward, all-fail fraction and tokens/s per model."""
-    state = {}
+def error_line(e: BaseException) -> str:
+    """An anticipated error as one line naming its culprit (a file error names the file)."""
+    if isinstance(e, OSError) and e.strerror:
+        where = e.filename if e.filename is not None else ""
+        return f"{where}: {e.strerror}" if where else e.strerror
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
 
-    def update(step, total, mets):
-        if "bar" not in state:
-            state["bar"] = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TimeElapsedColumn(), TextColumn("{task.fields[info]}"), transient=False)
-            state["bar"].start()
-            state["task"] = state["bar"].add_task(label, total=total, info="")
+
+class Main(click.Group):
+    """The ``graftzoo`` group: turns every anticipated error of a subcommand into one line and an exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Interrupted as e:
+            click.echo(f"Error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted", err=True)
+            ctx.exit(130)
+        except USAGE_ERRORS + RUNTIME_ERRORS as e:
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"Error: {error_line(e)}", err=True)
+            ctx.exit(2 if isinstance(e, USAGE_ERRORS) else 1)
+
+
+class _ProgressPrinter:
+    """A rich progress bar: step, reward, all-fail fraction and tokens/s per model (``close`` stops it, also when
+    the run ends early)."""
+
+    def __init__(self, label: str):
+        self.label, self.bar, self.task = label, None, None
+
+    def __call__(self, step, total, mets):
+        if self.bar is None:
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.fields[info]}"), transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=total, info="")
         info = "  ".join(f"{m}: r={v.get('reward/acc') or 0:.2f} dead={v.get('groups/all_fail') or 0:.2f} "
                          f"tok/s={v.get('perf/tokens_per_s') or 0:.0f}" for m, v in mets.items())
-        state["bar"].update(state["task"], completed=step + 1, info=info)
+        self.bar.update(self.task, completed=step + 1, info=info)
         if step + 1 >= total:
-            state["bar"].stop()
+            self.close()
 
-    return update
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main():
+@click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, envvar="GRAFTZOO_DEBUG", help="show the traceback of an error")
+def main(debug):
     """graftzoo: RLVR on language models: a Gymnasium math environment, an algorithm zoo
     (GRPO family, HACPO, SGT, HORA, ExTra, OM-GRPO, GRAFT) and peer exchange between models."""
+
+
+def _split_keys(ctx, param, value) -> tuple:
+    return tuple(k for v in value for k in str(v).replace(",", " ").split())
 
 
 @main.command()
@@ -60,22 +107,29 @@ def main():
 @click.option("--config", "-c", "files", multiple=True, type=click.Path(exists=True), help="extra YAML config files")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="dotted override, e.g. optim.lr=1e-5")
 @click.option("--run-dir", default=None, help="run directory (default: run.out_dir/run.name)")
-@click.option("--no-resume", is_flag=True, help="start over even if the run directory has checkpoints")
+@click.option("--no-resume", is_flag=True,
+              help="start over instead of resuming; refused where the run directory holds a run, unless --overwrite")
+@click.option("--overwrite", is_flag=True,
+              help="start over, moving an existing run aside to RUN.replaced-<time> (never deleted)")
+@click.option("--allow-config-change", "allow", multiple=True, callback=_split_keys, metavar="KEY",
+              help="resume although KEY changed (repeatable; patterns like optim.* allowed)")
 @click.option("--no-track", is_flag=True, help="turn wandb off (metrics.jsonl is still written)")
-def train(algo, pair, peer, files, overrides, run_dir, no_resume, no_track):
-    """Train one model or co-train a pair: graftzoo train --algo grpo --pair tiny [--set key=value ...]."""
+def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, allow, no_track):
+    """Train one model or co-train a pair: graftzoo train --algo grpo --pair tiny [--set key=value ...].
+
+    Rerunning the same command resumes from the last intact checkpoint. SIGTERM / Ctrl-C finish the current step,
+    save a checkpoint and exit 143 / 130; a second signal stops at once."""
     overrides = list(overrides) + peer  # --peer, as peer.* overrides (peer_option)
     if no_track:
         overrides.append("run.track=false")
-    try:  # every config check happens here, once, before any model is built
-        cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)
-    except (ConfigError, RegistryError) as e:
-        raise ConfigUsageError(e)
-    progress = _progress_printer(f"{cfg['algo']['name']} on {cfg['pair']['name']}") if cfg["run"]["progress"] else None
+    cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)  # every config check, once
+    progress = _ProgressPrinter(f"{cfg['algo']['name']} on {cfg['pair']['name']}") if cfg["run"]["progress"] else None
     try:
-        out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress)
-    except (ConfigError, RegistryError, StoreError, XTOverflowError) as e:
-        raise click.ClickException(str(e))
+        out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress, overwrite=overwrite,
+                        allow_config_change=allow)
+    finally:
+        if progress is not None:
+            progress.close()
     click.echo(f"run directory: {out}")
 
 

@@ -7,14 +7,19 @@ DEFAULTS <- configs/pairs/<pair>.yaml <- configs/algos/<algo>.yaml (a preset, if
 Free-form maps (model specs, task mixes) are marked in FREE and not checked key by key.
 
 Values are checked once, by ``validate`` at the end of ``load_config``: the core keys declared in CORE
-and the learner's Config (choices, bounds and cross-field rules declared on the dataclass, see
-graftzoo.core.schema). ``algo_config`` gives the trainer that Config object without checking again.
+(type, choices, bounds), their cross-field rules (``check_core``) and the learner's Config (choices,
+bounds and cross-field rules declared on the dataclass, see graftzoo.core.schema). ``algo_config`` gives
+the trainer that Config object without checking again. What needs files but no model (datasets, the
+registered env, prompt templates) is checked by ``graftzoo.envs.task.Task.check`` before models are built.
+An override's value is YAML (``3e-5`` reads as a number); invalid YAML is a ``ConfigError`` naming the key.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import os
+import re
+import typing
 from pathlib import Path
 from typing import Literal, Optional, Union
 
@@ -55,15 +60,16 @@ DEFAULTS: dict = {
     },
     "task": {
         "env": "graftzoo/Arithmetic-v0",
-        "dataset": None,         # for MathReasoning-v0: a bundled name or a path
-        "split": "train",
+        "dataset": None,         # for MathReasoning-v0: a bundled name or a .jsonl / .parquet file
+        "split": "train",        # the split of a bundled name (gsm8k: train | test); a file is its own split
         "mix": {},
         "difficulty": {},
         "size": None,            # finite prompt set size for procedural tasks (None = endless stream)
         "prompts_per_step": 8,
         "reward_correct": 1.0,
         "reward_wrong": 0.0,
-        "verifier_timeout": 2.0,
+        "verifier_timeout": 2.0,  # hard wall-clock limit (s) of one math-verify call
+        "verifier_budget": 30.0,  # wall-clock limit (s) of one batch's math-verify calls; unstarted calls time out
     },
     "eval": {
         "dataset": None,         # None: held-out split of the task
@@ -126,19 +132,87 @@ DEFAULTS: dict = {
 
 FREE = {"pair.models", "task.mix", "task.difficulty", "eval.benchmarks", "run.tags", "optim.betas"}
 
-# declared choices (and bounds, as (type, interval)) of core keys, checked like the algo.* fields
+# Declared type, choices and bounds of every core key, checked like the algo.* fields: a type, or (type, interval),
+# or (type, interval, why): the reason added to the error. An int key accepts an integral float (1e3) and is stored
+# as an int. Cross-field rules: ``check_core``; rules that need files (datasets, registered envs): Task.check.
+TEMPERATURE_WHY = "rollouts are sampled (greedy decoding is eval.greedy, for evaluation only)"
 CORE = {
-    "peer.source": Literal["none", "online", "stored", "mixed"],
-    "peer.align": Literal["same_step", "latest"],
-    "xt.overflow": Literal["drop", "truncate", "error"],
-    "rollout.engine": Literal["hf"],          # the only engine in this release
-    "rollout.n": (int, "[1, inf)"),
-    "rollout.recompute_old_logp": Union[Literal["auto"], bool],
+    "run.name": Optional[str],
+    "run.out_dir": str,
+    "run.seed": int,
+    "run.steps": (int, "[1, inf)"),
+    "run.epochs": (Optional[int], "[1, inf)"),
+    "run.save_every": (Optional[int], "[0, inf)"),
+    "run.keep_checkpoints": (int, "[0, inf)"),
+    "run.eval_every": (Optional[int], "[0, inf)"),
+    "run.eval_at_start": bool,
+    "run.eval_at_end": bool,
+    "run.track": bool,
+    "run.wandb_project": Optional[str],
+    "run.wandb_group": Optional[str],
+    "run.wandb_mode": Optional[Literal["online", "offline", "shared", "disabled", "dryrun", "run"]],
+    "run.tags": Optional[list],
+    "run.variant": Optional[str],
+    "run.progress": bool,
+    "run.threads": (int, "[1, inf)"),
+    "run.device": str,
+    "pair.name": Optional[str],
+    "pair.models": list,
+    "pair.train": Optional[list[str]],
+    "pair.template": str,
+    "task.env": str,
+    "task.dataset": Optional[str],
+    "task.split": Optional[str],
+    "task.mix": Optional[dict],
+    "task.size": (Optional[int], "[1, inf)"),
+    "task.prompts_per_step": (int, "[1, inf)"),
+    "task.reward_correct": float,
+    "task.reward_wrong": float,
+    "task.verifier_timeout": (float, "(0, inf)"),
+    "task.verifier_budget": (Optional[float], "(0, inf)"),
+    "eval.dataset": Optional[str],
+    "eval.size": (Optional[int], "[1, inf)"),
+    "eval.k": (int, "[1, inf)"),
+    "eval.greedy": bool,
+    "eval.temperature": (float, "(0, inf)", "eval.greedy=true decodes greedily"),
+    "eval.max_new_tokens": (Optional[int], "[1, inf)"),
+    "eval.benchmarks": Union[str, list[str]],
     "eval.select": Optional[Literal["last", "val_avg"]],
+    "eval.val_dataset": Optional[str],
+    "eval.val_size": (Optional[int], "[1, inf)"),
+    "eval.allow_test_selection": bool,
+    "eval.top_p": (Optional[float], "(0, 1]"),
+    "rollout.n": (int, "[1, inf)"),
+    "rollout.temperature": (float, "(0, inf)", TEMPERATURE_WHY),
+    "rollout.top_p": (float, "(0, 1]"),
+    "rollout.top_k": (int, "[0, inf)"),
+    "rollout.max_new_tokens": (int, "[1, inf)"),
+    "rollout.max_prompt_tokens": (int, "[1, inf)"),
+    "rollout.engine": Literal["hf"],          # the only engine in this release
+    "rollout.gen_batch_size": (int, "[1, inf)"),
+    "rollout.recompute_old_logp": Union[Literal["auto"], bool],
+    "optim.lr": (float, "[0, inf)"),                   # 0 freezes the weights (a diagnostic run)
+    "optim.betas": (tuple[float, float], "[0, 1)"),
+    "optim.eps": (float, "(0, inf)"),
+    "optim.weight_decay": (float, "[0, inf)"),
+    "optim.warmup_steps": (Optional[int], "[0, inf)"),
+    "optim.grad_clip": (Optional[float], "[0, inf)"),   # 0 or null: no clipping (Policy.step)
+    "optim.minibatches": (int, "[1, inf)"),
+    "optim.epochs": (int, "[1, inf)"),
     "optim.clip.eps_low": (float, "[0, 1]"),
     "optim.clip.eps_high": (float, "[0, inf)"),
     "optim.clip.dual_clip_c": (Optional[float], "(1, inf)"),
+    "peer.source": Literal["none", "online", "stored", "mixed"],
+    "peer.path": Optional[str],
+    "peer.model": Optional[str],
+    "peer.align": Literal["same_step", "latest"],
+    "peer.mix_ratio": (Optional[float], "[0, 1]"),
+    "xt.overflow": Literal["drop", "truncate", "error"],
+    "xt.append_eos_if_stopped": bool,
+    "store.enabled": bool,
 }
+# per-model keys of a pair.models entry (graftzoo.core.models.PER_MODEL_KEYS) and their declarations
+MODEL_KEYS = {"id": str, "template": str, "max_new_tokens": (int, "[1, inf)"), "lr": (float, "[0, inf)")}
 CLIP_KEYS = ("eps_low", "eps_high", "dual_clip_c")   # optim.clip.*; no longer algo.* keys
 
 
@@ -161,17 +235,24 @@ def _merge(base: dict, new: dict, origin: str, prefix: str = "", schema: dict | 
     return base
 
 
+class YAMLLoader(yaml.SafeLoader):
+    """YAML 1.1 (``yaml.safe_load``) that also reads ``3e-5`` and ``1e8`` as numbers (YAML 1.2), not strings."""
+
+
+YAMLLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+                                 list("-+0123456789."))
+
+
 def parse_override(text: str) -> dict:
     """``a.b.c=value`` -> {"a": {"b": {"c": value}}}; the value is parsed as YAML."""
     if "=" not in text:
         raise ConfigError(f"override '{text}' must look like key=value")
     key, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else None
-    if isinstance(value, str):  # YAML 1.1 reads "3e-5" as a string
-        try:
-            value = float(value)
-        except ValueError:
-            pass
+    try:
+        value = yaml.load(raw, Loader=YAMLLoader) if raw.strip() else None
+    except yaml.YAMLError as e:
+        why = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"config key '{key.strip()}': the value {raw!r} is not valid YAML ({why})") from None
     out: dict = {}
     node = out
     parts = key.strip().split(".")
@@ -201,7 +282,7 @@ def find_config(kind: str, name: str) -> Path | None:
 def read_yaml(path: str | os.PathLike) -> dict:
     try:
         with open(path) as f:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=YAMLLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from e
     if not isinstance(data, dict):
@@ -257,14 +338,58 @@ def validate(cfg: dict) -> dict:
     if not cfg["pair"]["models"]:
         raise ConfigError("no models: give --pair NAME (configs/pairs/NAME.yaml) or pair.models")
     for key, decl in CORE.items():
-        tp, rng = decl if isinstance(decl, tuple) else (decl, None)
-        value = cfg
-        for part in key.split("."):
-            value = value[part]
-        check_value(key, value, tp, rng)
+        *parts, last = key.split(".")
+        node = cfg
+        for part in parts:
+            node = node[part]
+        node[last] = check_declared(key, node[last], decl)
+    check_core(cfg)
     obj = validate_algo(build(cls.Config, algo), cfg)
     cfg["algo"] = {"name": name, **dataclasses.asdict(obj)}
     return cfg
+
+
+def check_declared(key: str, value, decl):
+    """``value`` checked against a CORE declaration (module docstring of graftzoo.core.schema); an integral float
+    of an int key comes back as an int."""
+    tp, rng, why = (tuple(decl) + (None, None))[:3] if isinstance(decl, tuple) else (decl, None, None)
+    try:
+        check_value(key, value, tp, rng)
+    except ConfigError as e:
+        raise ConfigError(f"{e}: {why}" if why else str(e)) from None
+    if isinstance(value, float) and int in (tp, *typing.get_args(tp)):
+        return int(value)
+    return value
+
+
+def check_core(cfg: dict) -> None:
+    """Cross-field rules of the core keys: values that each pass their declaration but cannot train together."""
+    models = cfg["pair"]["models"]
+    ids = []
+    for i, spec in enumerate(models):
+        if not isinstance(spec, dict) or not isinstance(spec.get("id"), str) or not spec["id"]:
+            raise ConfigError(f"config key 'pair.models' entry {i} must be a mapping with a string 'id', got {spec!r}")
+        for key, decl in MODEL_KEYS.items():
+            if key in spec:
+                spec[key] = check_declared(f"pair.models[{spec['id']}].{key}", spec[key], decl)
+        ids.append(spec["id"])
+    repeated = sorted({m for m in ids if ids.count(m) > 1})
+    if repeated:
+        raise ConfigError(f"config key 'pair.models' repeats the id(s) {repeated}")
+    unknown = [m for m in cfg["pair"]["train"] or [] if m not in ids]
+    if unknown:
+        raise ConfigError(f"config key 'pair.train' names unknown model(s) {unknown}; models: {ids}")
+    per_step, mbs = cfg["task"]["prompts_per_step"], cfg["optim"]["minibatches"]
+    if mbs > per_step:  # a minibatch holds whole prompt groups; a step is sure of task.prompts_per_step own groups
+        raise ConfigError(f"config key 'optim.minibatches' must be <= task.prompts_per_step={per_step} (a minibatch "
+                          f"holds at least one prompt group), got {mbs}")
+    if cfg["task"]["reward_correct"] == cfg["task"]["reward_wrong"]:
+        raise ConfigError(f"config key 'task.reward_correct' must differ from task.reward_wrong: with equal rewards "
+                          f"every advantage is 0, got {cfg['task']['reward_correct']!r} for both")
+    peer = cfg["peer"]
+    if peer["source"] in ("stored", "mixed") and not (peer["path"] or "").strip():
+        raise ConfigError(f"config key 'peer.path' is required with peer.source={peer['source']}: the run or store "
+                          f"directory to read (--peer {peer['source']}:PATH)")
 
 
 def algo_config(cfg: dict):

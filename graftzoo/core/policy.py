@@ -6,6 +6,7 @@ here and in generation, so training log-probs equal the behaviour log-probs of t
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -14,6 +15,17 @@ import torch.nn.functional as F
 from graftzoo.core.batch import pad_pairs
 from graftzoo.core.types import Prompt
 from graftzoo.envs.templates import render_prompt
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a non-finite loss, gradient norm or parameter (the run stops; nothing of it is saved).
+    ``metrics`` holds the step's values (NaN / inf kept) for the metrics log."""
+
+    def __init__(self, what: str, value: float, where: str = "", **metrics):
+        super().__init__(f"non-finite {what} ({value}){' at ' + where if where else ''}")
+        self.what, self.value = what, value
+        self.metrics = {"loss": value if what == "loss" else None,
+                        "grad_norm": value if what == "gradient norm" else None, **metrics}
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -48,8 +60,30 @@ class Policy:
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
         self.grad_clip = optim.get("grad_clip")
 
-    def step(self, loss: torch.Tensor) -> float:
-        """One optimizer step on ``loss``; returns the pre-clip gradient norm."""
+    def apply_optim_settings(self, optim: dict):
+        """Make the run config's optimizer settings (lr, betas, eps, weight decay) current after a resume loaded the
+        optimizer's state (which carries the old ones); a no-op when they are unchanged."""
+        if self.optimizer is None:
+            return
+        lr = float(optim["lr"])
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch) if self.scheduler else 1.0
+        if self.scheduler is not None:
+            self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
+        for g in self.optimizer.param_groups:
+            if g.get("initial_lr") != lr:
+                g["initial_lr"], g["lr"] = lr, lr * factor
+            g["betas"] = tuple(float(b) for b in optim.get("betas", g["betas"]))
+            g["eps"] = float(optim.get("eps", g["eps"]))
+            g["weight_decay"] = float(optim.get("weight_decay", g["weight_decay"]))
+        self.grad_clip = optim.get("grad_clip")
+
+    def step(self, loss: torch.Tensor, where: str = "") -> float:
+        """One optimizer step on ``loss``; returns the pre-clip gradient norm. A non-finite loss or gradient norm
+        raises ``NonFiniteError`` before the step is applied, non-finite parameters right after it (issue 11's
+        health guard); ``where`` names the step in the message."""
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            raise NonFiniteError("loss", loss_value, where)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -57,8 +91,16 @@ class Policy:
             norm = torch.nn.utils.clip_grad_norm_(params, float(self.grad_clip))
         else:
             norm = torch.norm(torch.stack([p.grad.norm() for p in params])) if params else torch.tensor(0.0)
+        if not math.isfinite(float(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteError("gradient norm", float(norm), where, loss=loss_value)
         self.optimizer.step()
         self.scheduler.step()
+        bad = [n for n, p in self.model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
+        if bad:
+            raise NonFiniteError(f"parameters after the optimizer step ({bad[0]}"
+                                 f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})",
+                                 float("nan"), where, loss=loss_value, grad_norm=float(norm))
         return float(norm)
 
     @property

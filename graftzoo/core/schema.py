@@ -102,8 +102,13 @@ def matches(value, tp) -> bool:
     if tp is float:
         return _is_number(value)
     if tp in (list, tuple) or origin in (list, tuple):
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        return isinstance(value, (list, tuple)) and (len(args) != 1 or all(matches(v, args[0]) for v in value))
+        if not isinstance(value, (list, tuple)):
+            return False
+        args = typing.get_args(tp)
+        if origin is tuple and len(args) > 1 and Ellipsis not in args:  # tuple[float, float]: exactly two numbers
+            return len(value) == len(args) and all(matches(v, a) for v, a in zip(value, args))
+        args = [a for a in args if a is not Ellipsis]
+        return len(args) != 1 or all(matches(v, args[0]) for v in value)
     if tp is dict or origin is dict:
         return isinstance(value, dict)
     if isinstance(tp, type):
@@ -119,17 +124,27 @@ def describe(tp) -> str:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         text = " or ".join(describe(a) for a in args)
         return text + " or null" if len(args) < len(typing.get_args(tp)) else text
+    args = typing.get_args(tp)
+    if origin is tuple and len(args) > 1 and Ellipsis not in args:
+        plural = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
+        if len(set(args)) == 1 and args[0] in plural:
+            return f"a list of {len(args)} {plural[args[0]]}"
+        return f"a list of {len(args)} items ({', '.join(describe(a) for a in args)})"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
              tuple: "a list", dict: "a mapping"}
     return names.get(origin or tp, getattr(tp, "__name__", str(tp)))
 
 
 def check_value(key: str, value, tp=Any, rng=None):
-    """Raise ``ConfigError`` naming ``key`` unless ``value`` fits the type ``tp`` and, for a number, ``rng``."""
+    """Raise ``ConfigError`` naming ``key`` unless ``value`` fits the type ``tp`` and, for a number (or each number
+    of a list), ``rng``."""
     if not matches(value, tp):
         raise ConfigError(f"config key '{key}' must be {describe(tp)}, got {value!r}")
     if rng is not None and _is_number(value) and not within(value, rng):
         raise ConfigError(f"config key '{key}' must be {describe_range(rng)}, got {value!r}")
+    if rng is not None and isinstance(value, (list, tuple)) and not all(
+            within(v, rng) for v in value if _is_number(v)):
+        raise ConfigError(f"config key '{key}' must hold values {describe_range(rng)}, got {value!r}")
 
 
 # ------------------------------------------------------------------------------------------------

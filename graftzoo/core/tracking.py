@@ -6,7 +6,7 @@ is present in every record, ``None`` where it does not apply (e.g. peer metrics 
 from __future__ import annotations
 
 import json
-import math
+import logging
 import os
 from pathlib import Path
 from typing import Optional
@@ -22,6 +22,8 @@ METRICS = [
     "loss", "grad_norm", "lr", "entropy", "kl", "ratio/mean",
     # theta_old: max |decoding log-prob - training-path log-prob| over own response tokens (engine/trainer mismatch)
     "rollout/logp_diff_max",
+    # verifier calls that ran out of time (per call or the batch budget): such responses score as wrong
+    "verifier/timeouts",
     # responses and throughput
     "response/len_mean", "response/trunc_rate", "perf/tokens_per_s", "rollouts/generated",
     "time/generate", "time/score", "time/logprob", "time/exchange", "time/update", "time/step",
@@ -29,11 +31,18 @@ METRICS = [
 
 
 def _clean(v):
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
+    """A metric value as JSON data. NaN and inf stay visible (written as ``NaN`` / ``Infinity``, which Python's
+    json and pandas read back as floats): a run that diverges must not look like one that logged nothing."""
     if hasattr(v, "item"):
-        return _clean(v.item())
+        return v.item()
     return v
+
+
+log = logging.getLogger("graftzoo")
+
+
+class MetricsFileError(ValueError):
+    """``metrics.jsonl`` holds an unreadable record that is not a torn last line."""
 
 
 class Tracker:
@@ -66,11 +75,29 @@ class Tracker:
                                 if k not in ("step", "model") and isinstance(v, (int, float))}, step=step)
 
     def truncate_after(self, step: int):
-        """On resume: drop records of steps after the checkpoint, so replayed steps are not doubled."""
+        """On resume: drop records of steps after the checkpoint, so replayed steps are not doubled. A torn
+        trailing line (a write cut short by a kill) is dropped and said; an unreadable line before intact ones is
+        a ``MetricsFileError`` naming the file and line (that is not a torn write)."""
         if not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", -1) <= step]
+        lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+        records = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as e:
+                if any(rest.strip() for rest in lines[i + 1:]):
+                    raise MetricsFileError(f"{self.path}, line {i + 1}: unreadable record ({e}); fix or remove "
+                                           f"that line to resume") from None
+                log.warning("%s: dropped a torn last line (line %d, %d characters) written by an interrupted run",
+                            self.path, i + 1, len(line))
+                continue
+            records.append((rec, line))
+        keep = [line for rec, line in records if rec.get("step", -1) <= step]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, self.path)

@@ -10,6 +10,8 @@ builds its batch; then every model updates.
 from __future__ import annotations
 
 import copy
+import errno
+import logging
 import math
 import random
 import statistics
@@ -20,8 +22,13 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.base import StepContext
-from graftzoo.core.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from graftzoo.core.checkpoint import latest_checkpoint, load_checkpoint, prepare_resume, save_checkpoint
 from graftzoo.core.config import algo_config
+from graftzoo.core.policy import NonFiniteError
+from graftzoo.core.preemption import Interrupted, StopRequest
+from graftzoo.core.rundir import (RunDirError, RunDirUsageError, RunLock, check_resume_config, holds_run,
+                                  move_aside)
+from graftzoo.core.schema import ConfigError
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import (eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request,
@@ -35,12 +42,43 @@ from graftzoo.core.sampler import PromptSampler
 from graftzoo.core.tracking import Tracker
 
 
+log = logging.getLogger("graftzoo")
+
+DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+               errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "not permitted"}
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def _disk_error(e: BaseException) -> Optional[str]:
+    """Why a write failed when the disk or the directory is the cause (full, quota, read-only, permissions), else
+    None. torch.save reports a full disk as a RuntimeError of its stream writer."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            where = f" ({e.filename})" if e.filename else ""
+            return DISK_ERRNOS[e.errno] + where
+        if isinstance(e, RuntimeError) and "file write failed" in str(e):
+            return "a write failed (disk full?)"
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def derive_seed(*parts) -> int:
     return random.Random(":".join(str(p) for p in parts)).randrange(2**31)
 
 
 class Trainer:
-    def __init__(self, cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None):
+    def __init__(self, cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None,
+                 overwrite: bool = False, allow_config_change=()):
+        """Everything that can be checked without building a model is checked first (ids, the run directory's
+        lock and identity, the task's datasets, a stored peer), then the models are built. ``resume``: continue
+        the run directory's run from its newest intact checkpoint (refused when the config changed on a key
+        that changes the trajectory, unless ``allow_config_change`` names it); ``resume=False`` in a directory
+        that holds a run is refused unless ``overwrite`` (the old run is moved aside)."""
         self.cfg = cfg
         run = cfg["run"]
         torch.set_num_threads(int(run["threads"]))
@@ -49,21 +87,71 @@ class Trainer:
         cfg["run"]["name"] = name
         cfg["run"]["variant"] = run["variant"] or f"{cfg['algo']['name']} (n={cfg['rollout']['n']})"
         self.run_dir = Path(run_dir) if run_dir else Path(run["out_dir"]) / name
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume = resume
         self.progress = progress
 
         specs = cfg["pair"]["models"]
         ids = [s["id"] for s in specs]
         if len(set(ids)) != len(ids):
-            raise ValueError(f"pair.models has duplicate ids: {ids}")
+            raise ConfigError(f"config key 'pair.models' has duplicate ids: {ids}")
         train_ids = cfg["pair"]["train"] or ids
         unknown = [m for m in train_ids if m not in ids]
         if unknown:
-            raise ValueError(f"config key 'pair.train' names unknown model(s) {unknown}; models: {ids}")
+            raise ConfigError(f"config key 'pair.train' names unknown model(s) {unknown}; models: {ids}")
         self.model_ids = list(train_ids)
+        self.config_changes: dict = {}
+        self.task = Task(cfg).check()  # the datasets a run trains, evaluates and selects on: before anything else
+        self.lock = self._open_run_dir(overwrite, allow_config_change)
+        try:
+            self._build(cfg, specs, train_ids)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_run_dir(self, overwrite: bool, allow_config_change) -> RunLock:
+        """Lock the run directory; start over (moving an old run aside) or check the resumed run's identity."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(self.run_dir).acquire()
+        try:
+            if holds_run(self.run_dir) and (overwrite or not self.resume):
+                if not overwrite:
+                    raise RunDirUsageError(
+                        f"{self.run_dir}: holds a run; --no-resume would mix the new run with it: pass --overwrite "
+                        f"to move the old run aside and start over, drop --no-resume to resume it, or choose "
+                        f"another run.name")
+                old = move_aside(self.run_dir)
+                log.warning("%s: moved the old run aside to %s", self.run_dir, old)
+                self.run_dir.mkdir(parents=True)
+                lock.release()
+                lock = RunLock(self.run_dir).acquire()
+                self.resume = False
+            elif self.resume:
+                self.config_changes = check_resume_config(self.run_dir, self.cfg, allow_config_change)
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    def _build(self, cfg: dict, specs: list, train_ids: list):
+        run = cfg["run"]
+        self.env = self.task.train_env
+        self.sampler = PromptSampler(cfg, self.task.train_dataset, self.task.reserved_ids)
+        self.dataset_id = self.task.dataset_id
+        self.total_steps = int(run["steps"])
+        if run["epochs"]:
+            self.total_steps = int(run["epochs"]) * self.sampler.steps_per_epoch
+        planned = None
+        if cfg["peer"]["source"] in ("stored", "mixed"):
+            planned = {p.id for s in range(min(self.total_steps, 50)) for p in self.sampler.batch(s)[0]}
+        self.peers = make_peer_source(cfg, self.model_ids, self.dataset_id, planned)
+
         torch.manual_seed(self.seed)
         self.policies = {s["id"]: build_policy(s, cfg, self.seed) for s in specs if s["id"] in train_ids}
+        for m, p in self.policies.items():
+            window = p.context_window
+            if int(cfg["rollout"]["max_new_tokens"]) >= window:
+                raise ConfigError(f"config key 'rollout.max_new_tokens' ({cfg['rollout']['max_new_tokens']}) must be "
+                                  f"below model {m!r}'s context window of {window} tokens")
         self.engines = {m: build_engine(p, cfg) for m, p in self.policies.items()}
         algo_cls = get_algo(cfg["algo"]["name"])
         algo_cfg = algo_config(cfg)  # checked once by load_config; built here without a second check
@@ -76,21 +164,15 @@ class Trainer:
                 for q in ref.model.parameters():
                     q.requires_grad_(False)
                 self.refs[m] = ref
-
-        self.task = Task(cfg)
-        self.env = self.task.train_env
-        self.sampler = PromptSampler(cfg, self.task.train_dataset, self.task.reserved_ids)
-        self.dataset_id = self.task.dataset_id
-        self.total_steps = int(run["steps"])
-        if run["epochs"]:
-            self.total_steps = int(run["epochs"]) * self.sampler.steps_per_epoch
-        planned = None
-        if cfg["peer"]["source"] in ("stored", "mixed"):
-            planned = {p.id for s in range(min(self.total_steps, 50)) for p in self.sampler.batch(s)[0]}
-        self.peers = make_peer_source(cfg, self.model_ids, self.dataset_id, planned)
         self.store = TrajectoryStore(self.run_dir / "store", dataset=self.dataset_id) if cfg["store"]["enabled"] else None
         self.meter = ComputeMeter()
         self.tracker: Optional[Tracker] = None
+
+    def close(self):
+        """Release the run directory (``run`` does it when it ends)."""
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
+            self.lock = None
 
     # ------------------------------------------------------------------------------------------
     def context(self, step: int, epoch: int, m: str, mi: int) -> StepContext:
@@ -148,7 +230,11 @@ class Trainer:
                 for u, mb in enumerate(mbs):
                     ctx.update = u
                     loss, met = learner.loss(ctx, pol, mb)
-                    met["grad_norm"] = pol.step(loss)
+                    try:
+                        met["grad_norm"] = pol.step(loss, where=f"model {m!r}, step {step}, minibatch {u}")
+                    except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
+                        e.model, e.metrics = m, {**met, **e.metrics}
+                        raise
                     met["loss"] = float(loss.detach())
                     upd.append(met)
             pol.version += 1
@@ -188,7 +274,7 @@ class Trainer:
         return res
 
     # ------------------------------------------------------------------------------------------
-    def summary(self, status: str) -> dict:
+    def summary(self, status: str, error: Optional[str] = None) -> dict:
         peers = {m: (self.peers.peer_of(m) if self.peers is not None else None) for m in self.model_ids}
         src = None if self.peers is None else {"online": "live", "stored": "stored", "mixed": "mixed"}[self.peers.kind]
         prc = None
@@ -198,58 +284,106 @@ class Trainer:
             except Exception:  # the original peer run's compute is optional (amortized charge only)
                 prc = None
         return make_summary(self.cfg, models=self.model_ids, peers=peers, status=status,
-                            compute=self.meter.summary(), peer_source=src, peer_run_compute=prc)
+                            compute=self.meter.summary(), peer_source=src, peer_run_compute=prc, error=error)
 
     def run(self) -> Path:
-        start, wandb_id = 0, None
-        ck = latest_checkpoint(self.run_dir) if self.resume else None
-        if ck is not None:
-            state = load_checkpoint(ck, self.policies, self.learners)
-            start, wandb_id = state["step"] + 1, state.get("wandb_id")
-            if self.peers is not None:
-                self.peers.load_state_dict(state.get("peers", {}))
-            for m, phases in state.get("compute", {}).get("models", {}).items():
-                for ph, rec in phases.get("phases", {}).items():
-                    self.meter.add(m, ph, rec["wall_s"], rec["cpu_s"], rec["gpu_h"])
+        """Train to ``run.steps`` (resuming when asked), evaluate, write the summary; release the run directory.
+        A failure that a full disk or a read-only directory causes is re-raised as ``RunDirError`` naming it."""
+        try:
+            return self._run()
+        except (OSError, RuntimeError) as e:
+            reason = _disk_error(e)
+            if reason is None:
+                raise
+            raise RunDirError(f"{self.run_dir}: cannot write ({reason}); free space or fix permissions, then rerun "
+                              f"the same command to resume from the last checkpoint") from e
+        finally:
+            self.close()
+
+    def _resume(self) -> int:
+        """Load the newest intact checkpoint (when resuming); returns the first step to run."""
+        ck = prepare_resume(self.run_dir) if self.resume else None
+        if ck is None:
+            return 0
+        state = load_checkpoint(ck, self.policies, self.learners)
+        self.wandb_id = state.get("wandb_id")
+        if self.config_changes:
+            log.warning("%s: continuing from %s under a changed config: %s", self.run_dir, ck.name,
+                        "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in self.config_changes.items()))
+        for pol in self.policies.values():
+            pol.apply_optim_settings(self.cfg["optim"])
+        if self.peers is not None:
+            self.peers.load_state_dict(state.get("peers", {}))
+        for m, phases in state.get("compute", {}).get("models", {}).items():
+            for ph, rec in phases.get("phases", {}).items():
+                self.meter.add(m, ph, rec["wall_s"], rec["cpu_s"], rec["gpu_h"])
+        return state["step"] + 1
+
+    def _run(self) -> Path:
+        self.wandb_id = None
+        start = self._resume()
         write_config(self.run_dir, self.cfg)
-        self.tracker = Tracker(self.run_dir, self.cfg, resume_id=wandb_id)
+        self.tracker = Tracker(self.run_dir, self.cfg, resume_id=self.wandb_id)
         self.tracker.truncate_after(start - 1)
         write_summary(self.run_dir, self.summary("running"))
         ev_every = int(self.cfg["run"]["eval_every"] or 0)
         save_every = int(self.cfg["run"]["save_every"] or 0)
-        try:
-            if start == 0 and self.cfg["run"]["eval_at_start"]:
-                res = self.evaluate(0)
-                for m in self.model_ids:
-                    self.tracker.log(-1, m, eval_metrics(res[m]))
-            for step in range(start, self.total_steps):
-                mets = self.train_step(step)
-                last = step == self.total_steps - 1
-                if ev_every and (step + 1) % ev_every == 0 and not last:
-                    res = self.evaluate(step)
-                    for m in mets:
-                        mets[m].update(eval_metrics(res[m]))
-                for m, met in mets.items():
-                    self.tracker.log(step, m, met)
-                if self.progress:
-                    self.progress(step, self.total_steps, mets)
-                if (save_every and (step + 1) % save_every == 0) or last:
-                    self.checkpoint(step)
-            if self.cfg["run"]["eval_at_end"]:
-                res = self.evaluate(self.total_steps - 1, final=True)
-                for m in self.model_ids:
-                    self.tracker.log(self.total_steps, m, eval_metrics(res[m]))
-            write_summary(self.run_dir, self.summary("done"))
-            self.tracker.log_summary({"status": "done"})
-        except BaseException:
-            write_summary(self.run_dir, self.summary("failed"))
-            raise
-        finally:
-            self.tracker.finish()
+        with StopRequest() as stop:
+            stop.step = start - 1
+            stop.last_checkpoint = latest_checkpoint(self.run_dir) if start else None
+            try:
+                if start == 0 and self.cfg["run"]["eval_at_start"]:
+                    res = self.evaluate(0)
+                    for m in self.model_ids:
+                        self.tracker.log(-1, m, eval_metrics(res[m]))
+                for step in range(start, self.total_steps):
+                    try:
+                        mets = self.train_step(step)
+                    except NonFiniteError as e:
+                        self.tracker.log(step, e.model, e.metrics)
+                        raise
+                    last = step == self.total_steps - 1
+                    if ev_every and (step + 1) % ev_every == 0 and not last and stop.signum is None:
+                        res = self.evaluate(step)
+                        for m in mets:
+                            mets[m].update(eval_metrics(res[m]))
+                    for m, met in mets.items():
+                        self.tracker.log(step, m, met)
+                    if self.progress:
+                        self.progress(step, self.total_steps, mets)
+                    if (save_every and (step + 1) % save_every == 0) or last or stop.signum is not None:
+                        stop.last_checkpoint = self.checkpoint(step)
+                    stop.step = step
+                    if stop.signum is not None:
+                        raise Interrupted(stop.signum, step, stop.last_checkpoint)
+                if self.cfg["run"]["eval_at_end"]:
+                    res = self.evaluate(self.total_steps - 1, final=True)
+                    for m in self.model_ids:
+                        self.tracker.log(self.total_steps, m, eval_metrics(res[m]))
+                if stop.signum is not None:  # arrived during the final evaluation: every step is saved
+                    raise Interrupted(stop.signum, self.total_steps - 1, stop.last_checkpoint)
+                write_summary(self.run_dir, self.summary("done"))
+                self.tracker.log_summary({"status": "done"})
+            except Interrupted as e:
+                self._final_summary("interrupted", str(e))
+                raise
+            except BaseException as e:
+                self._final_summary("failed", one_line(e))
+                raise
+            finally:
+                self.tracker.finish()
         return self.run_dir
 
-    def checkpoint(self, step: int):
-        save_checkpoint(self.run_dir, step, self.policies, self.learners,
+    def _final_summary(self, status: str, error: str):
+        """The summary of a run that stops early; a failure to write it (a full disk) must not hide the cause."""
+        try:
+            write_summary(self.run_dir, self.summary(status, error))
+            self.tracker.log_summary({"status": status, "error": error})
+        except Exception as e:  # noqa: BLE001 - the original error is what the user must see
+            log.warning("%s: could not record status %r: %s", self.run_dir, status, one_line(e))
+
+    def checkpoint(self, step: int) -> Path:
+        return save_checkpoint(self.run_dir, step, self.policies, self.learners,
                         {"wandb_id": self.tracker.run_id if self.tracker else None,
                          "peers": self.peers.state_dict() if self.peers is not None else {},
                          "compute": self.meter.summary(), "sampler": {"step": step + 1}},
@@ -323,6 +457,7 @@ def outcome_metrics(groups) -> dict:
         "groups/mixed": sum(g.mixed for g in groups) / n,
         "response/len_mean": statistics.fmean(lens) if lens else None,
         "response/trunc_rate": statistics.fmean(float(r.finish_reason == "length") for r in rolls) if rolls else None,
+        "verifier/timeouts": sum(r.status == "timeout" for r in rolls),
     }
 
 
@@ -346,5 +481,8 @@ def mean_metrics(records: list) -> dict:
     return out
 
 
-def train(cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None) -> Path:
-    return Trainer(cfg, run_dir=run_dir, resume=resume, progress=progress).run()
+def train(cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None, overwrite: bool = False,
+          allow_config_change=()) -> Path:
+    """Train a checked run config (``load_config``); returns the run directory (see ``Trainer``)."""
+    return Trainer(cfg, run_dir=run_dir, resume=resume, progress=progress, overwrite=overwrite,
+                   allow_config_change=allow_config_change).run()

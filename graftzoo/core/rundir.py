@@ -1,0 +1,169 @@
+"""A run directory belongs to one run (issue 11): a lock, the run's identity, and starting over without loss.
+
+- **Lock** (``RUN/.lock``, ``fcntl.flock``): one process per run directory. The file names the holder (PID, host,
+  start time); a second process gets a one-line error naming it. The kernel releases the lock when its process
+  dies, so a lock file left by a dead process is taken over, and the take-over is said.
+- **Identity**: resuming compares the requested config with the stored ``config.yaml`` on every key that can change
+  the training trajectory (everything except the keys in ``FREE_TO_CHANGE``: run length, checkpoint/eval
+  cadence, logging, labels) and refuses with the differing keys listed, unless the caller allows them by name
+  (``--allow-config-change KEY``, shell-style patterns such as ``optim.*`` accepted).
+- **Starting over** (``--no-resume``) in a directory that holds a run refuses unless ``overwrite``: the old run is
+  then moved aside to a sibling ``RUN.replaced-<time>`` folder, never deleted.
+"""
+from __future__ import annotations
+
+import fcntl
+import fnmatch
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+from graftzoo.core.config import read_yaml
+
+log = logging.getLogger("graftzoo")
+
+LOCK_FILE = ".lock"
+CONFIG_FILE = "config.yaml"
+
+# keys that may differ between the stored config and a resumed run: they do not change what is trained
+FREE_TO_CHANGE = (
+    "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
+    "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags",
+    "run.variant", "run.progress", "run.threads", "run.device", "store.enabled",
+    "eval.dataset", "eval.size", "eval.k", "eval.greedy", "eval.temperature", "eval.max_new_tokens",
+    "eval.benchmarks", "eval.allow_test_selection", "eval.top_p",
+)
+
+
+class RunDirError(RuntimeError):
+    """The run directory cannot be used as asked (held by another process, holds another run, ...)."""
+
+
+class RunLockedError(RunDirError):
+    """Another live process holds the run directory's lock."""
+
+
+class RunDirUsageError(RunDirError):
+    """The request contradicts what the run directory holds (a changed config, --no-resume over a run): a usage
+    error, the message says which option resolves it."""
+
+
+# ------------------------------------------------------------------------------------------------
+# lock
+# ------------------------------------------------------------------------------------------------
+
+class RunLock:
+    """An exclusive ``flock`` on ``RUN/.lock`` for the life of a run (``release`` or process exit ends it)."""
+
+    def __init__(self, run_dir):
+        self.path = Path(run_dir) / LOCK_FILE
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "RunLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunLockedError(f"{self.path.parent}: in use by {holder or 'another process'} "
+                                 f"(lock file {self.path}); wait for it to finish or stop that process") from None
+        previous = _read_holder(fd)
+        if previous:
+            log.warning("%s: took over the lock left by %s, which is no longer running", self.path.parent, previous)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)  # an empty lock file: released cleanly, nothing to take over
+        except OSError:
+            pass
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "null")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return ""
+    if not isinstance(info, dict):
+        return ""
+    return f"pid {info.get('pid')} on host {info.get('host')} (since {info.get('since')})"
+
+
+# ------------------------------------------------------------------------------------------------
+# what a run directory holds
+# ------------------------------------------------------------------------------------------------
+
+def holds_run(run_dir) -> bool:
+    """Whether ``run_dir`` holds (part of) a run: its config, metrics, checkpoints or trajectory store."""
+    d = Path(run_dir)
+    return any((d / name).exists() for name in (CONFIG_FILE, "metrics.jsonl", "checkpoints", "store", "summary.json"))
+
+
+def move_aside(run_dir) -> Path:
+    """Rename ``run_dir`` to a free sibling ``<name>.replaced-<YYYYmmdd-HHMMSS>[-k]`` and return the new path."""
+    d = Path(run_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = d.with_name(f"{d.name}.replaced-{stamp}")
+    k = 1
+    while target.exists():
+        target = d.with_name(f"{d.name}.replaced-{stamp}-{k}")
+        k += 1
+    os.rename(d, target)
+    return target
+
+
+def flatten(cfg: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and free-form maps of specs stay values)."""
+    out = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and key not in ("pair.models",):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_changes(stored: dict, requested: dict) -> dict:
+    """Trajectory-relevant keys whose value differs: key -> (stored, requested)."""
+    a, b = flatten(stored), flatten(requested)
+    out = {}
+    for key in sorted(set(a) | set(b)):
+        if any(fnmatch.fnmatchcase(key, pat) for pat in FREE_TO_CHANGE):
+            continue
+        if a.get(key) != b.get(key):
+            out[key] = (a.get(key), b.get(key))
+    return out
+
+
+def check_resume_config(run_dir, requested: dict, allow: Iterable[str] = ()) -> dict:
+    """Refuse (``RunDirUsageError``) to resume ``run_dir`` under a config whose trajectory-relevant keys differ
+    from its stored ``config.yaml``, unless every differing key matches a pattern of ``allow``. Returns the
+    allowed changes (key -> (old, new)); nothing when the directory has no stored config."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        return {}
+    changes = config_changes(read_yaml(path), requested)
+    allow = list(allow or ())
+    refused = {k: v for k, v in changes.items() if not any(fnmatch.fnmatchcase(k, p) for p in allow)}
+    if refused:
+        listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
+        raise RunDirUsageError(
+            f"{run_dir}: resuming with a changed config ({listed}); pass --allow-config-change "
+            f"{' '.join(refused)} to continue the run under the new values, --overwrite to start a new run "
+            f"(the old one is moved aside), or another run.name")
+    return changes
