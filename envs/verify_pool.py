@@ -179,18 +179,13 @@ class _Pool:
                     if w not in waiting:
                         continue
                     if w.conn in readable:
-                        try:
-                            msg = w.conn.recv()
-                        except (EOFError, OSError):
-                            ws[k] = self._replace(w)
+                        msg = self._receive(k)
+                        if msg is None:
                             if w.task is not None:
                                 log.warning("verifier worker died (exit code %s); replaced. Its output ended with:\n%s",
                                             w.proc.returncode, w.tail)
                                 results[w.task] = ("unparsable", False)
-                            continue
-                        if msg == "ready":
-                            w.ready, self._failed_starts = True, 0
-                        else:
+                        elif msg != "ready":
                             results[w.task] = (EXPIRED, False) if msg[0] == "timeout" and w.cut else msg
                             w.task = None
                     elif time.monotonic() >= w.deadline:
@@ -198,6 +193,19 @@ class _Pool:
                         if w.task is not None:
                             results[w.task] = (EXPIRED if w.cut else "timeout", False)
             return results
+
+    def _receive(self, k: int):
+        """The next message of worker ``k``: "ready" (its first; it is marked ready) or a task's answer; None when
+        the worker died (it is replaced)."""
+        w = self._workers[k]
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            self._workers[k] = self._replace(w)
+            return None
+        if msg == "ready":
+            w.ready, self._failed_starts = True, 0
+        return msg
 
     def wait_ready(self) -> None:
         """Block until every worker has finished its start-up (one that dies or hangs is replaced)."""
@@ -211,13 +219,7 @@ class _Pool:
                     if w.ready:
                         continue
                     if w.conn in readable:
-                        try:
-                            msg = w.conn.recv()
-                        except (EOFError, OSError):
-                            ws[k] = self._replace(w)
-                            continue
-                        if msg == "ready":  # a worker's first message; it has no task before it
-                            w.ready, self._failed_starts = True, 0
+                        self._receive(k)
                     elif time.monotonic() >= w.deadline:
                         ws[k] = self._replace(w)
 

@@ -381,15 +381,7 @@ def test_unparsable_answer():
     assert V.verify("\\boxed{\\frac{}{}}", "12") == V.VerifyResult(False, "\\frac{}{}", "unparsable")
 
 
-def test_verify_batch_dedupes_and_caches(monkeypatch):
-    sent = []
-    run = P._Pool.run
-
-    def counting_run(self, tasks, timeout, budget=None):
-        sent.extend(tasks)
-        return run(self, tasks, timeout, budget)
-
-    monkeypatch.setattr(P._Pool, "run", counting_run)
+def test_verify_batch_dedupes_and_caches(sent):
     answers = ["\\sqrt{2}/2", "\\frac{\\sqrt{2}}{2}", "\\dfrac{\\sqrt2}{2}", "\\sqrt{2}/2", "\\sqrt{3}", "\\sqrt{2}/2",
                "1", "\\sqrt{3}"]
     responses = [f"Hence \\boxed{{{a}}}." for a in answers]

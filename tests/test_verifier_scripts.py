@@ -62,22 +62,6 @@ def test_any_script_can_verify(how, tmp_path):
 # ---------------------------------------------------------------- timeouts and the batch budget
 
 
-@pytest.fixture
-def sent(monkeypatch):
-    """The tasks the pool is asked to run (a list that the test reads)."""
-    tasks = []
-    run = P._Pool.run
-
-    def counting_run(self, batch, timeout, budget=None):
-        tasks.extend(batch)
-        return run(self, batch, timeout, budget)
-
-    monkeypatch.setattr(P._Pool, "run", counting_run)
-    V.clear_caches()
-    yield tasks
-    V.clear_caches()
-
-
 def _start_pool():
     assert V.verify("\\boxed{\\sqrt{3}}", "\\sqrt{2}").status == "ok"
 

@@ -60,7 +60,8 @@ class CheckpointError(RuntimeError):
     """A checkpoint file is missing, corrupt, or cannot be loaded safely; the one-line message names the file."""
 
 
-def _one_line(e) -> str:
+def one_line(e) -> str:
+    """An exception (or text) as one line: its whitespace, newlines included, collapsed."""
     return " ".join(str(e).split())
 
 
@@ -198,7 +199,7 @@ def _check_file(path: Path, rec: dict, hash_files: bool):
 
 def _unsafe_reason(e) -> str:
     m = re.search(r"(Trying to load unsupported GLOBAL [^\n]*|Unsupported [^\n]*)", str(e))
-    return _one_line(m.group(1)).split(". ")[0].rstrip(".")[:200] if m else "not a tensors-only file"
+    return one_line(m.group(1)).split(". ")[0].rstrip(".")[:200] if m else "not a tensors-only file"
 
 
 def _safe_load(path: Path, mmap: bool = False):
@@ -213,7 +214,7 @@ def _safe_load(path: Path, mmap: bool = False):
                               f"({_unsafe_reason(e)})") from None
     except Exception as e:
         raise CheckpointError(f"{path}: corrupt or truncated checkpoint file: {type(e).__name__}: "
-                              f"{_one_line(e)[:200]}") from None
+                              f"{one_line(e)[:200]}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ def read_manifest(ckpt) -> dict:
     try:
         doc = json.loads(path.read_bytes())
     except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt manifest (invalid JSON: {_one_line(e)})") from None
+        raise CheckpointError(f"{path}: corrupt manifest (invalid JSON: {one_line(e)})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a graftzoo checkpoint manifest")
     if doc.get("version") != FORMAT_VERSION:
@@ -316,7 +317,7 @@ def _set_rng_state(tensors: dict, plain: dict, where: Path):
         np.random.set_state((npy["name"], keys, npy["pos"], npy["has_gauss"], npy["cached"]))
         torch.set_rng_state(tensors["torch"])
     except Exception as e:
-        raise CheckpointError(f"{where}: malformed RNG state: {type(e).__name__}: {_one_line(e)[:200]}") from None
+        raise CheckpointError(f"{where}: malformed RNG state: {type(e).__name__}: {one_line(e)[:200]}") from None
     cuda = tensors.get("cuda")
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
@@ -456,7 +457,7 @@ def load_checkpoint(path, policies: dict, learners: dict, hash_files: bool = Tru
             learners[mid].load_state_dict(state["learner"])
         except Exception as e:
             raise CheckpointError(f"{f}: does not fit model {mid!r} of this run: {type(e).__name__}: "
-                                  f"{_one_line(e)[:300]}") from None
+                                  f"{one_line(e)[:300]}") from None
     _set_rng_state(_safe_load(path / TRAINER_FILE), doc["rng"], path / TRAINER_FILE)
     return {**doc["extra"], "step": doc["step"]}
 
@@ -470,7 +471,7 @@ def _set_aside(ckpt: Path) -> Path:
     try:
         os.replace(ckpt, target)
     except OSError as e:
-        raise CheckpointError(f"{ckpt}: fails its check and cannot be renamed aside: {_one_line(e)}") from None
+        raise CheckpointError(f"{ckpt}: fails its check and cannot be renamed aside: {one_line(e)}") from None
     return target
 
 
@@ -522,4 +523,4 @@ def load_weights(policy, ckpt, hash_files: bool = True) -> None:
         policy.version = int(state["policy"].get("version", 0))
     except Exception as e:
         raise CheckpointError(f"{path}: does not fit model {policy.model_id!r}: {type(e).__name__}: "
-                              f"{_one_line(e)[:300]}") from None
+                              f"{one_line(e)[:300]}") from None

@@ -96,8 +96,10 @@ class Policy:
             raise NonFiniteError("gradient norm", float(norm), where, loss=loss_value)
         self.optimizer.step()
         self.scheduler.step()
-        bad = [n for n, p in self.model.named_parameters() if p.requires_grad and not bool(torch.isfinite(p).all())]
-        if bad:
+        trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        finite = torch.stack([torch.isfinite(p).all() for _, p in trained]) if trained else torch.ones(0, dtype=bool)
+        if not bool(finite.all()):  # one device sync per step; the names only when something is wrong
+            bad = [n for (n, _), ok in zip(trained, finite.tolist()) if not ok]
             raise NonFiniteError(f"parameters after the optimizer step ({bad[0]}"
                                  f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})",
                                  float("nan"), where, loss=loss_value, grad_norm=float(norm))

@@ -22,12 +22,15 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
+from graftzoo.core.checkpoint import CHECKPOINTS
 from graftzoo.core.config import read_yaml
+from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY
 
 log = logging.getLogger("graftzoo")
 
 LOCK_FILE = ".lock"
-CONFIG_FILE = "config.yaml"
+
+STORE = "store"  # the trajectory store's folder (the trainer's RUN/store)
 
 # keys that may differ between the stored config and a resumed run: they do not change what is trained
 FREE_TO_CHANGE = (
@@ -110,7 +113,7 @@ def _read_holder(fd: int) -> str:
 def holds_run(run_dir) -> bool:
     """Whether ``run_dir`` holds (part of) a run: its config, metrics, checkpoints or trajectory store."""
     d = Path(run_dir)
-    return any((d / name).exists() for name in (CONFIG_FILE, "metrics.jsonl", "checkpoints", "store", "summary.json"))
+    return any((d / name).exists() for name in (CONFIG, METRICS, SUMMARY, CHECKPOINTS, STORE))
 
 
 def move_aside(run_dir) -> Path:
@@ -154,7 +157,7 @@ def check_resume_config(run_dir, requested: dict, allow: Iterable[str] = ()) -> 
     """Refuse (``RunDirUsageError``) to resume ``run_dir`` under a config whose trajectory-relevant keys differ
     from its stored ``config.yaml``, unless every differing key matches a pattern of ``allow``. Returns the
     allowed changes (key -> (old, new)); nothing when the directory has no stored config."""
-    path = Path(run_dir) / CONFIG_FILE
+    path = Path(run_dir) / CONFIG
     if not path.is_file():
         return {}
     changes = config_changes(read_yaml(path), requested)

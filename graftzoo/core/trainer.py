@@ -22,11 +22,11 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.base import StepContext
-from graftzoo.core.checkpoint import latest_checkpoint, load_checkpoint, prepare_resume, save_checkpoint
+from graftzoo.core.checkpoint import load_checkpoint, one_line, prepare_resume, save_checkpoint
 from graftzoo.core.config import algo_config
 from graftzoo.core.policy import NonFiniteError
 from graftzoo.core.preemption import Interrupted, StopRequest
-from graftzoo.core.rundir import (RunDirError, RunDirUsageError, RunLock, check_resume_config, holds_run,
+from graftzoo.core.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, holds_run,
                                   move_aside)
 from graftzoo.core.schema import ConfigError
 from graftzoo.envs.task import Task
@@ -46,12 +46,6 @@ log = logging.getLogger("graftzoo")
 
 DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
                errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "not permitted"}
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _disk_error(e: BaseException) -> Optional[str]:
@@ -90,14 +84,8 @@ class Trainer:
         self.resume = resume
         self.progress = progress
 
-        specs = cfg["pair"]["models"]
-        ids = [s["id"] for s in specs]
-        if len(set(ids)) != len(ids):
-            raise ConfigError(f"config key 'pair.models' has duplicate ids: {ids}")
-        train_ids = cfg["pair"]["train"] or ids
-        unknown = [m for m in train_ids if m not in ids]
-        if unknown:
-            raise ConfigError(f"config key 'pair.train' names unknown model(s) {unknown}; models: {ids}")
+        specs = cfg["pair"]["models"]  # ids unique and pair.train known: checked by load_config (check_core)
+        train_ids = cfg["pair"]["train"] or [s["id"] for s in specs]
         self.model_ids = list(train_ids)
         self.config_changes: dict = {}
         self.task = Task(cfg).check()  # the datasets a run trains, evaluates and selects on: before anything else
@@ -164,7 +152,7 @@ class Trainer:
                 for q in ref.model.parameters():
                     q.requires_grad_(False)
                 self.refs[m] = ref
-        self.store = TrajectoryStore(self.run_dir / "store", dataset=self.dataset_id) if cfg["store"]["enabled"] else None
+        self.store = TrajectoryStore(self.run_dir / STORE, dataset=self.dataset_id) if cfg["store"]["enabled"] else None
         self.meter = ComputeMeter()
         self.tracker: Optional[Tracker] = None
 
@@ -300,11 +288,11 @@ class Trainer:
         finally:
             self.close()
 
-    def _resume(self) -> int:
-        """Load the newest intact checkpoint (when resuming); returns the first step to run."""
+    def _resume(self) -> tuple:
+        """Load the newest intact checkpoint (when resuming); returns the first step to run and that checkpoint."""
         ck = prepare_resume(self.run_dir) if self.resume else None
         if ck is None:
-            return 0
+            return 0, None
         state = load_checkpoint(ck, self.policies, self.learners)
         self.wandb_id = state.get("wandb_id")
         if self.config_changes:
@@ -317,11 +305,11 @@ class Trainer:
         for m, phases in state.get("compute", {}).get("models", {}).items():
             for ph, rec in phases.get("phases", {}).items():
                 self.meter.add(m, ph, rec["wall_s"], rec["cpu_s"], rec["gpu_h"])
-        return state["step"] + 1
+        return state["step"] + 1, ck
 
     def _run(self) -> Path:
         self.wandb_id = None
-        start = self._resume()
+        start, resumed_from = self._resume()
         write_config(self.run_dir, self.cfg)
         self.tracker = Tracker(self.run_dir, self.cfg, resume_id=self.wandb_id)
         self.tracker.truncate_after(start - 1)
@@ -330,7 +318,7 @@ class Trainer:
         save_every = int(self.cfg["run"]["save_every"] or 0)
         with StopRequest() as stop:
             stop.step = start - 1
-            stop.last_checkpoint = latest_checkpoint(self.run_dir) if start else None
+            stop.last_checkpoint = resumed_from
             try:
                 if start == 0 and self.cfg["run"]["eval_at_start"]:
                     res = self.evaluate(0)
@@ -368,7 +356,7 @@ class Trainer:
                 self._final_summary("interrupted", str(e))
                 raise
             except BaseException as e:
-                self._final_summary("failed", one_line(e))
+                self._final_summary("failed", f"{type(e).__name__}: {one_line(e)}")
                 raise
             finally:
                 self.tracker.finish()
