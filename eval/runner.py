@@ -52,28 +52,35 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
     req = eval_request(cfg, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature, top_p=top_p,
                        max_new_tokens=max_new_tokens, limit=limit, seed=seed, select=select)
     policies = build_policies(cfg, models)
-    engines = {m: make_eval_engine(p, cfg, req["top_p"]) for m, p in policies.items()}
-    if ckpt is not None:
-        chosen = {m: (ckpt, {"rule": "given"}) for m in policies}
-    else:
-        chosen = select_checkpoints(run_dir, cfg, policies, engines, rule=req["select"], val_dataset=val_dataset,
-                                    val_size=val_size, allow_test=allow_test_selection, k=req["k"],
-                                    temperature=req["temperature"], max_new_tokens=req["max_new_tokens"],
-                                    seed=req["seed"], log=log)
-    folder = Path(out) if out else (None if ckpt is None else run_dir / EVAL_DIR / ckpt.name)
-    task = Task(cfg)
-    for m, pol in policies.items():  # every checkpoint file checked and loaded before anything is evaluated
-        load_weights(pol, chosen[m][0])
-    written = []
-    for spec in trained_specs(cfg, models):
-        m = spec["id"]
-        use, selection = chosen[m]
-        _, path = evaluate_and_write(policies[m], engines[m], req, run_dir, folder=folder, task=task,
-                                     step=checkpoint_step(use), log=log,
-                                     extra={"run": cfg["run"].get("name"), "checkpoint": f"checkpoints/{use.name}",
-                                            "model_spec": spec, "selection": selection, "request": req})
-        written.append(path)
-    return written
+    engines = {}
+    try:
+        for m, p in policies.items():
+            engines[m] = make_eval_engine(p, cfg, req["top_p"])
+        if ckpt is not None:
+            chosen = {m: (ckpt, {"rule": "given"}) for m in policies}
+        else:
+            chosen = select_checkpoints(run_dir, cfg, policies, engines, rule=req["select"], val_dataset=val_dataset,
+                                        val_size=val_size, allow_test=allow_test_selection, k=req["k"],
+                                        temperature=req["temperature"], max_new_tokens=req["max_new_tokens"],
+                                        seed=req["seed"], log=log)
+        folder = Path(out) if out else (None if ckpt is None else run_dir / EVAL_DIR / ckpt.name)
+        task = Task(cfg)
+        for m, pol in policies.items():  # every checkpoint file checked and loaded before anything is evaluated
+            load_weights(pol, chosen[m][0])
+            engines[m].sync_weights()
+        written = []
+        for spec in trained_specs(cfg, models):
+            m = spec["id"]
+            use, selection = chosen[m]
+            _, path = evaluate_and_write(policies[m], engines[m], req, run_dir, folder=folder, task=task,
+                                         step=checkpoint_step(use), log=log,
+                                         extra={"run": cfg["run"].get("name"), "checkpoint": f"checkpoints/{use.name}",
+                                                "model_spec": spec, "selection": selection, "request": req})
+            written.append(path)
+        return written
+    finally:
+        for engine in engines.values():
+            engine.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ def select_checkpoints(run_dir, cfg: dict, policies: dict, engines: dict, *, rul
     for ckpt, step in zip(ckpts, steps):
         for m, pol in policies.items():
             load_weights(pol, ckpt)
+            engines[m].sync_weights()
             rec = score_benchmark(pol, engines[m], val, k, greedy=k == 0, temperature=temperature,
                                   max_new_tokens=max_new_tokens, seed=seed)
             scores[m][step] = rec["avg"]

@@ -1,4 +1,6 @@
 """Small helpers shared by several test files (imported as `from helpers import ...`)."""
+from pathlib import Path
+
 from graftzoo.core.types import Rollout
 from graftzoo.core.xt import score_rollouts
 
@@ -24,3 +26,31 @@ class Spy:
         logp.retain_grad()
         self.logp = logp
         return logp, ent
+
+
+# A researcher's learner with a classic bug: group-normalised advantages without an epsilon (0/0 on a group whose
+# rollouts all score the same). It trains normally until such a group appears, then every update is NaN.
+NO_EPS = """
+import torch
+from graftzoo.algos import Learner
+
+
+class NoEps(Learner):
+    def advantages(self, ctx, groups):
+        for g in groups:
+            r = torch.tensor([x.reward for x in g.rollouts])
+            g.advantages = ((r - r.mean()) / r.std(unbiased=False)).tolist()
+        return groups
+"""
+
+
+def plugin_site(tmp_path) -> Path:
+    """An installed distribution (dist-info + module) on a folder that goes on PYTHONPATH."""
+    site = tmp_path / "site"
+    (site / "gz_noeps").mkdir(parents=True)
+    (site / "gz_noeps" / "__init__.py").write_text(NO_EPS)
+    info = site / "gz_noeps-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gz-noeps\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[graftzoo.algos]\nno_eps = gz_noeps:NoEps\n")
+    return site

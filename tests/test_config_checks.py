@@ -196,7 +196,7 @@ def test_every_algorithm_resolves_to_its_config_defaults():
 
 @pytest.mark.parametrize("override,key", [
     ("peer.source=bogus", "peer.source"), ("peer.align=oldest", "peer.align"), ("xt.overflow=wrap", "xt.overflow"),
-    ("rollout.engine=vllm", "rollout.engine"), ("eval.select=best", "eval.select"), ("rollout.n=0", "rollout.n"),
+    ("rollout.engine=sglang", "rollout.engine"), ("eval.select=best", "eval.select"), ("rollout.n=0", "rollout.n"),
     ("algo.adv_eps=fast", "algo.adv_eps"), ("algo.std_normalize=1", "algo.std_normalize"),
 ])
 def test_core_keys_and_types_are_checked_at_load(override, key):

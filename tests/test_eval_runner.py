@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.core.config import load_config
+from graftzoo.core.engine import Engine
 from graftzoo.envs.datasets import BENCHMARKS, load_dataset
 from graftzoo.envs.verifier import VERIFIER_VERSION
 from graftzoo.core.checkpoint import load_weights
@@ -134,7 +135,7 @@ def test_selecting_on_a_test_set_raises_unless_allowed(run_dir, monkeypatch, val
     monkeypatch.setattr(selection, "score_benchmark", lambda *a, **kw: {"avg": 0.0})
     pols = {MODELS[0]: object()}
     monkeypatch.setattr(selection, "load_weights", lambda pol, ckpt: None)
-    out = selection.select_checkpoints(run_dir, cfg, pols, {MODELS[0]: None}, rule="val_avg", val_dataset=val,
+    out = selection.select_checkpoints(run_dir, cfg, pols, {MODELS[0]: Engine()}, rule="val_avg", val_dataset=val,
                                     val_size=2, allow_test=True)
     assert out[MODELS[0]][1]["dataset"] == val
 

@@ -20,6 +20,7 @@ import yaml
 from graftzoo.core.checkpoint import list_checkpoints
 from graftzoo.core.config import load_config
 from graftzoo.core.trainer import train
+from helpers import plugin_site
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
 MICRO = ["train", "--algo", "grpo", "--pair", "micro", "--no-track"]
@@ -108,36 +109,8 @@ def test_resume_with_a_changed_config_is_refused_unless_allowed(tmp_path):
 # 3. a diverging run; values that cannot train
 # ------------------------------------------------------------------------------------------------
 
-# A researcher's learner with a classic bug: group-normalised advantages without an epsilon (0/0 on a group whose
-# rollouts all score the same). It trains normally until such a group appears, then every update is NaN.
-NO_EPS = """
-import torch
-from graftzoo.algos import Learner
-
-
-class NoEps(Learner):
-    def advantages(self, ctx, groups):
-        for g in groups:
-            r = torch.tensor([x.reward for x in g.rollouts])
-            g.advantages = ((r - r.mean()) / r.std(unbiased=False)).tolist()
-        return groups
-"""
-
-
-def _plugin_site(tmp_path) -> Path:
-    """An installed distribution (dist-info + module) on a folder that goes on PYTHONPATH."""
-    site = tmp_path / "site"
-    (site / "gz_noeps").mkdir(parents=True)
-    (site / "gz_noeps" / "__init__.py").write_text(NO_EPS)
-    info = site / "gz_noeps-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gz-noeps\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[graftzoo.algos]\nno_eps = gz_noeps:NoEps\n")
-    return site
-
-
 def test_a_diverging_run_fails_before_the_update_and_keeps_nan_visible(tmp_path):
-    site = _plugin_site(tmp_path)
+    site = plugin_site(tmp_path)
     args = [a if a != "grpo" else "no_eps" for a in train_args(tmp_path, "run.steps=4", "run.save_every=1")]
     res = subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", *args], capture_output=True, text=True,
                          env=dict(ENV, PYTHONPATH=str(site)), timeout=300)

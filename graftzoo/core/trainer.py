@@ -34,6 +34,7 @@ from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config
 from graftzoo.eval.evaluate import (eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request,
                                     make_eval_engine)
 from graftzoo.eval.compute import ComputeMeter
+from graftzoo.core.engine import EngineError
 from graftzoo.core.models import build_engine, build_policy
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
@@ -140,7 +141,9 @@ class Trainer:
             if int(cfg["rollout"]["max_new_tokens"]) >= window:
                 raise ConfigError(f"config key 'rollout.max_new_tokens' ({cfg['rollout']['max_new_tokens']}) must be "
                                   f"below model {m!r}'s context window of {window} tokens")
-        self.engines = {m: build_engine(p, cfg) for m, p in self.policies.items()}
+        self.engines = {}
+        for m, p in self.policies.items():  # one at a time: close() ends those built if a later one fails
+            self.engines[m] = build_engine(p, cfg)
         algo_cls = get_algo(cfg["algo"]["name"])
         algo_cfg = algo_config(cfg)  # checked once by load_config; built here without a second check
         self.learners = {m: algo_cls(algo_cfg, cfg) for m in self.model_ids}
@@ -157,7 +160,15 @@ class Trainer:
         self.tracker: Optional[Tracker] = None
 
     def close(self):
-        """Release the run directory (``run`` does it when it ends)."""
+        """Close the rollout engines and release the run directory (``run`` does it when it ends)."""
+        engines, self.engines = getattr(self, "engines", {}), {}
+        try:
+            for engine in engines.values():
+                engine.close()
+        finally:
+            self._release_lock()
+
+    def _release_lock(self):
         if getattr(self, "lock", None) is not None:
             self.lock.release()
             self.lock = None
@@ -209,6 +220,8 @@ class Trainer:
         for m in self.model_ids:
             ctx, pol, learner = ctxs[m], self.policies[m], self.learners[m]
             upd = []
+            check_policy_version(m, pol, groups[m])
+            self.engines[m].release_memory()
             mbs = [batches[m].minibatch(idx).to(pol.device) for idx in learner.schedule(ctx, batches[m])]
             if recompute[m]:
                 with self.meter.phase(m, "logprob"):
@@ -226,6 +239,7 @@ class Trainer:
                     met["loss"] = float(loss.detach())
                     upd.append(met)
             pol.version += 1
+            sync_s = self.engines[m].sync_weights()  # the next generate decodes with the updated weights
             after = self._phase_wall(m)
             dt = {k: after.get(k, 0.0) - before[m].get(k, 0.0) for k in after}
             met = outcome_metrics(groups[m])
@@ -237,6 +251,7 @@ class Trainer:
             met["time/logprob"] = dt.get("logprob", 0.0)
             met["time/update"] = dt.get("update", 0.0)
             met["time/exchange"] = xtime[m]
+            met["time/weight_sync"] = sync_s
             toks = ctx.metrics.get("rollouts/tokens", 0)
             met["perf/tokens_per_s"] = toks / met["time/generate"] if met["time/generate"] > 0 else None
             met["time/step"] = time.perf_counter() - t0
@@ -253,7 +268,7 @@ class Trainer:
         kw = dict(task=self.task, step=step, group_by=self.task.group_field)
         res = {}
         for m in self.model_ids:
-            engine = make_eval_engine(self.policies[m], self.cfg, req["top_p"])
+            engine = make_eval_engine(self.policies[m], self.cfg, req["top_p"], engine=self.engines[m])
             with self.meter.phase(m, "eval"):
                 if final:
                     res[m], _ = evaluate_and_write(self.policies[m], engine, req, self.run_dir, **kw)
@@ -298,8 +313,9 @@ class Trainer:
         if self.config_changes:
             log.warning("%s: continuing from %s under a changed config: %s", self.run_dir, ck.name,
                         "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in self.config_changes.items()))
-        for pol in self.policies.values():
+        for m, pol in self.policies.items():
             pol.apply_optim_settings(self.cfg["optim"])
+            self.engines[m].sync_weights()
         if self.peers is not None:
             self.peers.load_state_dict(state.get("peers", {}))
         for m, phases in state.get("compute", {}).get("models", {}).items():
@@ -390,11 +406,22 @@ def recompute_old_logp(cfg: dict, policy, engine) -> bool:
     want = r.get("recompute_old_logp", "auto")
     if want != "auto":
         return bool(want)
-    itself = r["engine"] == "hf" and getattr(engine, "policy", None) is policy
+    itself = getattr(engine, "uses_training_model", False) and getattr(engine, "policy", None) is policy
     fp32 = next(policy.model.parameters()).dtype == torch.float32
     cut = (float(getattr(engine, "top_p", r["top_p"])) < 1.0 or int(getattr(engine, "top_k", r["top_k"]) or 0) > 0
            or int(getattr(engine, "min_new_tokens", 0) or 0) > 0)
     return not (itself and fp32) or cut
+
+
+def check_policy_version(model_id: str, policy, groups) -> None:
+    """Own rollouts are trained only by the policy version that generated them: an engine that decoded with other
+    weights (a weight sync that did not happen) fails the step (``EngineError``) instead of training off-policy
+    data as on-policy."""
+    stale = sorted({r.policy_version for g in groups for r in g.rollouts
+                    if r.model_id == model_id and r.origin is None and r.policy_version != policy.version})
+    if stale:
+        raise EngineError(f"model {model_id!r}: rollouts generated by policy version(s) {stale} reached the update "
+                          f"of version {policy.version}: the engine's weights were not synced after an update")
 
 
 @torch.no_grad()

