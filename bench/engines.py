@@ -3,7 +3,7 @@
 plus the vLLM engine's weight-sync time (tensors in-process, and through a save_pretrained folder).
 
 Models: the warmed micro pair's Qwen2 (``--pair micro``; ~0.1 M parameters) and random Qwen2 models built here
-(head size 64, ~6 M and ~25 M parameters; ``--sizes``). Workload per round: ``--prompts`` arithmetic prompts x
+(head size 64, ~1 M, ~6 M and ~25 M parameters; ``--sizes``). Workload per round: ``--prompts`` arithmetic prompts x
 ``--n`` samples, up to ``--tokens`` new tokens each, temperature 1 (random models rarely stop early: tokens/s
 counts the tokens actually generated). The two engines take turns (HF, vLLM, HF, ...) for ``--rounds`` rounds after
 one unmeasured warm-up round each; reported: the median tokens/s of each, their ratio, and the median sync time.
@@ -28,6 +28,7 @@ from graftzoo.core.types import Prompt
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
 
 SIZES = {  # name -> (hidden, layers, heads, kv_heads, ffn)
+    "qwen-1m": (128, 4, 2, 1, 512),
     "qwen-6m": (256, 6, 4, 2, 1024),
     "qwen-25m": (512, 8, 8, 2, 1536),
 }
@@ -86,7 +87,7 @@ def measure(pol: Policy, args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="micro,qwen-6m,qwen-25m", help=f"micro and/or {', '.join(SIZES)}")
+    ap.add_argument("--sizes", default="micro,qwen-1m,qwen-6m,qwen-25m", help=f"micro and/or {', '.join(SIZES)}")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=96, help="max new tokens per sample")
