@@ -18,7 +18,7 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=20 tests
+	$(BIN)/python -m pytest -q --durations=10 tests
 
 demo: $(STAMP)
 	$(BIN)/graftzoo demo

@@ -31,3 +31,24 @@ def sent(monkeypatch):
 def _threads():
     import torch
     torch.set_num_threads(1)
+
+
+# wall time and outcomes per test file, printed at the end of the run (CI logs show where the time goes, and that
+# the engine tests ran rather than skipped)
+_FILES: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    rec = _FILES.setdefault(report.nodeid.split("::")[0], {"s": 0.0, "passed": 0, "failed": 0, "skipped": 0})
+    rec["s"] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        rec[report.outcome] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_sep("-", "wall time per test file (slowest 15, and every engine test file)")
+    ranked = sorted(_FILES.items(), key=lambda kv: -kv[1]["s"])
+    for i, (path, rec) in enumerate(ranked):
+        if i < 15 or "vllm" in path:
+            terminalreporter.write_line(f"{rec['s']:7.1f} s  {path}  ({rec['passed']} passed, {rec['failed']} failed, "
+                                        f"{rec['skipped']} skipped)")

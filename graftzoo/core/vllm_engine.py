@@ -190,7 +190,11 @@ class VLLMEngine(Engine):
         self._owner = backend is None
         self._backend = backend or _Backend(policy, {**DEFAULTS["rollout"]["vllm"], **(settings or {})}, seed)
         if self._owner:
-            self.last_sync_s = self._backend.sync()
+            try:
+                self._backend.sync()
+            except BaseException:
+                self._backend.close()
+                raise
 
     @property
     def version(self) -> int:
