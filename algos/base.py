@@ -27,7 +27,7 @@ from typing import ClassVar, Literal, Optional
 
 import torch
 
-from graftzoo.algos.functional import (agg_loss, aux_nll_loss, clipped_surrogate, compatibility_score,
+from graftzoo.algos.functional import (agg_denominator, agg_loss, aux_nll_loss, clipped_surrogate, compatibility_score,
                                        group_advantages, kl_k3,
                                        minibatch_bounds, rloo_advantages, sequence_mean_logp,
                                        sequence_terms_as_tokens)
@@ -251,31 +251,47 @@ class Learner:
     def loss(self, ctx: StepContext, policy, mb: MiniBatch):
         """Policy gradient (own + peer rows, per-sequence weights) + aux NLL (aux rows) - entropy bonus + KL."""
         c = self.cfg
-        logp, ent = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True)
+        logp, ent = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True,
+                                    entropy_grad=bool(c.entropy_coeff))
         pg = self.surrogate(ctx, logp, mb)
         tok = sequence_terms_as_tokens(pg.token_loss, pg.seq_loss, pg.seq_rows)
-        mask = mb.loss_mask * (~mb.is_aux).unsqueeze(1).to(mb.loss_mask.dtype)
-        loss = agg_loss(tok * mb.weights.unsqueeze(1), mask, c.loss_agg, self.agg_normalizer(ctx, mb))
+        mask = self.pg_mask(mb)
+        norm = mb.norm or {}  # a micro-batch: its minibatch's denominators, so the micro losses add up exactly
+        pg_den = norm["pg"] if mb.norm is not None else self.agg_normalizer(ctx, mb)
+        loss = agg_loss(tok * mb.weights.unsqueeze(1), mask, c.loss_agg, pg_den)
         metrics = token_metrics(pg.info, mask, mb.is_peer, ent)
         if bool(mb.is_aux.any()):
             ell = sequence_mean_logp(logp[mb.is_aux], mb.loss_mask[mb.is_aux])
             loss = loss + aux_nll_loss(ell, mb.weights[mb.is_aux])
             metrics["loss/aux_nll"] = float(-ell.detach().mean())
         if c.entropy_coeff:
-            loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg)
+            loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg, norm.get("ent"))
         if c.beta_kl > 0:
             with torch.no_grad():
                 ref, _ = ctx.ref_policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
             kl = kl_k3(logp, ref)
-            kl_term = agg_loss(kl, mb.kl_mask, c.loss_agg)
+            kl_term = agg_loss(kl, mb.kl_mask, c.loss_agg, norm.get("kl"))
             loss = loss + c.beta_kl * kl_term
-            metrics["kl"] = float(kl_term.detach())
+            metrics["kl"] = float(agg_loss(kl.detach(), mb.kl_mask, c.loss_agg) if norm else kl_term.detach())
         return loss, metrics
+
+    @staticmethod
+    def pg_mask(mb: MiniBatch) -> torch.Tensor:
+        """The token mask of the policy-gradient (and entropy) terms: the loss mask of every row but aux rows."""
+        return mb.loss_mask * (~mb.is_aux).unsqueeze(1).to(mb.loss_mask.dtype)
 
     def agg_normalizer(self, ctx: StepContext, mb: MiniBatch) -> Optional[float]:
         if self.cfg.loss_agg == "seq-mean-token-sum-norm":
             return float(int((~mb.is_aux).sum()) * ctx.max_response)
         return None
+
+    def norms(self, ctx: StepContext, mb: MiniBatch) -> dict:
+        """The denominators of ``loss``'s aggregated terms over a whole minibatch (``agg_denominator``), which each
+        of its micro-batches divides by (``optim.max_tokens_per_micro``): policy gradient (``pg``), entropy
+        (``ent``), KL (``kl``). A learner that aggregates other terms in ``loss`` adds theirs."""
+        mode, mask = self.cfg.loss_agg, self.pg_mask(mb)
+        return {"pg": agg_denominator(mask, mode, self.agg_normalizer(ctx, mb)), "ent": agg_denominator(mask, mode),
+                "kl": agg_denominator(mb.kl_mask, mode)}
 
     # ---- state (for checkpoints) ------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -45,7 +45,7 @@ class FixedRatio:
     def __init__(self, mb, ratio):
         self.logp = mb.old_logp + math.log(ratio)
 
-    def logprobs(self, input_ids, attention_mask, resp_len, with_entropy=False):
+    def logprobs(self, input_ids, attention_mask, resp_len, with_entropy=False, entropy_grad=True):
         return (self.logp, torch.zeros_like(self.logp)) if with_entropy else (self.logp, None)
 
 

@@ -91,7 +91,7 @@ class ConstPolicy:
     def __init__(self, value=-1.0):
         self.theta = torch.tensor(value, requires_grad=True)
 
-    def logprobs(self, input_ids, attention_mask, resp_len, with_entropy=False):
+    def logprobs(self, input_ids, attention_mask, resp_len, with_entropy=False, entropy_grad=True):
         logp = self.theta.expand(input_ids.shape[0], resp_len)
         return logp, (torch.ones_like(logp) if with_entropy else None)
 

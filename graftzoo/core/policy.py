@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from graftzoo.core.batch import pad_pairs
+from graftzoo.core.batch import micro_split, pad_pairs
 from graftzoo.core.types import Prompt
 from graftzoo.envs.templates import render_prompt
 
@@ -32,6 +32,72 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+LOGIT_CHUNK = 1 << 24  # logits entries (positions x vocabulary) turned into float32 at a time
+
+
+def _chunks(logits: torch.Tensor):
+    """(rows, positions) slices cutting ``[B, R, V]`` logits into views of at most ``LOGIT_CHUNK`` entries: whole
+    rows together while they fit, else pieces of one row."""
+    B, R, V = logits.shape
+    rows = LOGIT_CHUNK // max(1, R * V)
+    if rows >= 1:
+        for b in range(0, B, rows):
+            yield slice(b, b + rows), slice(0, R)
+        return
+    step = max(1, LOGIT_CHUNK // max(1, V))
+    for b in range(B):
+        for j in range(0, R, step):
+            yield slice(b, b + 1), slice(j, j + step)
+
+
+def _log_softmax(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    x = x.float()
+    return F.log_softmax(x / temperature if temperature != 1.0 else x, dim=-1)
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """log_softmax(logits / T)[target], a piece at a time; keeps the logits (in their dtype) for the backward pass,
+    which recomputes each piece's softmax: d logp / d logits = (onehot(target) - softmax) / T."""
+
+    @staticmethod
+    def forward(ctx, logits, target, temperature):
+        out = torch.empty(target.shape, dtype=torch.float32, device=logits.device)
+        for rows, pos in _chunks(logits):
+            out[rows, pos] = _log_softmax(logits[rows, pos], temperature).gather(-1, target[rows, pos, None])[..., 0]
+        ctx.save_for_backward(logits, target)
+        ctx.temperature = temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, target = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        for rows, pos in _chunks(logits):
+            g = grad[rows, pos, None]
+            d = -_log_softmax(logits[rows, pos], ctx.temperature).exp() * g
+            d.scatter_add_(-1, target[rows, pos, None], g)
+            out[rows, pos] = (d / ctx.temperature if ctx.temperature != 1.0 else d).to(out.dtype)
+        return out, None, None
+
+
+def token_logprobs(logits: torch.Tensor, target: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, R]`` log-probs of ``target`` under softmax(``logits`` / T) (``[B, R, V]``, any float dtype), in float32,
+    without a float32 copy of the whole vocabulary's log-probs: the values of ``log_softmax(...).gather(...)``."""
+    return _TokenLogProbs.apply(logits, target, float(temperature))
+
+
+def token_entropies(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, R]`` entropies of softmax(``logits`` / T), a piece at a time (differentiable when grad is on)."""
+    pieces, row = [], []
+    for rows, pos in _chunks(logits):
+        ls = _log_softmax(logits[rows, pos], temperature)
+        row.append(-(ls.exp() * ls).sum(-1))
+        if pos.stop is None or pos.stop >= logits.shape[1]:  # a row slice is complete
+            pieces.append(torch.cat(row, dim=1))
+            row = []
+    return torch.cat(pieces, dim=0)
+
+
 class Policy:
     def __init__(self, model_id: str, model, tokenizer, template: str = "compact", optim: dict | None = None,
                  temperature: float = 1.0, max_prompt_tokens: int = 2048, tokenizer_id: str | None = None):
@@ -43,6 +109,9 @@ class Policy:
         self.max_prompt_tokens = int(max_prompt_tokens)
         self.tokenizer_id = tokenizer_id or getattr(tokenizer, "name_or_path", "") or model_id
         self.version = 0
+        # optim.precision bf16-mixed: parameters (master weights) in float32, forward computed in this dtype
+        self.autocast_dtype: Optional[torch.dtype] = None
+        self.max_tokens_per_micro: Optional[int] = None  # optim.max_tokens_per_micro: scoring passes stay within it
         self.optimizer = None
         self.scheduler = None
         self.grad_clip = None
@@ -81,11 +150,25 @@ class Policy:
         """One optimizer step on ``loss``; returns the pre-clip gradient norm. A non-finite loss or gradient norm
         raises ``NonFiniteError`` before the step is applied, non-finite parameters right after it (issue 11's
         health guard); ``where`` names the step in the message."""
+        self.zero_grad()
+        return self.apply_gradients(self.accumulate(loss, where), where)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def accumulate(self, loss: torch.Tensor, where: str = "") -> float:
+        """Add ``loss``'s gradient to the parameters' (one micro-batch of a minibatch, after ``zero_grad``);
+        returns the loss value.
+        A non-finite loss raises ``NonFiniteError`` before anything is added."""
         loss_value = float(loss.detach())
         if not math.isfinite(loss_value):
             raise NonFiniteError("loss", loss_value, where)
-        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        return loss_value
+
+    def apply_gradients(self, loss_value: float, where: str = "") -> float:
+        """The optimizer step on the accumulated gradients (clipped at ``grad_clip``), then zeroed; returns the
+        pre-clip gradient norm. ``loss_value``: the minibatch's loss, for the messages."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.grad_clip:
             norm = torch.nn.utils.clip_grad_norm_(params, float(self.grad_clip))
@@ -139,45 +222,51 @@ class Policy:
 
     # ---- scoring ---------------------------------------------------------------------------
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_len: int,
-                 with_entropy: bool = False):
+                 with_entropy: bool = False, entropy_grad: bool = True):
         """Per-token log-probs (and entropies) of the last ``resp_len`` tokens of each row.
 
         The logits are divided by the sampling temperature, exactly as the engine does when it
-        records behaviour log-probs (spec algos_single §0).
+        records behaviour log-probs (spec algos_single §0). Only the sampled tokens' log-probs are kept for the
+        backward pass (``token_logprobs``), not a float32 log-softmax of the whole vocabulary; the entropies carry
+        a gradient only with ``entropy_grad`` (an entropy bonus in the loss), else they are computed without one.
         """
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids_from_mask(attention_mask), use_cache=False,
-                         logits_to_keep=resp_len + 1)
-        logits = out.logits[:, -resp_len - 1:-1, :].float()
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        logp_all = F.log_softmax(logits, dim=-1)
-        target = input_ids[:, -resp_len:]
-        logp = logp_all.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                            enabled=self.autocast_dtype is not None):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids_from_mask(attention_mask), use_cache=False,
+                             logits_to_keep=resp_len + 1)
+        logits = out.logits[:, -resp_len - 1:-1, :]
+        logp = token_logprobs(logits, input_ids[:, -resp_len:], self.temperature)
         ent = None
         if with_entropy:
-            ent = -(logp_all.exp() * logp_all).sum(-1)
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ent = token_entropies(logits, self.temperature)
         return logp, ent
 
     @torch.no_grad()
     def score_sequences(self, prompts: list, responses: list, *, with_entropy: bool = False,
                         chunk: int = 256) -> tuple[list, Optional[list]]:
         """Per-token log-probs (and entropies) of ``responses[i]`` after ``prompts[i]`` (token-id lists) under
-        the current parameters, in eval mode, ``chunk`` sequences per forward pass: the theta_old pass of
-        cross-tokenizer exchange (spec algos_peer §1.4) and of ExTra's prefix mining (spec algos_single §3.3).
-        Returns one list per sequence (None for the entropies unless asked)."""
-        logps, ents = [], [] if with_entropy else None
+        the current parameters, in eval mode, at most ``chunk`` sequences and ``max_tokens_per_micro`` padded
+        tokens per forward pass (``micro_split``): the theta_old pass of the trainer and of cross-tokenizer
+        exchange (spec algos_peer §1.4), and ExTra's prefix mining (spec algos_single §3.3). Returns one list per
+        sequence, in order (None for the entropies unless asked)."""
+        n = len(prompts)
+        logps, ents = [None] * n, ([None] * n if with_entropy else None)
+        parts = micro_split([len(p) + len(r) for p, r in zip(prompts, responses)], self.max_tokens_per_micro)
         was = self.model.training
         self.model.eval()
         try:
-            for start in range(0, len(prompts), chunk):
-                ids, att, R = pad_pairs(prompts[start:start + chunk], responses[start:start + chunk], self.pad_id)
-                logp, ent = self.logprobs(ids, att, R, with_entropy=with_entropy)
-                for b, resp in enumerate(responses[start:start + chunk]):
-                    logps.append(logp[b, :len(resp)].tolist())
-                    if with_entropy:
-                        ents.append(ent[b, :len(resp)].float().cpu())
+            for part in parts:
+                for start in range(0, len(part), chunk):
+                    idx = sorted(part[start:start + chunk])
+                    ids, att, R = pad_pairs([prompts[i] for i in idx], [responses[i] for i in idx], self.pad_id)
+                    logp, ent = self.logprobs(ids, att, R, with_entropy=with_entropy)
+                    for b, i in enumerate(idx):
+                        logps[i] = logp[b, :len(responses[i])].tolist()
+                        if with_entropy:
+                            ents[i] = ent[b, :len(responses[i])].float().cpu()
         finally:
             self.model.train(was)
         return logps, ents

@@ -16,6 +16,7 @@ import math
 import random
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -222,22 +223,23 @@ class Trainer:
             upd = []
             check_policy_version(m, pol, groups[m])
             self.engines[m].release_memory()
-            mbs = [batches[m].minibatch(idx).to(pol.device) for idx in learner.schedule(ctx, batches[m])]
+            budget = self.cfg["optim"]["max_tokens_per_micro"]
+            mbs = [[mb.to(pol.device) for mb in batches[m].micro_batches(idx, budget, partial(learner.norms, ctx))]
+                   for idx in learner.schedule(ctx, batches[m])]  # each minibatch as micro-batches
             if recompute[m]:
                 with self.meter.phase(m, "logprob"):
-                    for mb in mbs:
-                        minibatch_old_logp(pol, mb)
+                    for micros in mbs:
+                        for mb in micros:
+                            minibatch_old_logp(pol, mb)
             with self.meter.phase(m, "update"):
-                for u, mb in enumerate(mbs):
+                for u, micros in enumerate(mbs):
                     ctx.update = u
-                    loss, met = learner.loss(ctx, pol, mb)
                     try:
-                        met["grad_norm"] = pol.step(loss, where=f"model {m!r}, step {step}, minibatch {u}")
+                        upd.append(minibatch_update(ctx, pol, learner, micros,
+                                                    where=f"model {m!r}, step {step}, minibatch {u}"))
                     except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
-                        e.model, e.metrics = m, {**met, **e.metrics}
+                        e.model = m
                         raise
-                    met["loss"] = float(loss.detach())
-                    upd.append(met)
             pol.version += 1
             sync_s = self.engines[m].sync_weights()  # the next generate decodes with the updated weights
             after = self._phase_wall(m)
@@ -407,10 +409,49 @@ def recompute_old_logp(cfg: dict, policy, engine) -> bool:
     if want != "auto":
         return bool(want)
     itself = getattr(engine, "uses_training_model", False) and getattr(engine, "policy", None) is policy
-    fp32 = next(policy.model.parameters()).dtype == torch.float32
+    fp32 = next(policy.model.parameters()).dtype == torch.float32 and getattr(policy, "autocast_dtype", None) is None
     cut = (float(getattr(engine, "top_p", r["top_p"])) < 1.0 or int(getattr(engine, "top_k", r["top_k"]) or 0) > 0
            or int(getattr(engine, "min_new_tokens", 0) or 0) > 0)
     return not (itself and fp32) or cut
+
+
+def minibatch_update(ctx, policy, learner, micros: list, where: str) -> dict:
+    """One optimizer step on a minibatch given as micro-batches (``optim.max_tokens_per_micro``): each one's loss
+    (over the minibatch's denominators, ``Learner.norms``) adds its gradient, then one step. Metrics: ``loss`` (the
+    minibatch's, the sum of the micro-batch losses), ``grad_norm``, the learner's others averaged over the
+    micro-batches weighted by their rows. A non-finite loss or gradient stops it before the step
+    (``NonFiniteError`` carrying the metrics)."""
+    policy.zero_grad()
+    total, records = 0.0, []
+    for mb in micros:
+        loss, met = learner.loss(ctx, policy, mb)
+        try:
+            total += policy.accumulate(loss, where)
+        except NonFiniteError as e:
+            e.metrics = {**met, **e.metrics}
+            raise
+        records.append((len(mb), met))
+        del loss  # its graph is freed before the next micro-batch's forward
+    met = weighted_metrics(records)
+    try:
+        met["grad_norm"] = policy.apply_gradients(total, where)
+    except NonFiniteError as e:
+        e.metrics = {**met, **e.metrics}
+        raise
+    met["loss"] = total
+    return met
+
+
+def weighted_metrics(records: list) -> dict:
+    """(weight, metrics) pairs -> each metric's weighted mean over the records that have a finite value of it."""
+    if len(records) == 1:
+        return dict(records[0][1])
+    out = {}
+    for k in {k for _, r in records for k in r}:
+        vals = [(w, r[k]) for w, r in records if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])]
+        total = sum(w for w, _ in vals)
+        out[k] = sum(w * v for w, v in vals) / total if total > 0 else None
+    return out
 
 
 def check_policy_version(model_id: str, policy, groups) -> None:

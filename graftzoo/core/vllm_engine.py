@@ -104,8 +104,8 @@ class _Backend:
         else:  # the architecture only: the weights come in as tensors (sync)
             pol.model.config.save_pretrained(self.dir)
         dtype = s["dtype"]
-        if dtype == "auto":
-            dtype = str(next(pol.model.parameters()).dtype).replace("torch.", "")
+        if dtype == "auto":  # the dtype the training forward computes in
+            dtype = str(pol.autocast_dtype or next(pol.model.parameters()).dtype).replace("torch.", "")
         kw = dict(model=self.dir, skip_tokenizer_init=True, dtype=dtype,
                   load_format="safetensors" if self.from_disk else "dummy", seed=int(seed),
                   enforce_eager=bool(s["enforce_eager"]), logprobs_mode="processed_logprobs",
