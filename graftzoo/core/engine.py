@@ -66,6 +66,19 @@ class Engine:
         """Release the engine's resources (processes, memory); idempotent."""
 
 
+def expand_requests(pol: Policy, prompts: Sequence[Prompt], n, prefixes=None) -> tuple[list, list]:
+    """The sequences to decode — (prompt index, prompt ids, given response prefix ids), ``n[i]`` times for prompt i
+    (an int: the same n for every prompt) — and one empty ``Group`` per prompt to collect them."""
+    if isinstance(n, int):
+        n = [n] * len(prompts)
+    rows = []
+    for i, (p, k) in enumerate(zip(prompts, n)):
+        pids = pol.encode_prompt(p)
+        pre = list(prefixes[i]) if prefixes is not None and prefixes[i] else []
+        rows += [(i, pids, pre)] * int(k)
+    return rows, [Group(prompt=p, model_id=pol.model_id, rollouts=[]) for p in prompts]
+
+
 def rollout_from_tokens(pol: Policy, pids: list, pre: list, toks: list, lps: list, version: int) -> Rollout:
     """The Rollout of sampled ``toks`` (with their log-probs ``lps``) after prompt ``pids`` and given response
     prefix ``pre``: cut after the policy's EOS ("stop") or kept whole ("length"); the prefix carries log-prob 0."""
@@ -99,14 +112,7 @@ class HFEngine(Engine):
         pol = self.policy
         temp = self.temperature if temperature is None else float(temperature)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        if isinstance(n, int):
-            n = [n] * len(prompts)
-        rows = []  # (prompt index, prompt ids, prefix ids)
-        for i, (p, k) in enumerate(zip(prompts, n)):
-            pids = pol.encode_prompt(p)
-            pre = list(prefixes[i]) if prefixes is not None and prefixes[i] else []
-            rows += [(i, pids, pre)] * int(k)
-        groups = [Group(prompt=p, model_id=pol.model_id, rollouts=[]) for p in prompts]
+        rows, groups = expand_requests(pol, prompts, n, prefixes)
         was_training = pol.model.training
         pol.model.eval()
         try:

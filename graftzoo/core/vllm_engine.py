@@ -38,8 +38,7 @@ from typing import Optional
 import torch
 
 from graftzoo.core.config import DEFAULTS, VLLM_INSTALL
-from graftzoo.core.engine import Engine, EngineError, rollout_from_tokens
-from graftzoo.core.types import Group
+from graftzoo.core.engine import Engine, EngineError, expand_requests, rollout_from_tokens
 
 _SET_NUM_THREADS = torch.set_num_threads
 
@@ -227,14 +226,7 @@ class VLLMEngine(Engine):
             raise EngineError(f"model {pol.model_id!r}: the vLLM engine is asleep (generate after sync_weights)")
         temp = self.temperature if temperature is None else float(temperature)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        if isinstance(n, int):
-            n = [n] * len(prompts)
-        rows = []  # (prompt index, prompt ids, prefix ids)
-        for i, (p, k) in enumerate(zip(prompts, n)):
-            pids = pol.encode_prompt(p)
-            pre = list(prefixes[i]) if prefixes is not None and prefixes[i] else []
-            rows += [(i, pids, pre)] * int(k)
-        groups = [Group(prompt=p, model_id=pol.model_id, rollouts=[]) for p in prompts]
+        rows, groups = expand_requests(pol, prompts, n, prefixes)
         if not rows:
             return groups
         seeds = torch.randint(0, 2**31 - 1, (len(rows),)).tolist()  # the caller's seeded generator
