@@ -10,6 +10,7 @@ from graftzoo.apps.demo import demo_cmd
 from graftzoo.apps.grid import grid_cmd
 from graftzoo.apps.grid.model import GridError
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, peer_option
+from graftzoo.apps.plan import plan_cmd
 from graftzoo.core.checkpoint import CheckpointError
 from graftzoo.core.config import ConfigError, load_config
 from graftzoo.core.engine import EngineError
@@ -153,7 +154,7 @@ def algos_list():
 
 
 for _name, _cmd in (("env", env_group), ("eval", eval_cmd), ("report", report_cmd), ("grid", grid_cmd),
-                   ("demo", demo_cmd)):
+                   ("demo", demo_cmd), ("plan", plan_cmd)):
     main.add_command(_cmd, _name)
 
 if __name__ == "__main__":

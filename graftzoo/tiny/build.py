@@ -168,23 +168,27 @@ def _from_mapping(cls, d: Mapping[str, Any], where: str):
     return cls(**d)
 
 
+def tiny_config(spec: TinyModelSpec, tok: Optional[PreTrainedTokenizerFast] = None):
+    """The transformers config of a tiny model (its tokenizer's ids and vocabulary size)."""
+    tok = tok or build_tokenizer(spec.tokenizer)
+    ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+               pad_token_id=tok.pad_token_id)
+    if spec.family == "qwen2":
+        return Qwen2Config(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
+                           num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads or spec.heads,
+                           max_position_embeddings=spec.max_positions, tie_word_embeddings=True,
+                           attention_dropout=0.0, **ids)
+    return GPT2Config(n_embd=spec.hidden, n_layer=spec.layers, n_head=spec.heads, n_inner=spec.ffn,
+                      n_positions=spec.max_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      tie_word_embeddings=True, **ids)
+
+
 def build_tiny(spec: TinyModelSpec, seed: int) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """Randomly initialised model (seeded) and its tokenizer, from ``spec``."""
     tok = build_tokenizer(spec.tokenizer)
-    ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-               pad_token_id=tok.pad_token_id)
+    cfg = tiny_config(spec, tok)
     torch.manual_seed(seed)
-    if spec.family == "qwen2":
-        cfg = Qwen2Config(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
-                          num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads or spec.heads,
-                          max_position_embeddings=spec.max_positions, tie_word_embeddings=True,
-                          attention_dropout=0.0, **ids)
-        model = Qwen2ForCausalLM(cfg)
-    else:
-        cfg = GPT2Config(n_embd=spec.hidden, n_layer=spec.layers, n_head=spec.heads, n_inner=spec.ffn,
-                         n_positions=spec.max_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         tie_word_embeddings=True, **ids)
-        model = GPT2LMHeadModel(cfg)
+    model = Qwen2ForCausalLM(cfg) if spec.family == "qwen2" else GPT2LMHeadModel(cfg)
     gc = model.generation_config
     gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
     return model, tok
