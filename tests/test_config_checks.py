@@ -287,6 +287,15 @@ CORE_BAD = [
     ("optim.warmup_steps=-1", "optim.warmup_steps"), ("optim.grad_clip=-1", "optim.grad_clip"),
     ("optim.epochs=0", "optim.epochs"), ("peer.mix_ratio=2", "peer.mix_ratio"), ("peer.path=[a]", "peer.path"),
     ("xt.append_eos_if_stopped=3", "xt.append_eos_if_stopped"), ("store.enabled=sometimes", "store.enabled"),
+    # issues 13 and 14: the engine and memory keys
+    ("rollout.vllm.dtype=int8", "rollout.vllm.dtype"), ("rollout.vllm.kv_cache_gb=0", "rollout.vllm.kv_cache_gb"),
+    ("rollout.vllm.gpu_memory_utilization=1.5", "rollout.vllm.gpu_memory_utilization"),
+    ("rollout.vllm.weight_sync=rdma", "rollout.vllm.weight_sync"),
+    ("rollout.vllm.max_num_seqs=0", "rollout.vllm.max_num_seqs"), ("rollout.vllm.prefix_caching=2",
+                                                                    "rollout.vllm.prefix_caching"),
+    ("optim.max_tokens_per_micro=0", "optim.max_tokens_per_micro"), ("optim.precision=fp8", "optim.precision"),
+    ("model.gradient_checkpointing=maybe", "model.gradient_checkpointing"),
+    ("pair.models=[{id: a, device: 1}]", "pair.models[a].device"),
 ]
 
 

@@ -182,6 +182,10 @@ def test_settings_that_cannot_work_are_refused_before_any_engine_starts():
         micro_cfg("rollout.vllm.sleep_level=3")
     with pytest.raises(ConfigError, match=r"rollout.vllm.sleep_level.*GPUs only"):
         micro_cfg("rollout.vllm.sleep_level=1")  # run.device=cpu
+    with pytest.raises(ConfigError, match=r"rollout.vllm.sleep_level.*GPUs only \(device cpu;"):
+        micro_cfg("rollout.vllm.sleep_level=1", "run.device=cuda",  # one model placed on the CPU
+                  "pair.models=[{id: a, kind: tiny, family: qwen2, tokenizer: char, hidden: 64, layers: 1, "
+                  "heads: 2, ffn: 64, device: cpu}]")
 
 
 def test_a_head_size_that_vllm_cannot_run_on_cpu_is_refused_at_start_naming_the_model():

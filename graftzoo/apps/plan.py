@@ -32,7 +32,8 @@ import click
 from transformers import AutoConfig
 
 from graftzoo.core.config import ConfigError, load_config
-from graftzoo.tiny.build import TinyModelSpec, tiny_config
+from graftzoo.core.models import resolve_precision, tiny_spec
+from graftzoo.tiny.build import tiny_config
 
 GIB = 1 << 30
 
@@ -75,8 +76,7 @@ def architecture(spec: dict) -> Arch:
     """A pair.models entry's architecture: tiny models from their spec; hf models from ``arch`` (config.json's
     fields, for planning without the weights) or their config (local path or hub cache)."""
     if spec.get("kind", "tiny") == "tiny":
-        return Arch.from_hf_config(tiny_config(TinyModelSpec.from_dict(
-            {k: v for k, v in spec.items() if k in TinyModelSpec.__dataclass_fields__ or k == "kind"})))
+        return Arch.from_hf_config(tiny_config(tiny_spec(spec)))
     if spec.get("arch"):
         return Arch.from_hf_config(spec["arch"])
     try:
@@ -134,10 +134,8 @@ def plan(cfg: dict, gpu_gb: float = 80.0) -> list[dict]:
             continue
         a = architecture(spec)
         n = param_count(a)
-        precision = o["precision"]
         low = spec.get("dtype", "float32" if spec.get("kind", "tiny") == "tiny" else "bfloat16") != "float32"
-        if precision == "auto":
-            precision = "bf16-mixed" if low else "fp32"
+        precision = resolve_precision(o["precision"], low)
         compute = 2 if precision == "bf16-mixed" or (precision == "model" and low) else 4
         ckpt = bool(spec.get("gradient_checkpointing", cfg["model"]["gradient_checkpointing"]))
         vllm = r["engine"] == "vllm"

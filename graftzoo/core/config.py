@@ -428,9 +428,12 @@ def check_core(cfg: dict) -> None:
         if importlib.util.find_spec("vllm") is None:  # found, not imported: the import costs seconds
             raise ConfigError(f"config key 'rollout.engine' is 'vllm' but the vllm package is not installed: "
                               f"{VLLM_INSTALL}")
-        if vl["sleep_level"] and not str(cfg["run"]["device"]).startswith("cuda"):
+        cpu = sorted({d for d in (str(s.get("device", cfg["run"]["device"])) for s in models)
+                      if not d.startswith("cuda")})
+        if vl["sleep_level"] and cpu:
             raise ConfigError(f"config key 'rollout.vllm.sleep_level' ({vl['sleep_level']}) needs vLLM's sleep mode, "
-                              f"which runs on GPUs only (run.device={cfg['run']['device']!r}): set it to 0")
+                              f"which runs on GPUs only (device {', '.join(cpu)}; run.device or "
+                              f"pair.models[].device): set it to 0")
         if vl["weight_sync"] == "tensors" and vl["multiprocessing"]:
             raise ConfigError("config key 'rollout.vllm.weight_sync' = tensors needs rollout.vllm.multiprocessing="
                               "false: tensors do not cross to the engine core's process (use disk or auto)")

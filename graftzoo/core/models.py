@@ -28,14 +28,19 @@ def split_spec(spec: dict) -> tuple[dict, dict]:
     return spec, local
 
 
+def tiny_spec(spec: dict) -> TinyModelSpec:
+    """The TinyModelSpec of a ``kind: tiny`` pair.models entry (its per-model keys, ``dtype`` and ``arch`` aside)."""
+    base, _ = split_spec(spec)
+    return TinyModelSpec.from_dict({k: v for k, v in base.items() if k not in ("dtype", "arch")})
+
+
 def load_model(spec: dict, seed: int = 0, progress=None):
     """(model, tokenizer, tokenizer_id) for a spec (without the per-model keys)."""
     hf_logging.disable_progress_bar()  # "Loading weights" bars for every model load clutter the run output
     kind = spec.get("kind", "tiny")
     if kind == "tiny":
-        spec = dict(spec)
-        dtype = spec.pop("dtype", None)  # e.g. bfloat16, to train a tiny model as a real one would be
-        ts = TinyModelSpec.from_dict(spec)
+        ts = tiny_spec(spec)
+        dtype = spec.get("dtype")  # e.g. bfloat16, to train a tiny model as a real one would be
         path = load_or_warmup(ts, progress=progress)
         model, tok = load_tiny(path)
         if dtype is not None:
@@ -76,12 +81,17 @@ def apply_precision(model, precision: str):
     ``auto`` trains a model loaded in 16 bits as ``bf16-mixed`` (AdamW on bfloat16 parameters loses updates
     smaller than their rounding: at lr 1e-6 most of them), any other as ``fp32``; ``bf16-mixed`` keeps float32
     master parameters and computes the forward in bfloat16; ``model`` trains in the dtype it was loaded in."""
-    low = next(model.parameters()).dtype in (torch.bfloat16, torch.float16)
-    if precision == "auto":
-        precision = "bf16-mixed" if low else "fp32"
+    precision = resolve_precision(precision, next(model.parameters()).dtype in (torch.bfloat16, torch.float16))
     if precision in ("fp32", "bf16-mixed"):
         model.float()
     return torch.bfloat16 if precision == "bf16-mixed" else None
+
+
+def resolve_precision(precision: str, loaded_16bit: bool) -> str:
+    """``optim.precision`` with ``auto`` resolved: ``bf16-mixed`` for a model loaded in 16 bits, else ``fp32``."""
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if loaded_16bit else "fp32"
 
 
 ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}  # rollout.engine -> engine (vllm is imported when one starts)

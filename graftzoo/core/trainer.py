@@ -419,7 +419,7 @@ def minibatch_update(ctx, policy, learner, micros: list, where: str) -> dict:
     """One optimizer step on a minibatch given as micro-batches (``optim.max_tokens_per_micro``): each one's loss
     (over the minibatch's denominators, ``Learner.norms``) adds its gradient, then one step. Metrics: ``loss`` (the
     minibatch's, the sum of the micro-batch losses), ``grad_norm``, the learner's others averaged over the
-    micro-batches weighted by their rows. A non-finite loss or gradient stops it before the step
+    micro-batches weighted by their rows (``mean_metrics``). A non-finite loss or gradient stops it before the step
     (``NonFiniteError`` carrying the metrics)."""
     policy.zero_grad()
     total, records = 0.0, []
@@ -432,7 +432,7 @@ def minibatch_update(ctx, policy, learner, micros: list, where: str) -> dict:
             raise
         records.append((len(mb), met))
         del loss  # its graph is freed before the next micro-batch's forward
-    met = weighted_metrics(records)
+    met = mean_metrics([r for _, r in records], [w for w, _ in records])
     try:
         met["grad_norm"] = policy.apply_gradients(total, where)
     except NonFiniteError as e:
@@ -440,18 +440,6 @@ def minibatch_update(ctx, policy, learner, micros: list, where: str) -> dict:
         raise
     met["loss"] = total
     return met
-
-
-def weighted_metrics(records: list) -> dict:
-    """(weight, metrics) pairs -> each metric's weighted mean over the records that have a finite value of it."""
-    if len(records) == 1:
-        return dict(records[0][1])
-    out = {}
-    for k in {k for _, r in records for k in r}:
-        vals = [(w, r[k]) for w, r in records if isinstance(r.get(k), (int, float)) and math.isfinite(r[k])]
-        total = sum(w for w, _ in vals)
-        out[k] = sum(w * v for w, v in vals) / total if total > 0 else None
-    return out
 
 
 def check_policy_version(model_id: str, policy, groups) -> None:
@@ -528,12 +516,16 @@ def complementarity(groups, peer: dict) -> dict:
             "peer/all_fail_count": len(dead)}
 
 
-def mean_metrics(records: list) -> dict:
+def mean_metrics(records: list, weights: Optional[list] = None) -> dict:
+    """Each metric's mean over the records that have a value of it (None and NaN left out), weighted by
+    ``weights`` when given (a minibatch's micro-batches by their rows)."""
+    weights = weights or [1.0] * len(records)
     out = {}
-    keys = {k for r in records for k in r}
-    for k in keys:
-        vals = [r[k] for r in records if r.get(k) is not None and not (isinstance(r[k], float) and math.isnan(r[k]))]
-        out[k] = statistics.fmean(vals) if vals else None
+    for k in {k for r in records for k in r}:
+        vals = [(w, r[k]) for w, r in zip(weights, records)
+                if r.get(k) is not None and not (isinstance(r[k], float) and math.isnan(r[k]))]
+        total = sum(w for w, _ in vals)
+        out[k] = math.fsum(w * v for w, v in vals) / total if total > 0 else None
     return out
 
 

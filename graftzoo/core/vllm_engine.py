@@ -179,33 +179,32 @@ class VLLMEngine(Engine):
 
     def __init__(self, policy, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  max_new_tokens: int = 48, min_new_tokens: int = 0, settings: Optional[dict] = None, seed: int = 0,
-                 backend: Optional[_Backend] = None, **_):
+                 **_):
         self.policy = policy
         self.temperature = float(temperature)
         self.top_p = float(top_p)
         self.top_k = int(top_k or 0)
         self.max_new_tokens = int(max_new_tokens)
         self.min_new_tokens = int(min_new_tokens)
-        self._owner = backend is None
-        self._backend = backend or _Backend(policy, {**DEFAULTS["rollout"]["vllm"], **(settings or {})}, seed)
-        if self._owner:
-            try:
-                self._backend.sync()
-            except BaseException:
-                self._backend.close()
-                raise
+        self._owner = True
+        self._backend = _Backend(policy, {**DEFAULTS["rollout"]["vllm"], **(settings or {})}, seed)
+        try:
+            self._backend.sync()
+        except BaseException:
+            self._backend.close()
+            raise
 
     @property
     def version(self) -> int:
         """The policy version of the weights the engine decodes with."""
         return self._backend.version
 
-    def with_sampling(self, **changes) -> "VLLMEngine":
-        """A view with other sampling settings (e.g. the eval top-p) that decodes with this engine's vLLM."""
-        kw = dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                  max_new_tokens=self.max_new_tokens, min_new_tokens=self.min_new_tokens)
-        kw.update(changes)
-        return VLLMEngine(self.policy, backend=self._backend, **kw)
+    def with_sampling(self, **settings) -> "VLLMEngine":
+        """A view with other sampling settings (e.g. the eval top-p) that decodes with this engine's vLLM; closing
+        the view leaves the engine running."""
+        view = super().with_sampling(**settings)
+        view._owner = False
+        return view
 
     def sync_weights(self) -> float:
         return self._backend.sync()
