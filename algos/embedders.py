@@ -54,34 +54,10 @@ class PolicyHiddenEmbedder:
     def __init__(self, batch: int = 64):
         self.batch = batch
 
-    @torch.no_grad()
     def embed(self, texts: Sequence[str], policy=None) -> torch.Tensor:
         if policy is None:
             raise ValueError("embedder 'policy_hidden' needs the policy: call embed(texts, policy=ctx.policy)")
-        model = policy.model
-        device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
-        out = []
-        try:
-            for start in range(0, len(texts), self.batch):
-                ids = [policy.encode_text(t) or [policy.eos_id] for t in texts[start:start + self.batch]]
-                width = max(len(x) for x in ids)
-                inp = torch.full((len(ids), width), policy.pad_id, dtype=torch.long)
-                att = torch.zeros((len(ids), width), dtype=torch.long)
-                for r, x in enumerate(ids):
-                    inp[r, :len(x)] = torch.tensor(x, dtype=torch.long)
-                    att[r, :len(x)] = 1
-                inp, att = inp.to(device), att.to(device)
-                hid = model(input_ids=inp, attention_mask=att, output_hidden_states=True,
-                            use_cache=False).hidden_states[-1].float()
-                m = att.unsqueeze(-1).float()
-                out.append(((hid * m).sum(1) / m.sum(1)).cpu())
-        finally:
-            model.train(was_training)
-        if not out:
-            return torch.zeros((0, int(model.config.hidden_size)))
-        return torch.cat(out)
+        return policy.mean_hidden(list(texts), batch=self.batch)
 
 
 class SentenceTransformerEmbedder:

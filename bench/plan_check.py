@@ -21,7 +21,7 @@ import json, sys, tempfile
 import torch
 torch.set_num_threads(1)
 from graftzoo.apps.plan import activation_bytes, architecture
-from graftzoo.core import trainer as T
+from graftzoo.core import update as T
 from graftzoo.core.config import load_config
 
 seen = []

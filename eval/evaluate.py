@@ -64,8 +64,8 @@ def heldout_request(cfg: dict) -> dict:
 def prompt_budget(policy, max_new_tokens: int) -> int:
     """Prompt tokens kept (the last ones, as ``Policy.encode_prompt`` does): the policy's limit,
     lowered so that prompt + ``max_new_tokens`` fit the model's context window when it has one."""
-    ctx = getattr(getattr(policy.model, "config", None), "max_position_embeddings", None)
-    if not ctx:
+    ctx = getattr(policy, "context_window", None)
+    if not ctx or ctx >= 1 << 30:  # a model that declares no context window
         return policy.max_prompt_tokens
     if ctx <= max_new_tokens:
         raise ValueError(f"model {policy.model_id!r}: max_new_tokens={max_new_tokens} leaves no room for a prompt "

@@ -296,6 +296,12 @@ CORE_BAD = [
     ("optim.max_tokens_per_micro=0", "optim.max_tokens_per_micro"), ("optim.precision=fp8", "optim.precision"),
     ("model.gradient_checkpointing=maybe", "model.gradient_checkpointing"),
     ("pair.models=[{id: a, device: 1}]", "pair.models[a].device"),
+    # issue 14: where the models run
+    ("run.backend=slurm", "run.backend"), ("ray.num_workers=0", "ray.num_workers"),
+    ("ray.cpus_per_worker=0", "ray.cpus_per_worker"), ("ray.gpus_per_worker=-1", "ray.gpus_per_worker"),
+    ("ray.placement=ANYWHERE", "ray.placement"), ("ray.ready_timeout_s=0", "ray.ready_timeout_s"),
+    ("ray.collective_timeout_s=0", "ray.collective_timeout_s"), ("ray.num_cpus=0", "ray.num_cpus"),
+    ("pair.models=[{id: a, num_workers: 0}]", "pair.models[a].num_workers"),
 ]
 
 

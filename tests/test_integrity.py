@@ -357,7 +357,10 @@ class FakePolicy:
     def state_dict(self):
         return {"model": {"w": self.w.clone()}, "version": 1}
 
-    def load_state_dict(self, state):
+    def checkpoint_state(self, folder, stem):
+        return self.state_dict(), []
+
+    def load_state_dict(self, state, folder=None):
         self.w = state["model"]["w"]
 
 
@@ -380,6 +383,7 @@ def test_a_killed_save_leaves_a_leftover_that_resume_removes(tmp_path, caplog):
                 if self.slow:
                     time.sleep(600)    # killed here: model a is written, model b is not
                 return {{"model": {{"w": torch.zeros(300000)}}}}
+            def checkpoint_state(self, folder, stem): return self.state_dict(), []
         class L:
             def state_dict(self): return {{}}
         save_checkpoint({str(tmp_path)!r}, 1, {{"a": P(False), "b": P(True)}}, {{"a": L(), "b": L()}}, {{}})

@@ -65,7 +65,7 @@ def step_grads(tmp_path, name, *overrides, algo="grpo"):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_micro_batched_step_has_the_gradient_of_the_unsplit_step(tmp_path, mode, monkeypatch):
-    from graftzoo.core import trainer as trainer_module
+    from graftzoo.core import update as trainer_module
     seen = []
     update = trainer_module.minibatch_update
 

@@ -1,6 +1,7 @@
 """The ``graftzoo`` command line (click)."""
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -21,6 +22,7 @@ from graftzoo.core.rundir import RunDirError, RunDirUsageError
 from graftzoo.core.tracking import MetricsFileError
 from graftzoo.core.trainer import train as run_train
 from graftzoo.core.xt import XTOverflowError
+from graftzoo.dist.errors import RayStartError, WorkerError
 from graftzoo.envs.cli import env_group
 from graftzoo.envs.datasets import DatasetError
 from graftzoo.eval.artifacts import ArtifactError
@@ -34,7 +36,7 @@ from graftzoo.peers.store import StoreError
 # Usage and config errors exit 2, runtime errors (data, files, disk, a diverged run) exit 1, a signal 128 + signal.
 USAGE_ERRORS = (ConfigError, RegistryError, PeerOptionError, GridError, RunDirUsageError, SelectionError)
 RUNTIME_ERRORS = (DatasetError, StoreError, ArtifactError, XTOverflowError, CheckpointError, RunDirError,
-                  NonFiniteError, MetricsFileError, EngineError, OSError)
+                  NonFiniteError, MetricsFileError, EngineError, WorkerError, RayStartError, OSError)
 
 
 def error_line(e: BaseException) -> str:
@@ -96,6 +98,13 @@ class _ProgressPrinter:
 def main(debug):
     """graftzoo: RLVR on language models: a Gymnasium math environment, an algorithm zoo
     (GRPO family, HACPO, SGT, HORA, ExTra, OM-GRPO, GRAFT) and peer exchange between models."""
+    logger = logging.getLogger("graftzoo")
+    if not logger.handlers:  # what a run does (a resume, a moved-aside run) on stderr, one line each
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def _split_keys(ctx, param, value) -> tuple:
@@ -116,7 +125,10 @@ def _split_keys(ctx, param, value) -> tuple:
 @click.option("--allow-config-change", "allow", multiple=True, callback=_split_keys, metavar="KEY",
               help="resume although KEY changed (repeatable; patterns like optim.* allowed)")
 @click.option("--no-track", is_flag=True, help="turn wandb off (metrics.jsonl is still written)")
-def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, allow, no_track):
+@click.option("--backend", type=click.Choice(["inprocess", "ray"]), default=None,
+              help="where the models run (run.backend): this process, or each model in its own Ray worker group "
+                   "(pair.models[].num_workers ranks, FSDP2-sharded; ray.* settings)")
+def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, allow, no_track, backend):
     """Train one model or co-train a pair: graftzoo train --algo grpo --pair tiny [--set key=value ...].
 
     Rerunning the same command resumes from the last intact checkpoint. SIGTERM / Ctrl-C finish the current step,
@@ -124,6 +136,8 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, all
     overrides = list(overrides) + peer  # --peer, as peer.* overrides (peer_option)
     if no_track:
         overrides.append("run.track=false")
+    if backend:
+        overrides.append(f"run.backend={backend}")
     cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)  # every config check, once
     progress = _ProgressPrinter(f"{cfg['algo']['name']} on {cfg['pair']['name']}") if cfg["run"]["progress"] else None
     try:

@@ -64,6 +64,9 @@ class MiniBatch:
     # a micro-batch's share of its minibatch: the denominators of the minibatch's aggregated loss terms
     # (Learner.norms), so that the micro-batch losses add up to the minibatch loss; None for a whole minibatch
     norm: Optional[dict] = None
+    # the loss's factor: 0 for the stand-in pass of a worker rank holding fewer micro-batches than the others
+    # (it runs the forward and backward the group's collectives need, and adds nothing)
+    scale: float = 1.0
 
     def __len__(self):
         return self.input_ids.shape[0]
@@ -75,6 +78,10 @@ class MiniBatch:
     @property
     def is_aux(self) -> torch.Tensor:
         return self.role == AUX
+
+    def tensors_only(self, scale: float = 1.0) -> "MiniBatch":
+        """A copy without ``rows`` (the Rollouts behind them), to send to a worker process."""
+        return MiniBatch(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "rows": [], "scale": scale})
 
     def to(self, device) -> "MiniBatch":
         """The tensors on ``device`` (the policy's); rows stay as they are."""

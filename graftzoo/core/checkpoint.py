@@ -42,6 +42,8 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
+from graftzoo.dist.fsdp import load_sharded
+
 log = logging.getLogger("graftzoo")
 
 CHECKPOINTS = "checkpoints"     # folder of a run directory holding its checkpoints
@@ -175,6 +177,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _record(path: Path) -> dict:
+    """Size and sha256 of a file another process wrote into the checkpoint (a worker rank's shard), fsynced."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"size": path.stat().st_size, "sha256": _sha256(path)}
+
+
 _VERIFIED: dict = {}   # files whose sha256 this process checked: (path, size, mtime_ns, inode) -> sha256
 
 
@@ -270,12 +282,18 @@ def read_manifest(ckpt) -> dict:
             or not isinstance(files, dict) or TRAINER_FILE not in files
             or not all(isinstance(r, dict) and isinstance(r.get("size"), int) and isinstance(r.get("sha256"), str)
                        for r in files.values())
-            or not all(isinstance(n, str) and "/" not in n and n not in (".", "..") for n in files)):
+            or not all(isinstance(n, str) and _inside(n) for n in files)):
         raise CheckpointError(f"{path}: malformed manifest (step, extra, files with size and sha256)")
     m = _NAME.match(Path(ckpt).name)
     if m and int(m.group(1)) != doc["step"]:
         raise CheckpointError(f"{path}: records step {doc['step']} but the folder is {Path(ckpt).name}")
     return doc
+
+
+def _inside(name: str) -> bool:
+    """A manifest's file name stays inside its checkpoint: relative, no empty, ``.`` or ``..`` part (a sharded
+    model's files are ``<model>.dcp/<file>``)."""
+    return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def verify_checkpoint(ckpt, hash_files: bool = True, files: Optional[Iterable[str]] = None) -> dict:
@@ -404,7 +422,10 @@ def save_checkpoint(run_dir, step: int, policies: dict, learners: dict, extra: d
         files, models = {}, {}
         for mid, pol in policies.items():
             f = weights_file(tmp, mid)
-            files[f.name] = _save_pt({"policy": pol.state_dict(), "learner": learners[mid].state_dict()}, f)
+            state, beside = pol.checkpoint_state(tmp, f.stem)  # a worker group's sharded policy writes its shards
+            for rel in beside:
+                files[rel] = _record(tmp / rel)
+            files[f.name] = _save_pt({"policy": state, "learner": learners[mid].state_dict()}, f)
             models[mid] = f.name
         tensors, plain = _rng_state()
         files[TRAINER_FILE] = _save_pt(tensors, tmp / TRAINER_FILE)
@@ -448,12 +469,12 @@ def load_checkpoint(path, policies: dict, learners: dict, hash_files: bool = Tru
     path = Path(path)
     doc = read_manifest(path)
     names = [_model_file(path, doc, mid) for mid in policies]
-    verify_checkpoint(path, hash_files, files=names + [TRAINER_FILE])
+    verify_checkpoint(path, hash_files, files=[x for n in names for x in _with_shards(doc, n)] + [TRAINER_FILE])
     for mid, name in zip(policies, names):
         f = path / name
         state = _safe_load(f)
         try:
-            policies[mid].load_state_dict(state["policy"])
+            policies[mid].load_state_dict(state["policy"], folder=path)
             learners[mid].load_state_dict(state["learner"])
         except Exception as e:
             raise CheckpointError(f"{f}: does not fit model {mid!r} of this run: {type(e).__name__}: "
@@ -506,8 +527,14 @@ def check_weights(ckpt, model_ids: Iterable[str], hash_files: bool = True) -> li
         return paths
     doc = read_manifest(ckpt)
     names = [_model_file(ckpt, doc, m) for m in model_ids]
-    verify_checkpoint(ckpt, hash_files, files=names)
+    verify_checkpoint(ckpt, hash_files, files=[x for n in names for x in _with_shards(doc, n)])
     return [ckpt / n for n in names]
+
+
+def _with_shards(doc: dict, name: str) -> list:
+    """A model's file and the sharded-checkpoint files written beside it (``<stem>.dcp/...``)."""
+    stem = name[:-len(".pt")] if name.endswith(".pt") else name
+    return [name] + sorted(k for k in doc["files"] if k.startswith(stem + ".dcp/"))
 
 
 def load_weights(policy, ckpt, hash_files: bool = True) -> None:
@@ -519,7 +546,10 @@ def load_weights(policy, ckpt, hash_files: bool = True) -> None:
         log.warning("%s: checkpoint of an older graftzoo (no %s): its files cannot be verified", ckpt, MANIFEST)
     state = _safe_load(path, mmap=True)
     try:
-        policy.model.load_state_dict(state["policy"]["model"])
+        if state["policy"].get("sharded"):  # written by a worker group: its torch.distributed.checkpoint shards
+            load_sharded(policy, state["policy"], ckpt, weights_only=True)
+        else:
+            policy.model.load_state_dict(state["policy"]["model"])
         policy.version = int(state["policy"].get("version", 0))
     except Exception as e:
         raise CheckpointError(f"{path}: does not fit model {policy.model_id!r}: {type(e).__name__}: "

@@ -52,6 +52,18 @@ DEFAULTS: dict = {
         "progress": True,
         "threads": 1,            # torch intra-op threads
         "device": "cpu",
+        "backend": "inprocess",  # inprocess | ray: each model in its own group of Ray workers (graftzoo.dist)
+    },
+    # --backend ray: where the cluster is and what each worker asks of it (graftzoo.dist.cluster)
+    "ray": {
+        "address": None,         # None: start a private local cluster on 127.0.0.1; else an existing one's address
+        "num_cpus": None,        # logical CPUs of the private cluster (None: enough for every worker)
+        "num_workers": 1,        # ranks of each model's group (FSDP2 over them); pair.models[i].num_workers overrides
+        "cpus_per_worker": 1,    # CPUs each worker actor reserves (its torch threads = run.threads)
+        "gpus_per_worker": 1,    # GPUs a worker on a cuda device reserves (0.5: two models' workers share a GPU)
+        "placement": "PACK",     # placement strategy of a model's group: PACK | STRICT_PACK | SPREAD | STRICT_SPREAD
+        "ready_timeout_s": 300,  # a group whose placement or start-up takes longer fails the run with the reason
+        "collective_timeout_s": 600,  # torch.distributed timeout within a group (a dead rank fails, never hangs)
     },
     "pair": {
         "name": None,
@@ -180,6 +192,15 @@ CORE = {
     "run.progress": bool,
     "run.threads": (int, "[1, inf)"),
     "run.device": str,
+    "run.backend": Literal["inprocess", "ray"],
+    "ray.address": Optional[str],
+    "ray.num_cpus": (Optional[int], "[1, inf)"),
+    "ray.num_workers": (int, "[1, inf)"),
+    "ray.cpus_per_worker": (float, "(0, inf)"),
+    "ray.gpus_per_worker": (float, "(0, inf)"),
+    "ray.placement": Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"],
+    "ray.ready_timeout_s": (float, "(0, inf)"),
+    "ray.collective_timeout_s": (float, "(0, inf)"),
     "pair.name": Optional[str],
     "pair.models": list,
     "pair.train": Optional[list[str]],
@@ -249,7 +270,7 @@ CORE = {
 }
 # per-model keys of a pair.models entry (graftzoo.core.models.PER_MODEL_KEYS) and their declarations
 MODEL_KEYS = {"id": str, "template": str, "max_new_tokens": (int, "[1, inf)"), "lr": (float, "[0, inf)"),
-              "device": str, "gradient_checkpointing": bool}
+              "device": str, "gradient_checkpointing": bool, "num_workers": (int, "[1, inf)")}
 CLIP_KEYS = ("eps_low", "eps_high", "dual_clip_c")   # optim.clip.*; no longer algo.* keys
 
 

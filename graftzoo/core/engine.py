@@ -48,6 +48,10 @@ class Engine:
                  temperature: Optional[float] = None, max_new_tokens: Optional[int] = None) -> list:
         raise NotImplementedError
 
+    def seed(self, seed: int) -> None:
+        """Seed the generator the engine samples from (torch's, where the engine runs)."""
+        torch.manual_seed(seed)
+
     def release_memory(self) -> None:
         """Free what the engine can give back while the policy updates (nothing by default)."""
 

@@ -13,19 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from graftzoo.core.batch import micro_split, pad_pairs
+from graftzoo.core.errors import NonFiniteError  # noqa: F401 - raised here, imported from here by callers
 from graftzoo.core.types import Prompt
+from graftzoo.core.update import update_policy
+from graftzoo.dist.fsdp import full_model_state, load_full, load_sharded, save_sharded
 from graftzoo.envs.templates import render_prompt
-
-
-class NonFiniteError(RuntimeError):
-    """Training produced a non-finite loss, gradient norm or parameter (the run stops; nothing of it is saved).
-    ``metrics`` holds the step's values (NaN / inf kept) for the metrics log."""
-
-    def __init__(self, what: str, value: float, where: str = "", **metrics):
-        super().__init__(f"non-finite {what} ({value}){' at ' + where if where else ''}")
-        self.what, self.value = what, value
-        self.metrics = {"loss": value if what == "loss" else None,
-                        "grad_norm": value if what == "gradient norm" else None, **metrics}
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -115,6 +107,9 @@ class Policy:
         self.optimizer = None
         self.scheduler = None
         self.grad_clip = None
+        # a rank of a worker group whose parameters FSDP2 shards (graftzoo.dist.fsdp): its state is saved and
+        # loaded through torch.distributed.checkpoint, every pass over the model is a collective of the group
+        self.sharded = False
         if optim is not None:
             self.configure_optimizer(optim)
 
@@ -173,20 +168,27 @@ class Policy:
         if self.grad_clip:
             norm = torch.nn.utils.clip_grad_norm_(params, float(self.grad_clip))
         else:
-            norm = torch.norm(torch.stack([p.grad.norm() for p in params])) if params else torch.tensor(0.0)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.tensor(0.0)
+        norm = _full(norm)  # a sharded model's norm is a DTensor: the group's total
         if not math.isfinite(float(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             raise NonFiniteError("gradient norm", float(norm), where, loss=loss_value)
         self.optimizer.step()
         self.scheduler.step()
         trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        finite = torch.stack([torch.isfinite(p).all() for _, p in trained]) if trained else torch.ones(0, dtype=bool)
+        finite = (torch.stack([torch.isfinite(_local(p)).all() for _, p in trained]) if trained
+                  else torch.ones(0, dtype=bool))  # a sharded model: this rank's shards
         if not bool(finite.all()):  # one device sync per step; the names only when something is wrong
             bad = [n for (n, _), ok in zip(trained, finite.tolist()) if not ok]
             raise NonFiniteError(f"parameters after the optimizer step ({bad[0]}"
                                  f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''})",
                                  float("nan"), where, loss=loss_value, grad_norm=float(norm))
         return float(norm)
+
+    def update(self, ctx, learner, mbs: list, recompute: bool, where: str) -> list:
+        """Train on a step's minibatches, each given as its micro-batches (``graftzoo.core.update.update_policy``);
+        returns each minibatch's metrics. A worker group's policy on the driver sends them to its ranks instead."""
+        return update_policy(ctx, self, learner, mbs, recompute, where)
 
     @property
     def lr(self) -> float:
@@ -196,6 +198,11 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype of the trained parameters (float32 master weights under ``bf16-mixed``)."""
+        return next(self.model.parameters()).dtype
 
     @property
     def eos_id(self) -> int:
@@ -271,6 +278,34 @@ class Policy:
             self.model.train(was)
         return logps, ents
 
+    @torch.no_grad()
+    def mean_hidden(self, texts, batch: int = 64) -> torch.Tensor:
+        """``[len(texts), hidden]``: the mean-pooled last-layer hidden states of ``texts`` (each encoded alone, EOS
+        for an empty one), ``batch`` texts per forward pass, in eval mode; float32 on the CPU."""
+        model = self.model
+        was_training = model.training
+        model.eval()
+        out = []
+        try:
+            for start in range(0, len(texts), batch):
+                ids = [self.encode_text(t) or [self.eos_id] for t in texts[start:start + batch]]
+                width = max(len(x) for x in ids)
+                inp = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+                att = torch.zeros((len(ids), width), dtype=torch.long)
+                for r, x in enumerate(ids):
+                    inp[r, :len(x)] = torch.tensor(x, dtype=torch.long)
+                    att[r, :len(x)] = 1
+                inp, att = inp.to(self.device), att.to(self.device)
+                hid = model(input_ids=inp, attention_mask=att, output_hidden_states=True,
+                            use_cache=False).hidden_states[-1].float()
+                m = att.unsqueeze(-1).float()
+                out.append(((hid * m).sum(1) / m.sum(1)).cpu())
+        finally:
+            model.train(was_training)
+        if not out:
+            return torch.zeros((0, int(model.config.hidden_size)))
+        return torch.cat(out)
+
     @property
     def context_window(self) -> int:
         """The model's maximum sequence length (position embeddings); unbounded when it declares none."""
@@ -319,10 +354,40 @@ class Policy:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict() if self.optimizer else None,
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None, "version": self.version}
 
-    def load_state_dict(self, state: dict):
+    def full_state_dict(self) -> dict:
+        """The model's parameters and buffers as whole tensors (a sharded model's gathered: a collective of its
+        group), for a rollout engine's weight sync or an export."""
+        if self.sharded:
+            return full_model_state(self.model)
+        return self.model.state_dict()
+
+    def checkpoint_state(self, folder, stem: str) -> tuple[dict, list]:
+        """What a checkpoint stores of this policy: its state for the model's ``.pt`` file and the files written
+        beside it in ``folder`` (relative paths; a sharded policy's ``torch.distributed.checkpoint`` shards, which
+        every rank of its group writes at once)."""
+        if self.sharded:
+            return save_sharded(self, folder, stem)
+        return self.state_dict(), []
+
+    def load_state_dict(self, state: dict, folder=None):
+        """Restore ``state_dict()``'s state; a sharded checkpoint's (``{"sharded": dir, ...}``, written by a worker
+        group) is read from ``folder / dir`` through ``torch.distributed.checkpoint`` (graftzoo.dist.fsdp)."""
+        if state.get("sharded") or self.sharded:
+            load_sharded(self, state, folder) if state.get("sharded") else load_full(self, state)
+            return
         self.model.load_state_dict(state["model"])
         if self.optimizer and state.get("optimizer"):
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler and state.get("scheduler"):
             self.scheduler.load_state_dict(state["scheduler"])
         self.version = state.get("version", 0)
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (the group's reduction of a sharded model's norm); other tensors as they are."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor parameter; other tensors as they are."""
+    return t.to_local() if hasattr(t, "to_local") else t

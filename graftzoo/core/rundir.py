@@ -37,12 +37,16 @@ FREE_TO_CHANGE = (
     "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
     "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags",
     "run.variant", "run.progress", "run.threads", "run.device", "store.enabled",
+    # where the models run (a checkpoint of either backend, any number of ranks, resumes on the other)
+    "run.backend", "ray.*",
     "eval.dataset", "eval.size", "eval.k", "eval.greedy", "eval.temperature", "eval.max_new_tokens",
     "eval.benchmarks", "eval.allow_test_selection", "eval.top_p",
     # how the vLLM engine is hosted, not what it samples
     "rollout.vllm.kv_cache_gb", "rollout.vllm.gpu_memory_utilization", "rollout.vllm.multiprocessing",
     "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs",
 )
+
+HOSTING_MODEL_KEYS = ("device", "num_workers")  # keys of a pair.models entry that are free to change on resume
 
 
 class RunDirError(RuntimeError):
@@ -148,6 +152,10 @@ def config_changes(stored: dict, requested: dict) -> dict:
     """Trajectory-relevant keys whose value differs: key -> (stored, requested). A key that the stored config
     lacks (added by a later release) and that is requested at its default is no change."""
     a, b = flatten(stored), flatten(requested)
+    for flat in (a, b):  # where a model runs is not what it learns: its hosting keys are free to change
+        if isinstance(flat.get("pair.models"), list):
+            flat["pair.models"] = [{k: v for k, v in m.items() if k not in HOSTING_MODEL_KEYS} if isinstance(m, dict)
+                                   else m for m in flat["pair.models"]]
     defaults = flatten(DEFAULTS)
     out = {}
     for key in sorted(set(a) | set(b)):

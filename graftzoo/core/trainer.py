@@ -9,10 +9,8 @@ builds its batch; then every model updates.
 """
 from __future__ import annotations
 
-import copy
 import errno
 import logging
-import math
 import random
 import statistics
 import time
@@ -29,19 +27,20 @@ from graftzoo.core.policy import NonFiniteError
 from graftzoo.core.preemption import Interrupted, StopRequest
 from graftzoo.core.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, holds_run,
                                   move_aside)
-from graftzoo.core.schema import ConfigError
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import (eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request,
                                     make_eval_engine)
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.core.engine import EngineError
-from graftzoo.core.models import build_engine, build_policy
+from graftzoo.core.models import InProcess
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.core.registry import get_algo
 from graftzoo.core.sampler import PromptSampler
 from graftzoo.core.tracking import Tracker
+from graftzoo.core.update import mean_metrics
+from graftzoo.dist.backend import RayBackend
 
 
 log = logging.getLogger("graftzoo")
@@ -135,37 +134,22 @@ class Trainer:
             planned = {p.id for s in range(min(self.total_steps, 50)) for p in self.sampler.batch(s)[0]}
         self.peers = make_peer_source(cfg, self.model_ids, self.dataset_id, planned)
 
-        torch.manual_seed(self.seed)
-        self.policies = {s["id"]: build_policy(s, cfg, self.seed) for s in specs if s["id"] in train_ids}
-        for m, p in self.policies.items():
-            window = p.context_window
-            if int(cfg["rollout"]["max_new_tokens"]) >= window:
-                raise ConfigError(f"config key 'rollout.max_new_tokens' ({cfg['rollout']['max_new_tokens']}) must be "
-                                  f"below model {m!r}'s context window of {window} tokens")
-        self.engines = {}
-        for m, p in self.policies.items():  # one at a time: close() ends those built if a later one fails
-            self.engines[m] = build_engine(p, cfg)
+        self.backend = make_backend(cfg)
+        self.policies, self.engines, self.refs = self.backend.build(cfg, specs, train_ids, self.seed)
         algo_cls = get_algo(cfg["algo"]["name"])
         algo_cfg = algo_config(cfg)  # checked once by load_config; built here without a second check
         self.learners = {m: algo_cls(algo_cfg, cfg) for m in self.model_ids}
-        self.refs = {}
-        if getattr(self.learners[self.model_ids[0]].cfg, "beta_kl", 0) > 0:
-            for m, p in self.policies.items():
-                ref = copy.copy(p)
-                ref.model = copy.deepcopy(p.model).eval()
-                for q in ref.model.parameters():
-                    q.requires_grad_(False)
-                self.refs[m] = ref
         self.store = TrajectoryStore(self.run_dir / STORE, dataset=self.dataset_id) if cfg["store"]["enabled"] else None
         self.meter = ComputeMeter()
         self.tracker: Optional[Tracker] = None
 
     def close(self):
-        """Close the rollout engines and release the run directory (``run`` does it when it ends)."""
-        engines, self.engines = getattr(self, "engines", {}), {}
+        """Close the rollout engines and the worker groups, release the run directory (``run`` does it when it
+        ends)."""
+        backend, self.backend, self.engines = getattr(self, "backend", None), None, {}
         try:
-            for engine in engines.values():
-                engine.close()
+            if backend is not None:
+                backend.close()
         finally:
             self._release_lock()
 
@@ -194,7 +178,7 @@ class Trainer:
         recompute = {m: recompute_old_logp(self.cfg, self.policies[m], self.engines[m]) for m in self.model_ids}
         for mi, m in enumerate(self.model_ids):
             ctx = ctxs[m] = self.context(step, epoch, m, mi)
-            torch.manual_seed(derive_seed(self.seed, step, m, "generate"))
+            self.engines[m].seed(derive_seed(self.seed, step, m, "generate"))  # where the engine samples
             gs = self.learners[m].collect(ctx, prompts)
             with ctx.phase("logprob"):  # theta_old through the training path (spec algos_single §0)
                 ctx.log("rollout/logp_diff_max", old_logp_pass(self.policies[m], gs, recompute[m]))
@@ -220,26 +204,16 @@ class Trainer:
         out = {}
         for m in self.model_ids:
             ctx, pol, learner = ctxs[m], self.policies[m], self.learners[m]
-            upd = []
             check_policy_version(m, pol, groups[m])
             self.engines[m].release_memory()
             budget = self.cfg["optim"]["max_tokens_per_micro"]
             mbs = [[mb.to(pol.device) for mb in batches[m].micro_batches(idx, budget, partial(learner.norms, ctx))]
                    for idx in learner.schedule(ctx, batches[m])]  # each minibatch as micro-batches
-            if recompute[m]:
-                with self.meter.phase(m, "logprob"):
-                    for micros in mbs:
-                        for mb in micros:
-                            minibatch_old_logp(pol, mb)
-            with self.meter.phase(m, "update"):
-                for u, micros in enumerate(mbs):
-                    ctx.update = u
-                    try:
-                        upd.append(minibatch_update(ctx, pol, learner, micros,
-                                                    where=f"model {m!r}, step {step}, minibatch {u}"))
-                    except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
-                        e.model = m
-                        raise
+            try:
+                upd = pol.update(ctx, learner, mbs, recompute[m], where=f"model {m!r}, step {step}")
+            except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
+                e.model = m
+                raise
             pol.version += 1
             sync_s = self.engines[m].sync_weights()  # the next generate decodes with the updated weights
             after = self._phase_wall(m)
@@ -254,6 +228,7 @@ class Trainer:
             met["time/update"] = dt.get("update", 0.0)
             met["time/exchange"] = xtime[m]
             met["time/weight_sync"] = sync_s
+            met["batch/tokens"] = sum(len(r.prompt_ids) + len(r.response_ids) for r in batches[m].rows)
             toks = ctx.metrics.get("rollouts/tokens", 0)
             met["perf/tokens_per_s"] = toks / met["time/generate"] if met["time/generate"] > 0 else None
             met["time/step"] = time.perf_counter() - t0
@@ -312,6 +287,8 @@ class Trainer:
             return 0, None
         state = load_checkpoint(ck, self.policies, self.learners)
         self.wandb_id = state.get("wandb_id")
+        log.info("%s: resuming from %s (%d of %d steps done)", self.run_dir, ck.name, state["step"] + 1,
+                 self.total_steps)
         if self.config_changes:
             log.warning("%s: continuing from %s under a changed config: %s", self.run_dir, ck.name,
                         "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in self.config_changes.items()))
@@ -409,37 +386,10 @@ def recompute_old_logp(cfg: dict, policy, engine) -> bool:
     if want != "auto":
         return bool(want)
     itself = getattr(engine, "uses_training_model", False) and getattr(engine, "policy", None) is policy
-    fp32 = next(policy.model.parameters()).dtype == torch.float32 and getattr(policy, "autocast_dtype", None) is None
+    fp32 = policy.param_dtype == torch.float32 and getattr(policy, "autocast_dtype", None) is None
     cut = (float(getattr(engine, "top_p", r["top_p"])) < 1.0 or int(getattr(engine, "top_k", r["top_k"]) or 0) > 0
            or int(getattr(engine, "min_new_tokens", 0) or 0) > 0)
     return not (itself and fp32) or cut
-
-
-def minibatch_update(ctx, policy, learner, micros: list, where: str) -> dict:
-    """One optimizer step on a minibatch given as micro-batches (``optim.max_tokens_per_micro``): each one's loss
-    (over the minibatch's denominators, ``Learner.norms``) adds its gradient, then one step. Metrics: ``loss`` (the
-    minibatch's, the sum of the micro-batch losses), ``grad_norm``, the learner's others averaged over the
-    micro-batches weighted by their rows (``mean_metrics``). A non-finite loss or gradient stops it before the step
-    (``NonFiniteError`` carrying the metrics)."""
-    policy.zero_grad()
-    total, records = 0.0, []
-    for mb in micros:
-        loss, met = learner.loss(ctx, policy, mb)
-        try:
-            total += policy.accumulate(loss, where)
-        except NonFiniteError as e:
-            e.metrics = {**met, **e.metrics}
-            raise
-        records.append((len(mb), met))
-        del loss  # its graph is freed before the next micro-batch's forward
-    met = mean_metrics([r for _, r in records], [w for w, _ in records])
-    try:
-        met["grad_norm"] = policy.apply_gradients(total, where)
-    except NonFiniteError as e:
-        e.metrics = {**met, **e.metrics}
-        raise
-    met["loss"] = total
-    return met
 
 
 def check_policy_version(model_id: str, policy, groups) -> None:
@@ -451,15 +401,6 @@ def check_policy_version(model_id: str, policy, groups) -> None:
     if stale:
         raise EngineError(f"model {model_id!r}: rollouts generated by policy version(s) {stale} reached the update "
                           f"of version {policy.version}: the engine's weights were not synced after an update")
-
-
-@torch.no_grad()
-def minibatch_old_logp(policy, mb):
-    """theta_old of a minibatch's rows by the update's own forward code on the same batch (same rows, same
-    padding), before any optimizer step of the rollout batch: the first minibatch's ratio is then exactly 1 in
-    every precision (spec algos_single §0). A given ratio base (``given_old``, e.g. GRAFT T2) is kept."""
-    logp, _ = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
-    mb.old_logp = torch.where(mb.given_old.unsqueeze(1), mb.old_logp, logp.to(mb.old_logp.dtype))
 
 
 def old_logp_pass(policy, groups, recompute: bool) -> Optional[float]:
@@ -516,17 +457,11 @@ def complementarity(groups, peer: dict) -> dict:
             "peer/all_fail_count": len(dead)}
 
 
-def mean_metrics(records: list, weights: Optional[list] = None) -> dict:
-    """Each metric's mean over the records that have a value of it (None and NaN left out), weighted by
-    ``weights`` when given (a minibatch's micro-batches by their rows)."""
-    weights = weights or [1.0] * len(records)
-    out = {}
-    for k in {k for r in records for k in r}:
-        vals = [(w, r[k]) for w, r in zip(weights, records)
-                if r.get(k) is not None and not (isinstance(r[k], float) and math.isnan(r[k]))]
-        total = sum(w for w, _ in vals)
-        out[k] = math.fsum(w * v for w, v in vals) / total if total > 0 else None
-    return out
+def make_backend(cfg: dict):
+    """The backend ``run.backend`` names (Ray is imported only when asked for)."""
+    if cfg["run"]["backend"] == "ray":
+        return RayBackend()
+    return InProcess()
 
 
 def train(cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None, overwrite: bool = False,

@@ -143,12 +143,13 @@ class _Backend:
         pol = self.policy
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
+        with torch.no_grad():
+            state = pol.full_state_dict()  # a sharded policy's parameters gathered (its group's collective)
         if self.from_disk:
-            pol.model.save_pretrained(self.dir, safe_serialization=True)
+            pol.model.save_pretrained(self.dir, state_dict=state, safe_serialization=True)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.dir})
         else:
-            with torch.no_grad():
-                weights = [(k, v.detach()) for k, v in pol.model.state_dict().items()]
+            weights = [(k, v.detach()) for k, v in state.items()]
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])

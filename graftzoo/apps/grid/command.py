@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import click
+from graftzoo.apps.grid.on_ray import RayCells
 
 from graftzoo.apps.grid.load import load_grid
 from graftzoo.apps.grid.model import Grid, GridError, select_cells
@@ -80,7 +81,10 @@ def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="cells run at a time")
 @click.option("--in-process", is_flag=True, help="run cells in this process instead of child processes")
 @click.option("--no-report", is_flag=True, help="do not write the report at the end")
-def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report):
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
+              help="run each cell as a Ray task holding the CPUs/GPUs it needs, on a private local cluster or the "
+                   "one at ADDRESS (cells run as soon as their dependencies are done and the cluster has room)")
+def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report, ray_address):
     """Run a grid: graftzoo grid configs/grids/NAME.yaml [--dry-run] [--out DIR]."""
     try:
         grid = load_grid(grid_file, out)
@@ -98,7 +102,16 @@ def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report):
         sys.exit(2)
     if dry_run:
         return
-    result = run_grid(grid, cells, jobs=jobs, in_process=in_process, echo=click.echo)
+    if ray_address and in_process:
+        raise click.UsageError("--ray runs cells as Ray tasks; drop --in-process")
+    if ray_address:
+        ray_cells = RayCells(None if ray_address == "local" else ray_address, cells)
+        try:
+            result = run_grid(grid, cells, jobs=max(1, len(cells)), echo=click.echo, runner=ray_cells)
+        finally:
+            ray_cells.close()
+    else:
+        result = run_grid(grid, cells, jobs=jobs, in_process=in_process, echo=click.echo)
     if not no_report:
         write_report(grid, cells, echo=click.echo)
     bad = [n for n, s in result.items() if s in ("failed", "blocked")]

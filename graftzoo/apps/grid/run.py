@@ -133,11 +133,13 @@ def check_configs(cells: list) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 def run_grid(grid: Grid, cells: list, *, jobs: int = 1, in_process: bool = False,
-             echo: Callable[[str], None] = print) -> dict:
-    """Run ``cells`` (dependencies first); returns cell name -> "done" | "skipped" | "failed" | "blocked"."""
+             echo: Callable[[str], None] = print, runner: Optional[Callable] = None) -> dict:
+    """Run ``cells`` (dependencies first); returns cell name -> "done" | "skipped" | "failed" | "blocked".
+    ``runner``: how a cell runs (default: a child process, or this process with ``in_process``), e.g. as a Ray
+    task (graftzoo.apps.grid.on_ray)."""
     logs = grid.root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    runner = run_cell_inprocess if in_process else run_cell_subprocess
+    runner = runner or (run_cell_inprocess if in_process else run_cell_subprocess)
     result: dict = {}
     pending = list(cells)
     running: dict = {}

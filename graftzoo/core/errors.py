@@ -1,0 +1,16 @@
+"""Errors of training that cross module and process boundaries (imported without torch or models)."""
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced a non-finite loss, gradient norm or parameter (the run stops; nothing of it is saved).
+    ``metrics`` holds the step's values (NaN / inf kept) for the metrics log."""
+
+    def __init__(self, what: str, value: float, where: str = "", **metrics):
+        super().__init__(f"non-finite {what} ({value}){' at ' + where if where else ''}")
+        self.what, self.value = what, value
+        self.where = where
+        self.metrics = {"loss": value if what == "loss" else None,
+                        "grad_norm": value if what == "gradient norm" else None, **metrics}
+
+    def __reduce__(self):  # raised in a worker process, re-raised by the driver with its metrics
+        return (type(self), (self.what, self.value, self.where), self.__dict__)

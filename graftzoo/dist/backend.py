@@ -1,0 +1,327 @@
+"""``run.backend: ray`` — each model in its own group of Ray workers (graftzoo.dist.worker), placed by a placement
+group with its own devices; the driver (the trainer's process) runs the same step as in-process, through the same
+Learner hooks, on plain data.
+
+On the driver a model is a ``RemotePolicy`` (its tokenizer and template, for the learner's text work; its forward
+passes — scoring, hidden states, the update — run in the group) and a ``RemoteEngine`` (generate runs in the group).
+No algorithm code knows about Ray: the learners get these in place of a ``Policy`` and an ``Engine``.
+
+A group of ``pair.models[i].num_workers`` ranks trains with FSDP2 (graftzoo.dist.fsdp): each rank gets its share of
+every minibatch's micro-batches (round-robin; a stand-in of scale 0 where it holds fewer), and the ranks' gradients
+are summed, so the update is the one-process update. A rank that dies or fails ends the run with an error naming the
+model and the rank (``WorkerError``); the rest of its group is killed, nothing hangs.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from graftzoo.core.engine import Engine
+from graftzoo.core.models import check_context, load_tokenizer_of, split_spec
+from graftzoo.core.policy import Policy
+from graftzoo.dist.errors import WorkerError
+from graftzoo.core.update import mean_metrics
+from graftzoo.dist.cluster import connect, disconnect
+from graftzoo.dist.worker import PolicyWorker
+
+log = logging.getLogger("graftzoo")
+
+
+class WorkerGroup:
+    """The Ray actors (ranks) of one model, in a placement group of their own."""
+
+    def __init__(self, model_id: str, spec: dict, cfg: dict, seed: int):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.model_id, self.actors, self.pids, self.pg = model_id, [], [], None
+        self.broken = False  # a call failed: the others may wait in a collective, so close() ends them at once
+        _, local = split_spec(spec)
+        self.world = workers_of(spec, cfg)
+        device = str(local.get("device", cfg["run"]["device"]))
+        r = cfg["ray"]
+        gpus = float(r["gpus_per_worker"]) if device.startswith("cuda") else 0
+        bundle = {"CPU": float(r["cpus_per_worker"]), **({"GPU": gpus} if gpus else {})}
+        self.gpus = gpus * self.world  # GPUs the group holds, for the compute accounting
+        self.pg = placement_group([dict(bundle) for _ in range(self.world)], strategy=r["placement"],
+                                  name=f"graftzoo-{model_id}-{os.getpid()}")
+        ready, _ = ray.wait([self.pg.ready()], timeout=float(r["ready_timeout_s"]))
+        if not ready:
+            raise WorkerError(f"model {model_id!r}: its placement group ({self.world} x {bundle}, "
+                              f"{r['placement']}) was not ready after {r['ready_timeout_s']} s; the cluster has "
+                              f"{ray.cluster_resources()} (STRICT_SPREAD needs a node per worker)")
+        env = {"OMP_NUM_THREADS": str(cfg["run"]["threads"]), "TOKENIZERS_PARALLELISM": "false"}
+        cls = ray.remote(PolicyWorker)
+        for rank in range(self.world):
+            strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
+            self.actors.append(cls.options(num_cpus=bundle["CPU"], num_gpus=gpus, scheduling_strategy=strategy,
+                                           runtime_env={"env_vars": env}, name=None, max_restarts=0)
+                               .remote(spec, cfg, rank, self.world, os.getcwd()))
+        addr, port = self.call("address", ranks=[0])[0] if self.world > 1 else ("127.0.0.1", 0)
+        self.infos = self.call("setup", addr, port, seed, timeout=float(r["ready_timeout_s"]) + 600.0)
+        self.pids = [i["pid"] for i in self.infos]
+        self.info = self.infos[0]
+
+    # ---- calls -------------------------------------------------------------------------------
+    def call(self, method: str, *args, ranks=None, per_rank=None, timeout: Optional[float] = None, **kwargs) -> list:
+        """Call ``method`` on the ranks (all by default) at once and wait for all of them; ``per_rank[i]``: keyword
+        arguments of rank i's call only. The first failure ends the wait: a dead rank raises ``WorkerError`` naming
+        it; an error raised in a rank is re-raised as itself (its message gains the model and rank)."""
+        import ray
+        ranks = list(range(self.world)) if ranks is None else list(ranks)
+        shared = [ray.put(a) if _large(a) else a for a in args]
+        refs = []
+        for i, rank in enumerate(ranks):
+            own = per_rank[i] if per_rank is not None else {}
+            refs.append(getattr(self.actors[rank], method).remote(*shared, **kwargs, **own))
+        where = {ref: rank for ref, rank in zip(refs, ranks)}
+        pending, t0 = list(refs), time.monotonic()
+        while pending:
+            left = None if timeout is None else max(0.0, timeout - (time.monotonic() - t0))
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not done:
+                self.broken = True
+                raise WorkerError(f"model {self.model_id!r}: rank(s) {sorted(where[p] for p in pending)} did not "
+                                  f"answer {method} within {timeout:.0f} s")
+            try:
+                self._check(done[0], where[done[0]], method)
+            except BaseException:
+                self.broken = True
+                raise
+        return ray.get(refs)
+
+    def _check(self, ref, rank: int, method: str) -> None:
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+        try:
+            ray.get(ref)
+        except RayActorError as e:
+            pid = self.pids[rank] if rank < len(self.pids) else "?"
+            raise WorkerError(f"model {self.model_id!r}: worker rank {rank} (pid {pid}) died during {method}: "
+                              f"{_first_line(e)}; rerun the command to resume from the last checkpoint") from None
+        except RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, BaseException) and not isinstance(cause, RayTaskError):
+                if cause.args and isinstance(cause.args[0], str):
+                    cause.args = (f"{cause.args[0]} [model {self.model_id!r}, worker rank {rank}]",
+                                  *cause.args[1:])
+                raise cause from None
+            raise WorkerError(f"model {self.model_id!r}: worker rank {rank} failed in {method}: "
+                              f"{_first_line(e)}") from None
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close the engines and leave the process group (bounded wait; skipped after a failed call, when a rank may
+        be waiting in a collective), then end the actors and free the placement group."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+        try:
+            if self.actors and self.pids and not self.broken:
+                refs = [a.close.remote() for a in self.actors]
+                ray.wait(refs, num_returns=len(refs), timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - a dead group is ended below all the same
+            log.debug("closing model %s's workers: %s", self.model_id, e)
+        finally:
+            for a in self.actors:
+                ray.kill(a, no_restart=True)
+            self.actors = []
+            if self.pg is not None:
+                remove_placement_group(self.pg)
+                self.pg = None
+
+
+def workers_of(spec: dict, cfg: dict) -> int:
+    """The ranks of a model's group: ``pair.models[i].num_workers``, else ``ray.num_workers``."""
+    return int(split_spec(spec)[1].get("num_workers", cfg["ray"]["num_workers"]))
+
+
+def _large(x) -> bool:
+    """Arguments sent to several ranks are put in Ray's object store once."""
+    return isinstance(x, (list, dict, tuple)) and len(x) > 8
+
+
+def _first_line(e) -> str:
+    return " ".join(str(e).split())[:400]
+
+
+# ----------------------------------------------------------------------------------------------
+# the driver's view of a model: a Policy whose forward passes run in its group, an Engine that generates there
+# ----------------------------------------------------------------------------------------------
+
+class RemotePolicy(Policy):
+    """A model living in a worker group, as the learner sees it: tokenizer, template and limits here; scoring,
+    hidden states, the update and the state in the group."""
+
+    def __init__(self, group: WorkerGroup, spec: dict, cfg: dict, tokenizer, tokenizer_id: str):
+        _, local = split_spec(spec)
+        super().__init__(spec["id"], None, tokenizer, template=local.get("template", cfg["pair"]["template"]),
+                         temperature=cfg["rollout"]["temperature"],
+                         max_prompt_tokens=cfg["rollout"]["max_prompt_tokens"], tokenizer_id=tokenizer_id)
+        self.group, info = group, group.info
+        self.max_response_tokens = int(info["max_response_tokens"])
+        self.max_tokens_per_micro = info["max_tokens_per_micro"]
+        self.autocast_dtype = getattr(torch, info["autocast_dtype"].replace("torch.", "")) \
+            if info["autocast_dtype"] else None
+        self._param_dtype = getattr(torch, info["param_dtype"].replace("torch.", ""))
+        self._lr, self.version = float(info["lr"]), int(info["version"])
+
+    # what runs here
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")  # minibatches are built here and sent to the group
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return self._param_dtype
+
+    @property
+    def context_window(self) -> int:
+        return int(self.group.info["context_window"])
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    # what runs in the group
+    def score_sequences(self, prompts: list, responses: list, *, with_entropy: bool = False, chunk: int = 256):
+        return self.group.call("score_sequences", prompts, responses, with_entropy)[0]
+
+    def mean_hidden(self, texts, batch: int = 64) -> torch.Tensor:
+        return self.group.call("mean_hidden", list(texts), batch)[0]
+
+    def update(self, ctx, learner, mbs: list, recompute: bool, where: str) -> list:
+        """Each rank gets its share of every minibatch's micro-batches; the minibatch's metrics are merged as one
+        process computes them (loss: the sum; the others: means weighted by rows; grad norm: the group's)."""
+        W = self.group.world
+        shares = [[_share(micros, r, W) for micros in mbs] for r in range(W)]
+        res = self.group.call("update", ctx.step, ctx.epoch, ctx.model_index, learner.state_dict(), recompute=recompute,
+                              where=where, per_rank=[{"mbs": s} for s in shares])
+        for k, (wall, cpu) in res[0]["phases"].items():
+            if ctx.meter is not None:
+                ctx.meter.add(self.model_id, k, wall, cpu, self.group.gpus * wall / 3600.0)
+        for k, v in res[0]["metrics"].items():
+            ctx.log(k, v)
+        ctx.log("perf/peak_mem_gb", max(r["peak_mem_gb"] for r in res))  # the group's largest rank
+        out = []
+        for u in range(len(mbs)):
+            parts = [r["minibatches"][u] for r in res]
+            records = [rec for p in parts for rec in p["records"]]
+            met = mean_metrics([m for _, m in records], [w for w, _ in records])
+            met["grad_norm"] = parts[0]["grad_norm"]
+            met["loss"] = sum(p["total"] for p in parts)
+            out.append(met)
+        self._lr = float(res[0]["lr"])
+        return out
+
+    def apply_optim_settings(self, optim: dict):
+        self.group.call("apply_optim_settings", optim)
+
+    def state_dict(self) -> dict:
+        if self.group.world > 1:
+            raise NotImplementedError(f"model {self.model_id!r} is sharded over {self.group.world} workers: "
+                                      f"use checkpoint_state (sharded) or full_state_dict")
+        return self.group.call("state_dict")[0]
+
+    def full_state_dict(self) -> dict:
+        return self.group.call("full_state_dict")[0]
+
+    def checkpoint_state(self, folder, stem: str) -> tuple[dict, list]:
+        if self.group.world == 1:
+            return self.state_dict(), []
+        return self.group.call("checkpoint_state", str(Path(folder).resolve()), stem)[0]
+
+    def load_state_dict(self, state: dict, folder=None):
+        where = None if folder is None else str(Path(folder).resolve())
+        got = self.group.call("load_state_dict", state, where)[0]
+        self.version, self._lr = int(got["version"]), float(got["lr"])
+
+    # a forward pass or optimizer call here is a mistake: say where the model is
+    def _elsewhere(self, *_, **__):
+        raise WorkerError(f"model {self.model_id!r} lives in a Ray worker group (run.backend=ray): its forward "
+                          f"passes and optimizer run there (score_sequences, mean_hidden, update)")
+
+    logprobs = step = zero_grad = accumulate = apply_gradients = configure_optimizer = _elsewhere
+
+
+def _share(micros: list, rank: int, world: int) -> list:
+    """Rank ``rank``'s micro-batches of a minibatch (round-robin), without their Rollouts; a rank left with fewer
+    than the others gets a stand-in of scale 0 for each missing pass (the group's collectives need them)."""
+    mine = [mb.tensors_only() for mb in micros[rank::world]]
+    passes = -(-len(micros) // world)
+    while len(mine) < passes:
+        mine.append(micros[0].tensors_only(scale=0.0))
+    return mine
+
+
+class RemoteEngine(Engine):
+    """The rollout engine of a worker group (HF on every rank in lockstep, or vLLM on rank 0)."""
+
+    def __init__(self, group: WorkerGroup, policy: RemotePolicy):
+        info = group.info["engine"]
+        self.group, self.policy = group, policy
+        self.uses_training_model = info["uses_training_model"]
+        self.temperature, self.top_p, self.top_k = info["temperature"], info["top_p"], info["top_k"]
+        self.max_new_tokens, self.min_new_tokens = info["max_new_tokens"], info["min_new_tokens"]
+        self.sampling: dict = {}
+        self.ranks = list(range(group.world)) if info["class"] == "HFEngine" else [0]
+
+    def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None) -> list:
+        return self.group.call("generate", list(prompts), n, prefixes, greedy, temperature, max_new_tokens,
+                               self.policy.max_prompt_tokens, self.sampling, ranks=self.ranks)[0]
+
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.group.call("seed", seed)
+
+    def release_memory(self) -> None:
+        self.group.call("release_memory")
+
+    def sync_weights(self) -> float:
+        return float(self.group.call("sync_weights")[0])
+
+    def with_sampling(self, **settings) -> "RemoteEngine":
+        view = copy.copy(self)
+        view.sampling = {**self.sampling, **settings}
+        for k, v in settings.items():
+            setattr(view, k, v)
+        return view
+
+    def close(self) -> None:
+        """The group closes its engines (``RayBackend.close``)."""
+
+
+class RayBackend:
+    """Builds each trained model's worker group on Ray (a private local cluster unless ``ray.address``)."""
+
+    def __init__(self):
+        self.groups: dict = {}
+        self.started = False
+
+    def build(self, cfg: dict, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
+        specs = [s for s in specs if s["id"] in train_ids]
+        toks = {s["id"]: load_tokenizer_of(s) for s in specs}  # a tiny model is warmed up here, once
+        workers = sum(workers_of(s, cfg) for s in specs)
+        self.started = connect(cfg, workers)
+        policies, engines = {}, {}
+        for s in specs:  # one at a time: close() ends the groups built when a later one fails
+            self.groups[s["id"]] = group = WorkerGroup(s["id"], s, cfg, seed)
+            tok, tok_id = toks[s["id"]]
+            policies[s["id"]] = pol = RemotePolicy(group, s, cfg, tok, tok_id)
+            engines[s["id"]] = RemoteEngine(group, pol)
+        check_context(cfg, policies)
+        return policies, engines, {}  # a KL reference lives in its model's group
+
+    def close(self) -> None:
+        groups, self.groups = self.groups, {}
+        try:
+            for g in groups.values():
+                g.close()
+        finally:
+            disconnect(self.started)
+            self.started = False

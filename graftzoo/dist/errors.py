@@ -1,0 +1,10 @@
+"""Errors of the Ray backend (imported without Ray)."""
+
+
+class WorkerError(RuntimeError):
+    """A worker of a model's group died, could not be placed or started, or failed in a way the driver cannot
+    re-raise as it was; the message names the model and the rank."""
+
+
+class RayStartError(RuntimeError):
+    """Ray could not be started or reached."""

@@ -1,0 +1,101 @@
+"""FSDP2 within a model's worker group: the process group, the sharding, and sharded checkpoints.
+
+Every rank of a group holds a shard of each parameter, gradient and AdamW state (``fully_shard`` per decoder block
+and at the root: torch.distributed.fsdp, gloo on CPU, NCCL on GPU). Gradients are summed over the ranks, not
+averaged: each rank's micro-batch losses already use the whole minibatch's denominators (``Learner.norms``), so
+the sum over ranks is the minibatch's gradient, exactly as one process accumulates it.
+
+Checkpoints: each rank writes its shards through ``torch.distributed.checkpoint`` (DCP) into
+``<checkpoint>/<model>.dcp/``; the model's ``.pt`` file holds ``{"sharded": "<model>.dcp", "scheduler", "version"}``.
+DCP reshards on load, so a checkpoint resumes on any number of ranks, or in one process (``load_sharded`` without a
+process group).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+
+def init_group(rank: int, world: int, addr: str, port: int, device: str, timeout_s: float) -> None:
+    """Join the model's process group (every rank calls it at once): NCCL on a GPU, gloo on the CPU. A rank that
+    dies makes the others' collectives fail after ``timeout_s`` instead of hanging."""
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=float(timeout_s)))
+
+
+def shard_model(model) -> None:
+    """``fully_shard`` each decoder block (the model's ``_no_split_modules`` classes) and then the root; gradients
+    summed over the ranks (divide factor 1, plain sum reductions)."""
+    blocks = set(getattr(model, "_no_split_modules", None) or [])
+    for module in list(model.modules()):
+        if module is not model and type(module).__name__ in blocks:
+            fully_shard(module)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
+
+
+def full_model_state(model) -> dict:
+    """The whole parameters and buffers on every rank (a collective of the group)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def save_sharded(policy, folder, stem: str) -> tuple[dict, list]:
+    """Every rank writes its shards of the model and AdamW state to ``folder/<stem>.dcp`` (all ranks call it at
+    once). Returns the state for the model's ``.pt`` file and the files written (relative to ``folder``)."""
+    target = Path(folder) / f"{stem}.dcp"
+    msd, osd = get_state_dict(policy.model, policy.optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(target))
+    dist.barrier()
+    files = sorted(str(p.relative_to(folder)) for p in target.rglob("*") if p.is_file())
+    state = {"sharded": target.name, "scheduler": policy.scheduler.state_dict() if policy.scheduler else None,
+             "version": policy.version}
+    return state, files
+
+
+def load_sharded(policy, state: dict, folder, weights_only: bool = False) -> None:
+    """Restore a sharded checkpoint's state into ``policy``: the group's ranks (``policy.sharded``, all at once) or
+    one process without a process group (a resume in-process, an evaluation). ``weights_only``: the model only."""
+    source = str(Path(folder) / state["sharded"])
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"{source}: the sharded checkpoint's folder is missing")
+    if weights_only or policy.optimizer is None:
+        msd = get_model_state_dict(policy.model)
+        dcp.load({"model": msd}, checkpoint_id=source)
+        set_model_state_dict(policy.model, msd)
+    else:
+        msd, osd = get_state_dict(policy.model, policy.optimizer)
+        dcp.load({"model": msd, "optim": osd}, checkpoint_id=source)
+        set_state_dict(policy.model, policy.optimizer, model_state_dict=msd, optim_state_dict=osd)
+        if policy.scheduler is not None and state.get("scheduler"):
+            policy.scheduler.load_state_dict(state["scheduler"])
+    policy.version = int(state.get("version", 0))
+
+
+def load_full(policy, state: dict) -> None:
+    """Load a whole (unsharded) ``Policy.state_dict()`` into a sharded policy (all ranks at once): a checkpoint of
+    one process resumed on a worker group."""
+    opts = StateDictOptions(full_state_dict=True)
+    if policy.optimizer is not None and state.get("optimizer"):
+        # the optimizer's state keyed by parameter names, as set_state_dict expects a whole one
+        names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+        osd = state["optimizer"]
+        named = {"state": {names[i]: v for i, v in osd["state"].items()},
+                 "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in osd["param_groups"]]}
+        set_state_dict(policy.model, policy.optimizer, model_state_dict=state["model"], optim_state_dict=named,
+                       options=opts)
+    else:
+        set_model_state_dict(policy.model, state["model"], options=opts)
+    if policy.scheduler is not None and state.get("scheduler"):
+        policy.scheduler.load_state_dict(state["scheduler"])
+    policy.version = int(state.get("version", 0))

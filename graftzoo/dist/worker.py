@@ -1,0 +1,176 @@
+"""One rank of a model's worker group: a Ray actor holding the model's policy (its shard, under FSDP2), optimizer and
+rollout engine. It knows nothing of the algorithm's step: the driver runs the learner hooks on plain data and
+calls these methods, each with plain data in and out (prompts, token ids, minibatch tensors, metrics).
+
+Every rank of a group receives every call that runs the model (generate with the HF engine, scoring, the update,
+weight sync, checkpoints) at the same time and with the same inputs, so that FSDP2's collectives match; the driver
+keeps rank 0's answer. A vLLM engine lives on rank 0 only and is fed the gathered weights.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from graftzoo.algos.base import StepContext
+from graftzoo.core.config import algo_config
+from graftzoo.core.models import build_engine, build_policy, make_ref, wants_ref
+from graftzoo.core.registry import get_algo
+from graftzoo.core.update import accumulate_minibatch, minibatch_old_logp
+from graftzoo.dist import fsdp
+from graftzoo.dist.cluster import free_port
+from graftzoo.eval.compute import ComputeMeter
+
+
+def peak_memory_gb(device) -> float:
+    """The peak memory of this rank so far: allocated on its GPU, else the process's peak resident set (GiB)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+class PolicyWorker:
+    def __init__(self, spec: dict, cfg: dict, rank: int, world: int, cwd: str):
+        threads = int(cfg["run"]["threads"])
+        torch.set_num_threads(threads)
+        if os.path.isdir(cwd):  # relative paths of the config (models, caches) as the driver sees them
+            os.chdir(cwd)
+        self.spec, self.cfg, self.rank, self.world = spec, cfg, rank, world
+        self.policy = self.engine = self.ref = self.learner = None
+        self.engines: dict = {}  # sampling overrides (with_sampling) -> the engine's view
+
+    # ---- set-up ------------------------------------------------------------------------------
+    def address(self) -> tuple:
+        """Where rank 0 listens for its group's rendezvous: this node's address and a free port."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    def setup(self, addr: str, port: int, seed: int) -> dict:
+        """Join the group (FSDP2 when it has more than one rank), build the policy, its engine and the learner
+        whose loss the updates use; returns what the driver's view of the policy needs."""
+        cfg, spec = self.cfg, self.spec
+        device = str(spec.get("device", cfg["run"]["device"]))
+        if self.world > 1:
+            fsdp.init_group(self.rank, self.world, addr, port, device, cfg["ray"]["collective_timeout_s"])
+        torch.manual_seed(seed)
+        pol = self.policy = build_policy(spec, cfg, seed)
+        self.ref = make_ref(pol) if wants_ref(cfg) else None
+        if self.world > 1:
+            fsdp.shard_model(pol.model)
+            if self.ref is not None:
+                fsdp.shard_model(self.ref.model)
+            pol.configure_optimizer(pol.optim_cfg)  # over the sharded parameters
+            pol.sharded = True
+        if self.rank == 0 or cfg["rollout"]["engine"] == "hf":  # HF generates in lockstep on every rank
+            self.engines[()] = self.engine = build_engine(pol, cfg)
+        self.learner = get_algo(cfg["algo"]["name"])(algo_config(cfg), cfg)
+        eng = self.engine
+        return {"pid": os.getpid(), "device": str(pol.device), "param_dtype": str(pol.param_dtype),
+                "autocast_dtype": str(pol.autocast_dtype) if pol.autocast_dtype else None,
+                "context_window": pol.context_window, "lr": pol.lr, "version": pol.version,
+                "max_response_tokens": pol.max_response_tokens, "max_tokens_per_micro": pol.max_tokens_per_micro,
+                "hidden_size": int(pol.model.config.hidden_size),
+                "engine": None if eng is None else {
+                    "uses_training_model": bool(eng.uses_training_model), "temperature": eng.temperature,
+                    "top_p": eng.top_p, "top_k": eng.top_k, "max_new_tokens": eng.max_new_tokens,
+                    "min_new_tokens": getattr(eng, "min_new_tokens", 0), "class": type(eng).__name__}}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # ---- rollouts ----------------------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def generate(self, prompts, n, prefixes, greedy, temperature, max_new_tokens, max_prompt_tokens, sampling):
+        """``Engine.generate`` with the driver's prompt budget and sampling overrides (``with_sampling``)."""
+        key = tuple(sorted(sampling.items()))
+        if key not in self.engines:
+            self.engines[key] = self.engine.with_sampling(**sampling)
+        self.policy.max_prompt_tokens = int(max_prompt_tokens)
+        return self.engines[key].generate(prompts, n, prefixes=prefixes, greedy=greedy, temperature=temperature,
+                                          max_new_tokens=max_new_tokens)
+
+    def score_sequences(self, prompts, responses, with_entropy: bool):
+        return self.policy.score_sequences(prompts, responses, with_entropy=with_entropy)
+
+    def mean_hidden(self, texts, batch: int):
+        return self.policy.mean_hidden(texts, batch=batch)
+
+    def release_memory(self) -> None:
+        if self.engine is not None:
+            self.engine.release_memory()
+
+    def sync_weights(self) -> float:
+        """The engine takes the current weights (every rank: a sharded policy gathers them for rank 0's vLLM)."""
+        if self.engine is not None:
+            return self.engine.sync_weights()
+        if self.policy.sharded and self.cfg["rollout"]["engine"] != "hf":
+            self.policy.full_state_dict()  # this rank's part of the gather rank 0's engine does
+        return 0.0
+
+    # ---- update ------------------------------------------------------------------------------
+    def update(self, step: int, epoch: int, model_index: int, learner_state: dict, *, mbs: list, recompute: bool,
+               where: str) -> dict:
+        """This rank's share of every minibatch (``mbs``: one list of micro-batches per minibatch; a stand-in of
+        scale 0 where it holds fewer than the others): theta_old, then per minibatch the gradients and one
+        optimizer step (FSDP2 sums the ranks' gradients). Returns per minibatch the loss sum and the metrics of the
+        micro-batches it trained, the gradient norm, the learning rate and the time of each phase."""
+        pol, learner = self.policy, self.learner
+        learner.load_state_dict(learner_state)
+        meter = ComputeMeter()
+        ctx = StepContext(step=step, epoch=epoch, cfg=self.cfg, policy=pol, engine=self.engine, env=None,
+                          ref_policy=self.ref, meter=meter, model_index=model_index)
+        ctx.max_response = int(pol.max_response_tokens)
+        mbs = [[mb.to(pol.device) for mb in micros] for micros in mbs]
+        if recompute:
+            with ctx.phase("logprob"):
+                for micros in mbs:
+                    for mb in micros:
+                        minibatch_old_logp(pol, mb)
+        out = []
+        with ctx.phase("update"):
+            for u, micros in enumerate(mbs):
+                ctx.update = u
+                at = f"{where}, minibatch {u}, rank {self.rank}"
+                pol.zero_grad()
+                total, records = accumulate_minibatch(ctx, pol, learner, micros, at)
+                out.append({"total": total, "records": records, "grad_norm": pol.apply_gradients(total, at)})
+        pol.version += 1
+        phases = meter.summary()["models"].get(pol.model_id, {}).get("phases", {})
+        return {"minibatches": out, "lr": pol.lr, "metrics": ctx.metrics, "peak_mem_gb": peak_memory_gb(pol.device),
+                "phases": {k: (v["wall_s"], v["cpu_s"]) for k, v in phases.items()}}
+
+    def apply_optim_settings(self, optim: dict) -> None:
+        self.policy.apply_optim_settings(optim)
+
+    # ---- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return self.policy.state_dict()
+
+    def full_state_dict(self) -> dict:
+        return {k: v.detach().cpu() for k, v in self.policy.full_state_dict().items()}
+
+    def checkpoint_state(self, folder: str, stem: str) -> tuple:
+        return self.policy.checkpoint_state(folder, stem)
+
+    def load_state_dict(self, state: dict, folder) -> dict:
+        self.policy.load_state_dict(state, folder=folder)
+        return {"version": self.policy.version, "lr": self.policy.lr}
+
+    def close(self) -> float:
+        """End the engine and leave the group; seconds taken."""
+        t = time.perf_counter()
+        try:
+            for engine in {id(e): e for e in self.engines.values()}.values():
+                engine.close()
+        finally:
+            self.engines.clear()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        return time.perf_counter() - t
