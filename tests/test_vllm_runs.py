@@ -14,7 +14,7 @@ from graftzoo.core.config import load_config
 from graftzoo.core.policy import NonFiniteError
 from graftzoo.core.preemption import Interrupted
 from graftzoo.core.registry import get_algo
-from graftzoo.core import trainer as trainer_module
+from graftzoo.core import models as models_module
 from graftzoo.core.trainer import Trainer, train
 
 ONE_MODEL = ["pair.train=[micro-qwen-char]", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625",
@@ -48,13 +48,13 @@ def engine_processes(monkeypatch):
     The test holds every engine the trainer builds, so that only the trainer's own shutdown can end its process
     (not the garbage collector)."""
     seen, held = [], []
-    build = trainer_module.build_engine
+    build = models_module.build_engine
 
     def holding_build(*a, **kw):
         held.append(build(*a, **kw))
         return held[-1]
 
-    monkeypatch.setattr(trainer_module, "build_engine", holding_build)
+    monkeypatch.setattr(models_module, "build_engine", holding_build)
     step = Trainer.train_step
 
     def counting_step(self, s):
