@@ -236,3 +236,27 @@ def test_grid_cells_as_ray_tasks_with_dependencies_then_skipped(tmp_path):
     plan = subprocess.run([*cmd, "--dry-run"], env=ENV, capture_output=True, text=True, timeout=120)
     assert plan.returncode == 0, plan.stdout + plan.stderr
     assert all(f"[done] {n}" in plan.stdout for n in names), plan.stdout   # a rerun skips them
+
+
+def test_hacpo_with_a_kl_reference_trains_on_ray_like_in_process(tmp_path):
+    """The parts of a step that live in the workers for other algorithms: cross-tokenizer scoring of the peer's
+    rollouts (``score_sequences`` in the group), sequence-level cross terms, learner state sent with each update
+    (HACPO's history), and the KL reference policy held by every rank of a sharded group."""
+    sets = ["task.difficulty=1", "rollout.n=8", "optim.max_tokens_per_micro=200", "run.steps=2", "eval.size=4",
+            "run.eval_at_end=false", "run.save_every=0", "algo.beta_kl=0.05", "ray.num_workers=2"]
+    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "hacpo", "--pair", "micro", "--peer",
+           "online", "--no-track", "--backend", "ray", "--set", f"run.out_dir={tmp_path}", "--set", "run.name=h",
+           "--set", "run.progress=false"]
+    for s in sets:
+        cmd += ["--set", s]
+    code, log = finish(loopback(cmd))
+    assert code == 0, log[-4000:]
+    cfg = load_config(pair="micro", algo="hacpo", overrides=[
+        "peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp_path}", "run.name=ref",
+        *sets])
+    ref, got = metrics(train(cfg)), metrics(tmp_path / "h")
+    assert sorted(got) == sorted(ref) and len(ref) == 4
+    for key, row in ref.items():
+        for k in ("loss", "grad_norm", "kl", "hacpo/cross_lower", "reward/mean"):
+            assert got[key][k] == pytest.approx(row[k], rel=1e-5, abs=1e-8), (key, k)
+    assert any(r["kl"] > 0 for r in ref.values()) and any(r.get("tokens/peer_share") for r in ref.values())

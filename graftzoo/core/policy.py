@@ -110,6 +110,7 @@ class Policy:
         # a rank of a worker group whose parameters FSDP2 shards (graftzoo.dist.fsdp): its state is saved and
         # loaded through torch.distributed.checkpoint, every pass over the model is a collective of the group
         self.sharded = False
+        self._gathered = None  # (version, whole weights on rank 0) of a sharded policy, see full_state_dict
         if optim is not None:
             self.configure_optimizer(optim)
 
@@ -355,11 +356,19 @@ class Policy:
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None, "version": self.version}
 
     def full_state_dict(self) -> dict:
-        """The model's parameters and buffers as whole tensors (a sharded model's gathered: a collective of its
-        group), for a rollout engine's weight sync or an export."""
-        if self.sharded:
-            return full_model_state(self.model)
-        return self.model.state_dict()
+        """The model's parameters and buffers as whole tensors, for a rollout engine's weight sync or an export.
+        A sharded policy gathers them (a collective: every rank of the group calls it at once) onto rank 0's CPU
+        (the other ranks get an empty dict) and keeps them for the current version until ``release_gathered``, so
+        rank 0's engine can read them again without the group."""
+        if not self.sharded:
+            return self.model.state_dict()
+        if self._gathered is None or self._gathered[0] != self.version:
+            self._gathered = (self.version, full_model_state(self.model))
+        return self._gathered[1]
+
+    def release_gathered(self) -> None:
+        """Drop the gathered copy of a sharded policy's weights (after the engine took them)."""
+        self._gathered = None
 
     def checkpoint_state(self, folder, stem: str) -> tuple[dict, list]:
         """What a checkpoint stores of this policy: its state for the model's ``.pt`` file and the files written

@@ -99,7 +99,7 @@ class _Backend:
         pol, s = self.policy, self.settings
         check_head_size(pol)
         if self.from_disk:  # vLLM reloads from the folder it loaded from: the policy's weights, as synced later
-            pol.model.save_pretrained(self.dir, safe_serialization=True)
+            pol.model.save_pretrained(self.dir, state_dict=pol.full_state_dict(), safe_serialization=True)
         else:  # the architecture only: the weights come in as tensors (sync)
             pol.model.config.save_pretrained(self.dir)
         dtype = s["dtype"]

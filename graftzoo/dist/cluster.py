@@ -8,15 +8,12 @@ machine); Ray's own reaper ends its processes if that process is killed.
 """
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import socket
 import sys
 
 from graftzoo.dist.errors import RayStartError
-
-log = logging.getLogger("graftzoo")
 
 LOOPBACK = "127.0.0.1"
 
@@ -31,15 +28,25 @@ def ray_env(local: bool) -> None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
+def refresh_ray_config() -> None:
+    """Make an already imported Ray read the environment ``ray_env`` set (its configuration and token are cached at
+    import: without this, a private cluster started after ``import vllm`` fails its authentication)."""
+    from ray._private.authentication.authentication_token_setup import AuthenticationTokenLoader
+    from ray._raylet import Config
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 def connect(cfg: dict, workers: int) -> bool:
     """Connect this process to Ray for a run: the cluster at ``ray.address``, or a private one started on
     127.0.0.1 with ``ray.num_cpus`` logical CPUs (default: enough for ``workers`` workers). Returns whether this
     process started it (and must shut it down: ``disconnect``). A process already connected keeps its cluster."""
     address = cfg["ray"]["address"]
+    imported = "ray" in sys.modules  # e.g. by vLLM, which imports Ray when it is installed
     ray_env(local=address is None)
-    if "ray" in sys.modules and "RAY_AUTH_TOKEN" not in os.environ:
-        log.warning("ray was imported before graftzoo set RAY_AUTH_TOKEN: its start-up may fail")
     import ray
+    if imported:
+        refresh_ray_config()
     if ray.is_initialized():
         return False
     try:

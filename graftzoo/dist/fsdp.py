@@ -46,8 +46,8 @@ def shard_model(model) -> None:
 
 
 def full_model_state(model) -> dict:
-    """The whole parameters and buffers on every rank (a collective of the group)."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    """The whole parameters and buffers on rank 0's CPU, an empty dict on the other ranks (a collective)."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def save_sharded(policy, folder, stem: str) -> tuple[dict, list]:

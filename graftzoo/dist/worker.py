@@ -8,6 +8,7 @@ keeps rank 0's answer. A vLLM engine lives on rank 0 only and is fed the gathere
 """
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -40,6 +41,7 @@ class PolicyWorker:
             os.chdir(cwd)
         self.spec, self.cfg, self.rank, self.world = spec, cfg, rank, world
         self.policy = self.engine = self.ref = self.learner = None
+        self.gathers = False
         self.engines: dict = {}  # sampling overrides (with_sampling) -> the engine's view
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -66,8 +68,18 @@ class PolicyWorker:
                 fsdp.shard_model(self.ref.model)
             pol.configure_optimizer(pol.optim_cfg)  # over the sharded parameters
             pol.sharded = True
+        # a sharded group feeding rank 0's vLLM: the weights are gathered by every rank, then read by the engine
+        self.gathers = self.world > 1 and cfg["rollout"]["engine"] != "hf"
+        if self.gathers:
+            # vLLM's engine core would join this process's torch.distributed group (the FSDP ranks) and wait for
+            # ranks that never come: it runs in its own process, and takes the weights through disk
+            cfg = copy.deepcopy(cfg)
+            cfg["rollout"]["vllm"]["multiprocessing"] = True
+        if self.gathers:
+            pol.full_state_dict()  # every rank takes part in the gather rank 0's engine starts from
         if self.rank == 0 or cfg["rollout"]["engine"] == "hf":  # HF generates in lockstep on every rank
             self.engines[()] = self.engine = build_engine(pol, cfg)
+        pol.release_gathered()
         self.learner = get_algo(cfg["algo"]["name"])(algo_config(cfg), cfg)
         eng = self.engine
         return {"pid": os.getpid(), "device": str(pol.device), "param_dtype": str(pol.param_dtype),
@@ -107,12 +119,18 @@ class PolicyWorker:
             self.engine.release_memory()
 
     def sync_weights(self) -> float:
-        """The engine takes the current weights (every rank: a sharded policy gathers them for rank 0's vLLM)."""
-        if self.engine is not None:
-            return self.engine.sync_weights()
-        if self.policy.sharded and self.cfg["rollout"]["engine"] != "hf":
-            self.policy.full_state_dict()  # this rank's part of the gather rank 0's engine does
-        return 0.0
+        """The engine takes the current weights (a sharded group first gathers them, every rank at once); seconds
+        taken (the gather included)."""
+        if not self.gathers:
+            return self.engine.sync_weights() if self.engine is not None else 0.0
+        t = time.perf_counter()
+        try:
+            self.policy.full_state_dict()
+            if self.engine is not None:
+                self.engine.sync_weights()
+        finally:
+            self.policy.release_gathered()
+        return time.perf_counter() - t
 
     # ---- update ------------------------------------------------------------------------------
     def update(self, step: int, epoch: int, model_index: int, learner_state: dict, *, mbs: list, recompute: bool,
@@ -154,7 +172,11 @@ class PolicyWorker:
         return self.policy.state_dict()
 
     def full_state_dict(self) -> dict:
-        return {k: v.detach().cpu() for k, v in self.policy.full_state_dict().items()}
+        """The whole weights (rank 0's answer; every rank takes part in the gather of a sharded policy)."""
+        try:
+            return {k: v.detach().cpu() for k, v in self.policy.full_state_dict().items()}
+        finally:
+            self.policy.release_gathered()
 
     def checkpoint_state(self, folder: str, stem: str) -> tuple:
         return self.policy.checkpoint_state(folder, stem)
