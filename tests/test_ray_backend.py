@@ -148,7 +148,7 @@ def test_kill_9_of_the_driver_then_the_same_command_resumes_exactly(ray_run):
     sharded model through DCP) and ends where the uninterrupted run ended."""
     tmp, pair, full = ray_run
     out = tmp / "killed"
-    p = loopback(train_cmd(out, pair))
+    p = loopback(train_cmd(out, pair, "run.eval_at_end=false"))
     marker = out / "r" / "checkpoints" / "step_000001" / "manifest.json"
     deadline = time.time() + 300
     while not marker.exists() and p.poll() is None and time.time() < deadline:
@@ -161,7 +161,7 @@ def test_kill_9_of_the_driver_then_the_same_command_resumes_exactly(ray_run):
     assert code != 0
     assert not [c for c in psutil.Process().children(recursive=True) if c.is_running() and c.status() != "zombie"
                 and "ray" in " ".join(c.cmdline())], "Ray processes outlived the killed run"
-    code, log = finish(loopback(train_cmd(out, pair)))
+    code, log = finish(loopback(train_cmd(out, pair, "run.eval_at_end=false")))
     assert code == 0, log[-4000:]
     assert re.search(r"resuming from step_00000[12] \([23] of 3 steps done\)", log), log[-3000:]
     assert_same(metrics(out / "r"), metrics(full), 1e-6, "resumed run")

@@ -15,11 +15,12 @@ import torch
 from graftzoo.core.errors import NonFiniteError
 
 
-def update_policy(ctx, policy, learner, mbs: list, recompute: bool, where: str) -> list:
+def update_policy(ctx, policy, learner, mbs: list, recompute: bool, where: str, step=None) -> list:
     """Train ``policy`` on ``mbs`` (each minibatch as its micro-batches, in order): theta_old of every micro-batch
-    first when ``recompute`` (``minibatch_old_logp``, before any optimizer step), then one ``minibatch_update`` per
-    minibatch, ``ctx.update`` set to its index. Phases ``logprob`` and ``update`` timed through ``ctx.phase``.
-    Returns each minibatch's metrics."""
+    first when ``recompute`` (``minibatch_old_logp``, before any optimizer step), then one optimizer step per
+    minibatch (``step``, default ``minibatch_update``; a worker rank's returns its raw parts for the driver to merge),
+    ``ctx.update`` set to its index. Phases ``logprob`` and ``update`` timed through ``ctx.phase``. Returns what
+    ``step`` returned for each minibatch."""
     if recompute:
         with ctx.phase("logprob"):
             for micros in mbs:
@@ -29,7 +30,7 @@ def update_policy(ctx, policy, learner, mbs: list, recompute: bool, where: str) 
     with ctx.phase("update"):
         for u, micros in enumerate(mbs):
             ctx.update = u
-            out.append(minibatch_update(ctx, policy, learner, micros, where=f"{where}, minibatch {u}"))
+            out.append((step or minibatch_update)(ctx, policy, learner, micros, where=f"{where}, minibatch {u}"))
     return out
 
 

@@ -19,7 +19,7 @@ from graftzoo.algos.base import StepContext
 from graftzoo.core.config import algo_config
 from graftzoo.core.models import build_engine, build_policy, make_ref, wants_ref
 from graftzoo.core.registry import get_algo
-from graftzoo.core.update import accumulate_minibatch, minibatch_old_logp
+from graftzoo.core.update import accumulate_minibatch, update_policy
 from graftzoo.dist import fsdp
 from graftzoo.dist.cluster import free_port
 from graftzoo.eval.compute import ComputeMeter
@@ -31,6 +31,14 @@ def peak_memory_gb(device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**30
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def rank_step(ctx, policy, learner, micros: list, where: str) -> dict:
+    """One optimizer step on this rank's micro-batches of a minibatch: the loss sum and the ``(rows, metrics)`` of
+    the micro-batches it trained, for the driver to merge over the ranks, and the group's gradient norm."""
+    policy.zero_grad()
+    total, records = accumulate_minibatch(ctx, policy, learner, micros, where)
+    return {"total": total, "records": records, "grad_norm": policy.apply_gradients(total, where)}
 
 
 class PolicyWorker:
@@ -146,19 +154,7 @@ class PolicyWorker:
                           ref_policy=self.ref, meter=meter, model_index=model_index)
         ctx.max_response = int(pol.max_response_tokens)
         mbs = [[mb.to(pol.device) for mb in micros] for micros in mbs]
-        if recompute:
-            with ctx.phase("logprob"):
-                for micros in mbs:
-                    for mb in micros:
-                        minibatch_old_logp(pol, mb)
-        out = []
-        with ctx.phase("update"):
-            for u, micros in enumerate(mbs):
-                ctx.update = u
-                at = f"{where}, minibatch {u}, rank {self.rank}"
-                pol.zero_grad()
-                total, records = accumulate_minibatch(ctx, pol, learner, micros, at)
-                out.append({"total": total, "records": records, "grad_norm": pol.apply_gradients(total, at)})
+        out = update_policy(ctx, pol, learner, mbs, recompute, where, step=rank_step)
         pol.version += 1
         phases = meter.summary()["models"].get(pol.model_id, {}).get("phases", {})
         return {"minibatches": out, "lr": pol.lr, "metrics": ctx.metrics, "peak_mem_gb": peak_memory_gb(pol.device),
