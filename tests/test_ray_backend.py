@@ -260,3 +260,15 @@ def test_hacpo_with_a_kl_reference_trains_on_ray_like_in_process(tmp_path):
         for k in ("loss", "grad_norm", "kl", "hacpo/cross_lower", "reward/mean"):
             assert got[key][k] == pytest.approx(row[k], rel=1e-5, abs=1e-8), (key, k)
     assert any(r["kl"] > 0 for r in ref.values()) and any(r.get("tokens/peer_share") for r in ref.values())
+
+
+def test_a_group_that_cannot_be_placed_fails_in_time(tmp_path):
+    """STRICT_SPREAD of 2 workers on this one node never becomes ready (measured in the scale-out note): the run
+    stops after ``ray.ready_timeout_s`` with one line naming the model and what it asked for."""
+    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "grpo", "--pair", "micro", "--no-track",
+           "--backend", "ray", "--set", f"run.out_dir={tmp_path}", "--set", "run.name=s", "--set", f"pair.train=[{A}]",
+           "--set", "ray.num_workers=2", "--set", "ray.placement=STRICT_SPREAD", "--set", "ray.ready_timeout_s=3"]
+    code, log = finish(loopback(cmd), 120)
+    assert code == 1, log[-3000:]
+    assert re.search(rf"Error: model '{A}': its placement group \(2 x .*STRICT_SPREAD\) was not ready after 3(\.0)? s",
+                     log), log[-3000:]

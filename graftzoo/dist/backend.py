@@ -37,9 +37,7 @@ class WorkerGroup:
     """The Ray actors (ranks) of one model, in a placement group of their own."""
 
     def __init__(self, model_id: str, spec: dict, cfg: dict, seed: int):
-        import ray
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.model_id, self.actors, self.pids, self.pg = model_id, [], [], None
         self.broken = False  # a call failed: the others may wait in a collective, so close() ends them at once
@@ -52,6 +50,17 @@ class WorkerGroup:
         self.gpus = gpus * self.world  # GPUs the group holds, for the compute accounting
         self.pg = placement_group([dict(bundle) for _ in range(self.world)], strategy=r["placement"],
                                   name=f"graftzoo-{model_id}-{os.getpid()}")
+        try:
+            self._start(spec, cfg, seed, bundle, gpus)
+        except BaseException:  # a group that cannot start leaves no actor or reservation behind
+            self.broken = True
+            self.close()
+            raise
+
+    def _start(self, spec: dict, cfg: dict, seed: int, bundle: dict, gpus: float) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        model_id, r = self.model_id, cfg["ray"]
         ready, _ = ray.wait([self.pg.ready()], timeout=float(r["ready_timeout_s"]))
         if not ready:
             raise WorkerError(f"model {model_id!r}: its placement group ({self.world} x {bundle}, "
