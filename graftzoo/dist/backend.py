@@ -278,7 +278,8 @@ class RemoteEngine(Engine):
         self.temperature, self.top_p, self.top_k = info["temperature"], info["top_p"], info["top_k"]
         self.max_new_tokens, self.min_new_tokens = info["max_new_tokens"], info["min_new_tokens"]
         self.sampling: dict = {}
-        self.ranks = list(range(group.world)) if info["class"] == "HFEngine" else [0]
+        # every rank decodes in lockstep with an engine that uses the training model; else rank 0 holds the engine
+        self.ranks = list(range(group.world)) if self.uses_training_model else [0]
 
     def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None) -> list:
         return self.group.call("generate", list(prompts), n, prefixes, greedy, temperature, max_new_tokens,

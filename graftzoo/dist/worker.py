@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from graftzoo.algos.base import StepContext
 from graftzoo.core.config import algo_config
-from graftzoo.core.models import build_engine, build_policy, make_ref, wants_ref
+from graftzoo.core.models import ENGINES, build_engine, build_policy, make_ref, wants_ref
 from graftzoo.core.registry import get_algo
 from graftzoo.core.update import accumulate_minibatch, update_policy
 from graftzoo.dist import fsdp
@@ -76,16 +76,17 @@ class PolicyWorker:
                 fsdp.shard_model(self.ref.model)
             pol.configure_optimizer(pol.optim_cfg)  # over the sharded parameters
             pol.sharded = True
-        # a sharded group feeding rank 0's vLLM: the weights are gathered by every rank, then read by the engine
-        self.gathers = self.world > 1 and cfg["rollout"]["engine"] != "hf"
+        # an engine that decodes with the training model itself runs on every rank, in lockstep (FSDP's collectives);
+        # one with its own copy of the weights (vLLM) lives on rank 0 and is fed the weights every rank gathers
+        lockstep = ENGINES[cfg["rollout"]["engine"]].uses_training_model
+        self.gathers = self.world > 1 and not lockstep
         if self.gathers:
             # vLLM's engine core would join this process's torch.distributed group (the FSDP ranks) and wait for
             # ranks that never come: it runs in its own process, and takes the weights through disk
             cfg = copy.deepcopy(cfg)
             cfg["rollout"]["vllm"]["multiprocessing"] = True
-        if self.gathers:
             pol.full_state_dict()  # every rank takes part in the gather rank 0's engine starts from
-        if self.rank == 0 or cfg["rollout"]["engine"] == "hf":  # HF generates in lockstep on every rank
+        if self.rank == 0 or lockstep:
             self.engines[()] = self.engine = build_engine(pol, cfg)
         pol.release_gathered()
         self.learner = get_algo(cfg["algo"]["name"])(algo_config(cfg), cfg)
@@ -98,7 +99,7 @@ class PolicyWorker:
                 "engine": None if eng is None else {
                     "uses_training_model": bool(eng.uses_training_model), "temperature": eng.temperature,
                     "top_p": eng.top_p, "top_k": eng.top_k, "max_new_tokens": eng.max_new_tokens,
-                    "min_new_tokens": getattr(eng, "min_new_tokens", 0), "class": type(eng).__name__}}
+                    "min_new_tokens": getattr(eng, "min_new_tokens", 0)}}
 
     def pid(self) -> int:
         return os.getpid()
