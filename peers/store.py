@@ -3,10 +3,12 @@
 Layout of a store directory (usually ``<run_dir>/store``)::
 
     meta.json                          {"schema_version", "dataset", "models": {id: tokenizer_id}}
-    <model_id>/step_000012.parquet     one file per (model, step), written to a temp name then renamed
+    <model slug>/step_000012.parquet   one file per (model, step), written to a temp name then renamed
+                                       (graftzoo.core.names.model_slug: a hub id's "/" is "__", a path id is
+                                       never a path; a store written before keeps its nested hub-id folders)
 
 A crash can only lose the step being written; every complete step stays readable (pandas works too:
-``pandas.read_parquet(store_dir + "/<model_id>")``). Step files carry Parquet page checksums (CRC32),
+``pandas.read_parquet(store_dir + "/<model slug>")``). Step files carry Parquet page checksums (CRC32),
 checked on every read here: a flipped bit is a ``StoreError`` naming the file, not a silently wrong
 ``text`` or ``reward``; so is a ``meta.json`` that is not valid store metadata.
 """
@@ -21,6 +23,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from graftzoo.core.names import model_slug
 from graftzoo.core.types import Group, Origin, Prompt, Rollout
 
 SCHEMA_VERSION = 1
@@ -90,6 +93,15 @@ class TrajectoryStore:
         else:
             raise StoreError(f"{self.root}: not a trajectory store (no meta.json)")
 
+    def model_dir(self, model_id: str) -> Path:
+        """The folder of a model's step files: ``<root>/<model_slug(id)>``, or a hub id's nested folder in a store
+        written before the slug (``<root>/Org/Name``, only if it exists and lies inside the store)."""
+        d = self.root / model_slug(model_id)
+        legacy = self.root / model_id
+        if not d.is_dir() and legacy.is_dir() and self.root.resolve() in legacy.resolve().parents:
+            return legacy
+        return d
+
     @property
     def dataset(self) -> Optional[str]:
         return self.meta.get("dataset")
@@ -119,7 +131,7 @@ class TrajectoryStore:
                 for k, v in row.items():
                     cols[k].append(v)
         table = pa.table(cols, schema=SCHEMA)
-        d = self.root / model_id
+        d = self.model_dir(model_id)
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"step_{step:06d}.parquet"
         tmp = d / f".tmp-{os.getpid()}-{path.name}"
@@ -130,7 +142,7 @@ class TrajectoryStore:
             _atomic_write_json(self.root / "meta.json", self.meta)
 
     def steps(self, model_id: str) -> list:
-        d = self.root / model_id
+        d = self.model_dir(model_id)
         if not d.is_dir():
             return []
         return sorted(int(p.stem.split("_")[1]) for p in d.glob("step_*.parquet"))
@@ -140,7 +152,7 @@ class TrajectoryStore:
         wanted = self.steps(model_id) if steps is None else [s for s in steps if s in set(self.steps(model_id))]
         frames = []
         for s in wanted:
-            frames.append(read_step_file(self.root / model_id / f"step_{s:06d}.parquet").to_pandas())
+            frames.append(read_step_file(self.model_dir(model_id) / f"step_{s:06d}.parquet").to_pandas())
         if not frames:
             return pd.DataFrame({f.name: [] for f in SCHEMA})
         return pd.concat(frames, ignore_index=True)
@@ -148,7 +160,7 @@ class TrajectoryStore:
     def prompt_ids(self, model_id: str) -> set:
         ids = set()
         for s in self.steps(model_id):
-            ids.update(read_step_file(self.root / model_id / f"step_{s:06d}.parquet", columns=["prompt_id"])
+            ids.update(read_step_file(self.model_dir(model_id) / f"step_{s:06d}.parquet", columns=["prompt_id"])
                        .column("prompt_id").to_pylist())
         return ids
 

@@ -5,7 +5,6 @@ prints each row's clip."""
 import csv
 import io
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +15,8 @@ from click.testing import CliRunner
 from graftzoo.apps.cli import main
 from graftzoo.apps.grid import GridError, load_grid
 from graftzoo.core.batch import TrainBatch
-from graftzoo.core.config import ConfigError, algo_config, clip_label, effective_clip, find_config, load_config
+from graftzoo.core.config import (ConfigError, algo_config, clip_label, effective_clip, find_config, load_config,
+                                  packaged_configs)
 from graftzoo.core.registry import get_algo
 from graftzoo.core.types import TrainRow
 from graftzoo.eval.artifacts import load_runs, make_summary, write_config, write_eval, write_summary
@@ -25,7 +25,7 @@ from graftzoo.eval.report import build_table1, to_csv, to_latex, to_markdown
 
 torch.set_num_threads(1)
 PEER = {"graft", "sgt", "hacpo"}
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = packaged_configs()  # graftzoo/configs, as installed
 
 
 def cfg_of(algo, *overrides):

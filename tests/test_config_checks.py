@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar, Literal, Optional, get_args, get_type_hints
 
 import pytest
@@ -25,7 +24,7 @@ from graftzoo.core.config import ConfigError, algo_config, load_config
 from graftzoo.core.registry import list_algos
 from graftzoo.core.schema import bounded, build, check_value, describe_range, validate
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = config_mod.packaged_configs()  # graftzoo/configs, as installed
 
 # ------------------------------------------------------------------------------------------------
 # the CLI: every invalid value of the issue, one line naming the key, exit 2, no run directory
@@ -269,10 +268,14 @@ CORE_BAD = [
     ("run.eval_at_end=maybe", "run.eval_at_end"), ("run.track=2", "run.track"), ("run.progress=abc", "run.progress"),
     ("run.wandb_mode=offlin", "run.wandb_mode"), ("run.out_dir=null", "run.out_dir"), ("run.tags=x", "run.tags"),
     ("run.device=1", "run.device"), ("run.name=[a]", "run.name"),
+    ("tracking.log_completions_every=-1", "tracking.log_completions_every"),
+    ("tracking.completions_rows=0", "tracking.completions_rows"), ("tracking.entity=[a]", "tracking.entity"),
     ("pair.train=[nope]", "pair.train"), ("pair.models=[{id: a}, {id: a}]", "pair.models"),
     ("pair.models=[{kind: tiny}]", "pair.models"), ("pair.models=[{id: a, lr: -1}]", "pair.models[a].lr"),
     ("pair.models=[{id: a, max_new_tokens: 0}]", "pair.models[a].max_new_tokens"),
     ("task.size=0", "task.size"), ("task.dataset=7", "task.dataset"), ("task.mix=[add]", "task.mix"),
+    ("task.fields.problem=[q]", "task.fields.problem"), ("task.fields.answer=7", "task.fields.answer"),
+    ("task.fields.label=x", "task.fields.label"), ("task.fields=q", "task.fields"),
     ("task.reward_correct=abc", "task.reward_correct"), ("task.reward_wrong=[1]", "task.reward_wrong"),
     ("task.reward_correct=0", "task.reward_correct"),        # = reward_wrong: every advantage is 0
     ("task.verifier_budget=0", "task.verifier_budget"), ("task.verifier_timeout=abc", "task.verifier_timeout"),
@@ -283,6 +286,7 @@ CORE_BAD = [
     ("rollout.top_k=-1", "rollout.top_k"), ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens"),
     ("rollout.gen_batch_size=0", "rollout.gen_batch_size"), ("rollout.recompute_old_logp=maybe",
                                                               "rollout.recompute_old_logp"),
+    ("rollout.stop=Problem", "rollout.stop"), ("rollout.stop=[3]", "rollout.stop"),  # issue 15: stop strings
     ("optim.eps=0", "optim.eps"), ("optim.weight_decay=-0.1", "optim.weight_decay"),
     ("optim.warmup_steps=-1", "optim.warmup_steps"), ("optim.grad_clip=-1", "optim.grad_clip"),
     ("optim.epochs=0", "optim.epochs"), ("peer.mix_ratio=2", "peer.mix_ratio"), ("peer.path=[a]", "peer.path"),
@@ -302,6 +306,15 @@ CORE_BAD = [
     ("ray.placement=ANYWHERE", "ray.placement"), ("ray.ready_timeout_s=0", "ray.ready_timeout_s"),
     ("ray.collective_timeout_s=0", "ray.collective_timeout_s"), ("ray.num_cpus=0", "ray.num_cpus"),
     ("pair.models=[{id: a, num_workers: 0}]", "pair.models[a].num_workers"),
+    # issue 15: LoRA
+    ("model.lora=4", "model.lora"), ("model.lora={r: 0}", "model.lora.r"), ("model.lora={r: 2.5}", "model.lora.r"),
+    ("model.lora={alpha: 0}", "model.lora.alpha"), ("model.lora={alpha: x}", "model.lora.alpha"),
+    ("model.lora={dropout: 1}", "model.lora.dropout"), ("model.lora={dropout: -0.1}", "model.lora.dropout"),
+    ("model.lora={target_modules: q_proj}", "model.lora.target_modules"),
+    ("model.lora={target_modules: []}", "model.lora.target_modules"),
+    ("model.lora={target_modules: [1]}", "model.lora.target_modules"), ("model.lora={rank: 4}", "model.lora.rank"),
+    ("pair.models=[{id: a, lora: {r: 0}}]", "pair.models[a].lora.r"),
+    ("pair.models=[{id: a, lora: [1]}]", "pair.models[a].lora"),
 ]
 
 
@@ -324,6 +337,8 @@ def test_the_messages_say_why():
         micro("grpo", "run.steps=[1,2")
     with pytest.raises(ConfigError, match=r"'peer.path' is required with peer.source=stored"):
         micro("graft", "peer.source=stored")
+    with pytest.raises(ConfigError, match=r"'peer.source' = online co-trains two models, but 1 are trained"):
+        micro("graft", "peer.source=online", "pair.train=[micro-qwen-char]")
 
 
 @pytest.mark.parametrize("overrides,check", [

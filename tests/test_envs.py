@@ -191,10 +191,12 @@ def test_templates(chat_tokenizer):
     for name in ("qwen_boxed", "r1"):
         assert problem in render_prompt(problem, name) and "\\boxed{}" in render_prompt(problem, name)
     assert {"plain", "chat", "compact", "qwen_boxed", "r1"} <= set(TEMPLATES)
+    # auto (issue 15): the tokenizer's chat template when it has one, else plain
+    assert render_prompt(problem, "auto", chat_tokenizer) == chat and render_prompt(problem, "auto") == plain
 
 
 def test_template_errors(chat_tokenizer):
-    with pytest.raises(ValueError, match="unknown prompt template 'fancy'; known: chat, compact, plain"):
+    with pytest.raises(ValueError, match="unknown prompt template 'fancy'; known: auto, chat, compact, plain"):
         render_prompt("x", "fancy")
     with pytest.raises(ValueError, match="needs a tokenizer"):
         render_prompt("x", "chat")

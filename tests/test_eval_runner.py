@@ -63,7 +63,7 @@ def test_cli_eval_artifact_fields(run_dir):
                                     "--limit", "3", "--greedy", "--temperature", "0.7"])
     assert res.exit_code == 0, res.output
     for m in MODELS:
-        path = run_dir / "eval" / "step_000000" / f"{m}.json"
+        path = run_dir / "eval" / "cli" / "step_0-math500+heldout-k2-limit3" / f"{m}.json"
         payload = json.loads(path.read_text())
         validate_eval(payload, str(path))
         assert payload["model"] == m and payload["step"] == 0
@@ -82,15 +82,14 @@ def test_cli_eval_artifact_fields(run_dir):
     assert f"{MODELS[0]}  math500" in res.output
 
 
-def test_run_dir_target_selects_last_and_feeds_the_report(run_dir):
+def test_run_dir_target_selects_last_and_leaves_the_report_its_trainer_files(run_dir):
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(run_dir), "--benchmarks", "heldout", "--k", "1",
                                     "--limit", "2", "--no-greedy", "--model", MODELS[0]])
     assert res.exit_code == 0, res.output
-    payload = json.loads((run_dir / "eval" / f"{MODELS[0]}.json").read_text())
+    payload = json.loads((run_dir / "eval" / "cli" / "step_1-heldout-k1-limit2" / f"{MODELS[0]}.json").read_text())
     assert payload["step"] == 1 and payload["selection"] == {"rule": "last", "candidates": [0, 1]}
     assert payload["request"]["benchmarks"] == ["heldout"] and "greedy" not in payload["benchmarks"]["heldout"]
-    run = load_run(run_dir)
-    assert run.evals[MODELS[0]]["benchmarks"]["heldout"]["n_items"] == 2
+    assert load_run(run_dir).evals == {}  # run.eval_at_end=false: no trainer evaluation; graftzoo eval's is apart
 
 
 def test_load_weights_restores_the_checkpoint(run_dir):
@@ -203,7 +202,7 @@ def test_trainer_final_eval_and_graftzoo_eval_are_one_path(tmp_path, monkeypatch
         assert trained["texts"] == evaluated["texts"]
     for m in MODELS:
         final = json.loads((run_dir / "eval" / f"{m}.json").read_text())
-        ckpt = json.loads((run_dir / "eval" / "step_000000" / f"{m}.json").read_text())
+        ckpt = json.loads((run_dir / "eval" / "cli" / "step_0-heldout-k3" / f"{m}.json").read_text())
         held = ckpt["benchmarks"]["heldout"]
         for key in ("avg", "sd", "ci", "per_seed_run", "pass_at_k", "greedy", "n_items", "k", "seeds"):
             assert final["overall"][key] == held[key], key

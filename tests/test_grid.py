@@ -10,8 +10,9 @@ from click.testing import CliRunner
 from graftzoo.apps import grid as G
 from graftzoo.apps.cli import main
 from graftzoo.apps.options import PeerOptionError, parse_peer
+from graftzoo.core.config import packaged_configs
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "grids"
+CONFIGS = packaged_configs() / "grids"  # graftzoo/configs/grids, as installed
 # the rows of the GRAFT paper's Tables 1, 2, 6, 7 and 8 for pair 1, under the spec's labels (algos_peer §4.4.4)
 TABLE_ROWS = ["GRPO (n=8)", "GRPO (n=16)", "GRPO (n=32)", "GRPO (n=8) + DS", "HACPO", "SGT", "GRAFT",
               "GRAFT (stored)", "w/o compatibility gate", "w/o balanced exchange", "w/o token-level ratio",
@@ -127,14 +128,16 @@ def test_eval_stage_on_a_trained_cell(ran, tmp_path):
     cell = grid.cell("grpo-micro-s0")
     assert G.cell_status(cell, grid.eval) == "evaluate"
     mtime = (cell.run_dir / "metrics.jsonl").stat().st_mtime_ns
+    trainer_eval = (cell.run_dir / "eval" / "micro-qwen-char.json").read_bytes()
     res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path), "--only", "grpo-micro-s0"])
     assert res.exit_code == 0, res.output
     assert "[evaluate] grpo-micro-s0" in res.output and "[done] grpo-micro-s0" in res.output
     assert (cell.run_dir / "metrics.jsonl").stat().st_mtime_ns == mtime
-    payload = json.loads((cell.run_dir / "eval" / "micro-qwen-char.json").read_text())
+    payload = json.loads((cell.run_dir / "eval" / "grid" / "micro-qwen-char.json").read_text())
     assert set(payload["benchmarks"]) == {"heldout", "amc23"} and payload["sampling"]["seed"] == 3
     assert payload["benchmarks"]["amc23"]["n_items"] == 2 and "greedy" not in payload["benchmarks"]["amc23"]
     assert G.cell_status(cell, grid.eval) == "done"
+    assert (cell.run_dir / "eval" / "micro-qwen-char.json").read_bytes() == trainer_eval  # the trainer's, kept
     table = (tmp_path / "report" / "table1.md").read_text()
     assert "heldout" in table and "amc23" in table
 

@@ -14,6 +14,7 @@ from pathlib import Path
 ROOTS = ("graftzoo", "graftzoo.envs", "graftzoo.algos", "graftzoo.peers", "graftzoo.eval")
 # optional or heavy third-party packages a function may import on first use (never a graftzoo module)
 LAZY_OK = {"vllm", "ray", "matplotlib", "wandb", "sentence_transformers", "trl", "peft", "flash_attn",
+           "datasets", "huggingface_hub",  # ~1 s to import: only for datasets folders, Arrow files and Hub names
            # only the verifier's worker processes parse with math-verify (1.7 s saved on `import graftzoo.envs`);
            # `resource` is POSIX-only (the workers' memory limit)
            "math_verify", "antlr4", "latex2sympy2_extended", "sympy", "resource"}

@@ -133,7 +133,7 @@ def test_peer_l_p_and_the_store_use_the_recomputed_theta_old(tmp_path):
         assert got == want                                   # exactly the training path's values
         got_off, want_off, _ = seen["false", m]
         assert got_off != want_off                           # off: the decoding (top-p renormalised) values
-    store = pd.read_parquet(tmp_path / "true" / "graft-micro-s0" / "store" / "micro-gpt2-pair")
+    store = pd.read_parquet(tmp_path / "true" / "graft-micro-online-s0" / "store" / "micro-gpt2-pair")
     assert sorted(store["logp_sum"]) == sorted(seen["true", "micro-gpt2-pair"][2])
 
 

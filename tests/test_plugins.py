@@ -59,7 +59,7 @@ def test_installed_plugin_trains_through_the_cli(tmp_path):
                "--set", "run.steps=1", "--set", "run.eval_at_end=false", "--set", "algo.scale=0.25",
                "--set", "pair.train=[micro-qwen-char]")
     assert run.returncode == 0, run.stderr[-2000:]
-    metrics = (tmp_path / "half_adv-micro-s0" / "metrics.jsonl").read_text()
+    metrics = (tmp_path / "half_adv-micro-qwen-char-micro-s0" / "metrics.jsonl").read_text()
     assert '"plugin/scale": 0.25' in metrics
     bad_key = _cli(site, "train", "--algo", "half_adv", "--pair", "micro", "--set", "algo.scal=1")
     assert bad_key.returncode != 0 and "algo.scal" in bad_key.stderr

@@ -25,13 +25,12 @@ import torch
 import yaml
 
 from graftzoo.core.checkpoint import latest_checkpoint, load_weights
-from graftzoo.core.config import load_config
+from graftzoo.core.config import load_config, packaged_configs
 from graftzoo.core.models import build_policy
 from graftzoo.core.trainer import train
 from graftzoo.eval.runner import evaluate_checkpoint
 from helpers import plugin_site
 
-ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
 SETS = ["task.difficulty=1", "rollout.n=8", "optim.max_tokens_per_micro=200", "run.steps=3", "run.save_every=1",
         "eval.size=4", "run.keep_checkpoints=3"]
@@ -41,7 +40,7 @@ SKIP_KEYS = ("time/", "perf/")   # wall-clock figures differ from run to run
 
 def pair_file(tmp: Path) -> Path:
     """The micro pair with B's group of 2 ranks."""
-    pair = yaml.safe_load((ROOT / "configs" / "pairs" / "micro.yaml").read_text())
+    pair = yaml.safe_load((packaged_configs() / "pairs" / "micro.yaml").read_text())
     pair["models"][1]["num_workers"] = 2
     f = tmp / "pair_ray.yaml"
     f.write_text(yaml.safe_dump({"pair": {"models": pair["models"]}}))

@@ -3,7 +3,10 @@ import csv
 import io
 import json
 
+import matplotlib
+import matplotlib.pyplot as plt
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from graftzoo.eval.artifacts import (ArtifactError, append_metrics, load_run, load_runs,
@@ -11,7 +14,8 @@ from graftzoo.eval.artifacts import (ArtifactError, append_metrics, load_run, lo
                                      write_summary)
 from graftzoo.eval.cli import report_cmd
 from graftzoo.eval.compute import ComputeMeter
-from graftzoo.eval.plots import plot_fractions, plot_score_vs_compute
+from graftzoo.eval.plots import (FIGURES, axis_label, method_colors, plot_fractions, plot_learning_curve,
+                                 plot_score_vs_compute, run_colors, smooth, write_figures)
 from graftzoo.eval.report import (build_table1, clip_fraction_table, flat_rows,
                                   log_table_to_wandb, to_csv, to_latex, to_markdown)
 
@@ -349,3 +353,93 @@ def test_eval_writer_is_atomic_and_checks_model(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["org__model-1.json"]
     with pytest.raises(ArtifactError, match="payload model"):
         write_eval(tmp_path, "other", payload)
+
+
+# ---------------------------------------------------------------- like with like, labels, zero scores, figures
+
+def _cfg_run(root, name, variant, seed, scores, peers, steps=30, k=4, source=None):
+    run_dir = make_run(root, name, variant, seed, 8, scores, peers, source=source,
+                       metrics=[{"step": s, "model": m, "reward/mean": 0.1 * s, "groups/all_fail": 0.5,
+                                 "eval/avg": 0.2 if s == 1 else None} for s in range(2) for m in peers])
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg["run"]["steps"], cfg["eval"] = steps, {"k": k, "size": 8, "dataset": None, "benchmarks": []}
+    write_config(run_dir, cfg)
+    return run_dir
+
+
+def test_one_model_run_and_a_run_naming_it_as_peer(tmp_path):
+    """A GRPO run of B alone, a live pair run and a stored run of A whose peer is B: one report."""
+    _cfg_run(tmp_path, "grpo-B", "GRPO (n=8)", 0, {B: (0.2, 0.1)}, {B: None})
+    _cfg_run(tmp_path, "graft", "GRAFT", 0, {A: (0.3, 0.2), B: (0.25, 0.1)}, {A: B, B: A}, source="live")
+    _cfg_run(tmp_path, "stored", "graft (n=8, stored peer)", 0, {A: (0.3, 0.3)}, {A: B}, source="stored")
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    assert "| graft (n=8, stored peer) |" in res.output and f"**{B} (peer: {A})**" in res.output
+
+
+def test_runs_with_different_steps_or_eval_are_refused(tmp_path):
+    _cfg_run(tmp_path, "a", "GRPO (n=8)", 0, {A: (0.2, 0.1)}, {A: None}, steps=30, k=4)
+    _cfg_run(tmp_path, "b", "GRPO (n=8)", 1, {A: (0.2, 0.1)}, {A: None}, steps=50, k=8)
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep")])
+    assert res.exit_code != 0
+    line = res.output.strip().splitlines()[-1]
+    assert "run.steps (30: a; 50: b)" in line and "eval.k (4: a; 8: b)" in line and "--allow-mixed" in line
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep"), "--allow-mixed", "run.steps"])
+    assert res.exit_code != 0 and "eval.k" in res.output and "run.steps" not in res.output.splitlines()[-1]
+    for extra in (["--allow-mixed", "run.steps", "--allow-mixed", "eval.k"], ["--mixed"]):
+        res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep"), *extra])
+        assert res.exit_code == 0, res.output
+
+
+def test_method_labels_match_case_insensitively(tmp_path):
+    _cfg_run(tmp_path, "a", "grpo (n=8)", 0, {A: (0.2, 0.1)}, {A: None})
+    _cfg_run(tmp_path, "b", "GRPO (n=8)", 1, {A: (0.4, 0.3)}, {A: None})
+    t = build_table1(load_runs([tmp_path]), baseline="GRPO (N=8)")
+    [row] = t.blocks[0].rows
+    assert row.method == "grpo (n=8)" and row.seeds == [0, 1] and t.baseline == "grpo (n=8)"
+
+
+def test_all_zero_scores_have_no_bold_delta_or_marks(tmp_path):
+    _cfg_run(tmp_path, "base", "GRPO (n=8)", 0, {A: (0.0, 0.0)}, {A: None})
+    _cfg_run(tmp_path, "base16", "GRPO (n=16)", 0, {A: (0.0, 0.0)}, {A: None})
+    _cfg_run(tmp_path, "graft", "GRAFT", 0, {A: (0.0, 0.0), B: (0.0, 0.0)}, {A: B, B: A}, source="live")
+    t = build_table1(load_runs([tmp_path]))
+    md = to_markdown(t)
+    assert t.all_zero and "**0.0" not in md and "†" not in md and "‡" not in md and "+0.0" not in md
+    assert md.count("All scores are 0") == 1
+    assert "| GRAFT | 8 | 0.0 | 0.0 | 0.0 | – |" in md
+
+
+def test_smooth_is_a_debiased_ema():
+    assert smooth([3.0, 3.0, 3.0]) == pytest.approx([3.0, 3.0, 3.0])      # no pull towards 0
+    assert smooth([0.0, 1.0], weight=0.5) == pytest.approx([0.0, 0.5 / 0.75])
+    assert smooth([1.0, 5.0], weight=0.0) == [1.0, 5.0]
+    with pytest.raises(ValueError, match="weight"):
+        smooth([1.0], weight=1.0)
+
+
+def test_colours_are_stable_and_labels_are_words(results, tmp_path):
+    runs = load_runs([results])
+    colors = run_colors(runs)
+    assert colors == method_colors(list(reversed(sorted(colors))))          # same map whatever the order
+    assert run_colors(runs[::-1]) == colors
+    assert axis_label("groups/all_fail") == "all-fail groups (fraction)" and "/" not in axis_label("eval/avg")
+    written = write_figures(runs, tmp_path, "GRPO (n=8)")
+    assert [p.name for p in written] == list(FIGURES)
+    for p in written:
+        _assert_png(p)
+    # the same method has the same colour in every figure: lines of GRAFT in fractions and learning curve
+    seen = {}
+    orig = plt.Axes.plot
+
+    def spy(self, *a, **kw):
+        if kw.get("label"):
+            seen.setdefault(kw["label"].split(":")[0], set()).add(matplotlib.colors.to_hex(kw["color"]))
+        return orig(self, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt.Axes, "plot", spy)
+        plot_fractions(runs, tmp_path / "f.png")
+        plot_learning_curve(runs, tmp_path / "l.png")
+    assert seen["GRAFT"] == {matplotlib.colors.to_hex(colors["GRAFT"])}
+    assert all(len(c) == 1 for c in seen.values())

@@ -5,15 +5,17 @@ import logging
 import sys
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from graftzoo.api import summary_lines
 from graftzoo.apps.demo import demo_cmd
+from graftzoo.apps.export import export_cmd
 from graftzoo.apps.grid import grid_cmd
 from graftzoo.apps.grid.model import GridError
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, peer_option
 from graftzoo.apps.plan import plan_cmd
+from graftzoo.apps.progress import ProgressPrinter as _ProgressPrinter
 from graftzoo.core.checkpoint import CheckpointError
-from graftzoo.core.config import ConfigError, load_config
+from graftzoo.core.config import ConfigError, algo_presets, load_config
 from graftzoo.core.engine import EngineError
 from graftzoo.core.policy import NonFiniteError
 from graftzoo.core.preemption import Interrupted
@@ -66,31 +68,6 @@ class Main(click.Group):
                 raise
             click.echo(f"Error: {error_line(e)}", err=True)
             ctx.exit(2 if isinstance(e, USAGE_ERRORS) else 1)
-
-
-class _ProgressPrinter:
-    """A rich progress bar: step, reward, all-fail fraction and tokens/s per model (``close`` stops it, also when
-    the run ends early)."""
-
-    def __init__(self, label: str):
-        self.label, self.bar, self.task = label, None, None
-
-    def __call__(self, step, total, mets):
-        if self.bar is None:
-            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), TextColumn("{task.fields[info]}"), transient=False)
-            self.bar.start()
-            self.task = self.bar.add_task(self.label, total=total, info="")
-        info = "  ".join(f"{m}: r={v.get('reward/acc') or 0:.2f} dead={v.get('groups/all_fail') or 0:.2f} "
-                         f"tok/s={v.get('perf/tokens_per_s') or 0:.0f}" for m, v in mets.items())
-        self.bar.update(self.task, completed=step + 1, info=info)
-        if step + 1 >= total:
-            self.close()
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
 
 
 @click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -146,7 +123,8 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, all
     finally:
         if progress is not None:
             progress.close()
-    click.echo(f"run directory: {out}")
+    for line in summary_lines(out):  # final scores, where the run's files are, what to run next
+        click.echo(line)
 
 
 @main.group()
@@ -156,19 +134,24 @@ def algos():
 
 @algos.command("list")
 def algos_list():
-    """Show each algorithm's name, source and module; failed plugins are reported by name."""
+    """Show each algorithm's name, source and module, then each preset (configs/algos/NAME.yaml, packaged or the
+    current directory's ./configs) with what it sets; failed plugins are reported by name."""
     entries, failed = list_algos()
-    width = max(len(e.name) for e in entries)
-    for e in entries:
-        click.echo(f"{e.name:<{width}}  {e.source:<20}  {e.module}")
+    rows = [(e.name, e.source, e.module) for e in entries]
+    rows += [(name, source, " ".join(sets)) for name, source, sets in algo_presets()]
+    width = max(len(r[0]) for r in rows + [("NAME",)])
+    swidth = max(len(r[1]) for r in rows + [("", "FAILED")])
+    click.echo(f"{'NAME':<{width}}  {'SOURCE':<{swidth}}  MODULE")
+    for name, source, what in rows:
+        click.echo(f"{name:<{width}}  {source:<{swidth}}  {what}")
     for name, why in failed.items():
-        click.echo(f"{name:<{width}}  FAILED              {why.splitlines()[0]}", err=True)
+        click.echo(f"{name:<{width}}  {'FAILED':<{swidth}}  {why.splitlines()[0]}", err=True)
     if failed:
         sys.exit(1)
 
 
 for _name, _cmd in (("env", env_group), ("eval", eval_cmd), ("report", report_cmd), ("grid", grid_cmd),
-                   ("demo", demo_cmd), ("plan", plan_cmd)):
+                   ("demo", demo_cmd), ("plan", plan_cmd), ("export", export_cmd)):
     main.add_command(_cmd, _name)
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 4. prints the Table-1-style report with Delta, writes the PNG plots and the wandb offline runs;
 5. ends with a plain-language paragraph saying what the numbers show.
 
-The plan (steps, prompts per step, seeds, eval size per mode) lives in configs/demo.yaml.
+The plan (steps, prompts per step, seeds, eval size per mode) lives in configs/demo/demo.yaml (packaged in
+graftzoo/configs; a ./configs/demo/ of the current directory overrides it).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from graftzoo.apps.grid import load_grid, run_grid, write_report
 from graftzoo.core.config import find_config, load_config, read_yaml
 from graftzoo.core.models import build_engine, build_policy, split_spec
 from graftzoo.envs.task import Task
-from graftzoo.eval.artifacts import eval_file_name
+from graftzoo.eval.artifacts import eval_path
 from graftzoo.eval.compute import joint_charge
 from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import warmup_info, warmup_pair
@@ -103,7 +104,7 @@ def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 
 def _avg(run_dirs: list, model: str):
     vals = []
     for d in run_dirs:
-        f = Path(d) / "eval" / eval_file_name(model)
+        f = eval_path(d, model)
         if f.exists():
             bench = json.loads(f.read_text())["benchmarks"]
             vals.append(statistics.fmean(v["avg"] for v in bench.values()))
@@ -163,6 +164,15 @@ def conclusion(cells: list, model_ids: list) -> str:
     return "\n".join(lines) if lines else "No comparison available (runs missing or failed)."
 
 
+def _demo_file(name: str) -> Path:
+    """configs/demo/NAME.yaml: a user's ./configs first, then the package's (graftzoo.core.config.find_config)."""
+    path = find_config("demo", name)
+    if path is None:
+        raise click.ClickException(f"no demo config {name!r}: configs/demo/{name}.yaml is neither in ./configs nor "
+                                   f"in the installed package")
+    return path
+
+
 @click.command("demo")
 @click.option("--quick", is_flag=True, help="a < 2 minute smoke version on the micro pair (tests use it)")
 @click.option("--full", is_flag=True, help="adds GRPO n=16/32, the named ablations and 3 seeds")
@@ -173,8 +183,8 @@ def demo_cmd(quick, full, out, jobs):
     console = Console()
     t0 = time.time()
     mode = "full" if full else "quick" if quick else "default"
-    plan = read_yaml(find_config("demo", "demo"))[mode]
-    grid = load_grid(find_config("demo", plan["grid"]), out=str(Path(out) / mode))
+    plan = read_yaml(_demo_file("demo"))[mode]
+    grid = load_grid(_demo_file(plan["grid"]), out=str(Path(out) / mode))
     pair = grid.cells[0].pair
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
     specs = cfg["pair"]["models"]

@@ -5,7 +5,7 @@ step, peer cursors and the wandb run id. Written atomically (temp dir, then rena
 The layout is defined here and only here::
 
     RUN/checkpoints/step_000012/          checkpoint_dir(RUN, 12); checkpoint_step(...) == 12
-        <model id, "/" -> "__">.pt        weights_file(ckpt, model_id): {"policy": ..., "learner": ...}
+        <model_slug(model id)>.pt         weights_file(ckpt, model_id): {"policy": ..., "learner": ...}
         trainer.pt                        tensor state: torch (and CUDA) RNG states, numpy's MT19937 key
         manifest.json                     written last (its presence = complete): step, trainer extras,
                                           python/numpy RNG scalars, size + sha256 of every file above,
@@ -42,6 +42,7 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
+from graftzoo.core.names import model_slug
 from graftzoo.dist.fsdp import load_sharded
 
 log = logging.getLogger("graftzoo")
@@ -86,7 +87,7 @@ def checkpoint_step(ckpt) -> int:
 
 def weights_file(ckpt, model_id: str) -> Path:
     """The file of ``model_id``'s policy and learner state in a checkpoint (hub ids contain "/")."""
-    return Path(ckpt) / f"{model_id.replace('/', '__')}.pt"
+    return Path(ckpt) / f"{model_slug(model_id)}.pt"
 
 
 def _is_legacy(p: Path) -> bool:
@@ -549,7 +550,7 @@ def load_weights(policy, ckpt, hash_files: bool = True) -> None:
         if state["policy"].get("sharded"):  # written by a worker group: its torch.distributed.checkpoint shards
             load_sharded(policy, state["policy"], ckpt, weights_only=True)
         else:
-            policy.model.load_state_dict(state["policy"]["model"])
+            policy.load_model_state(state["policy"])  # a LoRA policy's: its adapters
         policy.version = int(state["policy"].get("version", 0))
     except Exception as e:
         raise CheckpointError(f"{path}: does not fit model {policy.model_id!r}: {type(e).__name__}: "

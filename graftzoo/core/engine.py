@@ -17,6 +17,14 @@ by the temperature exactly as ``Policy.logprobs`` does, then cut by top-k / top-
 training path, so the trainer then recomputes theta_old through it (``rollout.recompute_old_logp``,
 graftzoo.core.trainer) and logs the largest difference (``rollout/logp_diff_max``). Greedy decoding
 records the log-probs of softmax(logits) (no distribution is sampled).
+
+Stop strings (``Policy.stop_strings``, ``rollout.stop``): a response ends at the token whose decoded text
+completes the first occurrence of one. That token is kept, with its log-prob, and so is the stop string in
+``text`` (``text`` stays the decoding of the response ids, as it is for every rollout); the rollout's
+``finish_reason`` is ``"stop"``, not ``"length"`` (it is not truncated), and its ids do not end in EOS, so
+``Rollout.body_ids`` / ``token_count`` count every token and cross-tokenizer exchange appends the learner's
+EOS after it (``xt.append_eos_if_stopped``). ``stop_cut`` is the one definition (on the full decoded text);
+the decoding loops only use it to stop early: ``HFEngine`` checks the last few tokens of every live row each step.
 """
 from __future__ import annotations
 
@@ -83,15 +91,47 @@ def expand_requests(pol: Policy, prompts: Sequence[Prompt], n, prefixes=None) ->
     return rows, [Group(prompt=p, model_id=pol.model_id, rollouts=[]) for p in prompts]
 
 
-def rollout_from_tokens(pol: Policy, pids: list, pre: list, toks: list, lps: list, version: int) -> Rollout:
+def stop_cut(pol: Policy, pre: list, toks: list, stop) -> Optional[int]:
+    """How many of the sampled ``toks`` (after the given response prefix ``pre``) to keep: up to and including the
+    token whose decoding completes the first occurrence of a ``stop`` string in the response, or None (no stop
+    string in it). A stop string inside the given prefix itself does not count."""
+    if not stop or not toks:
+        return None
+    pre = list(pre)
+    head = len(pol.decode(pre)) if pre else 0
+
+    def hit(k: int) -> bool:
+        text = pol.decode(pre + list(toks[:k]))
+        return any(text.find(s, max(0, head - len(s) + 1)) >= 0 for s in stop)
+
+    if not hit(len(toks)):
+        return None
+    lo, hi = 1, len(toks)  # the smallest k with hit(k): the text only grows with k
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if hit(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def rollout_from_tokens(pol: Policy, pids: list, pre: list, toks: list, lps: list, version: int,
+                        stopped: bool = False) -> Rollout:
     """The Rollout of sampled ``toks`` (with their log-probs ``lps``) after prompt ``pids`` and given response
-    prefix ``pre``: cut after the policy's EOS ("stop") or kept whole ("length"); the prefix carries log-prob 0."""
+    prefix ``pre``: cut after the policy's EOS or after the token completing a stop string (``stop_cut``), both
+    "stop", or kept whole ("length"; "stop" when the engine says it ended them at a stop string, ``stopped``); the
+    prefix carries log-prob 0."""
+    toks = list(toks)
     if pol.eos_id in toks:
         length, finish = toks.index(pol.eos_id) + 1, "stop"
     else:
-        length, finish = len(toks), "length"
-    toks = list(toks[:length])
-    body = toks[:-1] if finish == "stop" else toks
+        length, finish = len(toks), "stop" if stopped else "length"
+    cut = stop_cut(pol, pre, toks[:length], pol.stop_strings)
+    if cut is not None:
+        length, finish = cut, "stop"
+    toks = toks[:length]
+    body = toks[:-1] if toks and toks[-1] == pol.eos_id else toks
     return Rollout(prompt_id="", model_id=pol.model_id, policy_version=version, text=pol.decode(list(pre) + body),
                    token_ids=list(pre) + toks, logprobs=[0.0] * len(pre) + list(lps[:length]), finish_reason=finish,
                    prompt_token_ids=list(pids), eos_id=pol.eos_id, prefix_len=len(pre),
@@ -138,16 +178,19 @@ class HFEngine(Engine):
         for r, s in enumerate(seqs):
             ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
             mask[r, width - len(s):] = 1
-        gen, lp = self._decode(ids.to(pol.device), mask.to(pol.device), greedy, temp, max_new)
+        gen, lp, ends = self._decode(ids.to(pol.device), mask.to(pol.device), greedy, temp, max_new)
         gen, lp = gen.tolist(), lp.tolist()
-        return [rollout_from_tokens(pol, pids, pre, gen[r], lp[r], pol.version)
+        return [rollout_from_tokens(pol, pids, pre, gen[r][:ends[r]], lp[r][:ends[r]], pol.version,
+                                    stopped=ends[r] is not None)
                 for r, (_, pids, pre) in enumerate(chunk)]
 
     def _decode(self, ids, mask, greedy, temp, max_new):
-        """KV-cached decoding of left-padded ``ids``: (tokens [B, T], behaviour log-probs [B, T]).
+        """KV-cached decoding of left-padded ``ids``: (tokens [B, T], behaviour log-probs [B, T], per row the
+        length at which a stop string ended it or None).
 
-        Positions are ``cumsum(mask) - 1`` as in ``Policy.logprobs``. A row that emitted EOS
-        continues with pad tokens; decoding stops when every row has or after ``max_new`` tokens.
+        Positions are ``cumsum(mask) - 1`` as in ``Policy.logprobs``. A row that emitted EOS or completed a stop
+        string (seen in the decoding of its last few tokens) continues with pad tokens; decoding stops when every
+        row has or after ``max_new`` tokens.
         """
         pol = self.policy
         model = pol.model
@@ -169,6 +212,9 @@ class HFEngine(Engine):
         pad = torch.full((B,), pol.pad_id, dtype=torch.long, device=dev)
         eos = torch.tensor([pol.eos_id], device=dev)
         toks, lps = [], []
+        stop = list(pol.stop_strings)
+        ends = [None] * B
+        window = max((len(s) for s in stop), default=0) + 2  # tokens whose text can hold a stop string just completed
         pos = pos[:, -1:]
         for t in range(max_new):
             logits = out.logits[:, -1, :].float()
@@ -186,11 +232,21 @@ class HFEngine(Engine):
             toks.append(nxt)
             lps.append(F.log_softmax(sampled, dim=-1).gather(-1, nxt.unsqueeze(-1)).squeeze(-1))
             done = done | (nxt == pol.eos_id)
+            if stop:
+                live = (~done).nonzero().flatten().tolist()
+                if live:
+                    recent = torch.stack(toks[-window:], dim=1)[live].tolist()
+                    texts = pol.tokenizer.batch_decode(recent, skip_special_tokens=True,
+                                                       clean_up_tokenization_spaces=False)
+                    for r, text in zip(live, texts):
+                        if any(s in text for s in stop):
+                            ends[r] = t + 1
+                            done[r] = True
             if t == max_new - 1 or bool(done.all()):
                 break
             mask = torch.cat([mask, one], dim=1)
             pos = pos + 1
             out = model(input_ids=nxt.unsqueeze(-1), attention_mask=mask, position_ids=pos, **step)
         if not toks:
-            return torch.zeros((B, 0), dtype=torch.long), torch.zeros((B, 0))
-        return torch.stack(toks, dim=1), torch.stack(lps, dim=1)
+            return torch.zeros((B, 0), dtype=torch.long), torch.zeros((B, 0)), ends
+        return torch.stack(toks, dim=1), torch.stack(lps, dim=1), ends

@@ -1,8 +1,10 @@
 """Build a Policy from a model spec in a pair config (configs/pairs/*.yaml ``models:``).
 
 ``kind: tiny`` — a tiny model built in code (graftzoo.tiny.build) and warmed up once, cached on disk.
-``kind: hf``   — a Hugging Face causal LM by hub id or local path (real pairs, GPUs).
-Per-model keys understood here (all kinds): ``id``, ``kind``, ``template``, ``max_new_tokens``, ``lr``, ``device``
+``kind: hf``   — a Hugging Face causal LM by hub id or local folder (``id``, or ``path`` with ``id`` as its name);
+                ``check_hf_model`` resolves it before the run directory exists (one error line, no retries).
+Per-model keys understood here (all kinds): ``id``, ``kind``, ``template``, ``stop``, ``max_new_tokens``, ``lr``,
+``device``
 (default ``run.device``), ``gradient_checkpointing`` (default ``model.gradient_checkpointing``), ``dtype``,
 ``num_workers`` (``--backend ray``: the ranks of the model's worker group, its parameters sharded over them by FSDP2;
 default 1).
@@ -10,20 +12,32 @@ default 1).
 from __future__ import annotations
 
 import copy
+import logging
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import hf_hub_download, try_to_load_from_cache
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from graftzoo.core import lora as lora_mod
 from graftzoo.core.engine import HFEngine
 from graftzoo.core.policy import Policy
 from graftzoo.core.config import algo_config
 from graftzoo.core.schema import ConfigError
 from graftzoo.core.vllm_engine import VLLMEngine
+from graftzoo.envs.templates import resolve_stop, resolve_template
 from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import load_or_warmup, load_tiny, load_tokenizer
 
-PER_MODEL_KEYS = ("template", "max_new_tokens", "lr", "device", "gradient_checkpointing", "num_workers")
+PER_MODEL_KEYS = ("template", "stop", "max_new_tokens", "lr", "device", "gradient_checkpointing", "num_workers",
+                  "lora")
+
+log = logging.getLogger("graftzoo")
 
 
 def split_spec(spec: dict) -> tuple[dict, dict]:
@@ -51,12 +65,13 @@ def load_model(spec: dict, seed: int = 0, progress=None):
             model.to(getattr(torch, dtype))
         return model, tok, f"{ts.tokenizer}"
     if kind == "hf":
-        path = spec.get("path") or spec["id"]
+        path, local_only = check_hf_model(spec)
         dtype = getattr(torch, spec.get("dtype", "bfloat16"))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        tok = AutoTokenizer.from_pretrained(path)
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"model '{spec['id']}': cannot load its weights from {path}: {_one_line(e)}") from e
+        tok = hf_tokenizer(spec, path, local_only)
         return model, tok, spec.get("tokenizer_id", path)
     raise ValueError(f"model '{spec.get('id')}': unknown kind {kind!r} (tiny | hf)")
 
@@ -68,11 +83,117 @@ def load_tokenizer_of(spec: dict, progress=None) -> tuple:
     if base.get("kind", "tiny") == "tiny":
         ts = tiny_spec(spec)
         return load_tokenizer(load_or_warmup(ts, progress=progress)), f"{ts.tokenizer}"
-    path = base.get("path") or base["id"]
-    tok = AutoTokenizer.from_pretrained(path)
+    path, local_only = check_hf_model(base)
+    return hf_tokenizer(base, path, local_only), base.get("tokenizer_id", path)
+
+
+HF_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+HUB_PROBE_S = 3.0  # seconds to reach the hub before a model that is not cached is refused
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+
+
+def _hub_offline() -> bool:
+    return bool(hf_constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES",
+                                                                                                  "TRUE")
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub (``HF_ENDPOINT``) cannot be reached (one TCP connection, ``HUB_PROBE_S`` at most),
+    or None. huggingface_hub itself retries an unreachable hub for ~25 s per file before it gives up."""
+    url = urlparse(hf_constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=HUB_PROBE_S).close()
+    except OSError as e:
+        return f"{hf_constants.ENDPOINT}: {e.strerror or type(e).__name__}"
+    return None
+
+
+def _looks_like_path(src: str) -> bool:
+    """A hub id is ``name`` or ``owner/name``; anything else (``/abs``, ``./rel``, ``~/x``, ``a/b/c``) is a folder."""
+    return src.startswith(("/", ".", "~")) or src.count("/") > 1 or "\\" in src
+
+
+def _cached(repo: str) -> bool:
+    """Whether the hub model ``repo`` is in the local Hugging Face cache (its config and weights)."""
+    def hit(name):
+        return isinstance(try_to_load_from_cache(repo, name), str)
+    return hit("config.json") and any(hit(w) for w in ("model.safetensors", "model.safetensors.index.json",
+                                                       "pytorch_model.bin", "pytorch_model.bin.index.json"))
+
+
+def check_hf_model(spec: dict) -> tuple[str, bool]:
+    """Resolve a ``kind: hf`` model before anything is built: (where to load it from, load from local files only).
+    A local folder (``path``, or an ``id`` that is one) must hold a ``config.json``, weights and tokenizer files; a
+    hub id must be in the local cache or on a reachable hub. Anything else is one ``ConfigError`` naming the model
+    and why, in seconds (``HF_HUB_OFFLINE=1``, or an unreachable hub, means the cache only)."""
+    mid = spec["id"]
+    src = str(spec.get("path") or mid)
+    folder = Path(src).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model '{mid}': {folder} is not a Hugging Face model folder (no config.json)")
+        if not any(next(folder.glob(w), None) for w in HF_WEIGHTS):
+            raise ConfigError(f"model '{mid}': {folder} holds no weights (*.safetensors or pytorch_model*.bin)")
+        if not any((folder / f).is_file() for f in HF_TOKENIZER_FILES):
+            raise ConfigError(f"model '{mid}': {folder} holds no tokenizer ({' or '.join(HF_TOKENIZER_FILES)})")
+        return str(folder), True
+    if spec.get("path") or _looks_like_path(src):
+        raise ConfigError(f"model '{mid}': no such folder {src}")
+    if _cached(src):
+        return src, _hub_offline() or hub_unreachable() is not None
+    where = f"not a local folder and not in the Hugging Face cache ({hf_constants.HF_HUB_CACHE})"
+    if _hub_offline():
+        raise ConfigError(f"model '{mid}': {where}, and HF_HUB_OFFLINE is set: download it first "
+                          f"(`hf download {src}`) or give its folder as the model's path")
+    why = hub_unreachable()
+    if why:
+        raise ConfigError(f"model '{mid}': {where}, and the hub cannot be reached ({why}): download it where "
+                          f"there is network (`hf download {src}`) or give its folder as the model's path")
+    try:
+        hf_hub_download(src, "config.json")
+    except Exception as e:  # unknown repo, gated, invalid id, ...
+        raise ConfigError(f"model '{mid}': cannot resolve it on the hub: {_one_line(e)}") from None
+    return src, False
+
+
+def check_models(cfg: dict) -> None:
+    """The pre-flight check of every trained ``kind: hf`` model (``check_hf_model``), before a run directory is
+    made: a model that cannot be loaded fails the run in one line, in seconds, leaving nothing behind."""
+    train = cfg["pair"]["train"]
+    for spec in cfg["pair"]["models"]:
+        if spec.get("kind", "tiny") == "hf" and (not train or spec["id"] in train):
+            check_hf_model(spec)
+
+
+def hf_tokenizer(spec: dict, path: str, local_only: bool):
+    """The tokenizer of a ``kind: hf`` model (pad = EOS when it has no pad token)."""
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model '{spec['id']}': cannot load its tokenizer from {path}: {_one_line(e)}") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return tok, base.get("tokenizer_id", path)
+    return tok
+
+
+def model_template(spec: dict, cfg: dict, tokenizer) -> str:
+    """The prompt template a model renders with: its own ``template`` or ``pair.template``, ``auto`` resolved
+    (graftzoo.envs.templates.resolve_template: the tokenizer's chat template, ``plain`` without one, ``compact``
+    for a tiny model)."""
+    base, local = split_spec(spec)
+    return resolve_template(local.get("template", cfg["pair"]["template"]), tokenizer, base.get("kind", "tiny"))
+
+
+def model_stop(spec: dict, cfg: dict, template: str) -> list:
+    """The stop strings a model's rollouts end at: its own ``stop`` or ``rollout.stop`` (``auto``: the defaults of
+    its template, graftzoo.envs.templates.STOP_DEFAULTS)."""
+    _, local = split_spec(spec)
+    return resolve_stop(local.get("stop", cfg["rollout"]["stop"]), template)
 
 
 def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
@@ -81,25 +202,40 @@ def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
     autocast = apply_precision(model, cfg["optim"]["precision"])
     if local.get("gradient_checkpointing", cfg["model"]["gradient_checkpointing"]):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lora = lora_mod.lora_of(local, cfg)
+    if lora:  # only the adapters train (graftzoo.core.lora)
+        model = lora_mod.wrap(model, lora, f"pair.models[{base['id']}].lora" if "lora" in local else "model.lora")
     model.to(local.get("device", cfg["run"]["device"])).train()
     optim = copy.deepcopy(cfg["optim"])
     if "lr" in local:
         optim["lr"] = local["lr"]
-    pol = Policy(base["id"], model, tok, template=local.get("template", cfg["pair"]["template"]), optim=optim,
+    template = model_template(spec, cfg, tok)
+    pol = Policy(base["id"], model, tok, template=template, optim=optim,
                  temperature=cfg["rollout"]["temperature"], max_prompt_tokens=cfg["rollout"]["max_prompt_tokens"],
                  tokenizer_id=tok_id)
     pol.max_response_tokens = int(local.get("max_new_tokens", cfg["rollout"]["max_new_tokens"]))
+    pol.stop_strings = model_stop(spec, cfg, template)
     pol.autocast_dtype = autocast
     pol.max_tokens_per_micro = cfg["optim"]["max_tokens_per_micro"]
     pol.optim_cfg = optim  # the run's optim.* with this model's lr: a worker rebuilds the optimizer after sharding
+    pol.trainable_params, pol.total_params = lora_mod.count_parameters(model)
+    if lora:
+        log.info("model %r: LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%)", base["id"], lora["r"],
+                 lora["alpha"], lora["target_modules"], pol.trainable_params, pol.total_params,
+                 100.0 * pol.trainable_params / max(1, pol.total_params))
     return pol
 
 
 def make_ref(policy: Policy) -> Policy:
-    """A frozen copy of ``policy`` (the KL reference: its initial weights), sharing the tokenizer."""
+    """A frozen copy of ``policy`` (the KL reference: its initial weights), sharing the tokenizer. A LoRA policy's
+    reference is its own model with the adapters disabled (``lora.AdaptersOff``): the base weights, which LoRA never
+    changes, without a second copy of them."""
     ref = copy.copy(policy)
-    ref.model = copy.deepcopy(policy.model).eval()
     ref.optimizer = ref.scheduler = None
+    if lora_mod.is_lora(policy.model):
+        ref.model = lora_mod.AdaptersOff(policy.model)
+        return ref
+    ref.model = copy.deepcopy(policy.model).eval()
     for q in ref.model.parameters():
         q.requires_grad_(False)
     return ref

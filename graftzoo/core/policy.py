@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from graftzoo.core import lora as lora_mod
 from graftzoo.core.batch import micro_split, pad_pairs
 from graftzoo.core.errors import NonFiniteError  # noqa: F401 - raised here, imported from here by callers
 from graftzoo.core.types import Prompt
@@ -91,6 +92,8 @@ def token_entropies(logits: torch.Tensor, temperature: float = 1.0) -> torch.Ten
 
 
 class Policy:
+    stop_strings: tuple = ()  # a rollout ends at the token that completes one (rollout.stop, graftzoo.core.models)
+
     def __init__(self, model_id: str, model, tokenizer, template: str = "compact", optim: dict | None = None,
                  temperature: float = 1.0, max_prompt_tokens: int = 2048, tokenizer_id: str | None = None):
         self.model_id = model_id
@@ -351,17 +354,44 @@ class Policy:
         return out
 
     # ---- state -----------------------------------------------------------------------------
+    @property
+    def lora(self) -> bool:
+        """Whether the model trains LoRA adapters only (``model.lora``; graftzoo.core.lora)."""
+        return lora_mod.is_lora(self.model)
+
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None, "version": self.version}
+        """The model's state (a LoRA policy's: its adapters only, flagged ``lora``), optimizer, scheduler, version."""
+        out = {"model": lora_mod.adapter_state(self.model) if self.lora else self.model.state_dict(),
+               "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+               "scheduler": self.scheduler.state_dict() if self.scheduler else None, "version": self.version}
+        if self.lora:
+            out["lora"] = True
+        return out
+
+    def load_model_state(self, state: dict) -> None:
+        """The model part of ``state_dict()`` (its ``model`` entry) loaded into the model: all of its weights, or
+        a LoRA policy's adapters; a LoRA state for a full model or the reverse is a ``ValueError`` naming the key."""
+        if bool(state.get("lora")) != self.lora:
+            raise ValueError(f"the checkpoint holds {'LoRA adapters' if state.get('lora') else 'full weights'} but "
+                             f"model {self.model_id!r} is built {'with' if self.lora else 'without'} LoRA "
+                             f"(config key model.lora or pair.models[{self.model_id}].lora)")
+        if self.lora:
+            lora_mod.load_adapter_state(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
+
+    def merged_model(self):
+        """A plain transformers model of the current weights, for an export: a LoRA policy's adapters merged into
+        a copy of its base model (the training model untouched); otherwise the training model itself."""
+        return lora_mod.merged_model(self.model) if self.lora else self.model
 
     def full_state_dict(self) -> dict:
         """The model's parameters and buffers as whole tensors, for a rollout engine's weight sync or an export.
         A sharded policy gathers them (a collective: every rank of the group calls it at once) onto rank 0's CPU
         (the other ranks get an empty dict) and keeps them for the current version until ``release_gathered``, so
         rank 0's engine can read them again without the group."""
-        if not self.sharded:
-            return self.model.state_dict()
+        if not self.sharded:  # a LoRA policy: its adapters merged into the base weights, under the base names
+            return lora_mod.merged_state_dict(self.model) if self.lora else self.model.state_dict()
         if self._gathered is None or self._gathered[0] != self.version:
             self._gathered = (self.version, full_model_state(self.model))
         return self._gathered[1]
@@ -384,7 +414,7 @@ class Policy:
         if state.get("sharded") or self.sharded:
             load_sharded(self, state, folder) if state.get("sharded") else load_full(self, state)
             return
-        self.model.load_state_dict(state["model"])
+        self.load_model_state(state)
         if self.optimizer and state.get("optimizer"):
             self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler and state.get("scheduler"):

@@ -17,6 +17,7 @@ import fnmatch
 import json
 import logging
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -35,7 +36,7 @@ STORE = "store"  # the trajectory store's folder (the trainer's RUN/store)
 # keys that may differ between the stored config and a resumed run: they do not change what is trained
 FREE_TO_CHANGE = (
     "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
-    "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags",
+    "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags", "tracking.*",
     "run.variant", "run.progress", "run.threads", "run.device", "store.enabled",
     # where the models run (a checkpoint of either backend, any number of ranks, resumes on the other)
     "run.backend", "ray.*",
@@ -116,6 +117,42 @@ def _read_holder(fd: int) -> str:
 # ------------------------------------------------------------------------------------------------
 # what a run directory holds
 # ------------------------------------------------------------------------------------------------
+
+def _safe(text: str) -> str:
+    """``text`` as a file-name part: runs of characters other than letters, digits, ``.`` and ``_`` become one ``-``
+    (``=`` and brackets are dropped: ``GRPO (n=8)`` -> ``GRPO-n8``)."""
+    text = re.sub(r"[=()\[\]{}'\"]", "", str(text))
+    return re.sub(r"[^A-Za-z0-9._]+", "-", text).strip("-.") or "x"
+
+
+def default_run_name(cfg: dict) -> str:
+    """The run name when ``run.name`` is null: everything that tells runs of different configurations apart, readable
+    and filesystem-safe: ``ALGO[-VARIANT][-MODELS]-PAIR[-PEER]-sSEED``, e.g. ``graft-tiny-online-s0``,
+    ``grpo-n8-micro-s0`` (preset grpo_n8: run.variant "GRPO (n=8)" replaces the bare algorithm name it starts with),
+    ``grpo-tiny-gpt2-pair-tiny-s0`` (pair.train a subset, named as the grid names a per-model cell),
+    ``graft-tiny-qwen-char-tiny-stored-grpo-B-s0`` (peer.source stored / mixed + the stored run's folder name).
+    Runs that differ in anything else (an optimizer setting, ...) share a name; resuming one with the other's config
+    is refused (``check_resume_config``), naming the keys."""
+    run, pair, peer = cfg["run"], cfg["pair"], cfg["peer"]
+    algo = _safe(cfg["algo"]["name"])
+    parts = [algo]
+    if run.get("variant"):
+        variant = _safe(run["variant"]).lower()
+        parts = [variant] if variant == algo or variant.startswith(algo + "-") else [algo, variant]
+    ids = [m.get("id") for m in pair.get("models") or [] if isinstance(m, dict)]
+    train = list(pair.get("train") or [])
+    if train and sorted(train) != sorted(ids):
+        parts.append("+".join(_safe(m) for m in train))
+    parts.append(_safe(pair.get("name") or "pair"))
+    source = peer.get("source") or "none"
+    if source != "none":
+        where = Path(str(peer.get("path") or ""))
+        if where.name == STORE:  # RUN/store names the run RUN
+            where = where.parent
+        parts.append(source + (f"-{_safe(where.name)}" if where.name and source in ("stored", "mixed") else ""))
+    parts.append(f"s{int(run.get('seed') or 0)}")
+    return "-".join(parts)
+
 
 def holds_run(run_dir) -> bool:
     """Whether ``run_dir`` holds (part of) a run: its config, metrics, checkpoints or trajectory store."""

@@ -2,6 +2,12 @@
 
 The metric vocabulary is the same for every algorithm (cleanRL's habit): every key of ``METRICS``
 is present in every record, ``None`` where it does not apply (e.g. peer metrics of a GRPO run).
+
+wandb settings: ``run.wandb_project`` / ``run.wandb_group`` / ``run.wandb_mode`` and ``tracking.entity``. A resumed
+run continues the same wandb run (its id is kept in the checkpoint: ``resume_id``). Every
+``tracking.log_completions_every`` steps (0 = never) each model logs a completions table ``<model>/completions``
+(``COMPLETION_COLUMNS``, at most ``tracking.completions_rows`` rows, peer rows first): the responses the step trains
+on, from the exchange's slots, whatever the algorithm.
 """
 from __future__ import annotations
 
@@ -10,6 +16,10 @@ import logging
 import os
 from pathlib import Path
 from typing import Optional
+
+import torch
+
+from graftzoo.algos.functional import compatibility_score
 
 METRICS = [
     # outcomes
@@ -40,6 +50,30 @@ def _clean(v):
 
 log = logging.getLogger("graftzoo")
 
+COMPLETION_COLUMNS = ["step", "model", "prompt", "response", "reward", "advantage", "weight", "source", "s"]
+
+
+def completion_rows(step: int, model: str, slots, limit: int) -> list:
+    """Rows of the completions table (``COMPLETION_COLUMNS``) from one model's slots of a step (own and peer
+    ``Group``s as the exchange left them): ``source`` is the response's role (own / peer / aux), ``weight`` its loss
+    weight (``Group.weights``; 0 = not trained), ``s`` the compatibility score ``exp(l_L - l_P)`` of a localized
+    peer response (None for the learner's own). Peer rows come first, then the rest in slot order; at most
+    ``limit`` rows."""
+    rows = []
+    for g in slots:
+        advantages = g.advantages or [None] * g.n
+        weights = g.weights or [1.0] * g.n
+        for r, a, w in zip(g.rollouts, advantages, weights):
+            s = None
+            if r.origin is not None:
+                s = float(compatibility_score(torch.tensor(r.mean_logp, dtype=torch.float64),
+                                              torch.tensor(r.origin.mean_logp, dtype=torch.float64)))
+            source = "peer" if r.origin is not None else r.role
+            rows.append([step, model, g.prompt.text, r.text, float(r.reward), None if a is None else float(a),
+                         float(w), source, s])
+    rows.sort(key=lambda row: row[7] != "peer")  # stable: peer rows first, each part in slot order
+    return rows[:limit]
+
 
 class MetricsFileError(ValueError):
     """``metrics.jsonl`` holds an unreadable record that is not a torn last line."""
@@ -51,13 +85,16 @@ class Tracker:
         self.path = self.run_dir / "metrics.jsonl"
         self.wandb_run = None
         run = cfg["run"]
+        tracking = cfg.get("tracking") or {}  # a run config written before the tracking section: defaults
+        self.completions_every = int(tracking.get("log_completions_every", 10) or 0)
+        self.completions_rows = int(tracking.get("completions_rows", 64))
         if run.get("track"):
             import wandb
             mode = run.get("wandb_mode") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
             self.wandb_run = wandb.init(
-                project=run.get("wandb_project") or "graftzoo", group=run.get("wandb_group"),
-                name=self.run_dir.name, dir=str(self.run_dir), mode=mode, config=cfg, id=resume_id,
-                resume="allow" if resume_id else None, reinit="create_new",
+                project=run.get("wandb_project") or "graftzoo", entity=tracking.get("entity"),
+                group=run.get("wandb_group"), name=self.run_dir.name, dir=str(self.run_dir), mode=mode, config=cfg,
+                id=resume_id, resume="allow" if resume_id else None, reinit="create_new",
                 tags=[str(t) for t in (run.get("tags") or [])], settings=wandb.Settings(silent=True))
 
     @property
@@ -73,6 +110,17 @@ class Tracker:
         if self.wandb_run is not None:
             self.wandb_run.log({f"{model}/{k}": v for k, v in rec.items()
                                 if k not in ("step", "model") and isinstance(v, (int, float))}, step=step)
+
+    def log_completions(self, step: int, model: str, slots):
+        """Log ``model``'s completions table of ``step`` (``completion_rows``) to wandb when the step is on the
+        ``tracking.log_completions_every`` cadence; returns the ``wandb.Table`` logged, else None."""
+        if self.wandb_run is None or self.completions_every <= 0 or step % self.completions_every:
+            return None
+        import wandb
+        table = wandb.Table(columns=COMPLETION_COLUMNS,
+                            data=completion_rows(step, model, slots, self.completions_rows))
+        self.wandb_run.log({f"{model}/completions": table}, step=step)
+        return table
 
     def truncate_after(self, step: int):
         """On resume: drop records of steps after the checkpoint, so replayed steps are not doubled. A torn

@@ -25,15 +25,15 @@ from graftzoo.core.checkpoint import load_checkpoint, one_line, prepare_resume, 
 from graftzoo.core.config import algo_config
 from graftzoo.core.policy import NonFiniteError
 from graftzoo.core.preemption import Interrupted, StopRequest
-from graftzoo.core.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, holds_run,
-                                  move_aside)
+from graftzoo.core.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, default_run_name,
+                                  holds_run, move_aside)
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import (eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request,
                                     make_eval_engine)
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.core.engine import EngineError
-from graftzoo.core.models import InProcess
+from graftzoo.core.models import InProcess, check_models
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.core.registry import get_algo
@@ -69,18 +69,21 @@ def derive_seed(*parts) -> int:
 class Trainer:
     def __init__(self, cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None,
                  overwrite: bool = False, allow_config_change=()):
-        """Everything that can be checked without building a model is checked first (ids, the run directory's
-        lock and identity, the task's datasets, a stored peer), then the models are built. ``resume``: continue
-        the run directory's run from its newest intact checkpoint (refused when the config changed on a key
-        that changes the trajectory, unless ``allow_config_change`` names it); ``resume=False`` in a directory
-        that holds a run is refused unless ``overwrite`` (the old run is moved aside)."""
+        """Everything that can be checked without building a model is checked first (ids, the task's datasets,
+        that every ``kind: hf`` model can be loaded, the run directory's lock and identity, a stored peer), then the
+        models are built. ``resume``: continue the run directory's run from its newest intact checkpoint (refused
+        when the config changed on a key that changes the trajectory, unless ``allow_config_change`` names it);
+        ``resume=False`` in a directory that holds a run is refused unless ``overwrite`` (the old run is moved
+        aside)."""
         self.cfg = cfg
         run = cfg["run"]
         torch.set_num_threads(int(run["threads"]))
         self.seed = int(run["seed"])
-        name = run["name"] or f"{cfg['algo']['name']}-{cfg['pair']['name']}-s{self.seed}"
+        name = run["name"] or default_run_name(cfg)  # tells configurations apart: algo, models, pair, peer, seed
         cfg["run"]["name"] = name
-        cfg["run"]["variant"] = run["variant"] or f"{cfg['algo']['name']} (n={cfg['rollout']['n']})"
+        # the report's row label; a stored or mixed peer source is a method of its own (not the live run's seed)
+        source = {"stored": ", stored peer", "mixed": ", mixed peer"}.get(cfg["peer"]["source"], "")
+        cfg["run"]["variant"] = run["variant"] or f"{cfg['algo']['name']} (n={cfg['rollout']['n']}{source})"
         self.run_dir = Path(run_dir) if run_dir else Path(run["out_dir"]) / name
         self.resume = resume
         self.progress = progress
@@ -90,6 +93,7 @@ class Trainer:
         self.model_ids = list(train_ids)
         self.config_changes: dict = {}
         self.task = Task(cfg).check()  # the datasets a run trains, evaluates and selects on: before anything else
+        check_models(cfg)  # every kind: hf model resolvable (folder or hub cache), before the run directory exists
         self.lock = self._open_run_dir(overwrite, allow_config_change)
         try:
             self._build(cfg, specs, train_ids)
@@ -142,6 +146,7 @@ class Trainer:
         self.store = TrajectoryStore(self.run_dir / STORE, dataset=self.dataset_id) if cfg["store"]["enabled"] else None
         self.meter = ComputeMeter()
         self.tracker: Optional[Tracker] = None
+        self.step_slots: dict = {}  # model id -> the last step's slots (own and peer groups after the exchange)
 
     def close(self):
         """Close the rollout engines and the worker groups, release the run directory (``run`` does it when it
@@ -199,6 +204,7 @@ class Trainer:
                 other = groups[self.model_ids[1 - self.model_ids.index(m)]]
                 ctx.metrics.update(complementarity(groups[m], {g.prompt.id: g for g in other}))
             slots = self.learners[m].exchange(ctx, groups[m], peer)
+            self.step_slots[m] = slots  # what the step trains on, for the completions table (Tracker)
             batches[m] = self.learners[m].build_batch(ctx, slots)
             xtime[m] = time.perf_counter() - t
         out = {}
@@ -332,6 +338,7 @@ class Trainer:
                             mets[m].update(eval_metrics(res[m]))
                     for m, met in mets.items():
                         self.tracker.log(step, m, met)
+                        self.tracker.log_completions(step, m, self.step_slots.get(m, []))
                     if self.progress:
                         self.progress(step, self.total_steps, mets)
                     if (save_every and (step + 1) % save_every == 0) or last or stop.signum is not None:

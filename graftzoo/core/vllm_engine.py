@@ -6,10 +6,13 @@ What it guarantees, and how:
 
 - **Token ids in and out.** Prompts go in as ``prompt_token_ids`` (the policy's own tokenization and template;
   vLLM's tokenizer is never loaded: ``skip_tokenizer_init``), responses come out as ids, decoded by the policy.
-  EOS is the policy's (``stop_token_ids``); the model's ``generation_config`` is not applied.
+  EOS is the policy's (``stop_token_ids``); the model's ``generation_config`` is not applied. A policy with stop
+  strings (``rollout.stop``) is the one exception: vLLM matches stop strings on text, so it then gets the policy's
+  tokenizer (saved beside the config) to detokenize and end a sequence early; the rollout is still cut by
+  ``graftzoo.core.engine.stop_cut`` on the policy's own decoding, exactly as the HF engine cuts it.
 - **The engine's weights are the policy's weights.** vLLM starts from the model's config alone
   (``load_format="dummy"``) and ``sync_weights`` loads the training model's parameters at start-up and after every
-  update: in-process as tensors (``reload_weights(weights_iterator=…)``, no copy to disk), with the engine core in
+  update (a LoRA policy's merged ones, ``W + scale * B @ A`` under the base model's names: ``Policy.full_state_dict``): in-process as tensors (``reload_weights(weights_iterator=…)``, no copy to disk), with the engine core in
   its own process from a ``save_pretrained`` folder (``weights_path``); then the prefix cache is reset. Every rollout
   carries the ``policy_version`` of the weights that decoded it; the trainer refuses to train own rollouts whose
   version is not the policy's (a missed sync).
@@ -71,6 +74,13 @@ def check_head_size(pol) -> None:
                           f"({', '.join(map(str, sizes))}): use rollout.engine=hf for it")
 
 
+def _transformers_model(pol):
+    """The transformers model whose ``save_pretrained`` writes the engine's weights folder: a LoRA policy's base
+    model (its ``full_state_dict`` holds the adapters merged under the base names; peft's own ``save_pretrained``
+    would write the adapters alone)."""
+    return pol.model.get_base_model() if pol.lora else pol.model
+
+
 class _Backend:
     """One vLLM ``LLM`` for one policy, shared by the engine and its ``with_sampling`` views."""
 
@@ -85,6 +95,7 @@ class _Backend:
                               "(rollout.vllm.multiprocessing=false): tensors do not cross to another process")
         self.sleep_level = int(settings["sleep_level"])
         self.asleep = False
+        self.matches_stop = bool(policy.stop_strings)  # started with the policy's tokenizer to match stop strings
         self.version = -1
         self.llm = None
         self.dir = tempfile.mkdtemp(prefix="graftzoo-vllm-")
@@ -99,18 +110,22 @@ class _Backend:
         pol, s = self.policy, self.settings
         check_head_size(pol)
         if self.from_disk:  # vLLM reloads from the folder it loaded from: the policy's weights, as synced later
-            pol.model.save_pretrained(self.dir, state_dict=pol.full_state_dict(), safe_serialization=True)
+            _transformers_model(pol).save_pretrained(self.dir, state_dict=pol.full_state_dict(),
+                                                     safe_serialization=True)
         else:  # the architecture only: the weights come in as tensors (sync)
             pol.model.config.save_pretrained(self.dir)
         dtype = s["dtype"]
         if dtype == "auto":  # the dtype the training forward computes in
             dtype = str(pol.autocast_dtype or next(pol.model.parameters()).dtype).replace("torch.", "")
-        kw = dict(model=self.dir, skip_tokenizer_init=True, dtype=dtype,
+        kw = dict(model=self.dir, skip_tokenizer_init=not self.matches_stop, dtype=dtype,
                   load_format="safetensors" if self.from_disk else "dummy", seed=int(seed),
                   enforce_eager=bool(s["enforce_eager"]), logprobs_mode="processed_logprobs",
                   generation_config="vllm", max_model_len=int(pol.context_window),
                   enable_prefix_caching=bool(s["prefix_caching"]), max_num_seqs=int(s["max_num_seqs"]),
                   enable_sleep_mode=self.sleep_level > 0)
+        if self.matches_stop:  # vLLM matches stop strings on its own detokenization: the policy's tokenizer
+            kw["tokenizer"] = os.path.join(self.dir, "tokenizer")
+            pol.tokenizer.save_pretrained(kw["tokenizer"])
         if s["kv_cache_gb"] is not None:
             kw["kv_cache_memory_bytes"] = int(float(s["kv_cache_gb"]) * (1 << 30))
         else:
@@ -146,7 +161,7 @@ class _Backend:
         with torch.no_grad():
             state = pol.full_state_dict()  # a sharded policy's parameters gathered (its group's collective)
         if self.from_disk:
-            pol.model.save_pretrained(self.dir, state_dict=state, safe_serialization=True)
+            _transformers_model(pol).save_pretrained(self.dir, state_dict=state, safe_serialization=True)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.dir})
         else:
             weights = [(k, v.detach()) for k, v in state.items()]
@@ -234,8 +249,12 @@ class VLLMEngine(Engine):
                                                                                              max_new))
         if greedy:
             sample = dict(temperature=0.0, top_p=1.0, top_k=0, min_tokens=0)
+        if pol.stop_strings and back.matches_stop:  # ended early by vLLM on its detokenization; stop_cut cuts
+            sample.update(detokenize=True, stop=list(pol.stop_strings), include_stop_str_in_output=True)
+        else:
+            sample.update(detokenize=False)
         params = [SamplingParams(n=1, max_tokens=max_new, logprobs=0, stop_token_ids=[pol.eos_id], seed=s,
-                                 detokenize=False, **sample) for s in seeds]
+                                 **sample) for s in seeds]
         try:
             outs = back.llm.generate([{"prompt_token_ids": pids + pre} for _, pids, pre in rows], params,
                                      use_tqdm=False)
@@ -246,7 +265,7 @@ class VLLMEngine(Engine):
             o = out.outputs[0]
             toks = list(o.token_ids)
             lps = [float(d[t].logprob) for d, t in zip(o.logprobs or [], toks)]
-            ro = rollout_from_tokens(pol, pids, pre, toks, lps, back.version)
+            ro = rollout_from_tokens(pol, pids, pre, toks, lps, back.version, stopped=isinstance(o.stop_reason, str))
             ro.prompt_id = prompts[i].id
             groups[i].rollouts.append(ro)
         return groups

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from graftzoo.core.engine import Engine
-from graftzoo.core.models import check_context, load_tokenizer_of, split_spec
+from graftzoo.core.models import check_context, load_tokenizer_of, model_stop, model_template, split_spec
 from graftzoo.core.policy import Policy
 from graftzoo.dist.errors import WorkerError
 from graftzoo.core.update import mean_metrics
@@ -168,10 +168,10 @@ class RemotePolicy(Policy):
     hidden states, the update and the state in the group."""
 
     def __init__(self, group: WorkerGroup, spec: dict, cfg: dict, tokenizer, tokenizer_id: str):
-        _, local = split_spec(spec)
-        super().__init__(spec["id"], None, tokenizer, template=local.get("template", cfg["pair"]["template"]),
-                         temperature=cfg["rollout"]["temperature"],
+        template = model_template(spec, cfg, tokenizer)  # as the workers' build_policy resolves it
+        super().__init__(spec["id"], None, tokenizer, template=template, temperature=cfg["rollout"]["temperature"],
                          max_prompt_tokens=cfg["rollout"]["max_prompt_tokens"], tokenizer_id=tokenizer_id)
+        self.stop_strings = model_stop(spec, cfg, template)
         self.group, info = group, group.info
         self.max_response_tokens = int(info["max_response_tokens"])
         self.max_tokens_per_micro = info["max_tokens_per_micro"]

@@ -17,7 +17,9 @@ as the compact prompt ``Q:{content}\\n`` and an assistant turn as ``{content}<eo
 
 Load a saved tiny tokenizer with ``load_tokenizer(path)``, not ``AutoTokenizer``: for a directory
 that also holds a ``qwen2`` model config, transformers 5 forces its own ``Qwen2Tokenizer`` (byte-level
-BPE) over the saved ``tokenizer.json`` and silently drops characters such as ``\n``.
+BPE) over the saved ``tokenizer.json`` and silently drops characters such as ``\n``. An exported model
+(``graftzoo export``) that other tools load with ``AutoTokenizer`` gets ``byte_level_tokenizer(tok)``
+instead: the same ids, written in byte-level symbols, which ``Qwen2Tokenizer`` reads correctly.
 
 Padding is on the left; callers pass ``position_ids(attention_mask)`` so a left-padded row
 sees the same positions as an unpadded one (notes §2).
@@ -74,6 +76,43 @@ def build_tokenizer(kind: str) -> PreTrainedTokenizerFast:
         tokenizer_object=core, pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token=UNK,
         padding_side="left", clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE,
         model_max_length=1024)
+
+
+def _bytes_to_unicode() -> dict:
+    """GPT-2's byte -> printable character map, the alphabet of byte-level BPE (``" "`` -> ``"Ġ"``, ``"\\n"`` ->
+    ``"Ċ"``)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(keep, chars)}
+
+
+def byte_level_tokenizer(tok: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """The same tokenizer (ids, specials, padding side, chat template) as a byte-level BPE without merges, for
+    export: ``AutoTokenizer`` forces ``Qwen2Tokenizer`` on a qwen2 model folder, which reads the vocabulary and
+    merges of ``tokenizer.json`` but replaces its pre-tokenizer and decoder by byte-level ones; with every piece
+    written in byte-level symbols both that class and a plain ``tokenizer.json`` reader give the original ids and
+    texts. Only for tokenizers whose pieces are single ASCII characters (``char``); others raise ``ValueError``."""
+    specials = set(tok.all_special_tokens)
+    table = _bytes_to_unicode()
+    vocab = {}
+    for piece, i in tok.get_vocab().items():
+        if piece not in specials and (len(piece) != 1 or ord(piece) > 127):
+            raise ValueError(f"tiny: tokenizer piece {piece!r} is not one ASCII character; only a 'char' tokenizer "
+                             f"has a byte-level equivalent")
+        vocab[piece if piece in specials else table[ord(piece)]] = i
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=tok.unk_token, fuse_unk=False))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=tok.pad_token, eos_token=tok.eos_token, bos_token=tok.bos_token,
+        unk_token=tok.unk_token, padding_side=tok.padding_side, clean_up_tokenization_spaces=False,
+        chat_template=tok.chat_template, model_max_length=tok.model_max_length)
 
 
 def load_tokenizer(path) -> PreTrainedTokenizerFast:

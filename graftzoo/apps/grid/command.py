@@ -14,7 +14,7 @@ from graftzoo.apps.grid.model import Grid, GridError, select_cells
 from graftzoo.apps.grid.run import cell_status, check_configs, eval_command, resume_note, run_grid, summary_status
 from graftzoo.core.config import ConfigError, clip_label
 from graftzoo.eval.artifacts import ArtifactError, load_run
-from graftzoo.eval.plots import plot_fractions, plot_score_vs_compute
+from graftzoo.eval.plots import write_figures
 from graftzoo.eval.report import build_table1, clip_fraction_table, to_csv, to_latex, to_markdown
 
 
@@ -42,12 +42,7 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -
     (out / "table1.csv").write_text(to_csv(table), encoding="utf-8")
     (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
     (out / "clip_table.md").write_text(to_markdown(clip_fraction_table(runs)), encoding="utf-8")
-    for fname, plot in (("score_vs_compute.png", lambda p: plot_score_vs_compute(runs, p, baseline)),
-                        ("fractions.png", lambda p: plot_fractions(runs, p))):
-        try:
-            plot(out / fname)
-        except ValueError as e:
-            echo(f"figure {fname} skipped: {e}")
+    write_figures(runs, out, table.baseline, echo=echo)
     echo(md)
     echo(f"report: {out}")
     return out

@@ -75,7 +75,7 @@ def _method(entry, where: str) -> Method:
 def _pair_models(pair: str, where: str) -> list:
     p = find_config("pairs", pair)
     if p is None:
-        raise GridError(f"{where}: unknown pair {pair!r} (no configs/pairs/{pair}.yaml)")
+        raise GridError(f"{where}: unknown pair {pair!r} (no configs/pairs/{pair}.yaml in ./configs or the package)")
     data = read_yaml(p)
     models = data.get("models") or (data.get("pair") or {}).get("models") or []
     return [m["id"] for m in models]
@@ -105,11 +105,13 @@ def _eval_options(ev, where: str) -> dict:
 
 
 def _read(path: Path) -> tuple:
-    """(path of the grid file, its data), the path looked up in configs/grids when not a file."""
+    """(path of the grid file, its data): a path that is not a file is looked up as a named grid (``NAME``,
+    ``grids/NAME.yaml`` or ``configs/grids/NAME.yaml``) in ./configs, then in the package (``find_config``)."""
     if not path.is_file():
         found = find_config("grids", str(path))
         if found is None:
-            raise GridError(f"{path}: no such grid file (nor configs/grids/{path}.yaml)")
+            raise GridError(f"{path}: no such grid file, nor a grid of that name in ./configs/grids or the "
+                            f"package's configs/grids")
         path = found
     try:
         return path, read_yaml(path)

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from graftzoo.apps.grid.model import Cell, Grid, GridError, resolve_clips
 from graftzoo.core.checkpoint import checkpoint_step, latest_checkpoint
 from graftzoo.core.trainer import train
-from graftzoo.eval.artifacts import eval_file_name
+from graftzoo.eval.artifacts import EVAL_DIR, GRID_EVAL_DIR, eval_file_name
 from graftzoo.eval.checkpoints import load_run_config, trained_specs
 from graftzoo.eval.evaluate import eval_request
 from graftzoo.eval.runner import evaluate_checkpoint
@@ -36,13 +36,18 @@ def summary_status(run_dir: Path) -> Optional[str]:
         return None
 
 
+def grid_eval_dir(cell: Cell) -> Path:
+    """Where the grid's evaluation of a cell goes (``RUN/eval/grid``; the report prefers it to the trainer's)."""
+    return cell.run_dir / EVAL_DIR / GRID_EVAL_DIR
+
+
 def eval_done(cell: Cell, options: dict) -> bool:
     """Whether every trained model has an eval file that answers this grid's eval request."""
     cfg = load_run_config(cell.run_dir)
     keys = set(inspect.signature(eval_request).parameters) - {"cfg"}
     want = eval_request(cfg, **{k: v for k, v in options.items() if k in keys})
     for spec in trained_specs(cfg):
-        p = cell.run_dir / "eval" / eval_file_name(spec["id"])
+        p = grid_eval_dir(cell) / eval_file_name(spec["id"])
         try:
             if json.loads(p.read_text(encoding="utf-8")).get("request") != want:
                 return False
@@ -72,7 +77,8 @@ def resume_note(cell: Cell) -> str:
 
 def eval_command(cell: Cell, options: dict) -> list:
     """``graftzoo eval`` on the cell's run directory with the grid's eval options."""
-    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "eval", "--ckpt", str(cell.run_dir)]
+    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "eval", "--ckpt", str(cell.run_dir),
+           "--out", str(grid_eval_dir(cell))]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if key == "allow_test_selection":
@@ -113,7 +119,7 @@ def run_cell_inprocess(cell: Cell, status: str, eval_options: Optional[dict], lo
         if status != "evaluate":
             train(cell.config(), run_dir=str(cell.run_dir))
         if eval_options is not None:
-            evaluate_checkpoint(cell.run_dir, **eval_options)
+            evaluate_checkpoint(cell.run_dir, out=grid_eval_dir(cell), **eval_options)
     except Exception as e:  # reported by name; the grid goes on
         with open(log, "a", encoding="utf-8") as f:
             f.write(traceback.format_exc())

@@ -1,0 +1,177 @@
+"""The Python API, for notebooks and scripts: the same config, training, evaluation and export as the
+``graftzoo`` command, with results as Python objects. ``import graftzoo`` exposes these names lazily
+(``graftzoo/__init__.py``): this module, and with it torch and transformers, is imported on first use.
+
+    import graftzoo
+    cfg = graftzoo.load_config(pair="micro", algo="grpo", overrides={"run.steps": 2, "rollout.n": 4})
+    result = graftzoo.train(cfg, run_dir="runs/notebook")
+    result.scores            # model id -> final held-out avg@k (None without a final evaluation)
+    result.metrics           # pandas DataFrame of metrics.jsonl: one row per (step, model)
+    graftzoo.evaluate(result, benchmarks="heldout", k=4)   # model id -> {benchmark: avg@k}
+    graftzoo.export(result, out="export/")                 # Hugging Face folders, one per model
+
+Errors are the command's: a bad config value raises ``ConfigError`` naming the key before any model is built; a
+run that diverges returns ``status == "failed"`` with the reason in ``error``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import pandas as pd
+
+from graftzoo.apps.export import export_run
+from graftzoo.core.config import ConfigError, load_config as _load_config
+from graftzoo.core.policy import NonFiniteError
+from graftzoo.core.trainer import train as _train
+from graftzoo.eval.artifacts import EVAL_DIR, METRICS, SUMMARY, eval_file_name, load_run
+from graftzoo.eval.evaluate import fmt_score
+from graftzoo.eval.runner import evaluate_checkpoint
+
+Overrides = Union[Sequence[str], Mapping[str, Any], None]
+
+
+def _override_list(overrides: Overrides) -> list:
+    """``["key=value", ...]`` from a list of such strings or a mapping of dotted keys to Python values (a value is
+    written as JSON, which the config reads as YAML: numbers, strings, booleans, None, lists and mappings keep
+    their types)."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides must be a list of 'key=value' strings or a mapping, got the string "
+                          f"{overrides!r}")
+    return [str(o) for o in overrides]
+
+
+def load_config(pair: Optional[str] = None, algo: Optional[str] = None, overrides: Overrides = None,
+                files: Sequence = ()) -> dict:
+    """The checked run config of ``graftzoo train --pair PAIR --algo ALGO -c FILE --set KEY=VALUE``;
+    ``overrides`` is a list of ``"key=value"`` strings or a mapping ``{"optim.lr": 1e-5, ...}``."""
+    return _load_config(pair=pair, algo=algo, files=tuple(files), overrides=_override_list(overrides))
+
+
+@dataclass
+class RunResult:
+    """What a run left: its directory, status, final held-out score per model, metrics and config."""
+
+    run_dir: Path
+    status: str                                   # summary.json status: done, failed, interrupted, running
+    scores: dict                                  # model id -> final held-out avg@k (greedy when k = 0), or None
+    metrics: pd.DataFrame                         # metrics.jsonl: one row per (step, model)
+    config: dict                                  # the resolved config (config.yaml)
+    error: Optional[str] = None                   # why a run failed or stopped
+    evals: dict = field(default_factory=dict)     # model id -> the trainer's eval file (graftzoo.eval.artifacts)
+
+    @property
+    def steps(self) -> int:
+        """Training steps done: the last step of metrics.jsonl that trained (``time/step`` set; the final
+        evaluation's ``eval/*`` row comes after it, at step ``run.steps``), plus one."""
+        if self.metrics.empty or "time/step" not in self.metrics:
+            return 0
+        trained = self.metrics.loc[self.metrics["time/step"].notna(), "step"]
+        return 0 if trained.empty else int(trained.max()) + 1
+
+    @classmethod
+    def from_dir(cls, run_dir) -> "RunResult":
+        """The result of a run directory (finished or not)."""
+        run = load_run(run_dir)
+        metrics = pd.DataFrame(run.metrics)
+        if not metrics.empty:
+            metrics = metrics.sort_values(["step", "model"], kind="stable").reset_index(drop=True)
+        return cls(run_dir=Path(run_dir), status=run.status, config=run.config, metrics=metrics,
+                   scores={m: final_score(run.evals.get(m)) for m in run.models},
+                   error=run.summary.get("error"), evals=dict(run.evals))
+
+
+def final_score(payload: Optional[dict]) -> Optional[float]:
+    """The held-out score of a trainer's eval file: avg@k of the whole split, greedy accuracy when k = 0."""
+    if not payload:
+        return None
+    whole = payload.get("overall") or {}
+    return whole.get("avg") if whole.get("avg") is not None else whole.get("greedy")
+
+
+def train(cfg: Optional[dict] = None, *, algo: Optional[str] = None, pair: Optional[str] = None,
+          overrides: Overrides = None, files: Sequence = (), run_dir=None, resume: bool = True,
+          overwrite: bool = False, track: Optional[bool] = None, progress=None) -> RunResult:
+    """Train a run config (``load_config``), or the one ``algo``, ``pair``, ``files`` and ``overrides`` give, into
+    ``run_dir`` (default ``run.out_dir/run.name``); as ``graftzoo train`` does: an existing run resumes
+    (``resume=False`` refuses it, ``overwrite=True`` moves it aside). ``track``: wandb on / off (default
+    ``run.track``); ``progress``: a callable ``(step, total, metrics per model)``. A diverged run comes back with
+    status ``failed``."""
+    if cfg is None:
+        extra = [] if track is None else [f"run.track={json.dumps(bool(track))}"]
+        cfg = load_config(pair=pair, algo=algo, files=files, overrides=_override_list(overrides) + extra)
+    elif algo or pair or overrides or files:
+        raise ConfigError("train: give a config (cfg) or algo / pair / files / overrides, not both")
+    elif track is not None:
+        cfg = {**cfg, "run": {**cfg["run"], "track": bool(track)}}
+    try:
+        out = _train(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume, progress=progress,
+                     overwrite=overwrite)
+    except NonFiniteError:
+        out = Path(run_dir) if run_dir is not None else Path(cfg["run"]["out_dir"]) / cfg["run"]["name"]
+    return RunResult.from_dir(out)
+
+
+def _target(run_or_ckpt) -> str:
+    return str(run_or_ckpt.run_dir if isinstance(run_or_ckpt, RunResult) else run_or_ckpt)
+
+
+def evaluate(run_or_ckpt, benchmarks=None, k: Optional[int] = None, **options) -> dict:
+    """``graftzoo eval``: evaluate a run (its checkpoint chosen by ``eval.select``), a ``RunResult`` or a checkpoint
+    folder on ``benchmarks`` (``"all"``, names or paths, a list, or ``"heldout"``; default ``eval.benchmarks``, else
+    the held-out split) with ``k`` samples per problem; returns model id -> {benchmark: avg@k}. ``options`` are
+    ``graftzoo.eval.runner.evaluate_checkpoint``'s (seeds, greedy, temperature, limit, models, out, ...). The files
+    go to ``RUN/eval/cli/...`` (never the trainer's ``RUN/eval/<model>.json``)."""
+    if isinstance(benchmarks, (list, tuple)):
+        benchmarks = ",".join(map(str, benchmarks))
+    out = {}
+    for path in evaluate_checkpoint(_target(run_or_ckpt), benchmarks, k, **options):
+        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+        out[payload["model"]] = {name: rec.get("avg") for name, rec in payload["benchmarks"].items()}
+    return out
+
+
+def export(run_or_ckpt, step: Optional[int] = None, out=None, models: Optional[Sequence[str]] = None) -> list:
+    """``graftzoo export``: the trained models of a run (or ``RunResult``, or checkpoint folder) as Hugging Face
+    folders (``graftzoo.apps.export``); returns the folders, one per model."""
+    return export_run(_target(run_or_ckpt), step=step, out=out, models=models)
+
+
+def summary_lines(run_dir) -> list:
+    """The end-of-training summary ``graftzoo train`` prints: status and steps, the final held-out score per model,
+    the files of the run and the commands to go on with."""
+    res = RunResult.from_dir(run_dir)
+    root = res.run_dir
+    total = res.config.get("run", {}).get("steps")
+    lines = [f"{res.status}: {res.steps} of {total} steps" + (f" ({res.error})" if res.error else "")]
+    width = max(len(m) for m in res.scores)
+    for m, score in res.scores.items():
+        payload = res.evals.get(m)
+        if payload is None:
+            lines.append(f"  {m:<{width}}  no final evaluation (run.eval_at_end=false): graftzoo eval --ckpt {root}")
+            continue
+        whole = payload.get("overall") or {}
+        what = f"avg@{whole.get('k')}" if whole.get("avg") is not None else "greedy"
+        greedy = f"  greedy {fmt_score(whole['greedy'])}" if "greedy" in whole and whole.get("avg") is not None \
+            else ""
+        lines.append(f"  {m:<{width}}  held-out {what} {fmt_score(score)}{greedy}  (step {payload.get('step')}, "
+                     f"n={whole.get('n_items')})")
+    lines.append(f"run directory: {root}")
+    lines.append(f"  summary  {root / SUMMARY}")
+    lines.append(f"  metrics  {root / METRICS}")
+    evals = [str(root / EVAL_DIR / eval_file_name(m)) for m in res.evals]
+    if evals:
+        lines.append(f"  eval     {', '.join(evals)}")
+    lines.append("next:")
+    lines.append(f"  graftzoo report {root} --out {root / 'report'}      # tables and plots")
+    lines.append(f"  graftzoo export {root}      # Hugging Face folders in {root / 'export'}/step_N/")
+    return lines
+
+
+__all__ = ["ConfigError", "RunResult", "evaluate", "export", "final_score", "load_config", "summary_lines", "train"]

@@ -1,0 +1,139 @@
+"""A regular install works like the editable one (issue 15): a wheel of the project, installed into a fresh virtual
+environment and run from another directory, finds its configs, presets, grids, demo plans and bundled data inside
+the package (importlib.resources), not in the source tree.
+
+The fresh venv reuses this environment's third-party packages without reinstalling them: a ``.pth`` file holding the
+path of this environment's site-packages (a plain path line adds the folder to ``sys.path`` without processing the
+``.pth`` files inside it, so the repository's editable-install finder stays inactive)."""
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from graftzoo.core import config as config_mod
+
+ROOT = Path(__file__).resolve().parents[1]
+# everything setup.py builds from: itself and the package roots of its ROOTS mapping
+ROOTS_LINE = re.search(r"^ROOTS = (\{.*?\})$", (ROOT / "setup.py").read_text(), re.M | re.S)
+SOURCES = ("setup.py", *sorted(set(ast.literal_eval(ROOTS_LINE.group(1)).values())))
+CHEAP = ["--set", "run.steps=1", "--set", "task.prompts_per_step=2", "--set", "rollout.n=2", "--set", "eval.size=8",
+         "--no-track"]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv, wheel, a working directory outside the repository) with the project's wheel installed in venv."""
+    tmp = tmp_path_factory.mktemp("packaging")
+    src = tmp / "src"  # built from a copy: no build/ folder in the repository, no clash with a concurrent build
+    src.mkdir()
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp / "dist"), str(src)], check=True, capture_output=True, text=True)
+    wheel = next((tmp / "dist").glob("graftzoo-*.whl"))
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    Path(site, "graftzoo_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", str(wheel)], check=True, capture_output=True, text=True)
+    work = tmp / "elsewhere"
+    work.mkdir()
+    return venv, wheel, work
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(WANDB_MODE="offline", PYTHONUNBUFFERED="1", COLUMNS="200")  # GRAFTZOO_CACHE passes through
+    return env
+
+
+def test_the_wheel_holds_every_config_and_data_file(installed):
+    _, wheel, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packaged = config_mod.packaged_configs()
+    for f in sorted(packaged.rglob("*.yaml")):
+        assert f"graftzoo/configs/{f.relative_to(packaged).as_posix()}" in names, f
+    data = ROOT / "envs" / "data"
+    for f in sorted(p for p in data.rglob("*") if p.is_file()):
+        assert f"graftzoo/envs/data/{f.relative_to(data).as_posix()}" in names, f
+
+
+def test_installed_wheel_trains_runs_grids_and_finds_the_demo_from_another_directory(installed):
+    venv, _, work = installed
+    # the package, its configs and the demo's plans come from the fresh venv; algos list and a grid dry-run through
+    # the CLI (one interpreter for all of it: an import of graftzoo costs seconds)
+    script = r"""
+import json, graftzoo, graftzoo.envs
+from click.testing import CliRunner
+from graftzoo.apps.cli import main
+from graftzoo.apps.demo import _demo_file
+from graftzoo.apps.grid import load_grid
+from graftzoo.core.config import packaged_configs, read_yaml
+from graftzoo.envs.datasets import load_dataset
+plan = read_yaml(_demo_file("demo"))
+grids = {mode: len(load_grid(_demo_file(p["grid"]), out="runs/demo").cells) for mode, p in plan.items()}
+listed = CliRunner().invoke(main, ["algos", "list"])
+dry = CliRunner().invoke(main, ["grid", "configs/grids/tiny_table1.yaml", "--dry-run"])
+print(json.dumps({"file": graftzoo.__file__, "envs": graftzoo.envs.__file__, "configs": str(packaged_configs()),
+                  "math500": len(load_dataset("math500")), "grids": grids,
+                  "list": [listed.exit_code, listed.output], "dry": [dry.exit_code, dry.output]}))
+"""
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=work, env=_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("file", "envs", "configs"):
+        assert Path(got[key]).resolve().is_relative_to(venv.resolve()), (key, got[key])
+    assert got["math500"] == 500  # the bundled data, read from the installed package
+    assert set(got["grids"]) == {"quick", "default", "full"} and all(n > 0 for n in got["grids"].values())
+    code, listed = got["list"]
+    assert code == 0 and listed.splitlines()[0].split() == ["NAME", "SOURCE", "MODULE"]
+    assert any(line.split()[:3] == ["grpo_n8", "preset", "algo.name=grpo"] for line in listed.splitlines())
+    code, dry = got["dry"]
+    assert code == 0, dry
+    assert "[new] grpo-n-8-micro-s0" in dry and "graftzoo train --algo grpo_n8 --pair micro" in dry
+
+    run = subprocess.run([str(venv / "bin" / "graftzoo"), "train", "--algo", "grpo_n8", "--pair", "micro", *CHEAP],
+                         cwd=work, env=_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    run_dir = work / "runs" / "grpo-n8-micro-s0"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "done"
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert cfg["run"]["variant"] == "GRPO (n=8)" and cfg["rollout"]["n"] == 2 and cfg["algo"]["name"] == "grpo"
+
+
+def test_named_configs_come_from_the_package_and_a_local_configs_folder_comes_first(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./configs here: everything from the package
+    packaged = config_mod.packaged_configs()
+    assert packaged == Path(config_mod.__file__).resolve().parents[1] / "configs"
+    for form in ("tiny_table1", "tiny_table1.yaml", "grids/tiny_table1.yaml", "configs/grids/tiny_table1.yaml"):
+        assert config_mod.find_config("grids", form) == packaged / "grids" / "tiny_table1.yaml", form
+    assert config_mod.find_config("grids", "elsewhere/tiny_table1.yaml") is None
+    assert config_mod.find_config("demo", "demo") == packaged / "demo" / "demo.yaml"
+    assert config_mod.load_config(pair="configs/pairs/micro.yaml", algo="grpo")["pair"]["name"] == "micro"
+    with pytest.raises(config_mod.ConfigError, match=r"unknown pair 'nope'.*known: \[.*'micro'"):
+        config_mod.load_config(pair="nope", algo="grpo")
+
+    mine = tmp_path / "configs" / "algos"  # a user's own presets: theirs win a name, the rest stay the package's
+    mine.mkdir(parents=True)
+    (mine / "grpo_n8.yaml").write_text("algo: {name: grpo}\nrollout: {n: 4}\n")
+    (mine / "grpo_n4.yaml").write_text("algo: {name: grpo}\nrollout: {n: 4}\nrun: {variant: GRPO (n=4)}\n")
+    assert config_mod.load_config(pair="micro", algo="grpo_n8")["rollout"]["n"] == 4
+    assert config_mod.load_config(pair="micro", algo="grpo_n16")["rollout"]["n"] == 16
+    presets = {name: (source, sets) for name, source, sets in config_mod.algo_presets()}
+    assert presets["grpo_n4"] == ("preset:./configs", ["algo.name=grpo", "rollout.n=4", 'run.variant="GRPO (n=4)"'])
+    assert presets["grpo_n8"][0] == "preset:./configs" and presets["grpo_n16"][0] == "preset"

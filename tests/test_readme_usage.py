@@ -1,0 +1,107 @@
+"""The README's Usage block runs as written (issue 15), top to bottom, in an empty directory; and default run names
+tell configurations apart, so no command of the block resumes another's run.
+
+The block's commands run through the CLI in this process (an interpreter per command would spend most of the test
+importing torch), each made cheap by options appended to it: train a few prompts for two steps, eval a few
+problems, grid --dry-run (the full grid is minutes); `demo` is tested by tests/test_demo.py."""
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from graftzoo.apps.cli import main
+from graftzoo.core.config import load_config
+from graftzoo.core.rundir import RunDirUsageError, check_resume_config, default_run_name
+from graftzoo.eval.artifacts import write_config
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+CHEAP = {
+    # rollout.n stays the pair's (8): the default method labels then include the report's baseline, "grpo (n=8)"
+    "train": ["--set", "run.steps=2", "--set", "task.prompts_per_step=2", "--set", "optim.minibatches=2",
+              "--set", "eval.size=8", "--set", "run.progress=false", "--no-track"],
+    "eval": ["--k", "2", "--limit", "8"],  # the last --k wins
+    "grid": ["--dry-run"],
+}
+
+
+def usage_commands() -> list:
+    """The graftzoo commands of the README's Usage ```bash block, as argument lists (comments dropped)."""
+    section = README.read_text().split("\n## Usage\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    cmds = [shlex.split(line, comments=True) for line in block.splitlines()]
+    return [c for c in cmds if c and c[0] == "graftzoo"]
+
+
+def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmds = usage_commands()
+    assert [c[1] for c in cmds[:3]] == ["--help", "algos", "env"] and sum(c[1] == "train" for c in cmds) == 3
+    ran = []
+    for cmd in cmds:
+        args = cmd[1:]
+        if args[0] == "demo":
+            continue  # minutes even with --quick: tests/test_demo.py
+        args = args + CHEAP.get(args[0], [])
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0, f"{shlex.join(cmd)}\n{res.output[-3000:]}\n{res.exception!r}"
+        ran.append((args[0], res.output))
+
+    runs = {p.parent.name: yaml.safe_load(p.read_text()) for p in (tmp_path / "runs").glob("*/config.yaml")}
+    stored_name = "graft-tiny-qwen-char-tiny-stored-grpo-tiny-s0-s0"
+    assert set(runs) == {"grpo-tiny-s0", "graft-tiny-online-s0", stored_name}
+    online, stored = runs["graft-tiny-online-s0"], runs[stored_name]
+    assert online["peer"]["source"] == "online" and online["optim"]["lr"] == 5e-5
+    assert runs["grpo-tiny-s0"]["peer"]["source"] == "none" and runs["grpo-tiny-s0"]["pair"]["train"] is None
+    assert stored["peer"] == {**stored["peer"], "source": "stored", "path": "runs/grpo-tiny-s0"}
+    assert stored["pair"]["train"] == ["tiny-qwen-char"]
+    stored_dir = tmp_path / "runs" / stored_name
+    steps = [json.loads(x) for x in (stored_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in steps if "batch/tokens" in r]  # it trained its own two steps, tiny-qwen-char only
+    assert [(r["step"], r["model"]) for r in trained] == [(0, "tiny-qwen-char"), (1, "tiny-qwen-char")]
+    for name in runs:
+        assert json.loads((tmp_path / "runs" / name / "summary.json").read_text())["status"] == "done", name
+
+    assert list((tmp_path / "runs" / "graft-tiny-online-s0" / "eval" / "cli").rglob("*.json"))  # the eval line
+    listed = dict(ran)["algos"].splitlines()
+    assert listed[0].split() == ["NAME", "SOURCE", "MODULE"]
+    assert any(x.split() == ["grpo_n8", "preset", "algo.name=grpo", "rollout.n=8", 'run.variant="GRPO', '(n=8)"']
+               for x in listed)
+    assert "[new]" in dict(ran)["grid"] and not (tmp_path / "runs" / "tiny_table1").exists()  # dry run: nothing ran
+    table = (tmp_path / "report" / "table1.md").read_text()
+    for name in runs:
+        variant = runs[name]["run"]["variant"]
+        assert variant in table, (name, variant)
+
+
+def test_default_run_names_tell_configurations_apart():
+    def name(algo, *sets, pair="micro"):
+        return default_run_name(load_config(pair=pair, algo=algo, overrides=list(sets)))
+    assert name("grpo") == "grpo-micro-s0"
+    assert name("grpo", "run.seed=3") == "grpo-micro-s3"
+    assert name("grpo_n8") == "grpo-n8-micro-s0"            # a preset's variant stands for the bare algorithm
+    assert name("grpo_n8_ds") == "dapo-grpo-n8-ds-micro-s0"  # ... or follows it
+    assert name("grpo", "run.variant='My (odd) / label'") == "grpo-my-odd-label-micro-s0"
+    assert name("grpo", "pair.train=[micro-gpt2-pair]") == "grpo-micro-gpt2-pair-micro-s0"
+    assert name("grpo", "pair.train=[micro-gpt2-pair,micro-qwen-char]") == "grpo-micro-s0"  # the whole pair
+    assert name("graft", "peer.source=online") == "graft-micro-online-s0"
+    assert name("graft", "peer.source=stored", "peer.path=runs/grpo-B") == "graft-micro-stored-grpo-B-s0"
+    assert name("graft", "peer.source=mixed", "peer.path=runs/old run/store/") == "graft-micro-mixed-old-run-s0"
+    assert name("graft", "peer.source=online", pair="tiny") == "graft-tiny-online-s0"
+
+
+@pytest.mark.parametrize("change", [["pair.train=[micro-qwen-char]"], ["peer.source=stored", "peer.path=runs/B"],
+                                    ["peer.model=micro-gpt2-pair"], ["optim.lr=5e-5"]])
+def test_resuming_under_another_config_is_refused(tmp_path, change):
+    """A run directory resumed under a config that trains something else (other models, another peer, ...) is
+    refused, naming the keys; run length, cadence, logging and labels stay free to change."""
+    base = ["peer.source=online"]
+    write_config(tmp_path, load_config(pair="micro", algo="graft", overrides=base))
+    free = ["run.steps=50", "run.save_every=1", "run.track=false", "run.variant=X", "eval.size=4", "run.name=other"]
+    assert check_resume_config(tmp_path, load_config(pair="micro", algo="graft", overrides=base + free)) == {}
+    with pytest.raises(RunDirUsageError) as e:
+        check_resume_config(tmp_path, load_config(pair="micro", algo="graft", overrides=base + change))
+    for key in (c.split("=")[0] for c in change):
+        assert key in str(e.value)
