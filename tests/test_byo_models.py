@@ -3,10 +3,9 @@
 engines alike: ids, text, log-probs and finish reason consistent), a model that cannot be loaded fails in one line
 before any run directory exists, and no run file is ever written into a model's folder.
 
-The model is built here: a 2-layer Llama (hidden 64, head size 32) with a character-level fast tokenizer over the
+The model is graftzoo.tiny.hf's: a 2-layer Llama (hidden 64, head size 32) with a character-level fast tokenizer over the
 printable ASCII characters, saved with ``save_pretrained`` (random weights: it only has to load, decode and train).
 A Llama, not a Qwen2: transformers 5 loads a qwen2 folder's tokenizer as its own Qwen2Tokenizer (graftzoo.tiny)."""
-import string
 import time
 
 import pytest
@@ -14,8 +13,6 @@ import torch
 import yaml
 from click.testing import CliRunner
 from huggingface_hub import constants as hf_constants
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from graftzoo.apps.cli import main
 from graftzoo.core.config import ConfigError, load_config
@@ -26,26 +23,13 @@ from graftzoo.core.types import Prompt
 from graftzoo.envs.task import Task
 from graftzoo.envs.templates import INSTRUCTION
 from graftzoo.peers.store import TrajectoryStore
+from graftzoo.tiny.hf import CHAT_TEMPLATE, save_hf_model
 
-CHAT = "{% for m in messages %}<|user|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
+CHAT = CHAT_TEMPLATE
 
 
 def make_hf_model(folder, chat_template=CHAT):
-    """A tiny Llama causal LM and its tokenizer (one token per printable character), saved to ``folder``."""
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>"] + sorted(set(string.printable)))}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                  padding_side="left", clean_up_tokenization_spaces=False,
-                                  chat_template=chat_template)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                      pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return save_hf_model(folder, chat_template=chat_template)
 
 
 def listing(folder) -> dict:

@@ -90,6 +90,8 @@ def test_default_run_names_tell_configurations_apart():
     assert name("graft", "peer.source=stored", "peer.path=runs/grpo-B") == "graft-micro-stored-grpo-B-s0"
     assert name("graft", "peer.source=mixed", "peer.path=runs/old run/store/") == "graft-micro-mixed-old-run-s0"
     assert name("graft", "peer.source=online", pair="tiny") == "graft-tiny-online-s0"
+    assert name("grpo", "task.dataset=data/my.v2.jsonl") == "grpo-micro-my.v2-s0"   # the data's name
+    assert name("grpo", "task.dataset=openai/gsm8k") == "grpo-micro-gsm8k-s0"
 
 
 @pytest.mark.parametrize("change", [["pair.train=[micro-qwen-char]"], ["peer.source=stored", "peer.path=runs/B"],

@@ -20,7 +20,7 @@ import os
 import re
 import socket
 import time
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Iterable, Optional
 
 from graftzoo.core.checkpoint import CHECKPOINTS
@@ -127,10 +127,11 @@ def _safe(text: str) -> str:
 
 def default_run_name(cfg: dict) -> str:
     """The run name when ``run.name`` is null: everything that tells runs of different configurations apart, readable
-    and filesystem-safe: ``ALGO[-VARIANT][-MODELS]-PAIR[-PEER]-sSEED``, e.g. ``graft-tiny-online-s0``,
+    and filesystem-safe: ``ALGO[-VARIANT][-MODELS]-PAIR[-DATA][-PEER]-sSEED``, e.g. ``graft-tiny-online-s0``,
     ``grpo-n8-micro-s0`` (preset grpo_n8: run.variant "GRPO (n=8)" replaces the bare algorithm name it starts with),
     ``grpo-tiny-gpt2-pair-tiny-s0`` (pair.train a subset, named as the grid names a per-model cell),
-    ``graft-tiny-qwen-char-tiny-stored-grpo-B-s0`` (peer.source stored / mixed + the stored run's folder name).
+    ``graft-tiny-qwen-char-tiny-stored-grpo-B-s0`` (peer.source stored / mixed + the stored run's folder name),
+    ``grpo-mine-my-s0`` (task.dataset my.jsonl: the data's name follows the pair's).
     Runs that differ in anything else (an optimizer setting, ...) share a name; resuming one with the other's config
     is refused (``check_resume_config``), naming the keys."""
     run, pair, peer = cfg["run"], cfg["pair"], cfg["peer"]
@@ -144,6 +145,9 @@ def default_run_name(cfg: dict) -> str:
     if train and sorted(train) != sorted(ids):
         parts.append("+".join(_safe(m) for m in train))
     parts.append(_safe(pair.get("name") or "pair"))
+    dataset = (cfg.get("task") or {}).get("dataset")
+    if dataset:  # a file, folder or Hub name: its last part without the suffix (my.jsonl -> my)
+        parts.append(_safe(PurePath(str(dataset).rstrip("/")).stem or dataset))
     source = peer.get("source") or "none"
     if source != "none":
         where = Path(str(peer.get("path") or ""))
