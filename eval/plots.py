@@ -24,6 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from graftzoo.eval.artifacts import RunRecord  # noqa: E402
 from graftzoo.eval.metrics import mean_sd_ci  # noqa: E402
@@ -161,6 +162,7 @@ def plot_fractions(runs: Sequence[RunRecord], out_png, all_fail_key: str = "grou
             ax.plot(steps, smooth(raw, weight), label=label, lw=1.6, **style)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.set_ylabel(axis_label(key))
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
@@ -234,6 +236,7 @@ def plot_learning_curve(runs: Sequence[RunRecord], out_png, reward_key: str = "r
         axes[1][j].set_xlabel("training step")
         for ax in axes[:, j]:
             ax.grid(alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     _legend_outside(fig, axes.ravel())
     fig.text(0.01, -0.02, "Line: mean over training seeds; band: ± sd over seeds. Held-out markers are the "
              "run's evaluations (before training at step 0, every run.eval_every steps, at the end).",

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional, get_args, get_type_hints
 
 import pytest
+from click.testing import CliRunner
 
 from graftzoo.algos.base import LearnerConfig, LossAgg
 from graftzoo.algos.dapo import DAPOConfig
@@ -19,6 +20,7 @@ from graftzoo.algos.hacpo import HACPOConfig
 from graftzoo.algos.hora import HORAConfig
 from graftzoo.algos.om_grpo import CONTRAST_TEMPLATES, OMGRPOConfig
 from graftzoo.algos.sgt import SGTConfig
+from graftzoo.apps.cli import main
 from graftzoo.core import config as config_mod
 from graftzoo.core.config import ConfigError, algo_config, load_config
 from graftzoo.core.registry import list_algos
@@ -45,15 +47,28 @@ BAD = [
 
 @pytest.mark.parametrize("args,key,allowed", BAD, ids=[b[1] for b in BAD])
 def test_cli_rejects_bad_value_in_one_line_before_building_models(tmp_path, args, key, allowed):
+    """Through the CLI in this process (an interpreter per case would spend ~7 s importing); the next test checks
+    one case in a process of its own: exit code and stderr as a shell sees them."""
+    out_dir = tmp_path / "runs"
+    res = CliRunner().invoke(main, ["train", "--pair", "micro", "--no-track", *args, "--set",
+                                    f"run.out_dir={out_dir}"])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2, res.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr[-3000:]
+    assert key in lines[0] and allowed in lines[0]
+    assert "Traceback" not in res.stderr and not res.stdout.strip()
+    assert not out_dir.exists()  # the trainer creates the run directory before it builds any model
+
+
+def test_a_bad_value_is_one_stderr_line_and_exit_2_of_the_real_command(tmp_path):
+    args, key, allowed = BAD[0]
     out_dir = tmp_path / "runs"
     res = subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", "train", "--pair", "micro", "--no-track",
                           *args, "--set", f"run.out_dir={out_dir}"], capture_output=True, text=True, timeout=300)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2, res.stderr[-3000:]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr[-3000:]
-    assert key in lines[0] and allowed in lines[0]
-    assert "Traceback" not in res.stderr and not res.stdout.strip()
-    assert not out_dir.exists()  # the trainer creates the run directory before it builds any model
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and key in lines[0] and allowed in lines[0]
+    assert "Traceback" not in res.stderr and not res.stdout.strip() and not out_dir.exists()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -372,8 +387,6 @@ def test_a_peer_path_from_the_command_line_stays_a_string():
 
 
 def test_a_malformed_peer_option_is_one_line():
-    from click.testing import CliRunner
-    from graftzoo.apps.cli import main
     for value, message in (("stored:", "stored needs a path"), ("mixed: ", "mixed needs a path"),
                            ("bogus", "must be online")):
         res = CliRunner().invoke(main, ["train", "--algo", "grpo", "--pair", "micro", "--peer", value])

@@ -12,11 +12,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
+from click.testing import CliRunner
 
+from graftzoo.apps.cli import main
 from graftzoo.core.checkpoint import list_checkpoints
 from graftzoo.core.config import load_config
 from graftzoo.core.rundir import RunDirError
@@ -31,6 +34,13 @@ MODELS = ("micro-qwen-char", "micro-gpt2-pair")
 def cli(*args, cwd=None, timeout=300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", *map(str, args)], env=ENV, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def cli_here(*args) -> SimpleNamespace:
+    """``cli`` through click's runner in this process (errors raised before any model is built: an interpreter per
+    call would spend ~7 s importing); exit code and streams as ``cli`` gives them."""
+    res = CliRunner().invoke(main, [str(a) for a in args], env={"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
+    return SimpleNamespace(returncode=res.exit_code, stdout=res.stdout, stderr=res.stderr)
 
 
 def train_args(out, *sets, name="x"):
@@ -131,7 +141,7 @@ def test_a_diverging_run_fails_before_the_update_and_keeps_nan_visible(tmp_path)
     ("eval.k=0", "eval.k"),
 ])
 def test_values_that_cannot_train_are_one_line_errors_before_any_model_is_built(tmp_path, override, key):
-    res = cli(*train_args(tmp_path, override))
+    res = cli_here(*train_args(tmp_path, override))
     one_line_error(res, 2, key)
     assert not (tmp_path / "x").exists()
 
@@ -147,10 +157,10 @@ def test_a_peer_algorithm_without_a_peer_fails_before_models_are_built(tmp_path)
 def test_data_file_and_option_errors_are_one_line(tmp_path):
     bad = tmp_path / "broken.jsonl"
     bad.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?"\n')
-    res = cli(*MICRO, "--set", f"run.out_dir={tmp_path}", "--set", "task.env=graftzoo/MathReasoning-v0",
-              "--set", f"task.dataset={bad}")
+    res = cli_here(*MICRO, "--set", f"run.out_dir={tmp_path}", "--set", "task.env=graftzoo/MathReasoning-v0",
+                   "--set", f"task.dataset={bad}")
     one_line_error(res, 2, "task.dataset", "broken.jsonl:2")
-    res = cli(*MICRO, "--peer", "stored:")
+    res = cli_here(*MICRO, "--peer", "stored:")
     one_line_error(res, 2, "stored")
     run = tmp_path / "garbled"
     run.mkdir()

@@ -94,7 +94,8 @@ def test_default_run_names_tell_configurations_apart():
     assert name("grpo", "task.dataset=openai/gsm8k") == "grpo-micro-gsm8k-s0"
 
 
-@pytest.mark.parametrize("change", [["pair.train=[micro-qwen-char]"], ["peer.source=stored", "peer.path=runs/B"],
+@pytest.mark.parametrize("change", [["pair.train=[micro-qwen-char]", "peer.source=stored", "peer.path=runs/B"],
+                                    ["peer.source=stored", "peer.path=runs/B"],
                                     ["peer.model=micro-gpt2-pair"], ["optim.lr=5e-5"]])
 def test_resuming_under_another_config_is_refused(tmp_path, change):
     """A run directory resumed under a config that trains something else (other models, another peer, ...) is

@@ -135,6 +135,11 @@ def conclusion(cells: list, model_ids: list) -> str:
         if not grpo or not graft:
             continue
         g0, g1 = statistics.fmean(grpo), statistics.fmean(graft)
+        if not any(grpo + graft + stored):  # nothing learned to compare: say so, no verdict
+            lines.append(f"For {m}, every score is 0 (GRPO n=8, GRAFT n=8"
+                         f"{', stored GRAFT' if stored else ''}): these runs are too short to learn the task, so they "
+                         f"check the pipeline, not the methods; no method is compared.")
+            continue
         sd = max(statistics.stdev(grpo) if len(grpo) > 1 else 0.0, statistics.stdev(graft) if len(graft) > 1 else 0.0)
         spread = f"seed s.d. {100 * sd:.1f} over {len(grpo)} seeds" if len(grpo) > 1 else "one seed"
         gain = g1 - g0 > 0.005  # half a point: below that the runs tie on a 200-prompt eval
