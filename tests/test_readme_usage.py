@@ -2,8 +2,9 @@
 tell configurations apart, so no command of the block resumes another's run.
 
 The block's commands run through the CLI in this process (an interpreter per command would spend most of the test
-importing torch), each made cheap by options appended to it: train a few prompts for two steps, eval a few
-problems, grid --dry-run (the full grid is minutes); `demo` is tested by tests/test_demo.py."""
+importing torch), each made cheap: the micro pair for the tiny one (the same two kinds of model, warmed up in
+seconds, not minutes; model ids and run names follow), a few prompts for two steps, a few eval problems, grid
+--dry-run (the full grid is minutes); `demo --quick` runs from an installed wheel in tests/test_packaging.py."""
 import json
 import shlex
 from pathlib import Path
@@ -19,8 +20,9 @@ from graftzoo.eval.artifacts import write_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 CHEAP = {
-    # rollout.n stays the pair's (8): the default method labels then include the report's baseline, "grpo (n=8)"
+    # rollout.n as the tiny pair's (8): the default method labels then include the report's baseline, "grpo (n=8)"
     "train": ["--set", "run.steps=2", "--set", "task.prompts_per_step=2", "--set", "optim.minibatches=2",
+              "--set", "rollout.n=8",
               "--set", "eval.size=8", "--set", "run.progress=false", "--no-track"],
     "eval": ["--k", "2", "--limit", "8"],  # the last --k wins
     "grid": ["--dry-run"],
@@ -43,28 +45,31 @@ def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
     for cmd in cmds:
         args = cmd[1:]
         if args[0] == "demo":
-            continue  # minutes even with --quick: tests/test_demo.py
+            continue  # a minute even with --quick: tests/test_packaging.py runs it from an installed wheel
+        if args[0] in ("train", "eval", "export"):  # the micro pair for the tiny one: no minutes of tiny warm-up
+            args = [a.replace("tiny", "micro") for a in args]
         args = args + CHEAP.get(args[0], [])
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 0, f"{shlex.join(cmd)}\n{res.output[-3000:]}\n{res.exception!r}"
         ran.append((args[0], res.output))
 
     runs = {p.parent.name: yaml.safe_load(p.read_text()) for p in (tmp_path / "runs").glob("*/config.yaml")}
-    stored_name = "graft-tiny-qwen-char-tiny-stored-grpo-tiny-s0-s0"
-    assert set(runs) == {"grpo-tiny-s0", "graft-tiny-online-s0", stored_name}
-    online, stored = runs["graft-tiny-online-s0"], runs[stored_name]
+    stored_name = "graft-micro-qwen-char-micro-stored-grpo-micro-s0-s0"
+    assert set(runs) == {"grpo-micro-s0", "graft-micro-online-s0", stored_name}
+    online, stored = runs["graft-micro-online-s0"], runs[stored_name]
     assert online["peer"]["source"] == "online" and online["optim"]["lr"] == 5e-5
-    assert runs["grpo-tiny-s0"]["peer"]["source"] == "none" and runs["grpo-tiny-s0"]["pair"]["train"] is None
-    assert stored["peer"] == {**stored["peer"], "source": "stored", "path": "runs/grpo-tiny-s0"}
-    assert stored["pair"]["train"] == ["tiny-qwen-char"]
+    assert runs["grpo-micro-s0"]["peer"]["source"] == "none" and runs["grpo-micro-s0"]["pair"]["train"] is None
+    assert stored["peer"] == {**stored["peer"], "source": "stored", "path": "runs/grpo-micro-s0"}
+    assert stored["pair"]["train"] == ["micro-qwen-char"]
     stored_dir = tmp_path / "runs" / stored_name
     steps = [json.loads(x) for x in (stored_dir / "metrics.jsonl").read_text().splitlines()]
-    trained = [r for r in steps if "batch/tokens" in r]  # it trained its own two steps, tiny-qwen-char only
-    assert [(r["step"], r["model"]) for r in trained] == [(0, "tiny-qwen-char"), (1, "tiny-qwen-char")]
+    trained = [r for r in steps if "batch/tokens" in r]  # it trained its own two steps, micro-qwen-char only
+    assert [(r["step"], r["model"]) for r in trained] == [(0, "micro-qwen-char"), (1, "micro-qwen-char")]
     for name in runs:
         assert json.loads((tmp_path / "runs" / name / "summary.json").read_text())["status"] == "done", name
 
-    assert list((tmp_path / "runs" / "graft-tiny-online-s0" / "eval" / "cli").rglob("*.json"))  # the eval line
+    assert list((tmp_path / "runs" / "graft-micro-online-s0" / "eval" / "cli").rglob("*.json"))  # the eval line
+    assert (tmp_path / "hf" / "micro-qwen-char" / "config.json").is_file()  # the export line
     listed = dict(ran)["algos"].splitlines()
     assert listed[0].split() == ["NAME", "SOURCE", "MODULE"]
     assert any(x.split() == ["grpo_n8", "preset", "algo.name=grpo", "rollout.n=8", 'run.variant="GRPO', '(n=8)"']
