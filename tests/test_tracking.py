@@ -4,9 +4,10 @@ import json
 import math
 
 import pytest
+import yaml
 
 from graftzoo.core.config import load_config
-from graftzoo.core.tracking import COMPLETION_COLUMNS, completion_rows
+from graftzoo.core.tracking import COMPLETION_COLUMNS, Tracker, completion_rows
 from graftzoo.core.trainer import train
 from graftzoo.core.types import Group, Origin, Prompt, Rollout
 
@@ -62,7 +63,13 @@ def test_completions_table_and_resume_into_the_same_wandb_run(tmp_path, monkeypa
     first = sorted(p.name for p in run_dir.glob("wandb/offline-run-*"))
     assert len(first) == 1
     run_id = first[0].rsplit("-", 1)[-1]
-    assert b"graftzoo-lab" in next((run_dir / "wandb" / first[0]).glob("*.wandb")).read_bytes()  # tracking.entity
+    # tracking.entity: the run's wandb path (entity/project/id) as wandb records it in the offline run's config
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    tracker = Tracker(tmp_path / "entity", cfg)
+    try:
+        assert tracker.wandb_run.entity == "graftzoo-lab" and tracker.wandb_run.path.startswith("graftzoo-lab/")
+    finally:
+        tracker.wandb_run.finish()
 
     # rerun the command with more steps: it resumes from the checkpoint into the same wandb run
     train(load_config(pair="micro", algo="graft", overrides=overrides[:1] + ["run.steps=3"] + overrides[2:]),
