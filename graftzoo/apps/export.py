@@ -9,8 +9,8 @@ the eval scores of that step when the run has them).
 
 - **Weights** come from the checkpoint through the loader ``graftzoo eval`` uses (``graftzoo.core.checkpoint.
   load_weights``: manifest, size and sha256 checked; whole state dicts or a worker group's ``<model>.dcp/``
-  shards) into a policy rebuilt from the run's config. A model trained with LoRA (a peft model: it has
-  ``merge_and_unload``) is saved merged, as a plain model (a copy is merged; the policy is left as it is).
+  shards) into a policy rebuilt from the run's config. A model trained with LoRA is saved merged, as a
+  plain model (``Policy.merged_model``: a copy is merged; the policy is left as it is).
 - **Checkpoint**: ``--step N``, or a checkpoint folder given as RUN, or by default the newest checkpoint whose
   weight files pass their check (a failing one is skipped with a warning; nothing is renamed or removed).
 - **Chat template**: the prompt template the model trained with, as the tokenizer's ``chat_template``: a user
@@ -37,6 +37,7 @@ from transformers import AutoTokenizer
 
 from graftzoo.core.checkpoint import (CheckpointError, check_weights, checkpoint_dir, checkpoint_step,
                                       list_checkpoints, load_weights)
+from graftzoo.core.names import model_slug
 from graftzoo.envs.templates import render_prompt
 from graftzoo.eval.artifacts import EVAL_DIR, eval_file_name
 from graftzoo.eval.checkpoints import build_policies, load_run_config, resolve_target, trained_specs
@@ -54,11 +55,6 @@ _PROBES = ("12+345", "(7-2)*3 = 15", "What is $\\frac{1}{2}$ of 10?\nGive the an
 
 class ExportError(ValueError):
     """A run, checkpoint or model cannot be exported; the one-line message names it."""
-
-
-def model_slug(model_id: str) -> str:
-    """Folder name of an exported model (hub ids contain "/")."""
-    return eval_file_name(model_id)[:-len(".json")]
 
 
 def _literal(text: str) -> str:
@@ -141,9 +137,7 @@ def export_policy(policy, folder, meta: Optional[dict] = None) -> Path:
     if folder.exists():
         shutil.rmtree(folder)  # a re-export replaces the folder: no file of an older export stays behind
     folder.mkdir(parents=True)
-    model = policy.model
-    if hasattr(model, "merge_and_unload"):
-        model = copy.deepcopy(model).merge_and_unload()
+    model = policy.merged_model()  # a LoRA policy's adapters merged into a copy; else the model itself
     tok = policy.tokenizer
     gen = model.generation_config
     gen.eos_token_id, gen.pad_token_id = tok.eos_token_id, policy.pad_id
