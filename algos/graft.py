@@ -217,9 +217,11 @@ class GRAFT(Learner):
         ctx.log("peer/admitted", n_adm)
         ctx.log("peer/rejected", len(flat) - n_adm)
         log_s_stats(ctx, scored)
-        for key, want in (("peer/admit_rate_succ", True), ("peer/admit_rate_fail", False)):
+        for want, rate, count in ((True, "peer/admit_rate_succ", "peer/admitted_succ"),
+                                  (False, "peer/admit_rate_fail", "peer/admitted_fail")):
             sel = [a for (_, _, r), a in zip(flat, admit) if bool(r.correct) == want]
-            ctx.log(key, sum(sel) / len(sel) if sel else None)
+            ctx.log(rate, sum(sel) / len(sel) if sel else None)
+            ctx.log(count, sum(sel))  # admitted grafted responses that are correct / incorrect
 
     # ---- schedule and loss -------------------------------------------------------------------
     def slot_chunks(self, ctx: StepContext, batch: TrainBatch) -> list:

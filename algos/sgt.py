@@ -92,5 +92,7 @@ class SGT(Learner):
         log_compatibility(ctx, rescue_set)
         ctx.log("peer/rescued_groups", rescued)
         ctx.log("peer/admitted", len(rescue_set))
+        ctx.log("peer/admitted_succ", len(rescue_set))  # SGT transfers verified successes only
+        ctx.log("peer/admitted_fail", 0)
         ctx.log("peer/rejected", rejected)
         return [g for slot in out for g in slot]

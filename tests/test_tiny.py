@@ -2,6 +2,7 @@
 import json
 import os
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -9,8 +10,8 @@ from transformers import AutoTokenizer
 
 from graftzoo.envs.arithmetic import SKILLS, make_problem
 from graftzoo.tiny.build import TinyModelSpec, build_tiny, build_tokenizer, compact_prompt, position_ids
-from graftzoo.tiny.warmup import (cache_key, encode_batch, load_or_warmup, load_tiny, sft_loss, sft_train,
-                             warmup_info, warmup_pair)
+from graftzoo.tiny.warmup import (CONTINUE_START, cache_key, encode_batch, load_or_warmup, load_tiny, sft_loss,
+                                  sft_train, warmup_info, warmup_pair)
 
 torch.set_num_threads(1)
 
@@ -138,3 +139,41 @@ def test_spec_from_config_dict_checks_keys():
         TinyModelSpec.from_dict({**d, "warmup": {"stepz": 5}})
     with pytest.raises(ValueError, match="family"):
         TinyModelSpec.from_dict({**d, "family": "llama"})
+
+
+def test_then_continues_the_first_phase_checkpoint(tmp_path):
+    """warmup.then (issue 16's stronger checkpoint of the same model): the first phase is cached on its own, the
+    continuation starts from exactly that checkpoint, inherits the keys it does not set, and trains on problems the
+    first phase never saw; a spec without ``then`` keeps its old cache key (no ``then`` in its dict)."""
+    plain = small_spec(steps=3)
+    assert "then" not in plain.to_dict()["warmup"] and cache_key(plain, 0) == cache_key(small_spec(steps=3), 0)
+    spec = small_spec(steps=3, then={"steps": 2, "mix": {"mul": 1.0}})
+    assert spec.warmup.then.lr == 3e-3 and spec.warmup.then.batch == 8 and spec.warmup.then.steps == 2
+    assert spec.to_dict()["warmup"]["then"]["mix"] == {"mul": 1.0} and cache_key(spec, 0) != cache_key(plain, 0)
+    calls = []
+    path = load_or_warmup(spec, 0, cache_dir=tmp_path, progress=calls.append)
+    assert [c["step"] for c in calls] == [1, 2, 3, 1, 2]  # the first phase, then the continuation
+    first = load_or_warmup(plain, 0, cache_dir=tmp_path)  # the same first phase (same id): already cached
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([os.path.basename(path), os.path.basename(first)])
+    info = warmup_info(path)
+    assert info["steps"] == 2 and info["first_phase"]["steps"] == 3 and set(info["probe_greedy"]) == {"add", "mul"}
+    # the continuation = the first-phase checkpoint trained two more steps from the continuation's problems
+    model, tok = load_tiny(first)
+    sft_train(model, tok, spec.warmup.then, 0, start=CONTINUE_START)
+    cont, _ = load_tiny(path)
+    for (k, a), b in zip(model.state_dict().items(), cont.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), k
+    base, _ = load_tiny(first)
+    assert not torch.allclose(base.lm_head.weight, cont.lm_head.weight)
+    with pytest.raises(ValueError, match="then.*stepz"):
+        small_spec(then={"stepz": 2})
+
+
+def test_a_recipe_warmed_under_another_id_is_reused(tmp_path):
+    """The id does not change the weights: a spec equal to a cached one but for its id trains nothing."""
+    spec = small_spec(steps=2)
+    path = load_or_warmup(spec, 0, cache_dir=tmp_path)
+    calls = []
+    assert load_or_warmup(replace(spec, id="other"), 0, cache_dir=tmp_path, progress=calls.append) == path
+    assert calls == []
+    assert load_or_warmup(replace(spec, id="other"), 1, cache_dir=tmp_path) != path  # another seed: trained

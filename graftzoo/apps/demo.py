@@ -18,6 +18,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import click
 import torch
@@ -122,51 +123,102 @@ def _charge(run_dirs: list, model: str):
     return statistics.fmean(vals) if vals else None
 
 
-def conclusion(cells: list, model_ids: list) -> str:
-    """A plain-language paragraph stating the comparisons, whatever they turn out to be."""
+def _ms(xs: list) -> tuple:
+    """(mean, sample s.d.) of per-seed scores; s.d. 0 for one seed."""
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def verdict(baseline: list, method: list, name: str = "GRAFT", base: str = "GRPO", tie: float = 0.005) -> str:
+    """The comparison of two methods' per-seed scores in words, from their seed means and spread.
+
+    The spread is the larger of the two methods' seed standard deviations. A gap no larger than it (or than
+    ``tie``, half a point: below that two runs tie on a 200-prompt eval) is "no clear difference"; a larger one
+    says which is above. One seed has no spread, so it gets no verdict beyond that run."""
+    (b, sb), (m, sm) = _ms(baseline), _ms(method)
+    gap, spread = m - b, max(sb, sm)
+    if min(len(baseline), len(method)) < 2:
+        side = "above" if gap > tie else "below" if gap < -tie else "level with"
+        return f"{name} is {side} {base} in this single seed (one seed has no spread: no verdict beyond this run)"
+    if abs(gap) <= max(spread, tie):
+        return (f"there is no clear difference between {name} and {base} (the gap is inside the seeds' spread, "
+                f"s.d. up to {100 * spread:.1f})")
+    side = "above" if gap > 0 else "below"
+    return f"{name} is {side} {base} by more than the seeds' spread (s.d. up to {100 * spread:.1f})"
+
+
+def _seeds(xs: list) -> str:
+    return ", ".join(f"{100 * x:.1f}" for x in xs)
+
+
+def conclusion(cells: list, model_ids: list, baseline: str = "GRPO (n=8)", method: str = "GRAFT",
+               stored: Optional[str] = "GRAFT (stored)", budget: Optional[str] = "GRPO (n=32)") -> str:
+    """A plain-language paragraph per model comparing ``method`` with ``baseline`` from their seed means and
+    spread (``verdict``), whatever they turn out to be; plus the stored-trajectory and the budget rows if run."""
     by_label: dict = {}
     for c in cells:
         by_label.setdefault(c.label, []).append(c.run_dir)
     lines = []
     for m in model_ids:
-        grpo = _avg(by_label.get("GRPO (n=8)", []), m)
-        graft = _avg(by_label.get("GRAFT", []), m)
-        stored = _avg(by_label.get("GRAFT (stored)", []), m)
+        grpo = _avg(by_label.get(baseline, []), m)
+        graft = _avg(by_label.get(method, []), m)
+        st = _avg(by_label.get(stored, []), m)
         if not grpo or not graft:
             continue
-        g0, g1 = statistics.fmean(grpo), statistics.fmean(graft)
-        if not any(grpo + graft + stored):  # nothing learned to compare: say so, no verdict
-            lines.append(f"For {m}, every score is 0 (GRPO n=8, GRAFT n=8"
-                         f"{', stored GRAFT' if stored else ''}): these runs are too short to learn the task, so they "
-                         f"check the pipeline, not the methods; no method is compared.")
+        if not any(grpo + graft + st):  # nothing learned to compare: say so, no verdict
+            lines.append(f"For {m}, every score is 0 ({baseline}, {method}{', ' + stored if st else ''}): these runs "
+                         f"are too short to learn the task, so they check the pipeline, not the methods; no method "
+                         f"is compared.")
             continue
-        sd = max(statistics.stdev(grpo) if len(grpo) > 1 else 0.0, statistics.stdev(graft) if len(graft) > 1 else 0.0)
-        spread = f"seed s.d. {100 * sd:.1f} over {len(grpo)} seeds" if len(grpo) > 1 else "one seed"
-        gain = g1 - g0 > 0.005  # half a point: below that the runs tie on a 200-prompt eval
-        if gain and len(grpo) > 1 and g1 - g0 > sd:
-            verdict = "GRAFT beats GRPO by more than the seeds' standard deviation"
-        elif gain:
-            verdict = ("GRAFT is above GRPO, but not by more than the seeds' standard deviation" if len(grpo) > 1
-                       else "GRAFT is above GRPO in this single seed (no claim beyond this run)")
-        else:
-            verdict = "GRAFT does not beat GRPO (the two tie within half a point)" if g1 >= g0 else \
-                "GRAFT does not beat GRPO"
-        txt = (f"For {m}, GRAFT n=8 scores {100 * g1:.1f} against GRPO n=8's {100 * g0:.1f} on held-out accuracy "
-               f"(Δ {100 * (g1 - g0):+.1f} points; {spread}), so {verdict}.")
-        if stored:
-            s1 = statistics.fmean(stored)
-            txt += f" Stored-trajectory GRAFT scores {100 * s1:.1f}" + (
-                f", {100 * (s1 - g0) / (g1 - g0):.0f}% of the online gain." if gain else
-                "; online GRAFT showed no gain to share.")
-        g32 = _avg(by_label.get("GRPO (n=32)", []), m)
+        (g0, s0), (g1, s1) = _ms(grpo), _ms(graft)
+        n = min(len(grpo), len(graft))
+        seeds = f"over {n} seeds" if n > 1 else "one seed"
+        txt = (f"For {m} ({seeds}), {method}{' n=8' if method == 'GRAFT' else ''} scores {100 * g1:.1f} ± {100 * s1:.1f} (seeds: {_seeds(graft)}) "
+               f"against {baseline}'s {100 * g0:.1f} ± {100 * s0:.1f} (seeds: {_seeds(grpo)}) on held-out accuracy, "
+               f"Δ {100 * (g1 - g0):+.1f} points: {verdict(grpo, graft, method, baseline)}.")
+        if st:
+            (t1, ts) = _ms(st)
+            txt += (f" Stored-trajectory {method} scores {100 * t1:.1f} ± {100 * ts:.1f}: "
+                    f"{verdict(grpo, st, 'it', baseline)}.")
+        g32 = _avg(by_label.get(budget, []), m)
         if g32:
-            c8, c32 = _charge(by_label["GRAFT"], m), _charge(by_label["GRPO (n=32)"], m)
+            c8, c32 = _charge(by_label[method], m), _charge(by_label[budget], m)
             frac = f"{c8 / c32:.2f}" if c8 and c32 else "?"
-            txt += (f" GRPO n=32 reaches {100 * statistics.fmean(g32):.1f}; GRAFT n=8 "
-                    f"{'reaches' if g1 >= statistics.fmean(g32) else 'does not reach'} it, at {frac}× its CPU time "
-                    f"(co-trained runs charged the joint cost of both models).")
+            txt += (f" {budget} scores {100 * _ms(g32)[0]:.1f} ± {100 * _ms(g32)[1]:.1f} "
+                    f"({verdict(grpo, g32, budget, baseline)}); {method} costs {frac}× its CPU time (co-trained "
+                    f"runs charged the joint cost of both models).")
         lines.append(txt)
     return "\n".join(lines) if lines else "No comparison available (runs missing or failed)."
+
+
+def learner_conclusion(grid) -> str:
+    """The conclusion of a grid whose pairs' first model is the learner (the control, the regime map): per pair,
+    each peer method against the baseline on that pair's learner (the baseline's runs of that learner may come
+    from another pair of the grid: a method's ``pairs``)."""
+    baseline = grid.report.get("baseline") or "GRPO (n=8)"
+    budget = "GRPO (n=32)"
+    learner = {}
+    for c in grid.cells:
+        learner.setdefault(c.pair, c.config()["pair"]["models"][0]["id"])
+    methods = [m.label for m in grid.methods if m.same_as is None and m.label not in (baseline, budget)
+               and not m.algo.startswith("grpo")]
+    said = []
+    for pair, m in learner.items():
+        cells = [c for c in grid.cells if c.pair == pair
+                 or (c.label in (baseline, budget) and learner.get(c.pair) == m)]
+        for i, method in enumerate(methods):
+            text = conclusion(cells, [m], baseline=baseline, method=method, stored=None,
+                              budget=budget if i == 0 else None)
+            said.append(f"[{pair}] {text}")
+    return "\n".join(said)
+
+
+def _grid_file(name: str) -> Path:
+    """configs/grids/NAME.yaml: a user's ./configs first, then the package's."""
+    path = find_config("grids", name)
+    if path is None:
+        raise click.ClickException(f"no grid {name!r}: configs/grids/{name}.yaml is neither in ./configs nor in "
+                                   f"the installed package")
+    return path
 
 
 def _demo_file(name: str) -> Path:
@@ -220,6 +272,15 @@ def demo_cmd(quick, full, out, jobs):
     text = conclusion(grid.cells, model_ids)
     if report is not None:
         (report / "conclusion.txt").write_text(text + "\n")
+    for name in plan.get("also") or []:  # --full: the positive control and the regime map, each its own grid
+        extra = load_grid(_grid_file(name), out=str(Path(out) / mode / name))
+        console.rule(f"[bold]{name}: {len(extra.cells)} runs ({extra.root})")
+        result.update(run_with_progress(extra, extra.cells, jobs, console))
+        rep = write_report(extra, extra.cells, echo=console.print)
+        said = learner_conclusion(extra)
+        if rep is not None:
+            (rep / "conclusion.txt").write_text(said + "\n")
+        text += f"\n{name}: {said}"
     console.rule("5. what the numbers show")
     console.print(text)
     console.print(f"\nwandb offline runs: {grid.root}/*/wandb; total {time.time() - t0:.0f} s")

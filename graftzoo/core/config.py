@@ -56,6 +56,9 @@ DEFAULTS: dict = {
         "threads": 1,            # torch intra-op threads
         "device": "cpu",
         "backend": "inprocess",  # inprocess | ray: each model in its own group of Ray workers (graftzoo.dist)
+        # per-step transfer-path diagnostics diag/* (graftzoo.core.diagnostics; in-process models only): the
+        # gradient-norm share of peer rows, the log-prob of admitted peer successes before / after each update
+        "diagnostics": False,
     },
     # wandb extras (graftzoo.core.tracking; project / group / mode stay run.wandb_*)
     "tracking": {
@@ -214,6 +217,7 @@ CORE = {
     "run.threads": (int, "[1, inf)"),
     "run.device": str,
     "run.backend": Literal["inprocess", "ray"],
+    "run.diagnostics": bool,
     "ray.address": Optional[str],
     "ray.num_cpus": (Optional[int], "[1, inf)"),
     "ray.num_workers": (int, "[1, inf)"),
@@ -515,6 +519,9 @@ def check_core(cfg: dict) -> None:
             spec["lora"] = check_lora(f"pair.models[{spec['id']}].lora", spec["lora"])
         ids.append(spec["id"])
     cfg["model"]["lora"] = check_lora("model.lora", cfg["model"]["lora"])
+    if cfg["run"]["diagnostics"] and cfg["run"]["backend"] == "ray":
+        raise ConfigError("config key 'run.diagnostics' needs run.backend=inprocess: with ray the models live in their "
+                          "worker ranks, where the diagnostics' extra passes do not run")
     if cfg["run"]["backend"] == "ray":
         for spec in models:
             workers = spec.get("num_workers", cfg["ray"]["num_workers"])

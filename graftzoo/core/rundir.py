@@ -38,6 +38,7 @@ FREE_TO_CHANGE = (
     "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
     "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags", "tracking.*",
     "run.variant", "run.progress", "run.threads", "run.device", "store.enabled",
+    "run.diagnostics",  # extra measurements only: the update is bit-identical with it on or off
     # where the models run (a checkpoint of either backend, any number of ranks, resumes on the other)
     "run.backend", "ray.*",
     "eval.dataset", "eval.size", "eval.k", "eval.greedy", "eval.temperature", "eval.max_new_tokens",

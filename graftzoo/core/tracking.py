@@ -26,7 +26,8 @@ METRICS = [
     "reward/mean", "reward/acc", "groups/all_fail", "groups/all_success", "groups/mixed", "groups/count",
     # peer exchange (paper Fig. 1 right, Table 9)
     "peer/solved_all_fail_frac", "peer/mixed_on_all_fail_frac", "peer/rescued_groups", "peer/admitted",
-    "peer/rejected", "peer/s_mean", "peer/s_median", "peer/s_min", "peer/s_max", "tokens/peer_share",
+    "peer/admitted_succ", "peer/admitted_fail", "peer/rejected", "peer/s_mean", "peer/s_median", "peer/s_min",
+    "peer/s_max", "tokens/peer_share",
     "clip/frac", "clip/frac_own", "clip/frac_peer", "clip/frac_low", "clip/frac_high",
     # optimisation
     "loss", "grad_norm", "lr", "entropy", "kl", "ratio/mean",

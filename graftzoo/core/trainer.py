@@ -22,6 +22,7 @@ import torch
 
 from graftzoo.algos.base import StepContext
 from graftzoo.core.checkpoint import load_checkpoint, one_line, prepare_resume, save_checkpoint
+from graftzoo.core import diagnostics
 from graftzoo.core.config import algo_config
 from graftzoo.core.policy import NonFiniteError
 from graftzoo.core.preemption import Interrupted, StopRequest
@@ -213,13 +214,21 @@ class Trainer:
             check_policy_version(m, pol, groups[m])
             self.engines[m].release_memory()
             budget = self.cfg["optim"]["max_tokens_per_micro"]
+            schedule = learner.schedule(ctx, batches[m])
             mbs = [[mb.to(pol.device) for mb in batches[m].micro_batches(idx, budget, partial(learner.norms, ctx))]
-                   for idx in learner.schedule(ctx, batches[m])]  # each minibatch as micro-batches
+                   for idx in schedule]  # each minibatch as micro-batches
+            diag = None
+            if self.cfg["run"]["diagnostics"]:  # opt-in transfer-path measurements; the update is unchanged
+                with ctx.phase("diagnostics"):
+                    diag = diagnostics.before_update(ctx, pol, learner, batches[m], schedule, budget, recompute[m])
             try:
                 upd = pol.update(ctx, learner, mbs, recompute[m], where=f"model {m!r}, step {step}")
             except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
                 e.model = m
                 raise
+            if diag is not None:
+                with ctx.phase("diagnostics"):
+                    diag = diagnostics.after_update(pol, batches[m], diag)
             pol.version += 1
             sync_s = self.engines[m].sync_weights()  # the next generate decodes with the updated weights
             after = self._phase_wall(m)
@@ -227,6 +236,7 @@ class Trainer:
             met = outcome_metrics(groups[m])
             met.update(mean_metrics(upd))
             met.update(ctx.metrics)
+            met.update(diag or {})
             met["lr"] = pol.lr
             met["time/generate"] = dt.get("generate", 0.0)
             met["time/score"] = dt.get("score", 0.0)

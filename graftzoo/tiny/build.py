@@ -27,7 +27,7 @@ sees the same positions as an unpadded one (notes §2).
 from __future__ import annotations
 
 import string
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping, Optional
 
 import torch
@@ -134,6 +134,13 @@ class WarmupSpec:
     threshold; ``steps`` stays the cap and sets the lr schedule. Stopping on a measured level
     rather than a step count lands the skill profile in its band across seeds and machines,
     where a fixed step count does not (a weak skill sits on a steep part of its learning curve).
+
+    ``then`` (a mapping of these same keys) continues training from the checkpoint this recipe
+    produces: the model is warmed exactly as without ``then`` (that checkpoint is cached on its
+    own), then trained further on fresh problems with the second recipe (keys it does not give are
+    the first phase's; its ``steps`` count the second phase alone). It makes a *stronger
+    checkpoint of the same model* (issue 16's positive control: same family, tokenizer and first
+    phase as the learner, then more steps on the learner's weak skill until ``then.stop_when``).
     """
 
     steps: int = 1000
@@ -150,6 +157,24 @@ class WarmupSpec:
     probe_per_skill: int = 64
     stop_when: Optional[dict] = None
     probe_every: int = 50
+    then: Optional["WarmupSpec"] = None
+
+    def __post_init__(self):
+        if isinstance(self.then, Mapping):  # keys not given are the first phase's
+            first = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "then"}
+            unknown = sorted(set(self.then) - set(first) - {"then"})
+            if unknown:
+                raise ValueError(f"warmup.then: unknown key(s) {unknown}; known: {sorted(first)}")
+            self.then = WarmupSpec(**{**first, **self.then})
+        if isinstance(self.betas, list):
+            self.betas = tuple(self.betas)
+        bad = sorted(set(self.stop_when or {}) - set(SKILLS))
+        if bad:
+            raise ValueError(f"warmup.stop_when key(s) {bad} are not skills {SKILLS}")
+
+    def first_phase(self) -> "WarmupSpec":
+        """This recipe without ``then``: the checkpoint a continuation starts from."""
+        return replace(self, then=None)
 
 
 @dataclass
@@ -177,12 +202,10 @@ class TinyModelSpec:
         if self.kv_heads is not None and self.heads % self.kv_heads:
             raise ValueError(f"tiny spec {self.id!r}: heads {self.heads} not divisible by kv_heads {self.kv_heads}")
         if isinstance(self.warmup, Mapping):
-            self.warmup = _from_mapping(WarmupSpec, self.warmup, f"tiny spec {self.id!r} warmup")
-        if isinstance(self.warmup.betas, list):
-            self.warmup.betas = tuple(self.warmup.betas)
-        bad = sorted(set(self.warmup.stop_when or {}) - set(SKILLS))
-        if bad:
-            raise ValueError(f"tiny spec {self.id!r}: warmup.stop_when key(s) {bad} are not skills {SKILLS}")
+            try:
+                self.warmup = _from_mapping(WarmupSpec, self.warmup, "warmup")
+            except ValueError as e:
+                raise ValueError(f"tiny spec {self.id!r}: {e}") from None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TinyModelSpec":
@@ -194,8 +217,16 @@ class TinyModelSpec:
         return _from_mapping(cls, d, f"tiny spec {d.get('id')!r}")
 
     def to_dict(self) -> dict:
+        """Plain data (the warm-up cache key hashes it); ``then`` appears only when set, so specs without a
+        continuation keep the keys they had before it existed."""
         d = asdict(self)
-        d["warmup"]["betas"] = list(d["warmup"]["betas"])
+        w = d["warmup"]
+        while w is not None:
+            w["betas"] = list(w["betas"])
+            nxt = w.pop("then")
+            if nxt is not None:
+                w["then"] = nxt
+            w = nxt
         return d
 
 

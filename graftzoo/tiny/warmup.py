@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -79,8 +80,9 @@ def lr_factor(step: int, w: WarmupSpec) -> float:
 
 
 def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
-              progress: Optional[Callable[[dict], None]] = None) -> dict:
+              progress: Optional[Callable[[dict], None]] = None, start: int = 0) -> dict:
     """Up to ``w.steps`` SFT steps on fresh train-split problems, stopping early once ``w.stop_when`` holds.
+    ``start``: index of the first problem of the train stream (a continuation starts past the first phase's).
 
     Returns loss, timing, the step it stopped at and the probe history (``w.stop_when`` only).
     """
@@ -89,7 +91,7 @@ def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
     model.train()
     t0, losses, probes, probe_s = time.perf_counter(), [], [], 0.0
     for step in range(w.steps):
-        prompts = generate_prompts(w.batch, seed, w.mix, w.difficulty, "train", start=step * w.batch)
+        prompts = generate_prompts(w.batch, seed, w.mix, w.difficulty, "train", start=start + step * w.batch)
         batch = encode_batch(tokenizer, [p.text for p in prompts], [p.metadata["solution"] for p in prompts])
         loss = sft_loss(model, batch)
         opt.zero_grad(set_to_none=True)
@@ -158,26 +160,58 @@ def probe(model, tokenizer, w: WarmupSpec, seed: int, skills: Optional[Sequence[
     return acc
 
 
-def _warm(spec: TinyModelSpec, seed: int, progress=None, threads: int = 1) -> tuple:
+CONTINUE_START = 10_000_000  # a continuation's problems start this far into the train stream (past any first phase)
+
+
+def _warm(spec: TinyModelSpec, seed: int, progress=None, threads: int = 1, cache_dir=None) -> tuple:
+    """Train ``spec``'s warm-up; with ``warmup.then``, load (or make) the first phase's cached checkpoint and
+    continue it with the second recipe. The final probe covers the skills of both phases."""
     torch.set_num_threads(threads)
-    model, tok = build_tiny(spec, seed)
-    stats = sft_train(model, tok, spec.warmup, seed, progress)
+    w = spec.warmup
+    if w.then is None:
+        model, tok = build_tiny(spec, seed)
+        stats = sft_train(model, tok, w, seed, progress)
+    else:
+        first = load_or_warmup(replace(spec, warmup=w.first_phase()), seed, cache_dir, progress, threads)
+        model, tok = load_tiny(first)
+        stats = sft_train(model, tok, w.then, seed, progress, start=CONTINUE_START)
+        stats["first_phase"] = {k: v for k, v in warmup_info(first).items() if k not in ("spec", "version")}
+        w = replace(w.then, mix={**{k: v for k, v in w.mix.items() if v > 0}, **w.then.mix})
     t = time.perf_counter()
-    stats["probe_greedy"] = probe(model, tok, spec.warmup, seed)
+    stats["probe_greedy"] = probe(model, tok, w, seed)
     stats["probe_s"] = time.perf_counter() - t
     return model, tok, stats
 
 
+def same_weights(spec: TinyModelSpec, seed: int, root: Path) -> Optional[Path]:
+    """A cached warm-up of the same recipe and seed under another model id (the id does not change the weights):
+    e.g. the first phase shared by issue 16's learner and its stronger continuation (``warmup.then``)."""
+    want = {**spec.to_dict(), "id": None}
+    for f in sorted(root.glob("*/warmup.json")):
+        try:
+            info = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("seed") == seed and info.get("version") == WARMUP_VERSION and \
+                {**info.get("spec", {}), "id": None} == want:
+            return f.parent
+    return None
+
+
 def load_or_warmup(spec: TinyModelSpec, seed: Optional[int] = None, cache_dir=None,
                    progress: Optional[Callable[[dict], None]] = None, threads: int = 1) -> str:
-    """Directory of the warmed-up ``spec`` (seed defaults to ``spec.warmup.seed``); trains only on a cache miss."""
+    """Directory of the warmed-up ``spec`` (seed defaults to ``spec.warmup.seed``); trains only on a cache miss
+    (a warm-up of the same recipe under another id counts as a hit: ``same_weights``)."""
     seed = spec.warmup.seed if seed is None else seed
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / f"{spec.id}-{cache_key(spec, seed)}"
     if (final / "warmup.json").is_file():
         return str(final)
+    twin = same_weights(spec, seed, root) if root.is_dir() else None
+    if twin is not None:
+        return str(twin)
     root.mkdir(parents=True, exist_ok=True)
-    model, tok, stats = _warm(spec, seed, progress, threads)
+    model, tok, stats = _warm(spec, seed, progress, threads, root)
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.id}-", dir=root))
     try:
         model.save_pretrained(tmp)

@@ -21,11 +21,35 @@ A method entry (in ``algorithms`` or ``variants``) has ``algo`` and optionally `
 ``stored:PATH`` | ``mixed:PATH``, where PATH may be ``{cell:LABEL}``: the run directory of the
 method LABEL with the same pair and seed, which then runs first), ``each_model: true`` (one
 cell per model of the pair, training that model alone: stored-peer methods, whose source is
-one model of an earlier pair run) and ``clip: own``.
+one model of an earlier pair run), ``clip: own`` and ``pairs: [..]`` (a subset of the grid's
+``pairs``: the method's cells are made on those pairs only; e.g. a GRPO baseline, which does not
+depend on the peer, runs on one pair per learner; ``--dry-run`` shows it).
 
 An alias entry ``{label: "SGT + GRAFT how", same_as: "w/o balanced exchange"}`` names one configuration
 that a paper reports under two labels: it has no cells, the report prints the runs of the method
 ``same_as`` a second time, at the alias's place and under its label, and ``--dry-run`` lists it.
+
+The regime map (``report.map``, optional) lays the grid's pairs out as a heat map of
+Δ = method − baseline on the learner (each pair's FIRST model), one panel per method::
+
+    report:
+      baseline: "GRPO (n=8)"
+      map:
+        title: "GRAFT − GRPO (n=8) on the learner's weak skill (mul)"   # optional
+        skill: mul                          # optional: the eval benchmark scored (default: mean over them)
+        rows: {"pass@8 ≈ 0.1": [l1-same, l1-het], "pass@8 ≈ 0.3": [l3-same, l3-het]}   # the learner's level
+        cols: {"same family, stronger": [l1-same, l3-same], "heterogeneous": [l1-het, l3-het]}
+        methods: [GRAFT, "SGT + GRAFT how"]   # one panel each (aliases allowed)
+        budget: "GRPO (n=32)"                 # optional: one more panel, budget − baseline
+
+Each (row, col) must pick exactly one pair (the pair in both lists); every pair of a row has the
+same learner; the labels are method labels (case-insensitive, aliases allowed). The baseline's
+(and budget's) runs for a cell come from its own pair, else from the first pair of its row that
+has them, else from another grid pair whose first model is the row's learner (e.g. a one-model
+pair that GRPO trains the learner alone on, via ``pairs``); what Δ, ± and n are:
+``graftzoo.eval.regime``. The report then also holds ``regime_map.png`` (the heat map),
+``regime_map.md`` and ``regime_map.json``; the map is computed from the cells, whether or not
+Table 1 can be built.
 
 One clip per table (spec algos_peer §4.4.2): every cell of a pair trains with the same effective clip
 (``optim.clip.*``, or the key an algorithm clips with by design: GSPO ``algo.seq_clip``, HACPO
@@ -41,7 +65,8 @@ request) is skipped; an unfinished one is run again and the trainer resumes from
 checkpoint. Cells run one after another (``--jobs N``: N at a time), each in its own process
 (output in ``<grid dir>/logs/<cell>.log``), so a failed cell is reported by name and the grid
 goes on; cells that depend on it are not run. The exit code is 1 if any cell failed. At the
-end the report (Table 1, the clip table and the figures) is written to ``<grid dir>/report``.
+end the report (Table 1, the clip table, the figures and the regime map) is written to
+``<grid dir>/report``.
 
 Modules: ``model`` (Method, Cell, Grid, ordering and selection), ``load`` (reading and expanding a
 grid file), ``run`` (cell status, the runners, ``run_grid``), ``command`` (``graftzoo grid``,

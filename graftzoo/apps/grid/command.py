@@ -15,12 +15,13 @@ from graftzoo.apps.grid.run import cell_status, check_configs, eval_command, res
 from graftzoo.core.config import ConfigError, clip_label
 from graftzoo.eval.artifacts import ArtifactError, load_run
 from graftzoo.eval.plots import write_figures
+from graftzoo.eval.regime import write_regime_map
 from graftzoo.eval.report import build_table1, clip_fraction_table, to_csv, to_latex, to_markdown
 
 
 def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -> Optional[Path]:
-    """Table 1 (md/csv/tex), the clip table and the figures of the finished cells, in
-    ``<grid dir>/report``; None when nothing is finished."""
+    """Table 1 (md/csv/tex), the clip table, the figures and (with ``report.map``) the regime map
+    ``regime_map.{png,md,json}`` of the finished cells, in ``<grid dir>/report``; None when nothing is finished."""
     finished = [c for c in cells if summary_status(c.run_dir) == "done"]
     if not finished:
         echo("report skipped: no finished cell")
@@ -30,6 +31,11 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -
     budgets = tuple(grid.report.get("budgets") or (16, 32))
     out = grid.root / "report"
     out.mkdir(parents=True, exist_ok=True)
+    if grid.regime is not None:   # report.map: the learner's Δ heat map; from the cells (their pair), not Table 1
+        try:
+            write_regime_map(grid.regime, [(c.label, c.pair, c.seed, c.run_dir) for c in finished], out, echo=echo)
+        except (ArtifactError, ValueError) as e:
+            echo(f"regime map skipped: {e}")
     try:
         runs = [load_run(c.run_dir) for c in finished]
         table = build_table1(runs, baseline=baseline, budgets=budgets, methods=labels,
@@ -54,8 +60,16 @@ def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
     echo(f"grid {grid.name}: {len(grid.methods)} row(s)")
     for m in grid.methods:
         parts = [m.algo] + ([f"peer={m.peer}"] if m.peer else []) + (["each_model"] if m.each_model else [])
+        parts += [f"pairs={','.join(m.pairs)}"] if m.pairs is not None else []
         parts += [f"{k}={v}" for k, v in m.overrides.items()]
         echo(f"  {m.label}: " + (f"the runs of {m.same_as!r}, under a second label" if m.same_as else " ".join(parts)))
+    if grid.regime is not None:
+        rm = grid.regime
+        echo(f"regime map: {' | '.join(f'{p} − {rm.baseline}' for p in rm.panels)}"
+             + (f" on {rm.skill}" if rm.skill else ""))
+        for r in rm.rows:
+            echo(f"  {r} (learner {rm.learner[rm.cell_pair[(r, rm.cols[0])]]}): "
+                 + ", ".join(f"{c}: pair {rm.cell_pair[(r, c)]}" for c in rm.cols))
     echo(f"grid {grid.name}: {len(cells)} cell(s) in {grid.root}")
     for c in cells:
         dep = f"  (after {', '.join(c.depends)})" if c.depends else ""

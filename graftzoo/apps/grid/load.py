@@ -10,12 +10,14 @@ from graftzoo.apps.grid.model import (Cell, Grid, GridError, Method, check_one_c
                                       slug)
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, parse_peer
 from graftzoo.core.config import DEFAULTS, ConfigError, find_config, read_yaml
+from graftzoo.eval.regime import RegimeMap
 from graftzoo.eval.runner import evaluate_checkpoint
 
 GRID_KEYS = {"name", "out_dir", "pairs", "seeds", "files", "set", "algorithms", "variants", "eval", "report"}
-METHOD_KEYS = {"label", "algo", "set", "files", "peer", "each_model", "clip"}
+METHOD_KEYS = {"label", "algo", "set", "files", "peer", "each_model", "clip", "pairs"}
 CLIP_MARKS = ("shared", "own")   # a method's ``clip``: the table's one clip (default) | its own, by design
-REPORT_KEYS = {"baseline", "budgets"}
+REPORT_KEYS = {"baseline", "budgets", "map"}
+MAP_KEYS = {"title", "rows", "cols", "methods", "budget", "skill"}
 CELL_REF = re.compile(r"^\{cell:(.+)\}$")
 
 
@@ -67,9 +69,13 @@ def _method(entry, where: str) -> Method:
     if clip not in CLIP_MARKS:
         raise GridError(f"{where}.clip must be shared (the table's one clip, default) or own (a clip that differs "
                         f"by design, e.g. HACPO's algo.self_clip), got {clip!r}")
+    only = entry.get("pairs")
+    only = [only] if isinstance(only, str) else only
+    if only is not None and (not isinstance(only, list) or not only or not all(isinstance(p, str) for p in only)):
+        raise GridError(f"{where}.pairs must be a non-empty list of the grid's pairs")
     return Method(label=str(entry.get("label") or _preset_label(entry["algo"])), algo=entry["algo"],
                   overrides=_flat(entry.get("set") or {}, f"{where}.set"), files=[str(f) for f in files],
-                  peer=peer, each_model=bool(entry.get("each_model", False)), clip=clip)
+                  peer=peer, each_model=bool(entry.get("each_model", False)), clip=clip, pairs=only)
 
 
 def _pair_models(pair: str, where: str) -> list:
@@ -91,6 +97,80 @@ def _peer_overrides(peer: str, where: str) -> tuple:
     if ref:
         del out["peer.path"]   # the referenced cell's run directory, set per pair and seed
     return out, (ref.group(1).strip() if ref else None)
+
+
+def _map_pairs(block, key: str, pairs: list, where: str) -> dict:
+    """``report.map.rows`` / ``cols``: {name: [pairs of the grid]}."""
+    if not isinstance(block, dict) or not block:
+        raise GridError(f"{where}: report.map.{key} must be a mapping of names (in words) to lists of the grid's "
+                        f"pairs")
+    out = {}
+    for name, got in block.items():
+        got = [got] if isinstance(got, str) else got
+        if not isinstance(got, list) or not got or not all(isinstance(p, str) for p in got):
+            raise GridError(f"{where}: report.map.{key}[{name!r}] must be a non-empty list of the grid's pairs")
+        unknown = [p for p in got if p not in pairs]
+        if unknown:
+            raise GridError(f"{where}: report.map.{key}[{name!r}]: pairs {unknown} are not among the grid's "
+                            f"pairs {pairs}")
+        out[str(name)] = got
+    return out
+
+
+def _regime_map(block, where: str, pairs: list, methods: list, report: dict) -> RegimeMap:
+    """The validated ``report.map`` (format: the package docstring; what it computes: graftzoo.eval.regime)."""
+    if not isinstance(block, dict):
+        raise GridError(f"{where}: report.map must be a mapping with keys among {sorted(MAP_KEYS)}")
+    unknown = sorted(set(block) - MAP_KEYS)
+    if unknown:
+        raise GridError(f"{where}: report.map: unknown key(s) {unknown}; known: {sorted(MAP_KEYS)}")
+    rows, cols = (_map_pairs(block.get(k), k, pairs, where) for k in ("rows", "cols"))
+    cell_pair = {}
+    for r, rp in rows.items():
+        for c, cp in cols.items():
+            both = [p for p in rp if p in cp]
+            if len(both) != 1:
+                raise GridError(f"{where}: report.map: row {r!r} and column {c!r} share {len(both)} pairs {both}; "
+                                f"each (row, col) must pick exactly one pair")
+            cell_pair[(r, c)] = both[0]
+    stray = sorted({p for ps in list(rows.values()) + list(cols.values()) for p in ps} - set(cell_pair.values()))
+    if stray:
+        raise GridError(f"{where}: report.map: pairs {stray} are in a row or a column but in no (row, col) cell")
+    learner = {p: _pair_models(p, where)[0] for p in pairs}
+    for r in rows:
+        ids = {cell_pair[(r, c)]: learner[cell_pair[(r, c)]] for c in cols}
+        if len(set(ids.values())) > 1:
+            raise GridError(f"{where}: report.map: row {r!r} mixes learners (each pair's first model): {ids}; a row "
+                            f"is one learner")
+    base_pairs = {r: list(dict.fromkeys(rp + [p for p in pairs if learner[p] == learner[rp[0]]]))
+                  for r, rp in rows.items()}   # the row's pairs, then the grid's other pairs of its learner
+    fold = {m.label.casefold(): m for m in methods}
+    names = [m.label for m in methods]
+
+    def label(value, key: str) -> str:
+        if not isinstance(value, str) or value.casefold() not in fold:
+            raise GridError(f"{where}: {key}: {value!r} is not a method label; labels: {names}")
+        return fold[value.casefold()].label
+
+    baseline = report.get("baseline") or ("GRPO (n=8)" if "GRPO (n=8)" in names else names[0])  # as write_report
+    baseline = label(baseline, "report.baseline (the map's baseline)")
+    shown = block.get("methods")
+    shown = [shown] if isinstance(shown, str) else shown
+    if not isinstance(shown, list) or not shown:
+        raise GridError(f"{where}: report.map.methods must be a non-empty list of method labels (one panel each)")
+    shown = [label(x, f"report.map.methods[{i}]") for i, x in enumerate(shown)]
+    budget = label(block["budget"], "report.map.budget") if block.get("budget") is not None else None
+    panels = shown + ([budget] if budget else [])
+    if len(set(panels)) != len(panels) or baseline in panels:
+        raise GridError(f"{where}: report.map: the panels (methods {shown}, budget {budget}) must be distinct "
+                        f"labels other than the baseline {baseline!r}")
+    skill = block.get("skill")
+    if skill is not None and not isinstance(skill, str):
+        raise GridError(f"{where}: report.map.skill must be the name of one benchmark of the eval files (e.g. mul)")
+    runs = {x: fold[x.casefold()].same_as or x for x in [baseline, *shown] + ([budget] if budget else [])}
+    title = str(block.get("title") or f"Δ against {baseline} on the learner's {skill or 'held-out score'}")
+    return RegimeMap(title=title, rows=list(rows), cols=list(cols), cell_pair=cell_pair, base_pairs=base_pairs,
+                     learner=learner, baseline=baseline, methods=shown, budget=budget, skill=skill, labels=runs)
 
 
 def _eval_options(ev, where: str) -> dict:
@@ -158,6 +238,12 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
     if not isinstance(report, dict) or set(report) - REPORT_KEYS:
         raise GridError(f"{where}: report must be a mapping with keys among {sorted(REPORT_KEYS)}")
 
+    for m in methods:
+        unknown = [p for p in m.pairs or [] if p not in pairs]
+        if unknown:
+            raise GridError(f"{where}: method {m.label!r}: pairs {unknown} are not among the grid's pairs {pairs}")
+    regime = _regime_map(report["map"], where, pairs, methods, report) if "map" in report else None
+
     cells, names = [], {}
     for m in (x for x in methods if x.same_as is None):  # an alias has no cells of its own
         mwhere = f"{where}: method {m.label!r}"
@@ -170,7 +256,10 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
             if by_label[ref].each_model:
                 raise GridError(f"{mwhere}: peer cell {ref!r} trains one model per cell (each_model); "
                                 f"refer to a method that trains the whole pair")
-        for pair in pairs:
+        for pair in (p for p in pairs if m.pairs is None or p in m.pairs):
+            if ref is not None and by_label[ref].pairs is not None and pair not in by_label[ref].pairs:
+                raise GridError(f"{mwhere}: peer refers to {{cell:{ref}}}, which has no cell on pair {pair!r} "
+                                f"(its 'pairs': {by_label[ref].pairs})")
             models = _pair_models(pair, mwhere) if m.each_model else [None]
             for seed in seeds:
                 for model in models:
@@ -199,4 +288,4 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
     resolve_clips(cells)
     check_one_clip(cells, where)
     return Grid(name=name, path=path, root=root, methods=methods, cells=order_cells(cells, where), eval=ev,
-                report=report)
+                report=report, regime=regime)

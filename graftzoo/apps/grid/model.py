@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from graftzoo.core.config import clip_label, effective_clip, load_config
+from graftzoo.eval.regime import RegimeMap
 
 
 class GridError(ValueError):
@@ -35,6 +36,7 @@ class Method:
     each_model: bool = False
     clip: str = "shared"       # shared: the table's one clip | own: a clip that differs by design (HACPO)
     same_as: Optional[str] = None  # a label alias: no cells; the report shows that method's row under this label
+    pairs: Optional[list] = None   # the grid pairs it runs on (a subset); None: all of them
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Grid:
     cells: list
     eval: Optional[dict] = None
     report: dict = field(default_factory=dict)
+    regime: Optional[RegimeMap] = None  # ``report.map``: the regime heat map's layout (graftzoo.eval.regime)
 
     def cell(self, name: str) -> Cell:
         return next(c for c in self.cells if c.name == name)

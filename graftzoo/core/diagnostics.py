@@ -1,0 +1,152 @@
+"""Opt-in diagnostics of the transfer path (``run.diagnostics: true``): what a step's peer-source rows do to the
+learner, for chasing a peer exchange that does not help (issue 16). Generic: they read the step's ``TrainBatch`` (each
+row's role, weight, advantage and its rollout's correctness), never the algorithm's name.
+
+Per model and step (keys ``diag/*`` of ``metrics.jsonl``, absent when off):
+
+- ``grad_norm_own`` / ``grad_norm_peer`` / ``grad_share_peer``: the norms of the gradients of the learner's own loss
+  (``Learner.loss``: the same surrogate, weights and denominators as the update) at theta_old over the step's whole
+  batch, split into the own rows' part and the peer-source rows' part, and ``||g_peer|| / (||g_own|| + ||g_peer||)``
+  (``grad_norm_split``).
+- ``peer_succ_logp_before`` / ``_after`` / ``_delta``: the learner's mean per-token log-prob of the admitted peer-source
+  rows that are correct, under theta_old and after the step's optimizer steps; ``own_succ_logp_*`` the same for its
+  own correct rows with a positive advantage, as the comparison (``success_rows``, ``mean_response_logp``).
+
+None where there are no such rows. The trainer calls ``before_update`` before ``Policy.update`` and ``after_update``
+after it; neither changes what the update sees (no gradients left behind, the RNG state restored, the batch's rows
+untouched), so a run trains bit-identically with diagnostics on or off. In-process models only (``run.backend:
+ray`` keeps the model in its worker ranks and is refused at load).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from graftzoo.core.batch import TrainBatch
+from graftzoo.core.update import minibatch_old_logp
+
+SOURCES = ("own", "peer")
+
+
+def row_source(row) -> str:
+    """``own`` for a response the learner sampled itself, ``peer`` for one that came from the peer (role ``peer``,
+    or ``aux``: SGT's NLL rows hold peer successes too)."""
+    return "own" if row.role == "own" else "peer"
+
+
+def split_by_source(ctx, learner, batch: TrainBatch, schedule: list, budget, device) -> dict:
+    """The step's minibatches (``schedule``: row indices of each) cut into micro-batches of the own rows and of the
+    peer-source rows with non-zero weight: ``{source: [(minibatch index, micro-batches)]}``. Every micro-batch carries
+    its whole minibatch's loss denominators (``Learner.norms``), as ``optim.max_tokens_per_micro`` micro-batches do,
+    so the gradients of the two parts add up to the minibatch's gradient (``accumulate_minibatch``)."""
+    out = {s: [] for s in SOURCES}
+    for u, idx in enumerate(schedule):
+        norm = learner.norms(ctx, batch.minibatch(idx))
+        for s in SOURCES:
+            part = [i for i in idx if row_source(batch.rows[i]) == s and batch.rows[i].weight != 0]
+            if not part:
+                continue
+            micros = batch.micro_batches(part, budget)
+            for mb in micros:
+                mb.norm = norm
+            out[s].append((u, [mb.to(device) for mb in micros]))
+    return out
+
+
+def grad_share(own: Optional[float], peer: Optional[float]) -> Optional[float]:
+    """``||g_peer|| / (||g_own|| + ||g_peer||)``: the peer-source rows' share of the update's gradient norm; None
+    without peer rows (``peer`` None) or without any gradient."""
+    if peer is None:
+        return None
+    total = (own or 0.0) + peer
+    return peer / total if total > 0 else None
+
+
+def accumulate_part(ctx, policy, learner, part: list, recompute: bool) -> None:
+    """Add to the parameters' gradients those of ``learner.loss`` over ``part`` (``[(minibatch index,
+    micro-batches)]``, one source of ``split_by_source``) under the current weights, ``ctx.update`` set to each
+    minibatch's index as the update sets it (HACPO reads it); theta_old recomputed on each micro-batch first when
+    ``recompute`` (``minibatch_old_logp``, as the update does)."""
+    for u, micros in part:
+        ctx.update = u
+        for mb in micros:
+            if recompute:
+                minibatch_old_logp(policy, mb)
+            loss, _ = learner.loss(ctx, policy, mb)
+            loss.backward()
+            del loss
+
+
+def grad_norm_split(ctx, policy, learner, batch: TrainBatch, schedule: list, budget, recompute: bool) -> dict:
+    """``diag/grad_norm_own``, ``diag/grad_norm_peer``, ``diag/grad_share_peer`` (``grad_share``): the norm of the
+    gradient of ``learner.loss`` at theta_old (the current weights, before the update) summed over the step's
+    minibatches, from the own rows and from the peer-source rows (``split_by_source``, ``accumulate_part``); None for
+    a source without rows. Leaves no gradient behind and restores the RNG state and ``ctx.update``: the update that
+    follows sees exactly what it would see without it."""
+    parts = split_by_source(ctx, learner, batch, schedule, budget, policy.device)
+    norms = {s: None for s in SOURCES}
+    dev = policy.device
+    was_update = ctx.update
+    try:
+        with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+            for s, part in parts.items():
+                if not part:
+                    continue
+                policy.zero_grad()
+                accumulate_part(ctx, policy, learner, part, recompute)
+                grads = [p.grad for p in policy.model.parameters() if p.grad is not None]
+                norms[s] = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+    finally:
+        policy.zero_grad()
+        ctx.update = was_update
+    return {"diag/grad_norm_own": norms["own"], "diag/grad_norm_peer": norms["peer"],
+            "diag/grad_share_peer": grad_share(norms["own"], norms["peer"])}
+
+
+def success_rows(batch: TrainBatch) -> dict:
+    """The rows whose log-prob the diagnostics follow across an update: ``peer``, the admitted (weight > 0)
+    peer-source rows whose response is correct; ``own``, the learner's own correct rows with a positive advantage.
+    Rows without a trained token (loss mask all 0) or without their rollout are left out."""
+    out = {s: [] for s in SOURCES}
+    for r in batch.rows:
+        if r.rollout is None or not r.rollout.correct or r.weight <= 0 or not any(w > 0 for w in r.loss_mask):
+            continue
+        s = row_source(r)
+        if s == "peer" or r.advantage > 0:
+            out[s].append(r)
+    return out
+
+
+def mean_response_logp(policy, rows: list) -> Optional[float]:
+    """The mean over ``rows`` of each row's length-normalized log-prob ``sum_t m_t logp_t / sum_t m_t`` of its
+    trained response tokens (``m``: the loss mask; ``sequence_mean_logp``'s formula) under the policy's current
+    weights, by the training forward code without gradient (``Policy.score_sequences``). None without rows."""
+    if not rows:
+        return None
+    lps, _ = policy.score_sequences([r.prompt_ids for r in rows], [r.response_ids for r in rows])
+    vals = [math.fsum(x * m for x, m in zip(lp, r.loss_mask)) / max(1.0, math.fsum(r.loss_mask))
+            for r, lp in zip(rows, lps)]
+    return math.fsum(vals) / len(vals)
+
+
+def before_update(ctx, policy, learner, batch: TrainBatch, schedule: list, budget, recompute: bool) -> dict:
+    """The diagnostics measured at theta_old, before ``Policy.update``: the gradient split (``grad_norm_split``)
+    and ``diag/{own,peer}_succ_logp_before`` (``success_rows``, ``mean_response_logp``)."""
+    out = grad_norm_split(ctx, policy, learner, batch, schedule, budget, recompute)
+    for s, rows in success_rows(batch).items():
+        out[f"diag/{s}_succ_logp_before"] = mean_response_logp(policy, rows)
+    return out
+
+
+def after_update(policy, batch: TrainBatch, before: dict) -> dict:
+    """``before`` (``before_update``'s metrics) with ``diag/{own,peer}_succ_logp_after`` (a fresh forward pass
+    after the update's optimizer steps) and ``_delta`` = after - before (None when either is)."""
+    out = dict(before)
+    for s, rows in success_rows(batch).items():
+        after = mean_response_logp(policy, rows)
+        was = before.get(f"diag/{s}_succ_logp_before")
+        out[f"diag/{s}_succ_logp_after"] = after
+        out[f"diag/{s}_succ_logp_delta"] = None if after is None or was is None else after - was
+    return out
