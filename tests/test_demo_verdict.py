@@ -1,8 +1,13 @@
 """The demo's verdict rests on seeds (issue 16): words from the seed means and their spread, never one run."""
 import json
 
+import yaml
+from click.testing import CliRunner
+
+from graftzoo.apps.cli import main
 from graftzoo.apps.demo import conclusion, verdict
 from graftzoo.apps.grid import Cell
+from graftzoo.core.config import packaged_configs, read_yaml
 
 
 def test_a_gap_inside_the_seed_spread_is_no_clear_difference():
@@ -37,3 +42,37 @@ def test_conclusion_quotes_seed_means_spread_and_each_seed(tmp_path):
     assert "For m (over 2 seeds), GRAFT n=8 scores 61.0 ± 1.4 (seeds: 60.0, 62.0)" in text
     assert "GRPO (n=8)'s 64.5 ± 47.4 (seeds: 31.0, 98.0)" in text and "Δ -3.5 points" in text
     assert "no clear difference" in text
+
+
+def test_demo_runs_the_plans_extra_grids_and_concludes_on_each_learner(tmp_path, monkeypatch):
+    """`demo --full`'s `also` (the control, the regime map) through the real demo on a user ./configs: each extra
+    grid runs in its own folder with its report, and its conclusion compares each peer method with the baseline on
+    the learner of each pair (the first model), the baseline's runs coming from a one-model pair."""
+    micro = read_yaml(packaged_configs() / "pairs" / "micro.yaml")
+    (tmp_path / "configs" / "pairs").mkdir(parents=True)
+    (tmp_path / "configs" / "pairs" / "solo.yaml").write_text(
+        yaml.safe_dump({**micro, "name": "solo", "models": micro["models"][:1]}))
+    (tmp_path / "configs" / "grids").mkdir()
+    small = {"run.steps": 1, "rollout.n": 4, "task.prompts_per_step": 4, "eval.size": 4, "eval.k": 1,
+             "run.save_every": 0, "run.progress": False, "run.track": False}
+    (tmp_path / "configs" / "grids" / "ctl.yaml").write_text(yaml.safe_dump({
+        "name": "ctl", "pairs": ["solo", "micro"], "seeds": [0], "set": small,
+        "algorithms": [{"label": "GRPO (n=8)", "algo": "grpo_n8", "pairs": ["solo"]}],
+        "variants": [{"label": "GRAFT", "algo": "graft", "peer": "online", "pairs": ["micro"]}],
+        "report": {"baseline": "GRPO (n=8)"}}, sort_keys=False))
+    (tmp_path / "configs" / "demo").mkdir()
+    (tmp_path / "configs" / "demo" / "quick.yaml").write_text(yaml.safe_dump({
+        "name": "q", "pairs": ["micro"], "seeds": [0], "set": small, "algorithms": ["grpo_n8"],
+        "variants": [{"label": "GRAFT", "algo": "graft", "peer": "online"}],
+        "report": {"baseline": "GRPO (n=8)"}}, sort_keys=False))
+    (tmp_path / "configs" / "demo" / "demo.yaml").write_text(yaml.safe_dump(
+        {"quick": {"grid": "quick", "complementarity_size": 4, "also": ["ctl"]}}))
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["demo", "--quick", "--out", "out", "--jobs", "1"])
+    assert res.exit_code == 0, res.output[-3000:]
+    said = (tmp_path / "out" / "quick" / "ctl" / "report" / "conclusion.txt").read_text().strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("[micro] For micro-qwen-char"), said  # no line for the solo pair
+    # a 1-step run may score 0 everywhere: then no verdict; else the seed-based comparison
+    assert ("(one seed), GRAFT scores" in said[0]) != ("every score is 0 (GRPO (n=8), GRAFT)" in said[0]), said
+    assert "\nctl: [micro]" in res.output.replace("\n\n", "\n")
+    assert (tmp_path / "out" / "quick" / "ctl" / "grpo-n-8-solo-s0" / "summary.json").exists()

@@ -80,12 +80,13 @@ def test_installed_wheel_trains_runs_grids_and_finds_the_demo_from_another_direc
 import json, graftzoo, graftzoo.envs
 from click.testing import CliRunner
 from graftzoo.apps.cli import main
-from graftzoo.apps.demo import _demo_file
+from graftzoo.apps.demo import _config_file
 from graftzoo.apps.grid import load_grid
 from graftzoo.core.config import packaged_configs, read_yaml
 from graftzoo.envs.datasets import load_dataset
-plan = read_yaml(_demo_file("demo"))
-grids = {mode: len(load_grid(_demo_file(p["grid"]), out="runs/demo").cells) for mode, p in plan.items()}
+plan = read_yaml(_config_file("demo", "demo"))
+grids = {mode: len(load_grid(_config_file("demo", p["grid"]), out="runs/demo").cells) for mode, p in plan.items()}
+grids.update({name: len(load_grid(_config_file("grids", name)).cells) for p in plan.values() for name in p.get("also", [])})
 listed = CliRunner().invoke(main, ["algos", "list"])
 dry = CliRunner().invoke(main, ["grid", "configs/grids/tiny_table1.yaml", "--dry-run"])
 print(json.dumps({"file": graftzoo.__file__, "envs": graftzoo.envs.__file__, "configs": str(packaged_configs()),
@@ -99,7 +100,9 @@ print(json.dumps({"file": graftzoo.__file__, "envs": graftzoo.envs.__file__, "co
     for key in ("file", "envs", "configs"):
         assert Path(got[key]).resolve().is_relative_to(venv.resolve()), (key, got[key])
     assert got["math500"] == 500  # the bundled data, read from the installed package
-    assert set(got["grids"]) == {"quick", "default", "full"} and all(n > 0 for n in got["grids"].values())
+    # the demo's plans and --full's extra grids (the positive control, the regime map) with their mul-* pairs
+    assert set(got["grids"]) == {"quick", "default", "full", "control", "regime_map"}
+    assert all(n > 0 for n in got["grids"].values()) and got["grids"]["default"] == 4
     code, listed = got["list"]
     assert code == 0 and listed.splitlines()[0].split() == ["NAME", "SOURCE", "MODULE"]
     assert any(line.split()[:3] == ["grpo_n8", "preset", "algo.name=grpo"] for line in listed.splitlines())

@@ -202,7 +202,8 @@ def learner_conclusion(grid) -> str:
     methods = [m.label for m in grid.methods if m.same_as is None and m.label not in (baseline, budget)
                and not m.algo.startswith("grpo")]
     said = []
-    for pair, m in learner.items():
+    compared = [p for p in learner if any(c.pair == p and c.label in methods for c in grid.cells)]
+    for pair, m in ((p, learner[p]) for p in compared):
         cells = [c for c in grid.cells if c.pair == pair
                  or (c.label in (baseline, budget) and learner.get(c.pair) == m)]
         for i, method in enumerate(methods):
@@ -212,21 +213,13 @@ def learner_conclusion(grid) -> str:
     return "\n".join(said)
 
 
-def _grid_file(name: str) -> Path:
-    """configs/grids/NAME.yaml: a user's ./configs first, then the package's."""
-    path = find_config("grids", name)
+def _config_file(kind: str, name: str) -> Path:
+    """configs/KIND/NAME.yaml (KIND: demo, grids): a user's ./configs first, then the package's
+    (graftzoo.core.config.find_config)."""
+    path = find_config(kind, name)
     if path is None:
-        raise click.ClickException(f"no grid {name!r}: configs/grids/{name}.yaml is neither in ./configs nor in "
-                                   f"the installed package")
-    return path
-
-
-def _demo_file(name: str) -> Path:
-    """configs/demo/NAME.yaml: a user's ./configs first, then the package's (graftzoo.core.config.find_config)."""
-    path = find_config("demo", name)
-    if path is None:
-        raise click.ClickException(f"no demo config {name!r}: configs/demo/{name}.yaml is neither in ./configs nor "
-                                   f"in the installed package")
+        raise click.ClickException(f"no {kind} config {name!r}: configs/{kind}/{name}.yaml is neither in ./configs "
+                                   f"nor in the installed package")
     return path
 
 
@@ -240,8 +233,8 @@ def demo_cmd(quick, full, out, jobs):
     console = Console()
     t0 = time.time()
     mode = "full" if full else "quick" if quick else "default"
-    plan = read_yaml(_demo_file("demo"))[mode]
-    grid = load_grid(_demo_file(plan["grid"]), out=str(Path(out) / mode))
+    plan = read_yaml(_config_file("demo", "demo"))[mode]
+    grid = load_grid(_config_file("demo", plan["grid"]), out=str(Path(out) / mode))
     pair = grid.cells[0].pair
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
     specs = cfg["pair"]["models"]
@@ -273,7 +266,7 @@ def demo_cmd(quick, full, out, jobs):
     if report is not None:
         (report / "conclusion.txt").write_text(text + "\n")
     for name in plan.get("also") or []:  # --full: the positive control and the regime map, each its own grid
-        extra = load_grid(_grid_file(name), out=str(Path(out) / mode / name))
+        extra = load_grid(_config_file("grids", name), out=str(Path(out) / mode / name))
         console.rule(f"[bold]{name}: {len(extra.cells)} runs ({extra.root})")
         result.update(run_with_progress(extra, extra.cells, jobs, console))
         rep = write_report(extra, extra.cells, echo=console.print)
@@ -282,7 +275,7 @@ def demo_cmd(quick, full, out, jobs):
             (rep / "conclusion.txt").write_text(said + "\n")
         text += f"\n{name}: {said}"
     console.rule("5. what the numbers show")
-    console.print(text)
+    console.print(text, markup=False)  # the conclusion names pairs in brackets: not rich markup
     console.print(f"\nwandb offline runs: {grid.root}/*/wandb; total {time.time() - t0:.0f} s")
     failed = [n for n, r in result.items() if r in ("failed", "blocked")]
     if failed:
