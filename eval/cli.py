@@ -9,7 +9,8 @@ import click
 from graftzoo.eval.artifacts import ArtifactError, load_runs
 from graftzoo.eval.plots import write_figures
 from graftzoo.eval.report import (COMPARABLE_KEYS, build_table1, check_comparable, clip_fraction_table,
-                                  log_table_to_wandb, to_csv, to_latex, to_markdown)
+                                  log_table_to_wandb, to_csv, to_latex, to_markdown, transfer_markdown,
+                                  transfer_table)
 
 
 @click.command("report")
@@ -24,8 +25,8 @@ from graftzoo.eval.report import (COMPARABLE_KEYS, build_table1, check_comparabl
               help=f"tabulate runs that differ in KEY (repeatable; one of {', '.join(COMPARABLE_KEYS)})")
 @click.option("--mixed", is_flag=True, help="tabulate runs whatever their steps, eval k and eval set")
 def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
-    """Write table1.md/.csv/.tex, clip_table.md, score_vs_compute.png, fractions.png and learning_curve.png
-    from RUNS (run directories or folders holding them) into --out, and print Table 1.
+    """Write table1.md/.csv/.tex, clip_table.md, transfer.md (runs with a peer), score_vs_compute.png, fractions.png
+    and learning_curve.png from RUNS (run directories or folders holding them) into --out, and print Table 1.
 
     Runs that differ in training steps, eval k or eval set are refused unless --allow-mixed / --mixed."""
     unknown = [k for k in allow_mixed if k not in COMPARABLE_KEYS]
@@ -45,6 +46,9 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
     clip = clip_fraction_table(records)
     (out / "clip_table.md").write_text(to_markdown(clip), encoding="utf-8")
+    transfer = transfer_table(records)
+    if transfer.rows:  # runs with a peer: what the exchange moved (issue 16)
+        (out / "transfer.md").write_text(transfer_markdown(transfer), encoding="utf-8")
     figures = write_figures(records, out, table.baseline, echo=lambda m: click.echo(m, err=True))
     click.echo(md)
     if use_wandb:

@@ -374,6 +374,75 @@ def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own
     return ClipTable(rows=rows)
 
 
+TRANSFER_COLUMNS = (
+    # (header, metrics.jsonl key): what the peer exchange moved, per step (graftzoo.core.diagnostics; algos' logs)
+    ("grafted groups", "peer/rescued_groups"),
+    ("admitted succ.", "peer/admitted_succ"),
+    ("admitted fail.", "peer/admitted_fail"),
+    ("admit rate succ.", "peer/admit_rate_succ"),
+    ("admit rate fail.", "peer/admit_rate_fail"),
+    ("s median", "peer/s_median"),
+    ("grad share peer", "diag/grad_share_peer"),
+    ("peer succ. logp", "diag/peer_succ_logp_before"),
+    ("Δ peer succ. logp", "diag/peer_succ_logp_delta"),
+    ("own succ. logp", "diag/own_succ_logp_before"),
+    ("Δ own succ. logp", "diag/own_succ_logp_delta"),
+)
+
+
+@dataclass
+class TransferTable:
+    """The transfer path per (method, model, peer): each ``TRANSFER_COLUMNS`` metric's mean over a run's steps,
+    then mean ± sd over seeds (``transfer_table``)."""
+
+    rows: list = field(default_factory=list)   # (method, model, peer, seeds, [Stat per column])
+    digits: int = 3
+
+
+def transfer_table(runs: Sequence[RunRecord]) -> TransferTable:
+    """What peer exchange moved in each run (issue 16's instrumentation): per run and model the mean over logged
+    steps of each ``TRANSFER_COLUMNS`` metric (steps where it is None left out), then mean ± sd over seeds. Rows:
+    (method, model, peer) with any of them (a GRPO run with diagnostics has the own columns: the comparison); failed
+    runs skipped. The ``diag/*`` columns need
+    ``run.diagnostics: true``; the log-probs are per token (the learner's mean over a response's trained tokens),
+    their Δ the change across one step's update."""
+    groups: dict = {}
+    labels = method_labels(runs)
+    for run in runs:
+        if run.status == "failed":
+            continue
+        for model in run.models:
+            vals = []
+            for _, key in TRANSFER_COLUMNS:
+                _, v = run.series(model, key)
+                vals.append(sum(v) / len(v) if v else None)
+            if all(v is None for v in vals):
+                continue
+            groups.setdefault((method_of(run, labels), model, run.peers[model]), []).append((run.seed, vals))
+    rows = []
+    for (method, model, peer), items in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        items.sort(key=lambda sv: sv[0])
+        stats = []
+        for j in range(len(TRANSFER_COLUMNS)):
+            v = [vals[j] for _, vals in items]
+            stats.append(_stat(v) if all(x is not None for x in v) else Stat(None, None, 0))
+        rows.append((method, model, peer, [sd for sd, _ in items], stats))
+    return TransferTable(rows=rows)
+
+
+def transfer_markdown(table: TransferTable) -> str:
+    """``transfer_table`` as Markdown (values as logged: counts per step, rates, per-token log-probs)."""
+    header = ["Method", "Model", "Peer", "Seeds"] + [h for h, _ in TRANSFER_COLUMNS]
+    lines = [_md_row(header), _md_row(["---"] * len(header))]
+    for method, model, peer, seeds, stats in table.rows:
+        lines.append(_md_row([method, model, peer or DASH, str(len(seeds))]
+                             + [_fmt(st, table.digits, scale=1.0) for st in stats]))
+    note = ("Per step, mean over the run's steps, then mean ± sd over seeds. Log-probs: the learner's mean per-token "
+            "log-prob of the admitted correct peer responses (peer) and of its own correct responses with a positive "
+            "advantage (own), before the step's update; Δ: after − before. Columns diag/* need run.diagnostics.")
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
 # ---------------------------------------------------------------- rendering
 
 def _fmt(stat: Stat, digits: int, scale: float = 100.0, pm: str = " ± ") -> str:

@@ -14,6 +14,8 @@ from graftzoo.core.config import ConfigError, load_config
 from graftzoo.core.diagnostics import grad_share
 from graftzoo.core.trainer import train
 from graftzoo.core.update import accumulate_minibatch, minibatch_old_logp
+from graftzoo.eval.artifacts import load_runs
+from graftzoo.eval.report import TRANSFER_COLUMNS, transfer_markdown, transfer_table
 
 MODELS = ("micro-qwen-char", "micro-gpt2-pair")
 # seed 4 on 1-digit problems: at step 0 both micro models have an all-fail group that the other's mixed group
@@ -148,3 +150,21 @@ def test_ray_backend_refuses_diagnostics():
     with pytest.raises(ConfigError, match=r"^config key 'run.diagnostics' needs run.backend=inprocess"):
         load_config(pair="micro", algo="grpo", overrides=["run.backend=ray", "run.diagnostics=true"])
     assert load_config(pair="micro", algo="grpo")["run"]["diagnostics"] is False
+
+
+def test_report_transfer_table_averages_the_logged_steps(graft_runs):
+    """transfer.md's table (``graftzoo report`` / ``grid``): per model, each metric's mean over the run's logged
+    steps (None steps left out), read back from the run's own metrics.jsonl."""
+    table = transfer_table(load_runs([graft_runs[True]]))
+    assert [(m, p) for _, m, p, _, _ in table.rows] == [(MODELS[1], MODELS[0]), (MODELS[0], MODELS[1])]
+    recs = records(graft_runs[True])
+    for _, model, _, seeds, stats in table.rows:
+        assert seeds == [4]
+        for (header, key), st in zip(TRANSFER_COLUMNS, stats):
+            vals = [r[key] for r in recs if r.get("model") == model and r.get(key) is not None]
+            assert (st.mean is None) == (not vals), header
+            if vals:
+                assert st.mean == pytest.approx(sum(vals) / len(vals)), header
+    md = transfer_markdown(table)
+    assert md.splitlines()[0].startswith("| Method | Model | Peer | Seeds | grafted groups |") and "| graft (n=" in md
+    assert transfer_table(load_runs([graft_runs[False]])).rows[0][4][6].mean is None  # no diag/* with it off

@@ -16,7 +16,8 @@ from graftzoo.core.config import ConfigError, clip_label
 from graftzoo.eval.artifacts import ArtifactError, load_run
 from graftzoo.eval.plots import write_figures
 from graftzoo.eval.regime import write_regime_map
-from graftzoo.eval.report import build_table1, clip_fraction_table, to_csv, to_latex, to_markdown
+from graftzoo.eval.report import (build_table1, clip_fraction_table, to_csv, to_latex, to_markdown, transfer_markdown,
+                                  transfer_table)
 
 
 def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -> Optional[Path]:
@@ -48,6 +49,9 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -
     (out / "table1.csv").write_text(to_csv(table), encoding="utf-8")
     (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
     (out / "clip_table.md").write_text(to_markdown(clip_fraction_table(runs)), encoding="utf-8")
+    transfer = transfer_table(runs)
+    if transfer.rows:  # runs with a peer: what the exchange moved (issue 16)
+        (out / "transfer.md").write_text(transfer_markdown(transfer), encoding="utf-8")
     write_figures(runs, out, table.baseline, echo=echo)
     echo(md)
     echo(f"report: {out}")
