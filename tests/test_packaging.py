@@ -102,7 +102,7 @@ print(json.dumps({"file": graftzoo.__file__, "envs": graftzoo.envs.__file__, "co
     assert got["math500"] == 500  # the bundled data, read from the installed package
     # the demo's plans and --full's extra grids (the positive control, the regime map) with their mul-* pairs
     assert set(got["grids"]) == {"quick", "default", "full", "control", "regime_map"}
-    assert all(n > 0 for n in got["grids"].values()) and got["grids"]["default"] == 4
+    assert all(n > 0 for n in got["grids"].values()) and got["grids"]["default"] == 8  # 2 seeds x 4 runs
     code, listed = got["list"]
     assert code == 0 and listed.splitlines()[0].split() == ["NAME", "SOURCE", "MODULE"]
     assert any(line.split()[:3] == ["grpo_n8", "preset", "algo.name=grpo"] for line in listed.splitlines())

@@ -177,8 +177,8 @@ def conclusion(cells: list, model_ids: list, baseline: str = "GRPO (n=8)", metho
                f"Δ {100 * (g1 - g0):+.1f} points: {verdict(grpo, graft, method, baseline)}.")
         if st:
             (t1, ts) = _ms(st)
-            txt += (f" Stored-trajectory {method} scores {100 * t1:.1f} ± {100 * ts:.1f}: "
-                    f"{verdict(grpo, st, 'it', baseline)}.")
+            txt += (f" Stored-trajectory {method} (learning from the GRPO runs' stored groups) scores "
+                    f"{100 * t1:.1f} ± {100 * ts:.1f}: {verdict(grpo, st, 'stored ' + method, baseline)}.")
         g32 = _avg(by_label.get(budget, []), m)
         if g32:
             c8, c32 = _charge(by_label[method], m), _charge(by_label[budget], m)
