@@ -341,6 +341,35 @@ def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
                  budgets=tuple(budgets), digits=digits, all_zero=all_zero)
 
 
+def step_means(runs: Sequence[RunRecord], keys: Sequence[str]) -> list:
+    """Per (method, model, peer), sorted by model then method: ``(method, model, peer, seeds, stats)`` where
+    ``stats[j]`` is the mean ± sd over seeds of each run's mean over its logged steps of ``keys[j]`` (steps where it is
+    None left out; a ``Stat`` without values when a seed lacks it). Groups where no key was logged are left out;
+    failed runs skipped."""
+    groups: dict = {}
+    labels = method_labels(runs)
+    for run in runs:
+        if run.status == "failed":
+            continue
+        for model in run.models:
+            vals = []
+            for key in keys:
+                _, v = run.series(model, key)
+                vals.append(sum(v) / len(v) if v else None)
+            if all(v is None for v in vals):
+                continue
+            groups.setdefault((method_of(run, labels), model, run.peers[model]), []).append((run.seed, vals))
+    rows = []
+    for (method, model, peer), items in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        items.sort(key=lambda sv: sv[0])
+        stats = []
+        for j in range(len(keys)):
+            v = [vals[j] for _, vals in items]
+            stats.append(_stat(v) if all(x is not None for x in v) else Stat(None, None, 0))
+        rows.append((method, model, peer, [seed for seed, _ in items], stats))
+    return rows
+
+
 def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own",
                         peer_key: str = "clip/frac_peer") -> ClipTable:
     """Table 9 of the GRAFT paper: fraction of clipped tokens, own vs peer tokens.
@@ -348,30 +377,8 @@ def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own
     Per run and model, the mean over logged steps of each metric; then mean ± sd over seeds.
     Rows are (method, model, peer) with at least one of the two metrics; failed runs skipped.
     """
-    groups: dict = {}
-    labels = method_labels(runs)
-    for run in runs:
-        if run.status == "failed":
-            continue
-        for model in run.models:
-            vals = {}
-            for key in (own_key, peer_key):
-                _, v = run.series(model, key)
-                vals[key] = sum(v) / len(v) if v else None
-            if all(v is None for v in vals.values()):
-                continue
-            groups.setdefault((method_of(run, labels), model, run.peers[model]), []).append((run.seed, vals))
-    rows = []
-    for (method, model, peer), items in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        items.sort(key=lambda sv: sv[0])
-
-        def stat(key):
-            v = [vals[key] for _, vals in items]
-            return _stat(v) if all(x is not None for x in v) else Stat(None, None, 0)
-
-        rows.append(ClipRow(method=method, model=model, peer=peer, seeds=[s for s, _ in items],
-                            own=stat(own_key), peer_tokens=stat(peer_key)))
-    return ClipTable(rows=rows)
+    return ClipTable(rows=[ClipRow(method=method, model=model, peer=peer, seeds=seeds, own=own, peer_tokens=peer_st)
+                           for method, model, peer, seeds, (own, peer_st) in step_means(runs, (own_key, peer_key))])
 
 
 TRANSFER_COLUMNS = (
@@ -401,33 +408,11 @@ class TransferTable:
 
 def transfer_table(runs: Sequence[RunRecord]) -> TransferTable:
     """What peer exchange moved in each run (issue 16's instrumentation): per run and model the mean over logged
-    steps of each ``TRANSFER_COLUMNS`` metric (steps where it is None left out), then mean ± sd over seeds. Rows:
-    (method, model, peer) with any of them (a GRPO run with diagnostics has the own columns: the comparison); failed
-    runs skipped. The ``diag/*`` columns need
+    steps of each ``TRANSFER_COLUMNS`` metric, then mean ± sd over seeds (``step_means``). Rows: (method, model, peer)
+    with any of them (a GRPO run with diagnostics has the own columns: the comparison). The ``diag/*`` columns need
     ``run.diagnostics: true``; the log-probs are per token (the learner's mean over a response's trained tokens),
     their Δ the change across one step's update."""
-    groups: dict = {}
-    labels = method_labels(runs)
-    for run in runs:
-        if run.status == "failed":
-            continue
-        for model in run.models:
-            vals = []
-            for _, key in TRANSFER_COLUMNS:
-                _, v = run.series(model, key)
-                vals.append(sum(v) / len(v) if v else None)
-            if all(v is None for v in vals):
-                continue
-            groups.setdefault((method_of(run, labels), model, run.peers[model]), []).append((run.seed, vals))
-    rows = []
-    for (method, model, peer), items in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        items.sort(key=lambda sv: sv[0])
-        stats = []
-        for j in range(len(TRANSFER_COLUMNS)):
-            v = [vals[j] for _, vals in items]
-            stats.append(_stat(v) if all(x is not None for x in v) else Stat(None, None, 0))
-        rows.append((method, model, peer, [sd for sd, _ in items], stats))
-    return TransferTable(rows=rows)
+    return TransferTable(rows=step_means(runs, [key for _, key in TRANSFER_COLUMNS]))
 
 
 def transfer_markdown(table: TransferTable) -> str:

@@ -195,12 +195,13 @@ def test_the_grid_accepts_a_marked_row_or_a_grid_wide_clip(tmp_path):
         load_grid(grid_file(tmp_path, [{"label": "HACPO", "algo": "hacpo", "peer": "online", "clip": "mine"}]))
 
 
-@pytest.mark.parametrize("path", [CONFIGS / "grids" / "graft_table1.yaml", CONFIGS / "grids" / "tiny_table1.yaml",
-                                  *sorted((CONFIGS / "demo").glob("*.yaml"))])
+@pytest.mark.parametrize("path", [*sorted((CONFIGS / "grids").glob("*.yaml")), *sorted((CONFIGS / "demo").glob("*.yaml"))],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_the_shipped_grids_compare_under_one_clip(path):
-    if path.name == "demo.yaml":  # the demo's modes, naming grid files of this folder
+    if path.name == "demo.yaml":  # the demo's modes, naming grid files of this folder (and grids to run after)
         for plan in yaml.safe_load(path.read_text()).values():
             assert find_config("demo", plan["grid"]) is not None
+            assert all(find_config("grids", name) is not None for name in plan.get("also", []))
         return
     grid = load_grid(path)
     shared = {clip_label(c.clip) for c in grid.cells if not c.clip_own}

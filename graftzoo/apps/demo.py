@@ -3,10 +3,12 @@
 1. builds and warms up the tiny pair (different architectures and tokenizers; cached on disk);
 2. measures complementarity on held-out prompts: the fraction of each model's all-fail prompts that
    the peer solves, and the fraction where the peer's group is mixed;
-3. runs GRPO n=8 and GRAFT n=8 co-training, plus GRAFT n=8 from the stored trajectories of the GRPO run
-   (``--full`` adds GRPO n=16/32, the named ablations and more seeds);
+3. runs GRPO n=8 and GRAFT n=8 co-training, plus GRAFT n=8 from the stored trajectories of the GRPO runs,
+   over 2 seeds (``--full``: 3 seeds, GRPO n=16/32 and the named ablations, then the plan's ``also`` grids:
+   the positive control and the regime map, issue 16);
 4. prints the Table-1-style report with Delta, writes the PNG plots and the wandb offline runs;
-5. ends with a plain-language paragraph saying what the numbers show.
+5. ends with a plain-language paragraph worded from the seed means and their spread (``verdict``): "no clear
+   difference" when the gap is inside the spread, never a verdict from one seed.
 
 The plan (steps, prompts per step, seeds, eval size per mode) lives in configs/demo/demo.yaml (packaged in
 graftzoo/configs; a ./configs/demo/ of the current directory overrides it).
@@ -225,11 +227,12 @@ def _config_file(kind: str, name: str) -> Path:
 
 @click.command("demo")
 @click.option("--quick", is_flag=True, help="a < 2 minute smoke version on the micro pair (tests use it)")
-@click.option("--full", is_flag=True, help="adds GRPO n=16/32, the named ablations and 3 seeds")
+@click.option("--full", is_flag=True,
+              help="3 seeds, GRPO n=16/32 and the named ablations, then the positive control and the regime map")
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(), help="parent folder of the demo runs")
 @click.option("--jobs", default=2, show_default=True, help="runs in parallel (one torch thread each)")
 def demo_cmd(quick, full, out, jobs):
-    """GRAFT vs GRPO on a heterogeneous tiny pair, on CPU, with the paper's table and plots."""
+    """GRAFT vs GRPO on a heterogeneous tiny pair, on CPU, over seeds, with the paper's table and plots."""
     console = Console()
     t0 = time.time()
     mode = "full" if full else "quick" if quick else "default"
