@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from graftzoo.apps.grid import load_grid, run_grid, write_report
+from graftzoo.apps.grid.load import pair_models
 from graftzoo.core.config import find_config, load_config, read_yaml
 from graftzoo.core.models import build_engine, build_policy, split_spec
 from graftzoo.envs.task import Task
@@ -200,7 +201,8 @@ def learner_conclusion(grid) -> str:
     budget = "GRPO (n=32)"
     learner = {}
     for c in grid.cells:
-        learner.setdefault(c.pair, c.config()["pair"]["models"][0]["id"])
+        if c.pair not in learner:  # the pair file's first model; no full config load per cell
+            learner[c.pair] = pair_models(c.pair, grid.name)[0]
     methods = [m.label for m in grid.methods if m.same_as is None and m.label not in (baseline, budget)
                and not m.algo.startswith("grpo")]
     said = []

@@ -78,7 +78,8 @@ def _method(entry, where: str) -> Method:
                   peer=peer, each_model=bool(entry.get("each_model", False)), clip=clip, pairs=only)
 
 
-def _pair_models(pair: str, where: str) -> list:
+def pair_models(pair: str, where: str) -> list:
+    """The model ids of a pair file, in order (the first is the learner of issue 16's grids)."""
     p = find_config("pairs", pair)
     if p is None:
         raise GridError(f"{where}: unknown pair {pair!r} (no configs/pairs/{pair}.yaml in ./configs or the package)")
@@ -136,7 +137,7 @@ def _regime_map(block, where: str, pairs: list, methods: list, report: dict) -> 
     stray = sorted({p for ps in list(rows.values()) + list(cols.values()) for p in ps} - set(cell_pair.values()))
     if stray:
         raise GridError(f"{where}: report.map: pairs {stray} are in a row or a column but in no (row, col) cell")
-    learner = {p: _pair_models(p, where)[0] for p in pairs}
+    learner = {p: pair_models(p, where)[0] for p in pairs}
     for r in rows:
         ids = {cell_pair[(r, c)]: learner[cell_pair[(r, c)]] for c in cols}
         if len(set(ids.values())) > 1:
@@ -260,7 +261,7 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
             if ref is not None and by_label[ref].pairs is not None and pair not in by_label[ref].pairs:
                 raise GridError(f"{mwhere}: peer refers to {{cell:{ref}}}, which has no cell on pair {pair!r} "
                                 f"(its 'pairs': {by_label[ref].pairs})")
-            models = _pair_models(pair, mwhere) if m.each_model else [None]
+            models = pair_models(pair, mwhere) if m.each_model else [None]
             for seed in seeds:
                 for model in models:
                     stem = slug(m.label) + (f"-{slug(model.split('/')[-1])}" if model else "")
