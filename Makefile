@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo demo-full bench clean
+.PHONY: install test lint demo demo-full bench clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/python tests/test_layers.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=10 tests

@@ -1,6 +1,6 @@
 """graftzoo.algos: the Learner interface, pure functions (``functional``) and one module per algorithm."""
 from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch  # noqa: F401
-from graftzoo.core.registry import register_algo  # noqa: F401
+from graftzoo.contract.registry import register_algo  # noqa: F401
 
 from graftzoo.algos import dapo, dr_grpo, grpo, gspo, rloo  # noqa: F401,E402  (registration)
 from graftzoo.algos import hora  # noqa: F401,E402

@@ -5,7 +5,7 @@ One training step, for each model (DESIGN.md "The data that flows"):
     groups = learner.collect(ctx, prompts)          # allocate -> generate -> score
     groups = learner.advantages(ctx, groups)        # Group.advantages: the one advantage channel
     slots  = learner.exchange(ctx, groups, peer)    # GRAFT / HACPO / SGT; identity here
-    batch  = learner.build_batch(ctx, slots)        # Rollout fields -> TrainRows (graftzoo.core.types)
+    batch  = learner.build_batch(ctx, slots)        # Rollout fields -> TrainRows (graftzoo.contract.types)
     for u, idx in enumerate(learner.schedule(ctx, batch)):   # minibatch order (peer-last lives here)
         ctx.update = u
         loss, metrics = learner.loss(ctx, policy, batch.minibatch(idx))
@@ -31,11 +31,11 @@ from graftzoo.algos.functional import (agg_denominator, agg_loss, aux_nll_loss, 
                                        group_advantages, kl_k3,
                                        minibatch_bounds, rloo_advantages, sequence_mean_logp,
                                        sequence_terms_as_tokens)
-from graftzoo.core.batch import MiniBatch, TrainBatch
-from graftzoo.core.config import shared_clip
-from graftzoo.core.types import Group, Rollout, TrainRow
-from graftzoo.core.xt import localize_groups
-from graftzoo.core.schema import bounded, check_fields, needs_peer_error
+from graftzoo.contract.batch import MiniBatch, TrainBatch
+from graftzoo.contract.config import shared_clip
+from graftzoo.contract.types import Group, Rollout, TrainRow
+from graftzoo.peers.xt import localize_groups
+from graftzoo.contract.schema import bounded, check_fields, needs_peer_error
 
 
 # ------------------------------------------------------------------------------------------------
@@ -52,7 +52,7 @@ class LearnerConfig:
 
     Fields declare their choices (``Literal``) and bounds (``bounded``); ``check`` holds cross-field and
     run-dependent rules; ``needs_peer`` marks learners that train on a peer's rollouts. ``load_config``
-    checks all of it once (graftzoo.core.schema); direct construction checks the field declarations.
+    checks all of it once (graftzoo.contract.schema); direct construction checks the field declarations.
     """
 
     needs_peer: ClassVar[bool] = False
@@ -338,7 +338,7 @@ def token_metrics(info: dict, mask: torch.Tensor, is_peer: torch.Tensor, ent: Op
 
 def require_peer(name: str, run_cfg: dict, peer=()):
     """The error for a peer-exchange learner that meets no peer at exchange time (``peer`` None); a run
-    config without a peer source is refused at load (``needs_peer``, graftzoo.core.schema)."""
+    config without a peer source is refused at load (``needs_peer``, graftzoo.contract.schema)."""
     if (run_cfg.get("peer") or {}).get("source", "none") == "none" or peer is None:
         raise needs_peer_error(name)
 

@@ -6,8 +6,8 @@ import torch
 
 from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import dapo_overlong_penalty, zero_variance_groups
-from graftzoo.core.registry import register_algo
-from graftzoo.core.schema import bounded
+from graftzoo.contract.registry import register_algo
+from graftzoo.contract.schema import bounded
 
 
 @dataclass

@@ -2,7 +2,7 @@
 from dataclasses import dataclass
 
 from graftzoo.algos.base import Learner, LearnerConfig, LossAgg
-from graftzoo.core.registry import register_algo
+from graftzoo.contract.registry import register_algo
 
 
 @dataclass

@@ -37,9 +37,9 @@ from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, 
                                        most_confident_rollout, novelty_scores, prefix_cut_points,
                                        prefix_entropy_scores, reward_variance_ema, select_prefix)
 from graftzoo.algos.embedders import BUILTIN as EMBEDDERS, make_embedder
-from graftzoo.core.registry import register_algo
-from graftzoo.core.schema import ConfigError, bounded
-from graftzoo.core.types import Prompt
+from graftzoo.contract.registry import register_algo
+from graftzoo.contract.schema import ConfigError, bounded
+from graftzoo.contract.types import Prompt
 
 NEWLINES = ("\n", "\n\n")
 SCAN_IDS = 1000  # vocabulary ids scanned for tokens that decode to a cut string (spec §3.3 step 3)

@@ -46,9 +46,9 @@ from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weight
                                        random_count_matched_admission, random_count_matched_prompts,
                                        ratio_surrogate, separate_minibatches, sgt_rescue, symmetric_cap)
 from graftzoo.algos.sgt import augment_group
-from graftzoo.core.registry import register_algo
-from graftzoo.core.schema import ConfigError, bounded
-from graftzoo.core.types import Group, Rollout
+from graftzoo.contract.registry import register_algo
+from graftzoo.contract.schema import ConfigError, bounded
+from graftzoo.contract.types import Group, Rollout
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """GRPO [grpo] (spec algos_single §1.1): the Learner defaults, registered under its name."""
 from graftzoo.algos.base import Learner
-from graftzoo.core.registry import register_algo
+from graftzoo.contract.registry import register_algo
 
 
 @register_algo("grpo")

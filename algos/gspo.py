@@ -4,8 +4,8 @@ from typing import Literal
 
 from graftzoo.algos.base import Learner, LearnerConfig, LossAgg, MiniBatch, Surrogate
 from graftzoo.algos.functional import gspo_sequence_ratio, gspo_token_ratio, ratio_surrogate
-from graftzoo.core.registry import register_algo
-from graftzoo.core.schema import ConfigError
+from graftzoo.contract.registry import register_algo
+from graftzoo.contract.schema import ConfigError
 
 
 @dataclass

@@ -27,9 +27,9 @@ from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio
                                        hacpo_cross_loss, hacpo_discrepancy, hacpo_omegas, sequence_mean_logp,
                                        stepwise_lower_bound)
 from graftzoo.algos.gspo import GSPO, GSPOConfig, clip_pair
-from graftzoo.core.registry import register_algo
-from graftzoo.core.schema import ConfigError, bounded
-from graftzoo.core.types import Group
+from graftzoo.contract.registry import register_algo
+from graftzoo.contract.schema import ConfigError, bounded
+from graftzoo.contract.types import Group
 
 SELF, PEER = 0, 1  # source ids in the pooled group (spec §2.4.2: agent k = the learner, j = the peer)
 

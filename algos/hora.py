@@ -17,9 +17,9 @@ from typing import Literal, Optional
 
 from graftzoo.algos.base import Learner, LearnerConfig
 from graftzoo.algos.functional import hora_allocate, hora_objective
-from graftzoo.core.registry import register_algo
-from graftzoo.core.schema import ConfigError, bounded
-from graftzoo.core.types import Group
+from graftzoo.contract.registry import register_algo
+from graftzoo.contract.schema import ConfigError, bounded
+from graftzoo.contract.types import Group
 
 @dataclass
 class HORAConfig(LearnerConfig):

@@ -27,9 +27,9 @@ from graftzoo.algos.functional import (answer_span_mask, boxed_spans, contrast_p
                                        soft_consensus_rewards)
 from graftzoo.envs.task import Task
 from graftzoo.envs.verifier import answer_classes, extract_answer
-from graftzoo.core.registry import register_algo
-from graftzoo.core.schema import ConfigError, bounded
-from graftzoo.core.types import Prompt
+from graftzoo.contract.registry import register_algo
+from graftzoo.contract.schema import ConfigError, bounded
+from graftzoo.contract.types import Prompt
 
 CONTRAST_TEMPLATES = {
     "spec": contrast_prompt,

@@ -19,9 +19,9 @@ from typing import ClassVar, Literal, Optional
 
 from graftzoo.algos.base import Learner, LearnerConfig, StepContext, log_compatibility, require_peer
 from graftzoo.algos.functional import sgt_augment, sgt_rescue
-from graftzoo.core.registry import register_algo
-from graftzoo.core.schema import bounded
-from graftzoo.core.types import Group
+from graftzoo.contract.registry import register_algo
+from graftzoo.contract.schema import bounded
+from graftzoo.contract.types import Group
 
 @dataclass
 class SGTConfig(LearnerConfig):

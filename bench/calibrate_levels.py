@@ -17,8 +17,8 @@ from dataclasses import replace
 
 import torch
 
-from graftzoo.core.config import find_config, read_yaml
-from graftzoo.core.models import split_spec
+from graftzoo.contract.config import find_config, read_yaml
+from graftzoo.training.models import split_spec
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
 from graftzoo.tiny.warmup import CONTINUE_START, generate, load_or_warmup, load_tiny, max_new_tokens_for, sft_train

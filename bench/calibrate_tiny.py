@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from graftzoo.core.config import packaged_configs
+from graftzoo.contract.config import packaged_configs
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
 from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import generate, load_tiny, max_new_tokens_for, warmup_info, warmup_pair

@@ -46,10 +46,10 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
 from transformers.trainer_callback import PrinterCallback
 
 from graftzoo.algos.base import StepContext
-from graftzoo.core.engine import HFEngine
-from graftzoo.core.policy import Policy
-from graftzoo.core.registry import get_algo
-from graftzoo.core.types import Prompt
+from graftzoo.training.engine import HFEngine
+from graftzoo.training.policy import Policy
+from graftzoo.contract.registry import get_algo
+from graftzoo.contract.types import Prompt
 from graftzoo.envs.templates import TEMPLATES, register_template
 
 PROMPTS_PER_STEP, GENERATIONS, NEW_TOKENS = 8, 8, 32
@@ -140,7 +140,7 @@ class Ours:
         self.phases: dict = {"generate+score": [], "advantages+batch": [], "forward+loss": [], "backward+optim": []}
 
     def step(self, problems) -> int:
-        """One training step through the Learner hooks (as graftzoo.core.trainer does); returns response tokens."""
+        """One training step through the Learner hooks (as graftzoo.training.trainer does); returns response tokens."""
         prompts = [Prompt(id=f"p{self.step_no}-{i}", text=t, gold=a) for i, (t, a) in enumerate(problems)]
         ctx, learner, pol = self.make_ctx(self.step_no), self.learner, self.policy
         t0 = clock()

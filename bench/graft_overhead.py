@@ -18,8 +18,8 @@ import statistics
 import tempfile
 import time
 
-from graftzoo.core.config import find_config, load_config
-from graftzoo.core.trainer import Trainer
+from graftzoo.contract.config import find_config, load_config
+from graftzoo.training.trainer import Trainer
 
 
 def trainer(pair: str, algo: str, out: str, steps: int, files: list, extra: list) -> Trainer:

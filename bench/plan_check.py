@@ -21,8 +21,8 @@ import json, sys, tempfile
 import torch
 torch.set_num_threads(1)
 from graftzoo.apps.plan import activation_bytes, architecture
-from graftzoo.core import update as T
-from graftzoo.core.config import load_config
+from graftzoo.training import update as T
+from graftzoo.contract.config import load_config
 
 seen = []
 update = T.minibatch_update

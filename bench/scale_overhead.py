@@ -28,8 +28,8 @@ if os.geteuid() == 0 and not os.environ.get("GRAFTZOO_NS") and shutil.which("uns
 
 import torch  # noqa: E402
 
-from graftzoo.core.config import load_config  # noqa: E402
-from graftzoo.core.trainer import train  # noqa: E402
+from graftzoo.contract.config import load_config  # noqa: E402
+from graftzoo.api import train_run as train  # noqa: E402
 
 VARIANTS = {"in-process": [], "ray": ["run.backend=ray"], "ray + FSDP2 x2": ["run.backend=ray", "ray.num_workers=2"]}
 CORE = ("time/generate", "time/score", "time/logprob", "time/update")

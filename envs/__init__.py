@@ -11,7 +11,7 @@ import gymnasium as gym
 from graftzoo.envs.datasets import DatasetError, MathDataset, load_dataset
 from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv
 from graftzoo.envs.templates import TEMPLATES, register_template, render_prompt
-from graftzoo.envs.verifier import VerifyResult, verify, verify_batch
+from graftzoo.envs.verifier import VerifierOptions, VerifyResult, reward_fn, verify, verify_batch
 
 ENV_IDS = {
     "graftzoo/MathReasoning-v0": ("graftzoo.envs.env:MathReasoningEnv",
@@ -23,4 +23,5 @@ for _id, (_entry, _kwargs) in ENV_IDS.items():
         gym.register(id=_id, entry_point=_entry, kwargs=_kwargs)
 
 __all__ = ["ArithmeticEnv", "DatasetError", "ENV_IDS", "MathDataset", "MathReasoningEnv", "TEMPLATES",
-           "VerifyResult", "load_dataset", "register_template", "render_prompt", "verify", "verify_batch"]
+           "VerifierOptions", "VerifyResult", "load_dataset", "register_template", "render_prompt", "reward_fn", "verify",
+           "verify_batch"]

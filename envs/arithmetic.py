@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Mapping, Sequence, Union
 
-from graftzoo.core.types import Prompt
+from graftzoo.contract.types import Prompt
 
 SKILLS = ("add", "sub", "mul", "multi")
 DEFAULT_DIFFICULTY = {"add": 3, "sub": 3, "mul": 3, "multi": 3}

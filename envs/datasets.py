@@ -45,7 +45,7 @@ from typing import Any, Optional, Union, overload
 
 import pyarrow.parquet as pq
 
-from graftzoo.core.types import Prompt
+from graftzoo.contract.types import Prompt
 from graftzoo.envs.arithmetic import SKILLS, ArithmeticDataset
 
 DATA_DIR = Path(__file__).resolve().parent / "data"

@@ -16,11 +16,19 @@ from gymnasium import spaces
 
 from graftzoo.envs.datasets import MathDataset, load_dataset
 from graftzoo.envs.templates import render_prompt
-from graftzoo.envs.verifier import VerifyResult, verify_batch
-from graftzoo.core.types import Group, Prompt
+from graftzoo.envs.verifier import VerifierOptions, VerifyResult, start_pool, verify_batch
+from graftzoo.contract.types import Group, Prompt
 
 DEFAULT_MAX_RESPONSE_CHARS = 65536
 _RESET_OPTIONS = {"index", "with_gold"}
+
+
+class ResponseText(spaces.Text):
+    """The action space: any Unicode text of at most ``max_length`` characters (what ``step``
+    accepts). ``sample()`` draws from ``charset``; ``contains`` accepts every character."""
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
 
 def reward_of(correct: bool, reward_correct: float = 1.0, reward_wrong: float = 0.0) -> float:
@@ -43,6 +51,8 @@ class MathReasoningEnv(gym.Env[str, str]):
         max_response_chars: the longest response ``step`` accepts (the action space's bound).
         verifier_budget: seconds the verifier may spend on one scored batch (None: no limit); the
             responses it has not verified by then get status "timeout" (config ``task.verifier_budget``).
+        verifier_options: math-verify's ``verify`` options (``VerifierOptions`` or a dict of its
+            fields; None: math-verify's defaults).
 
     ``reset(options=...)`` accepts ``{"index": i}`` to pick a prompt and ``{"with_gold": True}``
     to put the gold answer in the infos of that episode (it is withheld otherwise).
@@ -54,7 +64,7 @@ class MathReasoningEnv(gym.Env[str, str]):
                  template: str = "plain", tokenizer: Any = None, reward_correct: float = 1.0,
                  reward_wrong: float = 0.0, verifier_timeout: float = 1.0,
                  max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS, verifier_budget: Optional[float] = None,
-                 **dataset_kwargs: Any):
+                 verifier_options: Union[VerifierOptions, dict, None] = None, **dataset_kwargs: Any):
         if isinstance(dataset, MathDataset):
             if split is not None or dataset_kwargs:
                 raise ValueError("split and dataset keyword arguments apply to a dataset name or path, "
@@ -68,13 +78,16 @@ class MathReasoningEnv(gym.Env[str, str]):
         self.reward_wrong = float(reward_wrong)
         self.verifier_timeout = verifier_timeout
         self.verifier_budget = verifier_budget
+        self.verifier_options = VerifierOptions(**verifier_options) if isinstance(verifier_options, dict) \
+            else verifier_options
         self.max_response_chars = int(max_response_chars)
 
         wrapper = render_prompt("", template, tokenizer)  # fails early on a bad template/tokenizer
         chars, longest = self._text_stats()
         charset = frozenset(string.printable) | chars | frozenset(wrapper)
         self.observation_space = spaces.Text(max_length=longest + len(wrapper), charset=charset)
-        self.action_space = spaces.Text(min_length=0, max_length=self.max_response_chars, charset=charset)
+        self.action_space = ResponseText(min_length=0, max_length=self.max_response_chars, charset=charset)
+        start_pool()  # the verifier's workers warm up in the background while the caller loads its model
 
         self._prompt: Optional[Prompt] = None
         self._obs = ""
@@ -152,7 +165,7 @@ class MathReasoningEnv(gym.Env[str, str]):
                              f"{unlabelled[:3]}; the environment cannot score them: label-free "
                              "learners score their own groups")
         return verify_batch(list(responses), [p.gold for p in prompts], timeout=self.verifier_timeout,
-                            budget=self.verifier_budget)
+                            budget=self.verifier_budget, options=self.verifier_options)
 
     def score_groups(self, groups: Sequence[Group]) -> list[Group]:
         """Set ``reward, correct, extracted, status`` on every rollout in place; return the groups."""

@@ -1,32 +1,65 @@
-"""Final-answer extraction from a model response (first stage of graftzoo.envs.verifier).
+"""Where the final answer of a response is (first stage of graftzoo.envs.verifier).
 
-Pure string scanning: no sympy, no eval. Limits keep adversarial text cheap: only the last
-``MAX_RESPONSE_CHARS`` characters of a response are scanned, an answer longer than
-``MAX_ANSWER_CHARS`` or nested deeper than ``MAX_BRACE_DEPTH`` braces is "unparsable".
+Pure string scanning, in the caller's process: no sympy, no eval. What it decides:
+
+- **boxed answers**: the last ``\\boxed{...}`` / ``\\fbox{...}`` (braces matched, escaped braces
+  skipped), together with the boxes just before it when they are joined to it only by commas,
+  "and" or math delimiters (``\\boxed{1}, \\boxed{2} and \\boxed{3}``: one answer of three parts,
+  compared as one set). Boxes joined by "or" are a hedge: status "multiple_answers".
+- **unboxed answers**: no box at all. The verifier gives the text to math-verify's own ``parse``
+  (in a worker process); this module only rejects a hedge near the end ("12 or 15").
+- **limits** that keep hostile text cheap: only the last ``MAX_RESPONSE_CHARS`` characters are
+  scanned; an answer longer than ``MAX_ANSWER_CHARS`` or nested deeper than ``MAX_BRACE_DEPTH``
+  braces is "unparsable".
+
+``extract_answer`` gives one string for callers that cluster answers (OM-GRPO): the boxed answer,
+else the last whole math span or whole number token of the text (never a fragment of one).
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 MAX_RESPONSE_CHARS = 200_000
 MAX_ANSWER_CHARS = 1_000
 MAX_BRACE_DEPTH = 50
+MAX_BOXES = 20  # boxes joined into one answer, at most
+HEDGE_LINES = 3  # last non-empty lines of an unboxed response searched for a hedge
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 # An explicit alternative inside one answer: "12 or 15", "12 \text{ or } 15", "either 3 or 4".
 # `\lor` and words such as "for" do not count (the "or" must not follow a letter or a backslash).
 _ALTERNATIVES = re.compile(r"(?<![A-Za-z\\])or(?![A-Za-z])")
-# Two boxes joined by "or": "\boxed{12} or \boxed{15}" (text just before the last box).
-_DELIMS = r"(?:\s|\$|\\[()\[\]])*"
-_OR_BEFORE_BOX = re.compile(
-    r"\}" + _DELIMS + r",?\s*(?:\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}|or)" + _DELIMS + r"\Z")
-_ANSWER_PHRASE = re.compile(r"(?i)\b(?:final[ \t]+answer|answer)[ \t]*(?:is\b|:)[ \t]*:?")
-_MAX_PHRASES = 20  # answer phrases examined, from the last one back
-_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
-_SENTENCE_END = re.compile(r"\.(?=\s|$)")
-_LAST_EQUALS = re.compile(r"(?<![<>!=:\\])=(?!=)")
-_PROSE_AFTER = re.compile(r"\s+(?!or\b)[A-Za-z]{2,}\b")  # "2082 apples" -> "2082"; keeps "3 or 4"
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+(?:\.\d+)?)?")
+_DELIMS = r"(?:\s|\$|\\[()\[\]]|\.)*"
+# Text between two boxes that joins them into one answer: commas, "and", delimiters.
+_JOINS = re.compile(_DELIMS + r"(?:(?:,|\band\b|\\text\s*\{\s*(?:,\s*)?and\s*\}|&)" + _DELIMS + r")*" + r"\Z",
+                    re.S)
+# Text between two boxes that offers them as alternatives: "\boxed{12} or \boxed{15}".
+_OR_JOIN = re.compile(
+    r"\A" + _DELIMS + r",?\s*(?:\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}|\bor\b)" + _DELIMS + r"\Z", re.S)
+_SPAN = r"(?:\$[^$\n]{1,200}\$|\\\(.{1,200}?\\\)|[A-Za-z]\s*=\s*-?\d[\d,.]*|-?\d[\d,.]*)"
+# Two answers offered side by side in prose: "12 or 15", "$x=3$ or $x=4$", "x = 3 or x = 4".
+_HEDGE = re.compile(_SPAN + r"\s*,?\s*(?:or|\\text\s*\{\s*or\s*\})\s*" + _SPAN)
+_MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
+# A whole number token: not glued to letters or other digits; thousands separators kept.
+_NUMBER_TOKEN = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a response's answer is. ``kind`` is "boxes" (``parts`` are the box contents, in order)
+    or "text" (no box: ``text`` is the scanned tail for math-verify to read); ``status`` is "ok",
+    "multiple_answers" (a hedge), "unparsable" (a broken or over-limit box) or "no_answer"."""
+
+    kind: str
+    status: str
+    parts: tuple = ()
+    text: str = ""
+
+    @property
+    def answer(self) -> str | None:
+        """The boxed answer as one string (several boxes joined by ", "), None without one."""
+        return ", ".join(self.parts) if self.parts else None
 
 
 def _closing_brace(text: str, open_idx: int) -> int | None:
@@ -67,102 +100,92 @@ def braces_balanced(s: str) -> bool:
     return depth == 0
 
 
-def _last_box(text: str) -> tuple[str | None, int] | None:
-    """Content of the last ``\\boxed``/``\\fbox`` and its start; content None when broken.
-
-    Handles ``\\boxed{...}`` with brace matching and the brace-less ``\\boxed 5`` form.
-    """
-    last = None
-    for last in _BOX.finditer(text):
-        pass
-    if last is None:
-        return None
-    start, j = last.start(), last.end()
-    if text.startswith(" ", j) and not text[j:].lstrip(" ").startswith("{"):  # "\\boxed 5"
-        return re.split(r"[$\n]", text[j:].strip(), maxsplit=1)[0].strip(), start
+def _box_at(text: str, m: re.Match) -> tuple[str | None, int]:
+    """(content, end) of the box whose macro ``m`` matched; content None when the box is broken
+    (unclosed, too deep, no brace). The brace-less ``\\boxed 5`` form ends at a ``$`` or newline."""
+    j = m.end()
+    if text.startswith(" ", j) and not text[j:].lstrip(" ").startswith("{"):
+        tail = text[j:].lstrip(" ")
+        content = re.split(r"[$\n]", tail, maxsplit=1)[0].strip()
+        return content.rstrip(".").strip(), j + (len(text) - j - len(tail)) + len(content)
     while j < len(text) and text[j] in " \t\n":
         j += 1
     if j >= len(text) or text[j] != "{":
-        return None, start
+        return None, j
     end = _closing_brace(text, j)
-    return (None if end is None else text[j + 1:end - 1].strip()), start
+    return (None, j) if end is None else (text[j + 1:end - 1].strip(), end)
 
 
-def _clean(span: str) -> str:
-    """Trim an answer phrase tail to the answer: its first math span, else its first sentence."""
-    s = span.strip().strip("*").strip()  # markdown bold: "**Answer:** 42"
-    m = _MATH_SPAN.match(s)
-    if m:
-        return next(g for g in m.groups() if g is not None).strip()
-    s = _SENTENCE_END.split(s, maxsplit=1)[0]
-    return s.strip().strip("$").strip().rstrip(".").strip()
+def _final_boxes(text: str, macros: list) -> Located:
+    """The last box and the boxes joined to it (see the module docstring)."""
+    content, end = _box_at(text, macros[-1])
+    if not content:
+        return Located("boxes", "unparsable")
+    parts, status = [content], "ok"
+    for m in reversed(macros[-MAX_BOXES:-1]):
+        prev, prev_end = _box_at(text, m)
+        if not prev:
+            break
+        between = text[prev_end:macros[-len(parts)].start()]
+        if _OR_JOIN.match(between):
+            status = "multiple_answers"
+        elif not _JOINS.match(between):
+            break
+        parts.insert(0, prev)
+    if any(len(p) > MAX_ANSWER_CHARS or not braces_balanced(p) for p in parts):
+        return Located("boxes", "unparsable")
+    if status == "ok" and any(_ALTERNATIVES.search(p) for p in parts):
+        status = "multiple_answers"
+    return Located("boxes", status, tuple(parts))
 
 
-def _after_answer_phrase(text: str) -> str | None:
-    """The answer after the last "final answer is X" / "answer: X" phrase, if any."""
-    for m in list(_ANSWER_PHRASE.finditer(text))[-_MAX_PHRASES:][::-1]:
-        end = m.end() + 2 * MAX_ANSWER_CHARS  # longer tails are over the answer limit anyway
-        line_end = text.find("\n", m.end(), end)
-        ans = _clean(text[m.end():end if line_end < 0 else line_end])
-        if ans:
-            return ans
-    return None
-
-
-def _after_last_equals(text: str) -> str | None:
-    """Text after the last "=" on the response's last non-empty line (scratchpad answers)."""
-    lines = text.rstrip().rsplit("\n", 1)
-    line = lines[-1].strip().rstrip(".").strip().strip("$").strip()
-    pos = None
-    for pos in (m.start() for m in _LAST_EQUALS.finditer(line)):
-        pass
-    if pos is None:
-        return None
-    tail = _PROSE_AFTER.split(line[pos + 1:], maxsplit=1)[0]
-    return tail.strip().rstrip(".,;").strip() or None
-
-
-def _last_number(text: str) -> str | None:
-    last = None
-    for last in _NUMBER.finditer(text):
-        pass
-    return None if last is None else last.group(0)
-
-
-def extract_answer(response: str) -> tuple[str | None, str]:
-    """Extract the final answer of ``response``; returns ``(extracted, status)``.
-
-    Order, first hit wins:
-      1. the LAST ``\\boxed{...}`` or ``\\fbox{...}`` (braces matched, escaped braces skipped;
-         ``\\boxed 5`` also accepted). A last box that is unclosed, empty or nested deeper than
-         ``MAX_BRACE_DEPTH`` gives ``(None, "unparsable")``; earlier boxes are not consulted.
-      2. no box: the text after the last "final answer is X" / "answer is X" / "answer: X"
-         phrase (its first ``$...$`` span, else its first sentence);
-      3. then the text after the last "=" on the last non-empty line, so scratchpads such as
-         ``347*6=300*6+40*6+7*6=1800+240+42=2082`` give ``2082``;
-      4. then the last number in the text.
-    Nothing found: ``(None, "no_answer")``. An answer over ``MAX_ANSWER_CHARS`` characters or with
-    unbalanced braces: ``(None, "unparsable")``. An answer offering alternatives ("12 or 15",
-    "12 \\text{ or } 15", "\\boxed{12} or \\boxed{15}"): ``(answer, "multiple_answers")``;
-    comma lists and tuples are not alternatives. Otherwise ``(answer, "ok")``.
-    Only the last ``MAX_RESPONSE_CHARS`` characters of the response are scanned.
-    """
+def locate_answer(response: str) -> Located:
+    """Find the answer of ``response`` (module docstring); raises TypeError for a non-string."""
     if not isinstance(response, str):
         raise TypeError(f"extract_answer: response must be str, got {type(response).__name__}")
     text = response[-MAX_RESPONSE_CHARS:]
-    box = _last_box(text)
-    if box is not None:
-        answer, start = box
-        if not answer:
-            return None, "unparsable"
-        if _OR_BEFORE_BOX.search(text[max(0, start - 200):start]):
-            return answer, "multiple_answers"
-    else:
-        answer = _after_answer_phrase(text) or _after_last_equals(text) or _last_number(text)
-        if answer is None:
-            return None, "no_answer"
+    macros = list(_BOX.finditer(text))
+    if macros:
+        return _final_boxes(text, macros)
+    if not text.strip():
+        return Located("text", "no_answer")
+    lines = [line for line in text.rstrip().split("\n") if line.strip()][-HEDGE_LINES:]
+    if any(_HEDGE.search(line) for line in lines):
+        return Located("text", "multiple_answers", text=text)
+    return Located("text", "ok", text=text)
+
+
+def fallback_answer(text: str) -> str | None:
+    """The last whole math span (``$...$``, ``\\(...\\)``, ``\\[...\\]``) or whole number token of
+    ``text``, whichever ends later; None when there is neither. Never part of a span or a token."""
+    best, best_end = None, -1
+    for m in _MATH_SPAN.finditer(text):
+        best, best_end = next(g for g in m.groups() if g is not None).strip(), m.end()
+    for m in _NUMBER_TOKEN.finditer(text):
+        if m.end() > best_end and not _inside_span(text, m.start()):
+            best, best_end = m.group(0), m.end()
+    return best or None
+
+
+def _inside_span(text: str, pos: int) -> bool:
+    """Whether ``pos`` falls inside a math span of ``text``."""
+    return any(m.start() < pos < m.end() for m in _MATH_SPAN.finditer(text))
+
+
+def extract_answer(response: str) -> tuple[str | None, str]:
+    """``(answer, status)`` of ``response``: the boxed answer (several joined boxes as one string,
+    "a, b"), else the text's last whole math span or whole number token (``fallback_answer``).
+
+    Status "no_answer" when there is none, "unparsable" for a broken or over-limit box,
+    "multiple_answers" for a hedge ("12 or 15", boxes joined by "or"), else "ok". The verifier
+    reads unboxed text with math-verify instead of ``fallback_answer``.
+    """
+    located = locate_answer(response)
+    if located.kind == "boxes":
+        return located.answer, located.status
+    answer = fallback_answer(located.text) if located.text else None
+    if answer is None:
+        return None, "no_answer"
     if len(answer) > MAX_ANSWER_CHARS or not braces_balanced(answer):
         return None, "unparsable"
-    if _ALTERNATIVES.search(answer):
-        return answer, "multiple_answers"
-    return answer, "ok"
+    return answer, located.status

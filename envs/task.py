@@ -40,7 +40,7 @@ from typing import Optional, Union
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from graftzoo.core.schema import ConfigError
+from graftzoo.contract.schema import ConfigError
 from graftzoo.envs.datasets import (BENCHMARKS, FILE_SUFFIXES, MathDataset, MissingSplitError, bundled_names,
                                      load_dataset)
 from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv

@@ -2,41 +2,103 @@
 spec anchors §3 row "Math verifier" and pain point 6; baseline_perf §3).
 
 Per (response, gold):
-  1. extract the final answer (graftzoo.envs.extract: last ``\\boxed``, then fallbacks), in the
-     caller's process, with length and nesting limits;
-  2. normalize both strings (spacing macros, ``\\left``/``\\right``, ``\\dfrac``) and take the fast
-     exact path without math-verify: equal strings, or equal plain numbers (integers, decimals,
-     integer fractions, and tuples/intervals of them) are correct; numbers that differ without a
-     decimal point (e.g. two different integers) are wrong;
-  3. look up the LRU of verdicts keyed by the normalized pair (timeouts included: a pair that timed
-     out is not tried again under the same or a shorter timeout);
-  4. otherwise run math-verify (its LaTeX path only: no ExprExtractionConfig, so no sympy string
-     parser or eval on model text; latex2sympy passes sympy only digit tokens from its lexer)
-     in a bounded pool of worker processes with a hard wall-clock kill per call and, optionally,
-     a time budget per batch (``graftzoo.envs.verify_pool``: workers, timeouts, start-up and
-     shutdown). The workers never import the caller's ``__main__``: any script may call the
-     verifier, with or without an ``if __name__ == "__main__":`` guard.
+  1. locate the answer (graftzoo.envs.extract), in the caller's process, with length and nesting
+     limits: the last ``\\boxed{}`` (with the boxes joined to it by commas or "and": one answer
+     read as a set), or, without any box, the text for math-verify to read. Hedges ("12 or 15",
+     boxes joined by "or") are "multiple_answers", never paid;
+  2. unboxed text: math-verify's own ``parse`` (``LatexExtractionConfig`` with boxed priority,
+     ``ExprExtractionConfig``: answer phrases, the last math span, plain numbers with thousands
+     separators) finds the answer, in a worker process; nothing found is "no_answer";
+  3. normalize both answers (``normalize_answer``: rules that cannot change math-verify's verdict)
+     and take the fast exact path without math-verify: equal strings, or equal plain numbers
+     (integers, decimals, integer fractions, and tuples/intervals of them) are correct; numbers that
+     differ without a decimal point (e.g. two different integers) are wrong;
+  4. look up the LRU of verdicts keyed by the normalized pair and the ``VerifierOptions`` (timeouts
+     included: a pair that timed out is not tried again under the same or a shorter timeout);
+  5. otherwise run math-verify's ``verify`` with those options in a bounded pool of worker
+     processes with a hard wall-clock kill per call and, optionally, a time budget per batch
+     (``graftzoo.envs.verify_pool``). The workers never import the caller's ``__main__``: any script
+     may call the verifier, with or without an ``if __name__ == "__main__":`` guard.
+
+``reward_fn`` wraps the same pipeline as a reward function with TRL's ``reward_funcs`` signature.
 """
 from __future__ import annotations
 
 import math
 import re
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from fractions import Fraction
 from importlib.metadata import version
 
-from graftzoo.envs.extract import MAX_ANSWER_CHARS, braces_balanced, extract_answer
-from graftzoo.envs.verify_pool import DEFAULT_WORKERS, EXPIRED, close_pool, configure_pool, run_tasks
+from graftzoo.envs.extract import (MAX_ANSWER_CHARS, _ALTERNATIVES, braces_balanced, extract_answer,
+                                   fallback_answer, locate_answer)
+from graftzoo.envs.verify_pool import DEFAULT_WORKERS, EXPIRED, close_pool, configure_pool, run_tasks, start_pool
 
-__all__ = ["VerifyResult", "verify", "verify_batch", "answers_equivalent", "answer_classes", "extract_answer",
-           "normalize_answer", "configure_pool", "close_pool", "clear_caches", "VERIFIER_VERSION",
-           "DEFAULT_WORKERS"]
+__all__ = ["VerifyResult", "VerifierOptions", "verify", "verify_batch", "answers_equivalent", "answer_classes",
+           "extract_answer", "normalize_answer", "reward_fn", "configure_pool", "close_pool", "start_pool",
+           "clear_caches", "verifier_version", "VERIFIER_VERSION", "DEFAULT_WORKERS"]
 
-VERIFIER_VERSION = f"graftzoo-verifier-1+math-verify-{version('math-verify')}"
 STATUSES = ("ok", "no_answer", "unparsable", "timeout", "multiple_answers")
 VERDICT_CACHE_SIZE = 65_536
+
+
+@dataclass(frozen=True)
+class VerifierOptions:
+    """The options of math-verify's ``verify`` that the verifier passes on; the defaults are
+    math-verify's own (0.9.0).
+
+    - ``float_rounding``: decimal places floats are rounded to before they are compared;
+    - ``numeric_precision``: significant digits of numeric evaluation;
+    - ``strict``: variables must match and ``x = 2`` is not the answer ``2`` (False: looser);
+    - ``allow_set_relation_comp``: a set may equal a relation (``{1,2}`` against ``x=1 or x=2``).
+    """
+
+    float_rounding: int = 6
+    numeric_precision: int = 15
+    strict: bool = True
+    allow_set_relation_comp: bool = False
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"VerifierOptions.{f.name} must be a non-negative int, got {value!r}")
+            elif not isinstance(value, bool):
+                raise ValueError(f"VerifierOptions.{f.name} must be True or False, got {value!r}")
+
+    def items(self) -> tuple:
+        """(name, value) pairs, in field order: what the workers pass to math-verify's ``verify``."""
+        return tuple((f.name, getattr(self, f.name)) for f in fields(self))
+
+    def tag(self) -> str:
+        """``float_rounding=6,numeric_precision=15,strict=True,allow_set_relation_comp=False``."""
+        return ",".join(f"{k}={v}" for k, v in self.items())
+
+
+DEFAULT_OPTIONS = VerifierOptions()
+
+
+def verifier_version(options: VerifierOptions | None = None) -> str:
+    """The verifier's version with math-verify's and the options: recorded in every eval artifact."""
+    return f"graftzoo-verifier-2+math-verify-{version('math-verify')}+{_options(options).tag()}"
+
+
+def _options(options) -> VerifierOptions:
+    if options is None:
+        return DEFAULT_OPTIONS
+    if isinstance(options, dict):
+        return VerifierOptions(**options)
+    if not isinstance(options, VerifierOptions):
+        raise TypeError(f"verifier: options must be a VerifierOptions, a dict of its fields or None, "
+                        f"got {type(options).__name__}")
+    return options
+
+
+VERIFIER_VERSION = verifier_version()
 
 
 @dataclass(frozen=True)
@@ -50,11 +112,15 @@ class VerifyResult:
 
 # ---------------------------------------------------------------- normalization and fast path
 
-# Group 1 keeps a LaTeX row break (two backslashes) whole, so that in "1 \\ 2" its second
-# backslash is not taken for the space macro "\ ". Dollars, escaped or not, are dropped.
-_DROP = re.compile(r"(\\\\)|\\?\$|\\(?:left|right)\.|\\(?:left|right)(?![A-Za-z])|\\[,;:! ]|\\displaystyle|~")
+# Group 1 keeps a LaTeX row break (two backslashes) whole, so that in "1 \\\\ 2" its second
+# backslash is not taken for the space macro "\\ ". Group 2, the spacing macros and "~", becomes a
+# space: math-verify reads "1,\\,000" as the set {1, 0}, so the space after a comma must stay.
+# Dollars, escaped or not, the negative space "\\!" and \\left/\\right are dropped.
+_DROP = re.compile(r"(\\\\)|(\\[,;: ]|~)|\\?\$|\\(?:left|right)\.|\\(?:left|right)(?![A-Za-z])|\\!|\\displaystyle")
 _SMALL_FRAC = re.compile(r"\\[dt]frac(?![A-Za-z])")
-_SPACE_NEAR_SYMBOL = re.compile(r"\s+(?=[^A-Za-z0-9])|(?<=[^A-Za-z0-9])\s+")
+# A space next to a symbol other than a comma (a comma's spaces tell "32, 349" from 32349).
+_SPACE_NEAR_SYMBOL = re.compile(r"\s+(?=[^A-Za-z0-9,\s])|(?<=[^A-Za-z0-9,\s])\s+")
+_SPACE_BEFORE_COMMA = re.compile(r"(?<=[^\d\s])\s+,")
 _NUMBER = re.compile(  # integer, decimal, integer fraction (\frac{a}{b}, \frac12, \frac9{19}, a/b) or infinity
     r"(?P<sign>[-+]?)(?:(?P<int>\d+)|(?P<dec>\d+\.\d*|\.\d+)"
     r"|\\frac(?:\{(?P<fn>-?\d+)\}|(?P<sn>\d))(?:\{(?P<fd>-?\d+)\}|(?P<sd>\d))|(?P<qn>\d+)/(?P<qd>\d+)|(?P<inf>\\infty))")
@@ -65,14 +131,15 @@ _BRACKETED = re.compile(r"([(\[])([^()\[\]]*)([)\]])")
 def normalize_answer(s: str) -> str:
     """Verdict-preserving normalization used as cache key and by the fast path.
 
-    Drops ``$`` and ``\\$``, spacing macros (``\\,`` ``\\!`` ...), ``\\left``/``\\right``, ``\\displaystyle``,
-    maps ``\\dfrac``/``\\tfrac`` to ``\\frac``, removes spaces next to symbols and a final period.
+    Drops ``$`` and ``\\$``, ``\\!``, ``\\left``/``\\right``, ``\\displaystyle``; turns the
+    spacing macros (``\\,`` ``\\;`` ``\\:`` ``\\ `` ``~``) into spaces; maps ``\\dfrac``/``\\tfrac``
+    to ``\\frac``; removes spaces next to symbols other than commas (and before a comma that
+    follows no digit) and a final period. Two different answers never normalize to one string:
+    the spaces that separate numbers ("32, 349", "1 234") stay.
     """
-    s = _SMALL_FRAC.sub(r"\\frac", _DROP.sub(lambda m: m.group(1) or "", s))
+    s = _SMALL_FRAC.sub(r"\\frac", _DROP.sub(lambda m: m.group(1) or (" " if m.group(2) else ""), s))
     s = _SPACE_NEAR_SYMBOL.sub("", " ".join(s.split()))
-    return s.rstrip(".")
-
-
+    return _SPACE_BEFORE_COMMA.sub(",", s).rstrip(".")
 def _number(s: str) -> tuple[Fraction | float, bool] | None:
     """(value, exact) of a plain number; exact is False when a decimal point is involved."""
     m = _NUMBER.fullmatch(s)
@@ -97,14 +164,15 @@ def _numbers(s: str) -> tuple[str, list] | None:
     """A plain number, or a bracketed tuple/interval of plain numbers, as (brackets, [(value, exact)])."""
     m = _BRACKETED.fullmatch(s)
     brackets, parts = (m.group(1) + m.group(3), m.group(2).split(",")) if m else ("", [s])
-    values = [_number(p) for p in parts]
+    values = [_number(p.strip()) for p in parts]
     return None if None in values else (brackets, values)
 
 
-def _fast_verdict(a: str, b: str) -> bool | None:
+def _fast_verdict(a: str, b: str, options: VerifierOptions = DEFAULT_OPTIONS) -> bool | None:
     """Verdict for two normalized answers without math-verify, or None when it must decide.
 
-    Equal strings are equivalent. Plain numbers (integers, decimals, integer fractions, infinity)
+    Equal strings are equivalent. With math-verify's default options (the rounding below assumes
+    them; other options leave numbers to math-verify): Plain numbers (integers, decimals, integer fractions, infinity)
     and bracketed tuples/intervals of them with the same brackets are compared exactly by value:
     equal values are equivalent; a component that differs is a wrong answer when neither side has
     a decimal point, or when the values are too far apart for math-verify's rounding of decimals
@@ -112,6 +180,8 @@ def _fast_verdict(a: str, b: str) -> bool | None:
     """
     if a == b:
         return True
+    if options != DEFAULT_OPTIONS:
+        return None
     x, y = _numbers(a), _numbers(b)
     if x is None or y is None or x[0] != y[0] or len(x[1]) != len(y[1]):
         return None
@@ -187,8 +257,30 @@ def _check_seconds(name: str, value, none_ok: bool = False) -> None:
                          f"got {value!r}")
 
 
+def _pred_key(parts: tuple) -> str | tuple:
+    """The normalized prediction sent to math-verify: one string, or a tuple of box contents."""
+    normalized = tuple(normalize_answer(p) for p in parts)
+    return normalized[0] if len(normalized) == 1 else normalized
+
+
+def _read_texts(located, timeout: float, budget: float | None) -> dict:
+    """{text: (status, answer parts)} for the unboxed texts: math-verify's extraction, cached."""
+    out, todo = {}, []
+    for text in dict.fromkeys(loc.text for loc in located if loc.kind == "text" and loc.status == "ok"):
+        hit = _cached(("extract", text), timeout)
+        if hit is None:
+            todo.append(text)
+        else:
+            out[text] = hit
+    if todo:
+        for text, (status, answer) in zip(todo, run_tasks([("extract", t, "", ()) for t in todo], timeout, budget)):
+            _store(("extract", text), status, answer, timeout)
+            out[text] = ("timeout" if status == EXPIRED else status, answer)
+    return out
+
+
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0,
-                 budget: float | None = None) -> list[VerifyResult]:
+                 budget: float | None = None, options: VerifierOptions | None = None) -> list[VerifyResult]:
     """Verify ``responses[i]`` against ``golds[i]``; identical normalized pairs are computed once.
 
     ``timeout`` is the hard wall-clock limit (seconds) of each math-verify call; a call that hits
@@ -197,49 +289,63 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
     (waiting for workers to start included): once it is spent, the calls not yet started get status
     "timeout" without running, and the running ones are stopped and get "timeout" too. Those
     verdicts are not cached (the calls never had their full ``timeout``): a later batch tries again.
+    ``options``: math-verify's ``verify`` options (``VerifierOptions``; None: math-verify's defaults).
     """
     if len(responses) != len(golds):
         raise ValueError(f"verify_batch: {len(responses)} responses but {len(golds)} golds")
     _check_seconds("timeout", timeout)
     _check_seconds("budget", budget, none_ok=True)
-    results: list[VerifyResult | None] = [None] * len(responses)
-    pending: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    seen: dict[tuple[str, str], tuple[str, str, bool | None]] = {}  # answers repeat within a group
+    opts = _options(options)
     for i, (response, gold) in enumerate(zip(responses, golds)):
         for name, value in (("responses", response), ("golds", gold)):
             if not isinstance(value, str):
                 raise TypeError(f"verify_batch: {name}[{i}] must be str, got {type(value).__name__}")
-        extracted, status = extract_answer(response)
+    end = None if budget is None else time.monotonic() + budget
+    located = [locate_answer(r) for r in responses]
+    texts = _read_texts(located, timeout, budget) if any(loc.kind == "text" for loc in located) else {}
+    results: list[VerifyResult | None] = [None] * len(responses)
+    pending: dict[tuple, list[tuple[int, str]]] = {}
+    for i, (loc, gold) in enumerate(zip(located, golds)):
+        parts, status = loc.parts, loc.status
+        if loc.kind == "text" and status == "ok":
+            status, answer = texts[loc.text]
+            parts = (answer,) if isinstance(answer, str) else tuple(answer or ())
+        elif loc.kind == "text":
+            parts = (fallback_answer(loc.text),) if loc.text and fallback_answer(loc.text) else ()
+        extracted = ", ".join(parts) if parts else None
+        if status == "ok" and any(len(p) > MAX_ANSWER_CHARS or not braces_balanced(p) for p in parts):
+            extracted, status = None, "unparsable"
+        elif status == "ok" and loc.kind == "text" and any(_ALTERNATIVES.search(p) for p in parts):
+            status = "multiple_answers"
         if status != "ok":
             results[i] = VerifyResult(False, extracted, status)
             continue
-        known = seen.get((extracted, gold))
-        if known is None:
-            pred, ref = normalize_answer(extracted), normalize_answer(gold)
-            known = seen[(extracted, gold)] = (pred, ref, _fast_verdict(pred, ref))
-        pred, ref, fast = known
-        cached = ("ok", fast) if fast is not None else _cached(("verify", ref, pred), timeout)
+        pred, ref = _pred_key(parts), normalize_answer(gold)
+        fast = _fast_verdict(pred, ref, opts) if isinstance(pred, str) else None
+        key = ("verify", ref, pred, opts)
+        cached = ("ok", fast) if fast is not None else _cached(key, timeout)
         if cached is not None:
             results[i] = VerifyResult(cached[1], extracted, cached[0])
         else:
-            pending.setdefault((ref, pred), []).append((i, extracted))
+            pending.setdefault(key, []).append((i, extracted))
     if pending:
         keys = list(pending)
-        outcomes = run_tasks([("verify", *k) for k in keys], timeout, budget)
-        for (ref, pred), (status, correct) in zip(keys, outcomes):
-            _store(("verify", ref, pred), status, correct, timeout)
+        left = None if end is None else max(1e-3, end - time.monotonic())
+        outcomes = run_tasks([("verify", ref, pred, o.items()) for _, ref, pred, o in keys], timeout, left)
+        for key, (status, correct) in zip(keys, outcomes):
+            _store(key, status, correct, timeout)
             status = "timeout" if status == EXPIRED else status
-            for i, extracted in pending[(ref, pred)]:
+            for i, extracted in pending[key]:
                 results[i] = VerifyResult(correct, extracted, status)
     return results
 
 
-def verify(response: str, gold: str, *, timeout: float = 1.0) -> VerifyResult:
+def verify(response: str, gold: str, *, timeout: float = 1.0, options: VerifierOptions | None = None) -> VerifyResult:
     """Verify one response against its gold answer (see the module docstring for the pipeline)."""
-    return verify_batch([response], [gold], timeout=timeout)[0]
+    return verify_batch([response], [gold], timeout=timeout, options=options)[0]
 
 
-def answers_equivalent(a: str, b: str, *, timeout: float = 1.0) -> bool | None:
+def answers_equivalent(a: str, b: str, *, timeout: float = 1.0, options: VerifierOptions | None = None) -> bool | None:
     """Whether two extracted answers are mathematically equivalent (OM-GRPO answer clustering).
 
     Symmetric: math-verify is asked in both directions. None when either answer is too long, has
@@ -249,21 +355,23 @@ def answers_equivalent(a: str, b: str, *, timeout: float = 1.0) -> bool | None:
         if not isinstance(x, str):
             raise TypeError(f"answers_equivalent: {name} must be str, got {type(x).__name__}")
     _check_seconds("timeout", timeout)
+    opts = _options(options)
     if any(len(x) > MAX_ANSWER_CHARS or not braces_balanced(x) for x in (a, b)):
         return None
     x, y = sorted((normalize_answer(a), normalize_answer(b)))
-    fast = _fast_verdict(x, y)
+    fast = _fast_verdict(x, y, opts)
     if fast is not None:
         return fast
-    cached = _cached(("equiv", x, y), timeout)
+    key = ("equiv", x, y, opts)
+    cached = _cached(key, timeout)
     if cached is None:
-        cached = run_tasks([("equiv", x, y)], timeout)[0]
-        _store(("equiv", x, y), *cached, timeout)
+        cached = run_tasks([("equiv", x, y, opts.items())], timeout)[0]
+        _store(key, *cached, timeout)
     status, same = cached
     return same if status == "ok" else None
 
 
-def answer_classes(answers, timeout: float = 1.0) -> list:
+def answer_classes(answers, timeout: float = 1.0, options: VerifierOptions | None = None) -> list:
     """Equivalence-class ids of answers (None stays None): each answer joins the first earlier class whose
     representative ``answers_equivalent`` accepts (OM-GRPO's answer clustering, spec algos_single §4.8.3)."""
     reps: list = []
@@ -273,10 +381,74 @@ def answer_classes(answers, timeout: float = 1.0) -> list:
             out.append(None)
             continue
         for ci, rep in enumerate(reps):
-            if a == rep or answers_equivalent(a, rep, timeout=timeout) is True:
+            if a == rep or answers_equivalent(a, rep, timeout=timeout, options=options) is True:
                 out.append(ci)
                 break
         else:
             reps.append(a)
             out.append(len(reps) - 1)
     return out
+
+
+# ---------------------------------------------------------------- reward function for other trainers
+
+
+def _completion_text(completion) -> str:
+    """The response text of one completion: a string, or a chat message list (the assistant
+    messages' contents, joined; a content may itself be a list of ``{"type": "text"}`` parts)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if not isinstance(completion, (list, tuple)):
+        raise TypeError(f"reward_fn: a completion must be a string or a list of chat messages, "
+                        f"got {type(completion).__name__}")
+    messages = [m for m in completion if isinstance(m, dict)]
+    mine = [m for m in messages if m.get("role") == "assistant"] or messages
+    texts = []
+    for m in mine:
+        content = m.get("content", "")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        texts.append(content if isinstance(content, str) else str(content))
+    return "\n".join(texts)
+
+
+def reward_fn(gold_key: str = "answer", *, timeout: float = 2.0, budget: float | None = None,
+              options: VerifierOptions | None = None, reward_correct: float = 1.0, reward_wrong: float = 0.0):
+    """A reward function with TRL's ``reward_funcs`` signature, backed by this verifier's pool.
+
+    The returned callable takes ``(prompts, completions, **kwargs)`` and returns one float per
+    completion: ``reward_correct`` when ``verify`` finds it correct, else ``reward_wrong``; None
+    (TRL skips it) where the gold answer is None. Completions are plain strings or chat-format
+    message lists (``[{"role": "assistant", "content": ...}]``). The gold answers are read from the
+    dataset column named ``gold_key`` (default ``"answer"``; e.g. ``"solution"``), which TRL passes
+    as a keyword argument; non-string golds (an int) are turned into strings. ``timeout``,
+    ``budget`` and ``options`` are those of ``verify_batch``. The pool starts in the background now.
+
+        from trl import GRPOTrainer
+        from graftzoo.envs import reward_fn
+        trainer = GRPOTrainer(model=..., reward_funcs=[reward_fn("answer")], train_dataset=dataset)
+    """
+    _check_seconds("timeout", timeout)
+    _check_seconds("budget", budget, none_ok=True)
+    opts = _options(options)
+    start_pool()
+
+    def graftzoo_verifier_reward(prompts, completions, **kwargs) -> list:
+        if gold_key not in kwargs:
+            raise KeyError(f"reward_fn: no {gold_key!r} column among the keyword arguments "
+                           f"{sorted(kwargs)}; pass gold_key= the name of the gold answer column")
+        golds = list(kwargs[gold_key])
+        if len(golds) != len(completions):
+            raise ValueError(f"reward_fn: {len(completions)} completions but {len(golds)} {gold_key!r} values")
+        texts = [_completion_text(c) for c in completions]
+        scored = [i for i, g in enumerate(golds) if g is not None]
+        results = verify_batch([texts[i] for i in scored], [str(golds[i]) for i in scored], timeout=timeout,
+                               budget=budget, options=opts)
+        rewards: list = [None] * len(texts)
+        for i, r in zip(scored, results):
+            rewards[i] = float(reward_correct if r.correct else reward_wrong)
+        return rewards
+
+    return graftzoo_verifier_reward

@@ -16,7 +16,10 @@ caller's ``__main__``, so the verifier works from any script (unguarded, ``pytho
 A new worker needs about 2 s of CPU (interpreter, math-verify import, warm-up) while the others
 carry on. Workers die with the caller: they exit at end of file on their pipe, on Linux the
 kernel kills them when the caller exits (PR_SET_PDEATHSIG, for workers started from the main
-thread), and ``close_pool`` runs at exit. The pool starts on first use.
+thread), and ``close_pool`` runs at exit. The pool starts on first use, or earlier with
+``start_pool``: the environments and ``reward_fn`` call it when they are built, so the workers
+import and warm math-verify in the background while the caller loads its model, and the first
+symbolic answer does not wait for them.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from collections import deque
 
 from graftzoo.envs import verify_worker
 
-__all__ = ["DEFAULT_WORKERS", "EXPIRED", "close_pool", "configure_pool", "run_tasks", "wait_ready"]
+__all__ = ["DEFAULT_WORKERS", "EXPIRED", "close_pool", "configure_pool", "run_tasks", "start_pool", "wait_ready"]
 
 DEFAULT_WORKERS = 2
 STARTUP_TIMEOUT_S = 120.0
@@ -96,7 +99,7 @@ class _Schedule:
     worker keeps taking tasks of the gold it already parsed, then claims an unclaimed gold, and
     only when every gold is claimed shares one (no worker idles while work is queued)."""
 
-    def __init__(self, tasks: list[tuple[str, str, str]]):
+    def __init__(self, tasks: list[tuple]):
         self._tasks = tasks
         self._groups: dict[str, deque[int]] = {}
         for i, task in enumerate(tasks):
@@ -144,7 +147,7 @@ class _Pool:
             self.close()
             raise
 
-    def run(self, tasks: list[tuple[str, str, str]], timeout: float,
+    def run(self, tasks: list[tuple], timeout: float,
             budget: float | None = None) -> list[tuple[str, bool]]:
         """Run tasks on free workers; return (status, verdict) per task, in order. Each call may take
         ``timeout`` seconds; all of them together ``budget`` seconds (None: no limit), after which
@@ -290,6 +293,13 @@ def close_pool() -> None:
 atexit.register(close_pool)
 
 
+def start_pool() -> None:
+    """Start the worker processes now if they are not running, without waiting for them: each one
+    imports math-verify and warms its parser in the background (a few seconds of CPU), so that
+    the first call finds them ready."""
+    _pool()
+
+
 def wait_ready() -> None:
     """Start the pool if needed and block until all of its workers are ready to take calls (a
     trainer may call this at start-up so that its first steps do not share the CPUs with worker
@@ -297,9 +307,10 @@ def wait_ready() -> None:
     _pool().wait_ready()
 
 
-def run_tasks(tasks: list[tuple[str, str, str]], timeout: float,
+def run_tasks(tasks: list[tuple], timeout: float,
               budget: float | None = None) -> list[tuple[str, bool]]:
-    """(status, verdict) of each task (``("verify", gold, pred)`` or ``("equiv", x, y)``), in order,
+    """(status, verdict) of each task (``("verify", gold, pred, options)``, ``("equiv", x, y, options)`` or
+    ``("extract", text, "", ())``: see ``verify_worker``), in order,
     computed by the pool's workers under a hard wall-clock ``timeout`` (seconds) per task and, when
     ``budget`` is not None, a wall-clock limit (seconds) for all of them: calls that did not finish
     within it get status ``EXPIRED``."""

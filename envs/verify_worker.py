@@ -1,5 +1,6 @@
 """The verifier's worker processes (``graftzoo.envs.verify_pool`` starts and feeds them): each one
-answers ``("verify", gold, pred)`` / ``("equiv", x, y)`` tasks with math-verify's LaTeX path, under
+answers ``("verify", gold, pred)`` / ``("equiv", x, y)`` tasks with math-verify's LaTeX path and
+``("extract", text)`` tasks with math-verify's own extraction from prose, under
 a soft timer of its own (SIGALRM) and a capped address space.
 
 A worker is a fresh interpreter running this file by path::
@@ -58,6 +59,14 @@ def _latex_config():
     return [LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
 
 
+@lru_cache(maxsize=1)
+def _text_config():
+    """math-verify's extraction of an answer from prose: LaTeX (boxes first, then answer phrases,
+    then the last math span) and plain expressions (numbers with separators, percentages)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+    return [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
+
+
 def _parse(answer: str) -> list:
     """math-verify parse of one extracted answer via its LaTeX path only (no eval, no parse_expr)."""
     from math_verify import parse
@@ -69,18 +78,71 @@ _parse_gold = lru_cache(maxsize=2048)(_parse)
 _parse_pred = lru_cache(maxsize=8192)(_parse)
 
 
-def _evaluate(kind: str, a: str, b: str) -> tuple[str, bool]:
-    """``("verify", gold, pred)`` or ``("equiv", x, y)`` -> (status, verdict)."""
+def _parse_parts(parts) -> list:
+    """One answer given as one string, or as several box contents read as one set: each part is
+    parsed on its own (no two parts can merge into one number) and the values are joined in a
+    sympy ``FiniteSet``, a part that is a set giving its elements, as math-verify joins the boxes
+    it reads together. Empty when any part cannot be parsed."""
+    if isinstance(parts, str):
+        return _parse_pred(parts)
+    from sympy import FiniteSet
+    values = []
+    for part in parts:
+        parsed = _parse_pred(part)
+        if not parsed:
+            return []
+        values.extend(parsed[0].args if isinstance(parsed[0], FiniteSet) else [parsed[0]])
+    return [FiniteSet(*values), ", ".join(parts)]
+
+
+def extract_text(text: str) -> tuple[str, object]:
+    """``("ok", parts)`` for the answer math-verify's ``parse`` reads in unboxed ``text`` (the
+    string of what it matched; several math spans it joins as one set come back as a tuple of
+    them), ``("unparsable", matched)`` when it matches text it cannot parse, or
+    ``("no_answer", None)`` when it reads none."""
+    from math_verify import parse
+    from sympy import FiniteSet
+    found = parse(text, extraction_config=_text_config(), fallback_mode="first_match", parsing_timeout=None)
+    if len(found) == 1 and isinstance(found[0], str) and found[0].strip():
+        return "unparsable", found[0].strip()  # matched, but math-verify cannot parse what it matched
+    if len(found) < 2 or not isinstance(found[1], str) or not found[1].strip():
+        return "no_answer", None
+    value, matched = found[0], found[1].strip()
+    if isinstance(value, FiniteSet) and " and " in matched:
+        return "ok", tuple(p.strip() for p in matched.split(" and "))
+    if _PERCENT_OF.fullmatch(matched) and _is_percent_of(value, float(matched)):
+        return "ok", matched + "\\%"  # math-verify read "50%" as 0.5 but matched only "50"
+    return "ok", matched
+
+
+def _is_percent_of(value, number: float) -> bool:
+    """Whether the sympy ``value`` is ``number`` percent (``number / 100``, ``number`` nonzero)."""
+    try:
+        v = complex(value.doit())
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return number != 0 and v.imag == 0 and abs(100 * v.real - number) < 1e-9 * max(1.0, abs(number))
+
+
+_PERCENT_OF = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _evaluate(kind: str, a, b, options=()) -> tuple:
+    """``("verify", gold, pred)``, ``("equiv", x, y)`` -> (status, verdict); ``("extract", text, "")``
+    -> (status, answer). ``options``: (name, value) pairs of math-verify ``verify`` options."""
     from math_verify import verify as mv_verify
+    opts = dict(options)
+    if kind == "extract":
+        return extract_text(a)
     if kind == "verify":
-        gold, pred = _parse_gold(a), _parse_pred(b)
+        gold, pred = _parse_gold(a), _parse_parts(b)
         if not gold or not pred:
             return "unparsable", False
-        return "ok", bool(mv_verify(gold, pred, timeout_seconds=None))
-    x, y = _parse_pred(a), _parse_pred(b)
+        return "ok", bool(mv_verify(gold, pred, timeout_seconds=None, **opts))
+    x, y = _parse_parts(a), _parse_parts(b)
     if not x or not y:
         return "unparsable", False
-    return "ok", bool(mv_verify(x, y, timeout_seconds=None) or mv_verify(y, x, timeout_seconds=None))
+    return "ok", bool(mv_verify(x, y, timeout_seconds=None, **opts) or mv_verify(y, x, timeout_seconds=None, **opts))
 
 
 _PLAIN_INTEGER = re.compile(r"[0-9]{1,100}")
@@ -304,11 +366,17 @@ _WARMUP_ANSWERS = (
     "3x^2-12", "\\begin{pmatrix}4\\\\-3\\end{pmatrix}", "\\begin{pmatrix}1&2500\\\\0&1\\end{pmatrix}")
 
 
+_WARMUP_TEXTS = ("The answer is $\\frac{1}{2}$.", "So the total is 7,425,000 dollars.", "#### 1,000", "x = 3")
+
+
 def _warm_up() -> None:
+    """Pay math-verify's first-use costs (imports, grammar, regexes, sympy caches) before taking calls."""
     for gold, pred in _WARMUP:
         _evaluate("verify", gold, pred)
     for answer in _WARMUP_ANSWERS:
         _parse(answer)
+    for text in _WARMUP_TEXTS:
+        extract_text(text)
 
 
 def _limit_memory() -> None:

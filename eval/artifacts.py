@@ -70,7 +70,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
-from graftzoo.core.names import model_slug
+from graftzoo.contract.names import model_slug
 from graftzoo.eval.compute import joint_charge
 
 CONFIG = "config.yaml"
@@ -106,7 +106,7 @@ def _is_number(x: Any) -> bool:
 
 
 def eval_file_name(model_id: str) -> str:
-    """File name under ``run_dir/eval/`` for a model id (``graftzoo.core.names.model_slug``)."""
+    """File name under ``run_dir/eval/`` for a model id (``graftzoo.contract.names.model_slug``)."""
     return model_slug(model_id) + ".json"
 
 

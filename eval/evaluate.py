@@ -3,7 +3,6 @@ trainer's own evaluation, and the one place eval result files are written from.
 
 - ``eval_request(cfg, ...)``: every evaluation setting, unset options filled from ``eval.*``;
   ``top_p`` is ``eval.top_p``, None meaning ``rollout.top_p`` (``eval_top_p``), in both callers.
-- ``make_eval_engine(policy, cfg, top_p)``: a rollout engine built as in training, with that top-p.
 - ``evaluate_benchmarks(policy, engine, request, task=...)``: the eval payload
   (``graftzoo.eval.artifacts`` format), every benchmark scored by
   ``graftzoo.eval.protocol.score_benchmark``. ``group_by`` (one benchmark) reports its groups of
@@ -13,10 +12,8 @@ trainer's own evaluation, and the one place eval result files are written from.
 """
 from __future__ import annotations
 
-import copy
 from typing import Callable, Optional
 
-from graftzoo.core.models import build_engine
 from graftzoo.envs.task import HELDOUT, Task, load_benchmark, resolve_benchmarks
 from graftzoo.envs.verifier import VERIFIER_VERSION
 from graftzoo.eval.artifacts import write_eval
@@ -29,14 +26,6 @@ def eval_top_p(cfg: dict) -> float:
     return float(cfg["rollout"]["top_p"] if top_p is None else top_p)
 
 
-def make_eval_engine(policy, cfg: dict, top_p: Optional[float] = None, engine=None):
-    """A rollout engine for ``policy`` built as in training, with the eval top-p (``top_p``, else
-    ``eval_top_p(cfg)``). Given the training ``engine``, a view of it with that top-p (no second engine)."""
-    if engine is not None:
-        return engine.with_sampling(top_p=float(eval_top_p(cfg) if top_p is None else top_p))
-    cfg = copy.deepcopy(cfg)
-    cfg["rollout"]["top_p"] = float(eval_top_p(cfg) if top_p is None else top_p)
-    return build_engine(policy, cfg)
 
 
 def eval_request(cfg: dict, benchmarks=None, k: Optional[int] = None, *, seeds: int = 1,
@@ -82,7 +71,7 @@ def _engine_name(engine, cfg: Optional[dict]) -> str:
 def evaluate_benchmarks(policy, engine, request: dict, *, task: Optional[Task] = None, step: int = 0,
                         group_by: Optional[str] = None, log: Optional[Callable[[str], None]] = None) -> dict:
     """The eval payload of a live ``policy`` generating with ``engine`` (built with the request's
-    top-p: ``make_eval_engine``) under ``request`` (``eval_request``).
+    top-p: ``graftzoo.training.models.make_eval_engine``) under ``request`` (``eval_request``).
 
     ``task``: the run's task (needed for ``heldout``; its rewards score every benchmark).
     ``group_by``: a prompt field; with it the one benchmark's groups of prompts are the payload's

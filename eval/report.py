@@ -44,7 +44,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from graftzoo.core.config import clip_label, effective_clip
+from graftzoo.contract.config import clip_label, effective_clip
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
 from graftzoo.eval.metrics import mean_sd_ci
@@ -382,7 +382,7 @@ def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own
 
 
 TRANSFER_COLUMNS = (
-    # (header, metrics.jsonl key): what the peer exchange moved, per step (graftzoo.core.diagnostics; algos' logs)
+    # (header, metrics.jsonl key): what the peer exchange moved, per step (graftzoo.training.diagnostics; algos' logs)
     ("grafted groups", "peer/rescued_groups"),
     ("admitted succ.", "peer/admitted_succ"),
     ("admitted fail.", "peer/admitted_fail"),

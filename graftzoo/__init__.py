@@ -1,21 +1,24 @@
 """graftzoo: RLVR on language models (see README.md).
 
-The Python API (``graftzoo.api``: ``load_config``, ``train``, ``evaluate``, ``export``, ``RunResult``) is reached
-as ``graftzoo.train`` etc. and imported on first use, so that ``import graftzoo`` itself stays light: the
-verifier's worker processes import ``graftzoo.envs.*`` and must not pay for torch and transformers.
+The stable public names, imported on first use so that ``import graftzoo`` itself stays light (the verifier's
+worker processes import ``graftzoo.envs.*`` and must not pay for torch and transformers):
+
+- for plugins: ``from graftzoo import register_algo, Learner`` (docs/architecture.md, "Where to add an algorithm");
+- the Python API (``graftzoo.api``): ``load_config``, ``train``, ``evaluate``, ``export``, ``RunResult``.
 """
 import importlib
 
-API = ("RunResult", "evaluate", "export", "load_config", "train")
-__all__ = list(API)
+PUBLIC = {"register_algo": "graftzoo.contract.registry", "Learner": "graftzoo.algos.base",
+          **{name: "graftzoo.api" for name in ("RunResult", "evaluate", "export", "load_config", "train")}}
+__all__ = sorted(PUBLIC)
 
 
 def __getattr__(name: str):
-    """``graftzoo.train`` and the other API names, from ``graftzoo.api`` (imported on first use)."""
-    if name in API:
-        return getattr(importlib.import_module("graftzoo.api"), name)
+    """A public name from the module that defines it (imported on first use)."""
+    if name in PUBLIC:
+        return getattr(importlib.import_module(PUBLIC[name]), name)
     raise AttributeError(f"module 'graftzoo' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(API))
+    return sorted(list(globals()) + list(PUBLIC))

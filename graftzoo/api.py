@@ -22,13 +22,16 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
-from graftzoo.apps.export import export_run
-from graftzoo.core.config import ConfigError, load_config as _load_config
-from graftzoo.core.policy import NonFiniteError
-from graftzoo.core.trainer import train as _train
+from graftzoo.contract.config import ConfigError, load_config as _load_config
+from graftzoo.training.policy import NonFiniteError
+from graftzoo.distributed.backend import RayBackend
+from graftzoo.training.export import export_run
+from graftzoo.training.trainer import register_backend, train as train_run
 from graftzoo.eval.artifacts import EVAL_DIR, METRICS, SUMMARY, eval_file_name, load_run
 from graftzoo.eval.evaluate import fmt_score
-from graftzoo.eval.runner import evaluate_checkpoint
+from graftzoo.training.eval_runner import evaluate_checkpoint
+
+register_backend("ray", RayBackend)  # run.backend=ray: each model in its own Ray worker group
 
 Overrides = Union[Sequence[str], Mapping[str, Any], None]
 
@@ -111,7 +114,7 @@ def train(cfg: Optional[dict] = None, *, algo: Optional[str] = None, pair: Optio
     elif track is not None:
         cfg = {**cfg, "run": {**cfg["run"], "track": bool(track)}}
     try:
-        out = _train(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume, progress=progress,
+        out = train_run(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume, progress=progress,
                      overwrite=overwrite)
     except NonFiniteError:
         out = Path(run_dir) if run_dir is not None else Path(cfg["run"]["out_dir"]) / cfg["run"]["name"]
@@ -126,7 +129,7 @@ def evaluate(run_or_ckpt, benchmarks=None, k: Optional[int] = None, **options) -
     """``graftzoo eval``: evaluate a run (its checkpoint chosen by ``eval.select``), a ``RunResult`` or a checkpoint
     folder on ``benchmarks`` (``"all"``, names or paths, a list, or ``"heldout"``; default ``eval.benchmarks``, else
     the held-out split) with ``k`` samples per problem; returns model id -> {benchmark: avg@k}. ``options`` are
-    ``graftzoo.eval.runner.evaluate_checkpoint``'s (seeds, greedy, temperature, limit, models, out, ...). The files
+    ``graftzoo.training.eval_runner.evaluate_checkpoint``'s (seeds, greedy, temperature, limit, models, out, ...). The files
     go to ``RUN/eval/cli/...`` (never the trainer's ``RUN/eval/<model>.json``)."""
     if isinstance(benchmarks, (list, tuple)):
         benchmarks = ",".join(map(str, benchmarks))
@@ -139,7 +142,7 @@ def evaluate(run_or_ckpt, benchmarks=None, k: Optional[int] = None, **options) -
 
 def export(run_or_ckpt, step: Optional[int] = None, out=None, models: Optional[Sequence[str]] = None) -> list:
     """``graftzoo export``: the trained models of a run (or ``RunResult``, or checkpoint folder) as Hugging Face
-    folders (``graftzoo.apps.export``); returns the folders, one per model."""
+    folders (``graftzoo.training.export``); returns the folders, one per model."""
     return export_run(_target(run_or_ckpt), step=step, out=out, models=models)
 
 
@@ -174,4 +177,5 @@ def summary_lines(run_dir) -> list:
     return lines
 
 
-__all__ = ["ConfigError", "RunResult", "evaluate", "export", "final_score", "load_config", "summary_lines", "train"]
+__all__ = ["ConfigError", "RunResult", "evaluate", "export", "final_score", "load_config", "summary_lines", "train",
+           "train_run"]

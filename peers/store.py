@@ -4,7 +4,7 @@ Layout of a store directory (usually ``<run_dir>/store``)::
 
     meta.json                          {"schema_version", "dataset", "models": {id: tokenizer_id}}
     <model slug>/step_000012.parquet   one file per (model, step), written to a temp name then renamed
-                                       (graftzoo.core.names.model_slug: a hub id's "/" is "__", a path id is
+                                       (graftzoo.contract.names.model_slug: a hub id's "/" is "__", a path id is
                                        never a path; a store written before keeps its nested hub-id folders)
 
 A crash can only lose the step being written; every complete step stays readable (pandas works too:
@@ -23,8 +23,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from graftzoo.core.names import model_slug
-from graftzoo.core.types import Group, Origin, Prompt, Rollout
+from graftzoo.contract.names import model_slug
+from graftzoo.contract.types import Group, Origin, Prompt, Rollout
 
 SCHEMA_VERSION = 1
 

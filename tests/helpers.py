@@ -1,8 +1,8 @@
 """Small helpers shared by several test files (imported as `from helpers import ...`)."""
 from pathlib import Path
 
-from graftzoo.core.types import Rollout
-from graftzoo.core.xt import score_rollouts
+from graftzoo.contract.types import Rollout
+from graftzoo.peers.xt import score_rollouts
 
 
 def scored_rollout(pol, prompt, text, correct):

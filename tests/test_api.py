@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import graftzoo
-from graftzoo.core.config import ConfigError
+from graftzoo.contract.config import ConfigError
 
 
 def test_import_graftzoo_is_light_until_the_api_is_used():

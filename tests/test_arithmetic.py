@@ -8,7 +8,7 @@ import pytest
 from graftzoo.envs.arithmetic import (SKILLS, ArithmeticDataset, add_solution, final_answer,
                                       generate_prompts, is_correct, is_heldout, make_problem,
                                       mul_solution, multi_solution, skill_for_index, sub_solution)
-from graftzoo.core.types import Prompt
+from graftzoo.contract.types import Prompt
 
 
 def safe_eval(expr: str) -> int:

@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from huggingface_hub import constants as hf_constants
 
 from graftzoo.apps.cli import main
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.engine import stop_cut
-from graftzoo.core.models import build_engine, build_policy
-from graftzoo.core.names import model_slug
-from graftzoo.core.types import Prompt
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.engine import stop_cut
+from graftzoo.training.models import build_engine, build_policy
+from graftzoo.contract.names import model_slug
+from graftzoo.contract.types import Prompt
 from graftzoo.envs.task import Task
 from graftzoo.envs.templates import INSTRUCTION
 from graftzoo.peers.store import TrajectoryStore

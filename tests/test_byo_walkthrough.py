@@ -14,8 +14,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from graftzoo.core.models import build_policy
-from graftzoo.core.types import Prompt
+from graftzoo.training.models import build_policy
+from graftzoo.contract.types import Prompt
 from graftzoo.peers.store import TrajectoryStore
 
 README = Path(__file__).resolve().parents[1] / "README.md"

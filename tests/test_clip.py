@@ -14,11 +14,11 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.apps.grid import GridError, load_grid
-from graftzoo.core.batch import TrainBatch
-from graftzoo.core.config import (ConfigError, algo_config, clip_label, effective_clip, find_config, load_config,
+from graftzoo.contract.batch import TrainBatch
+from graftzoo.contract.config import (ConfigError, algo_config, clip_label, effective_clip, find_config, load_config,
                                   packaged_configs)
-from graftzoo.core.registry import get_algo
-from graftzoo.core.types import TrainRow
+from graftzoo.contract.registry import get_algo
+from graftzoo.contract.types import TrainRow
 from graftzoo.eval.artifacts import load_runs, make_summary, write_config, write_eval, write_summary
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.eval.report import build_table1, to_csv, to_latex, to_markdown

@@ -21,10 +21,10 @@ from graftzoo.algos.hora import HORAConfig
 from graftzoo.algos.om_grpo import CONTRAST_TEMPLATES, OMGRPOConfig
 from graftzoo.algos.sgt import SGTConfig
 from graftzoo.apps.cli import main
-from graftzoo.core import config as config_mod
-from graftzoo.core.config import ConfigError, algo_config, load_config, read_yaml
-from graftzoo.core.registry import list_algos
-from graftzoo.core.schema import bounded, build, check_value, describe_range, validate
+from graftzoo.contract import config as config_mod
+from graftzoo.contract.config import ConfigError, algo_config, load_config, read_yaml
+from graftzoo.contract.registry import list_algos
+from graftzoo.contract.schema import bounded, build, check_value, describe_range, validate
 
 CONFIGS = config_mod.packaged_configs()  # graftzoo/configs, as installed
 
@@ -250,7 +250,7 @@ def test_the_config_is_checked_once_and_built_without_a_second_check(monkeypatch
     cfg = micro("hora", "algo.n0=3")
     assert len(calls) == 1
     monkeypatch.setattr(config_mod, "validate_algo", lambda *a, **k: pytest.fail("checked again"))
-    monkeypatch.setattr("graftzoo.core.schema.check_fields", lambda *a, **k: pytest.fail("checked again"))
+    monkeypatch.setattr("graftzoo.contract.schema.check_fields", lambda *a, **k: pytest.fail("checked again"))
     obj = algo_config(cfg)
     assert isinstance(obj, HORAConfig) and obj.n0 == 3 and len(calls) == 1
 

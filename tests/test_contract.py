@@ -1,4 +1,4 @@
-"""The data contract (graftzoo.core.types, README "Architecture"): what crosses a learner hook is plain,
+"""The data contract (graftzoo.contract.types, README "Architecture"): what crosses a learner hook is plain,
 picklable data with typed fields, through the trainer's real step; the loss is built from its parts."""
 import pickle
 import random
@@ -9,11 +9,11 @@ from test_graft import STRONG_PAIR  # the micro pair warmed up to have mixed gro
 
 from graftzoo.algos.base import Learner, StepContext
 from graftzoo.algos.functional import agg_loss, sequence_terms_as_tokens
-from graftzoo.core.batch import TrainBatch
-from graftzoo.core.config import load_config
-from graftzoo.core.registry import get_algo
-from graftzoo.core.trainer import Trainer
-from graftzoo.core.types import Group, Origin, Prompt, Rollout, TrainRow
+from graftzoo.contract.batch import TrainBatch
+from graftzoo.contract.config import load_config
+from graftzoo.contract.registry import get_algo
+from graftzoo.training.trainer import Trainer
+from graftzoo.contract.types import Group, Origin, Prompt, Rollout, TrainRow
 
 HOOKS = ("collect", "advantages", "exchange", "build_batch", "schedule")
 

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.tracking import METRICS
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.tracking import METRICS
 from graftzoo.peers.store import TrajectoryStore
-from graftzoo.core.trainer import Trainer, train
+from graftzoo.training.trainer import Trainer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import pytest
 from graftzoo.envs import MathDataset, MathReasoningEnv, load_dataset, verify_batch
 from graftzoo.envs import datasets as gz_datasets
 from graftzoo.envs.datasets import BENCHMARKS, BUNDLED, DATA_DIR, DatasetError, MissingSplitError, last_boxed
-from graftzoo.core.types import Prompt
+from graftzoo.contract.types import Prompt
 
 
 def write_jsonl(path, rows):

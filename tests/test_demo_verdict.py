@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from graftzoo.apps.cli import main
 from graftzoo.apps.demo import conclusion, verdict
 from graftzoo.apps.grid import Cell
-from graftzoo.core.config import packaged_configs, read_yaml
+from graftzoo.contract.config import packaged_configs, read_yaml
 
 
 def test_a_gap_inside_the_seed_spread_is_no_clear_difference():

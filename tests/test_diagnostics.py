@@ -1,4 +1,4 @@
-"""Transfer-path diagnostics (``run.diagnostics``, graftzoo.core.diagnostics; issue 16) through the real trainer on the
+"""Transfer-path diagnostics (``run.diagnostics``, graftzoo.training.diagnostics; issue 16) through the real trainer on the
 micro pair: the ``diag/*`` keys, the gradient split of own and peer rows, the log-prob of admitted peer successes
 before and after the update, the update bit-identical with diagnostics on or off, the ray refusal, and GRAFT's
 always-on ``peer/admitted_succ`` / ``peer/admitted_fail`` counts."""
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from graftzoo.core import diagnostics, trainer as trainer_mod
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.diagnostics import grad_share
-from graftzoo.core.trainer import train
-from graftzoo.core.update import accumulate_minibatch, minibatch_old_logp
+from graftzoo.training import diagnostics, trainer as trainer_mod
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.diagnostics import grad_share
+from graftzoo.training.trainer import train
+from graftzoo.training.update import accumulate_minibatch, minibatch_old_logp
 from graftzoo.eval.artifacts import load_runs
 from graftzoo.eval.report import TRANSFER_COLUMNS, transfer_markdown, transfer_table
 

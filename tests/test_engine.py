@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graftzoo.core.engine import HFEngine
-from graftzoo.core.policy import Policy, position_ids_from_mask
+from graftzoo.training.engine import HFEngine
+from graftzoo.training.policy import Policy, position_ids_from_mask
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
-from graftzoo.core.types import Prompt
+from graftzoo.contract.types import Prompt
 
 torch.set_num_threads(1)
 PROMPTS = [Prompt(id=str(i), text=t) for i, t in enumerate(["12+7", "3*45", "9", "100-18"])]

@@ -10,9 +10,9 @@ from gymnasium.utils.env_checker import check_env
 import graftzoo.envs  # noqa: F401  (registers the ids)
 from graftzoo.envs import MathReasoningEnv, load_dataset, render_prompt
 from graftzoo.envs.check import check_env_id
-from graftzoo.envs.cli import env_group, parse_kw
+from graftzoo.apps.env import env_group, parse_kw
 from graftzoo.envs.templates import INSTRUCTION, TEMPLATES
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.contract.types import Group, Prompt, Rollout
 
 
 @pytest.fixture(scope="module")

@@ -7,19 +7,19 @@ import torch
 from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
-from graftzoo.core.config import load_config
-from graftzoo.core.engine import Engine
+from graftzoo.contract.config import load_config
+from graftzoo.training.engine import Engine
 from graftzoo.envs.datasets import BENCHMARKS, load_dataset
 from graftzoo.envs.verifier import VERIFIER_VERSION
-from graftzoo.core.checkpoint import load_weights
+from graftzoo.training.checkpoint import load_weights
 from graftzoo.envs.task import DEFAULT_VAL_SIZE, Task, resolve_benchmarks, validation_slice
 from graftzoo.eval import evaluate, selection
-from graftzoo.eval.checkpoints import build_policies, load_run_config
+from graftzoo.training.eval_checkpoints import build_policies, load_run_config
 from graftzoo.eval.evaluate import make_eval_engine
 from graftzoo.eval.artifacts import load_run, validate_eval
 from graftzoo.eval.metrics import pass_at_k
 from graftzoo.eval.protocol import summarize
-from graftzoo.core.trainer import train
+from graftzoo.training.trainer import train
 
 MODELS = ("micro-qwen-char", "micro-gpt2-pair")
 

@@ -12,12 +12,12 @@ from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftzoo.apps.cli import main
-from graftzoo.apps.export import EXPORT_META, export_policy, model_slug, template_jinja
-from graftzoo.core.checkpoint import load_weights
+from graftzoo.training.export import EXPORT_META, export_policy, model_slug, template_jinja
+from graftzoo.training.checkpoint import load_weights
 from graftzoo.envs.task import Task
 from graftzoo.envs.templates import render_prompt
 from graftzoo.eval.artifacts import load_run
-from graftzoo.eval.checkpoints import build_policies, load_run_config
+from graftzoo.training.eval_checkpoints import build_policies, load_run_config
 
 MODELS = ("micro-qwen-char", "micro-gpt2-pair")
 
@@ -114,7 +114,7 @@ def test_exported_folders_generate_in_vllm_as_in_transformers(exported):
             assert [o.outputs[0].text for o in outs] == want and any(want), m
             llm.llm_engine.engine_core.shutdown()
             del llm
-        finally:  # vLLM's CPU worker replaces torch.set_num_threads (see graftzoo.core.vllm_engine)
+        finally:  # vLLM's CPU worker replaces torch.set_num_threads (see graftzoo.training.vllm_engine)
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
 

@@ -13,11 +13,11 @@ from graftzoo.algos.base import StepContext
 from graftzoo.algos.extra import ExTra, ExTraConfig
 from graftzoo.algos.functional import (most_confident_rollout, prefix_cut_points, prefix_entropy_scores,
                                        select_prefix)
-from graftzoo.core.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, load_config
 from graftzoo.algos.embedders import HashedNgramEmbedder, make_embedder
-from graftzoo.core.models import build_engine, build_policy
+from graftzoo.training.models import build_engine, build_policy
 from graftzoo.envs.task import Task
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.contract.types import Group, Prompt, Rollout
 
 # the micro models' scratchpads have no newlines: these tests cut after '=' / '+' (algo.fallback_cut_chars;
 # the default "" makes no cut without a newline, spec algos_single §3.3 step 3)

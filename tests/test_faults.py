@@ -20,10 +20,10 @@ import yaml
 from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
-from graftzoo.core.checkpoint import list_checkpoints
-from graftzoo.core.config import load_config
-from graftzoo.core.rundir import RunDirError
-from graftzoo.core.trainer import Trainer, train
+from graftzoo.training.checkpoint import list_checkpoints
+from graftzoo.contract.config import load_config
+from graftzoo.training.rundir import RunDirError
+from graftzoo.training.trainer import Trainer, train
 from helpers import plugin_site
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")

@@ -8,13 +8,13 @@ import random
 import pytest
 import torch
 
-import graftzoo.core.xt
+import graftzoo.peers.xt
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import align_peer_logprobs, group_advantages
 from graftzoo.algos.graft import GRAFT, GRAFTConfig
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.models import build_policy
-from graftzoo.core.types import Group, Origin, Prompt, Rollout
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.models import build_policy
+from graftzoo.contract.types import Group, Origin, Prompt, Rollout
 
 LEARNER, PEER = "micro-qwen-char", "micro-gpt2-pair"
 
@@ -111,7 +111,7 @@ def fixed_scores(monkeypatch, values: dict, default=None):
             ends = r.token_ids and r.token_ids[-1] == policy.eos_id
             ell = values.get(r.text, default)
             r.logprobs = [ell] * (n - 1 if ends else n) + ([-5.0] if ends else [])
-    monkeypatch.setattr(graftzoo.core.xt, "score_rollouts", score)
+    monkeypatch.setattr(graftzoo.peers.xt, "score_rollouts", score)
 
 
 def worked_setup(pols, monkeypatch, *overrides, ell=WORKED_L, peer_rewards=(1, 0, 0, 0, 0, 0, 0, 0)):

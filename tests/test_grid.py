@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from graftzoo.apps import grid as G
 from graftzoo.apps.cli import main
 from graftzoo.apps.options import PeerOptionError, parse_peer
-from graftzoo.core.config import packaged_configs
+from graftzoo.contract.config import packaged_configs
 
 CONFIGS = packaged_configs() / "grids"  # graftzoo/configs/grids, as installed
 # the rows of the GRAFT paper's Tables 1, 2, 6, 7 and 8 for pair 1, under the spec's labels (algos_peer §4.4.4)

@@ -13,11 +13,11 @@ from click.testing import CliRunner
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import sequence_mean_logp, sequence_terms_as_tokens
-from graftzoo.core.batch import TrainBatch
+from graftzoo.contract.batch import TrainBatch
 from graftzoo.algos.hacpo import HACPO, HACPOConfig
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.models import build_policy
-from graftzoo.core.types import Group, Prompt, TrainRow
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.models import build_policy
+from graftzoo.contract.types import Group, Prompt, TrainRow
 
 torch.set_num_threads(1)
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import hit_utility
 from graftzoo.algos.hora import HORA, HORAConfig
-from graftzoo.core.schema import ConfigError, validate
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.contract.schema import ConfigError, validate
+from graftzoo.contract.types import Group, Prompt, Rollout
 
 COUNTS = [(4, 0), (2, 2), (0, 4), (1, 3)]
 U_VECTORS = {

@@ -23,14 +23,14 @@ import torch
 from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
-from graftzoo.core import checkpoint as C
-from graftzoo.core.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_weights,
+from graftzoo.training import checkpoint as C
+from graftzoo.training.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_weights,
                                       prepare_resume, save_checkpoint, verify_checkpoint)
-from graftzoo.core.config import load_config
-from graftzoo.core.schema import ConfigError
-from graftzoo.core.trainer import Trainer, train
+from graftzoo.contract.config import load_config
+from graftzoo.contract.schema import ConfigError
+from graftzoo.training.trainer import Trainer, train
 from graftzoo.eval import selection
-from graftzoo.eval.checkpoints import build_policies, load_run_config
+from graftzoo.training.eval_checkpoints import build_policies, load_run_config
 from graftzoo.peers.sources import StoredPeer
 from graftzoo.peers.store import StoreError, TrajectoryStore, read_step_file
 
@@ -376,7 +376,7 @@ def test_a_killed_save_leaves_a_leftover_that_resume_removes(tmp_path, caplog):
     save_checkpoint(tmp_path, 0, {"a": FakePolicy()}, {"a": FakeLearner()}, {"wandb_id": None})
     script = textwrap.dedent(f"""
         import time, torch
-        from graftzoo.core.checkpoint import save_checkpoint
+        from graftzoo.training.checkpoint import save_checkpoint
         class P:
             def __init__(self, slow): self.slow = slow
             def state_dict(self):

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from graftzoo.core.checkpoint import CheckpointError, load_weights
-from graftzoo.core.config import ConfigError, check_lora, load_config
-from graftzoo.core.models import build_engine, build_policy, load_model, make_ref, split_spec
-from graftzoo.core.trainer import Trainer, train
+from graftzoo.training.checkpoint import CheckpointError, load_weights
+from graftzoo.contract.config import ConfigError, check_lora, load_config
+from graftzoo.training.models import build_engine, build_policy, load_model, make_ref, split_spec
+from graftzoo.training.trainer import Trainer, train
 from graftzoo.envs.task import Task
-from graftzoo.eval.checkpoints import build_policies, load_run_config
-from graftzoo.eval.runner import evaluate_checkpoint
+from graftzoo.training.eval_checkpoints import build_policies, load_run_config
+from graftzoo.training.eval_runner import evaluate_checkpoint
 
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"
 LORA = "model.lora={r: 4, alpha: 8}"

@@ -18,10 +18,10 @@ from helpers import Spy, scored_rollout
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import group_advantages
-from graftzoo.core.config import algo_config, load_config
-from graftzoo.core.models import build_policy
-from graftzoo.core.registry import get_algo
-from graftzoo.core.types import Group, Prompt
+from graftzoo.contract.config import algo_config, load_config
+from graftzoo.training.models import build_policy
+from graftzoo.contract.registry import get_algo
+from graftzoo.contract.types import Group, Prompt
 from graftzoo.peers import StoredPeer, TrajectoryStore
 
 torch.set_num_threads(1)

@@ -11,11 +11,11 @@ import torch
 from test_loss_wiring import FAIL, LEARNER, MIXED, PEER, PROMPTS, context, group, grpo_adv, make
 
 from graftzoo.algos.functional import agg_denominator, agg_loss
-from graftzoo.core.batch import micro_split
-from graftzoo.core.config import load_config
-from graftzoo.core.models import build_policy
-from graftzoo.core.policy import Policy
-from graftzoo.core.trainer import Trainer
+from graftzoo.contract.batch import micro_split
+from graftzoo.contract.config import load_config
+from graftzoo.training.models import build_policy
+from graftzoo.training.policy import Policy
+from graftzoo.training.trainer import Trainer
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -65,7 +65,7 @@ def step_grads(tmp_path, name, *overrides, algo="grpo"):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_micro_batched_step_has_the_gradient_of_the_unsplit_step(tmp_path, mode, monkeypatch):
-    from graftzoo.core import update as trainer_module
+    from graftzoo.training import update as trainer_module
     seen = []
     update = trainer_module.minibatch_update
 
@@ -203,8 +203,8 @@ def test_per_model_device_and_scoring_passes_within_the_budget(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk", [3 * 50, 2 * 7 * 50])  # 3 positions of one row; 2 whole rows (of 7 x 50)
 def test_token_logprobs_equal_the_full_log_softmax_in_value_and_gradient(dtype, chunk, monkeypatch):
-    from graftzoo.core import policy as policy_module
-    from graftzoo.core.policy import token_entropies, token_logprobs
+    from graftzoo.training import policy as policy_module
+    from graftzoo.training.policy import token_entropies, token_logprobs
     monkeypatch.setattr(policy_module, "LOGIT_CHUNK", chunk)
     torch.manual_seed(0)
     logits = (torch.randn(3, 7, 50) * 3).to(dtype).requires_grad_()

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from test_engine import PROMPTS, tiny_policy
 from test_graft import STRONG_PAIR
 
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.engine import Engine, HFEngine
-from graftzoo.core.trainer import Trainer, recompute_old_logp, train
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.engine import Engine, HFEngine
+from graftzoo.training.trainer import Trainer, recompute_old_logp, train
 
 LEARNER = "micro-qwen-char"
 

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 import graftzoo.algos.om_grpo as om
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.om_grpo import OMGRPO, OMGRPOConfig
-from graftzoo.core.policy import Policy
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.models import build_policy
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.training.policy import Policy
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.models import build_policy
+from graftzoo.contract.types import Group, Prompt, Rollout
 
 
 class TextPolicy:

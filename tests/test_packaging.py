@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graftzoo.core import config as config_mod
+from graftzoo.contract import config as config_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 # everything setup.py builds from: itself and the package roots of its ROOTS mapping
@@ -82,7 +82,7 @@ from click.testing import CliRunner
 from graftzoo.apps.cli import main
 from graftzoo.apps.demo import _config_file
 from graftzoo.apps.grid import load_grid
-from graftzoo.core.config import packaged_configs, read_yaml
+from graftzoo.contract.config import packaged_configs, read_yaml
 from graftzoo.envs.datasets import load_dataset
 plan = read_yaml(_config_file("demo", "demo"))
 grids = {mode: len(load_grid(_config_file("demo", p["grid"]), out="runs/demo").cells) for mode, p in plan.items()}

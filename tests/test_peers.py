@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.peers import MixedPeer, OnlinePeer, StoredPeer, StoreError, TrajectoryStore, make_peer_source
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.contract.types import Group, Prompt, Rollout
 from test_graft import STRONG_PAIR  # the micro pair warmed up to have mixed groups (pytest puts tests/ on the path)
 
 A, B = "micro-qwen-char", "micro-gpt2-pair"

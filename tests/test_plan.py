@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.apps.plan import GIB, architecture, param_count, plan, train_state_bytes
-from graftzoo.core.config import load_config
+from graftzoo.contract.config import load_config
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
 
 

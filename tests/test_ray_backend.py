@@ -24,11 +24,11 @@ import pytest
 import torch
 import yaml
 
-from graftzoo.core.checkpoint import latest_checkpoint, load_weights
-from graftzoo.core.config import load_config, packaged_configs
-from graftzoo.core.models import build_policy
-from graftzoo.core.trainer import train
-from graftzoo.eval.runner import evaluate_checkpoint
+from graftzoo.training.checkpoint import latest_checkpoint, load_weights
+from graftzoo.contract.config import load_config, packaged_configs
+from graftzoo.training.models import build_policy
+from graftzoo.api import train_run as train
+from graftzoo.training.eval_runner import evaluate_checkpoint
 from helpers import plugin_site
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")

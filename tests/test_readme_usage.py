@@ -14,8 +14,8 @@ import yaml
 from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
-from graftzoo.core.config import load_config
-from graftzoo.core.rundir import RunDirUsageError, check_resume_config, default_run_name
+from graftzoo.contract.config import load_config
+from graftzoo.training.rundir import RunDirUsageError, check_resume_config, default_run_name
 from graftzoo.eval.artifacts import write_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps import grid as G
 from graftzoo.apps.cli import main
-from graftzoo.core.config import packaged_configs
+from graftzoo.contract.config import packaged_configs
 from graftzoo.eval.artifacts import eval_path
 from graftzoo.eval.regime import RegimeMap, regime_cells
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from graftzoo.eval.artifacts import (ArtifactError, append_metrics, load_run, load_runs,
                                      make_summary, stored_peer_cost, write_config, write_eval,
                                      write_summary)
-from graftzoo.eval.cli import report_cmd
+from graftzoo.apps.report import report_cmd
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.eval.plots import (FIGURES, axis_label, method_colors, plot_fractions, plot_learning_curve,
                                  plot_score_vs_compute, run_colors, smooth, write_figures)

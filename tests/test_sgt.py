@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import sequence_mean_logp
 from graftzoo.algos.sgt import SGT, SGTConfig
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.models import build_policy
-from graftzoo.core.types import Group, Prompt
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.models import build_policy
+from graftzoo.contract.types import Group, Prompt
 
 torch.set_num_threads(1)
 QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from graftzoo.algos import om_grpo
 from graftzoo.apps.cli import main
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.sampler import PromptSampler
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.sampler import PromptSampler
 from graftzoo.envs.arithmetic import is_heldout
 from graftzoo.envs.datasets import load_dataset
 from graftzoo.envs.env import ArithmeticEnv

@@ -6,10 +6,10 @@ import math
 import pytest
 import yaml
 
-from graftzoo.core.config import load_config
-from graftzoo.core.tracking import COMPLETION_COLUMNS, Tracker, completion_rows
-from graftzoo.core.trainer import train
-from graftzoo.core.types import Group, Origin, Prompt, Rollout
+from graftzoo.contract.config import load_config
+from graftzoo.training.tracking import COMPLETION_COLUMNS, Tracker, completion_rows
+from graftzoo.training.trainer import train
+from graftzoo.contract.types import Group, Origin, Prompt, Rollout
 
 
 def _roll(text, reward, logprobs, origin=None, role="own"):

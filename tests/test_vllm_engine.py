@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from transformers.generation import TopPLogitsWarper
 
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.engine import EngineError, HFEngine
-from graftzoo.core.models import build_engine, build_policy
-from graftzoo.core.trainer import Trainer, recompute_old_logp, train
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.engine import EngineError, HFEngine
+from graftzoo.training.models import build_engine, build_policy
+from graftzoo.training.trainer import Trainer, recompute_old_logp, train
 from graftzoo.envs.task import Task
 
 TEMP = 0.7
@@ -189,8 +189,8 @@ def test_settings_that_cannot_work_are_refused_before_any_engine_starts():
 
 
 def test_a_head_size_that_vllm_cannot_run_on_cpu_is_refused_at_start_naming_the_model():
-    from graftzoo.core.policy import Policy
-    from graftzoo.core.vllm_engine import VLLMEngine
+    from graftzoo.training.policy import Policy
+    from graftzoo.training.vllm_engine import VLLMEngine
     from graftzoo.tiny.build import TinyModelSpec, build_tiny
     spec = TinyModelSpec(id="h24", family="gpt2", tokenizer="digit_pair", hidden=96, layers=1, heads=4, ffn=64,
                          warmup={"steps": 0})
@@ -200,7 +200,7 @@ def test_a_head_size_that_vllm_cannot_run_on_cpu_is_refused_at_start_naming_the_
 
 
 def test_a_run_saved_before_the_vllm_keys_existed_resumes_and_their_hosting_keys_are_free_to_change():
-    from graftzoo.core.rundir import config_changes
+    from graftzoo.training.rundir import config_changes
     cfg = micro_cfg()
     old = copy.deepcopy(cfg)
     del old["rollout"]["vllm"]  # a run directory written by an earlier release

@@ -10,12 +10,12 @@ import signal
 import psutil
 import pytest
 
-from graftzoo.core.config import load_config
-from graftzoo.core.policy import NonFiniteError
-from graftzoo.core.preemption import Interrupted
-from graftzoo.core.registry import get_algo
-from graftzoo.core import models as models_module
-from graftzoo.core.trainer import Trainer, train
+from graftzoo.contract.config import load_config
+from graftzoo.training.policy import NonFiniteError
+from graftzoo.training.preemption import Interrupted
+from graftzoo.contract.registry import get_algo
+from graftzoo.training import models as models_module
+from graftzoo.training.trainer import Trainer, train
 
 ONE_MODEL = ["pair.train=[micro-qwen-char]", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625",
              "rollout.vllm.multiprocessing=true", "run.track=false", "run.eval_at_end=false"]

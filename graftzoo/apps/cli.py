@@ -14,23 +14,23 @@ from graftzoo.apps.grid.model import GridError
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, peer_option
 from graftzoo.apps.plan import plan_cmd
 from graftzoo.apps.progress import ProgressPrinter as _ProgressPrinter
-from graftzoo.core.checkpoint import CheckpointError
-from graftzoo.core.config import ConfigError, algo_presets, load_config
-from graftzoo.core.engine import EngineError
-from graftzoo.core.policy import NonFiniteError
-from graftzoo.core.preemption import Interrupted
-from graftzoo.core.registry import RegistryError, list_algos
-from graftzoo.core.rundir import RunDirError, RunDirUsageError
-from graftzoo.core.tracking import MetricsFileError
-from graftzoo.core.trainer import train as run_train
-from graftzoo.core.xt import XTOverflowError
-from graftzoo.dist.errors import RayStartError, WorkerError
-from graftzoo.envs.cli import env_group
+from graftzoo.training.checkpoint import CheckpointError
+from graftzoo.contract.config import ConfigError, algo_presets, load_config
+from graftzoo.training.engine import EngineError
+from graftzoo.training.policy import NonFiniteError
+from graftzoo.training.preemption import Interrupted
+from graftzoo.contract.registry import RegistryError, list_algos
+from graftzoo.training.rundir import RunDirError, RunDirUsageError
+from graftzoo.training.tracking import MetricsFileError
+from graftzoo.api import train_run as run_train
+from graftzoo.peers.xt import XTOverflowError
+from graftzoo.distributed.errors import RayStartError, WorkerError
+from graftzoo.apps.env import env_group
 from graftzoo.envs.datasets import DatasetError
 from graftzoo.eval.artifacts import ArtifactError
-from graftzoo.eval.cli import report_cmd
-from graftzoo.eval.runner import eval_cmd
-from graftzoo.eval.selection import SelectionError
+from graftzoo.apps.report import report_cmd
+from graftzoo.apps.evaluate import eval_cmd
+from graftzoo.training.selection import SelectionError
 from graftzoo.peers.store import StoreError
 
 

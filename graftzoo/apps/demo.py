@@ -29,8 +29,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from graftzoo.apps.grid import load_grid, run_grid, write_report
 from graftzoo.apps.grid.load import pair_models
-from graftzoo.core.config import find_config, load_config, read_yaml
-from graftzoo.core.models import build_engine, build_policy, split_spec
+from graftzoo.contract.config import find_config, load_config, read_yaml
+from graftzoo.training.models import build_engine, build_policy, split_spec
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import eval_path
 from graftzoo.eval.compute import joint_charge
@@ -219,7 +219,7 @@ def learner_conclusion(grid) -> str:
 
 def _config_file(kind: str, name: str) -> Path:
     """configs/KIND/NAME.yaml (KIND: demo, grids): a user's ./configs first, then the package's
-    (graftzoo.core.config.find_config)."""
+    (graftzoo.contract.config.find_config)."""
     path = find_config(kind, name)
     if path is None:
         raise click.ClickException(f"no {kind} config {name!r}: configs/{kind}/{name}.yaml is neither in ./configs "

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import click
 from transformers import AutoConfig
 
-from graftzoo.core.config import ConfigError, load_config
-from graftzoo.core.models import resolve_precision, tiny_spec
+from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.models import resolve_precision, tiny_spec
 from graftzoo.tiny.build import tiny_config
 
 GIB = 1 << 30

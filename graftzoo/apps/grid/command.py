@@ -12,7 +12,7 @@ from graftzoo.apps.grid.on_ray import RayCells
 from graftzoo.apps.grid.load import load_grid
 from graftzoo.apps.grid.model import Grid, GridError, select_cells
 from graftzoo.apps.grid.run import cell_status, check_configs, eval_command, resume_note, run_grid, summary_status
-from graftzoo.core.config import ConfigError, clip_label
+from graftzoo.contract.config import ConfigError, clip_label
 from graftzoo.eval.artifacts import ArtifactError, load_run
 from graftzoo.eval.plots import write_figures
 from graftzoo.eval.regime import write_regime_map

@@ -9,9 +9,9 @@ from typing import Optional
 from graftzoo.apps.grid.model import (Cell, Grid, GridError, Method, check_one_clip, order_cells, resolve_clips,
                                       slug)
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, parse_peer
-from graftzoo.core.config import DEFAULTS, ConfigError, find_config, read_yaml
+from graftzoo.contract.config import DEFAULTS, ConfigError, find_config, read_yaml
 from graftzoo.eval.regime import RegimeMap
-from graftzoo.eval.runner import evaluate_checkpoint
+from graftzoo.training.eval_runner import evaluate_checkpoint
 
 GRID_KEYS = {"name", "out_dir", "pairs", "seeds", "files", "set", "algorithms", "variants", "eval", "report"}
 METHOD_KEYS = {"label", "algo", "set", "files", "peer", "each_model", "clip", "pairs"}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from graftzoo.core.config import clip_label, effective_clip, load_config
+from graftzoo.contract.config import clip_label, effective_clip, load_config
 from graftzoo.eval.regime import RegimeMap
 
 

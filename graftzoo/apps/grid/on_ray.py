@@ -14,8 +14,8 @@ from typing import Optional
 
 from graftzoo.apps.grid.model import Cell
 from graftzoo.apps.grid.run import run_cell_subprocess
-from graftzoo.dist.backend import workers_of
-from graftzoo.dist.cluster import connect, disconnect
+from graftzoo.distributed.backend import workers_of
+from graftzoo.distributed.cluster import connect, disconnect
 
 
 def cell_resources(cfg: dict) -> dict:

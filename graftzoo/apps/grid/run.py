@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from graftzoo.apps.grid.model import Cell, Grid, GridError, resolve_clips
-from graftzoo.core.checkpoint import checkpoint_step, latest_checkpoint
-from graftzoo.core.trainer import train
+from graftzoo.training.checkpoint import checkpoint_step, latest_checkpoint
+from graftzoo.api import train_run as train
 from graftzoo.eval.artifacts import EVAL_DIR, GRID_EVAL_DIR, eval_file_name
-from graftzoo.eval.checkpoints import load_run_config, trained_specs
+from graftzoo.training.eval_checkpoints import load_run_config, trained_specs
 from graftzoo.eval.evaluate import eval_request
-from graftzoo.eval.runner import evaluate_checkpoint
+from graftzoo.training.eval_runner import evaluate_checkpoint
 
 
 # ---------------------------------------------------------------------------------------------

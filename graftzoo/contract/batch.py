@@ -1,7 +1,7 @@
 """Tensors for the update: a learner's TrainRows padded into minibatches (built where the model lives).
 
 Layout: [left-padded prompt | right-padded response], so every row's response occupies the last
-``R`` columns (``graftzoo.core.policy`` computes positions as ``cumsum(mask) - 1``).
+``R`` columns (``graftzoo.training.policy`` computes positions as ``cumsum(mask) - 1``).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import torch
 
-from graftzoo.core.types import ROLES, TrainRow
+from graftzoo.contract.types import ROLES, TrainRow
 
 ROLE_ID = {role: i for i, role in enumerate(ROLES)}
 OWN, PEER, AUX = (ROLE_ID[r] for r in ROLES)

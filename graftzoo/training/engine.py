@@ -15,7 +15,7 @@ by the temperature exactly as ``Policy.logprobs`` does, then cut by top-k / top-
 ``min_new_tokens``) EOS, and log-softmaxed over what is left (renormalised). With no cut they are
 ``Policy.logprobs``' values up to the numerics of a KV-cached decode; with a cut they differ from the
 training path, so the trainer then recomputes theta_old through it (``rollout.recompute_old_logp``,
-graftzoo.core.trainer) and logs the largest difference (``rollout/logp_diff_max``). Greedy decoding
+graftzoo.training.trainer) and logs the largest difference (``rollout/logp_diff_max``). Greedy decoding
 records the log-probs of softmax(logits) (no distribution is sampled).
 
 Stop strings (``Policy.stop_strings``, ``rollout.stop``): a response ends at the token whose decoded text
@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
-from graftzoo.core.policy import Policy, position_ids_from_mask
-from graftzoo.core.types import Group, Prompt, Rollout
+from graftzoo.training.policy import Policy, position_ids_from_mask
+from graftzoo.contract.types import Group, Prompt, Rollout
 
 
 class EngineError(RuntimeError):

@@ -42,8 +42,8 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
-from graftzoo.core.names import model_slug
-from graftzoo.dist.fsdp import load_sharded
+from graftzoo.contract.names import model_slug
+from graftzoo.training.fsdp import load_sharded
 
 log = logging.getLogger("graftzoo")
 

@@ -1,5 +1,5 @@
 """The update of one model on its step's minibatches, where the model lives: in the trainer's process, or in each
-rank of the model's Ray worker group (graftzoo.dist.worker), which runs the same functions on its share of every
+rank of the model's Ray worker group (graftzoo.distributed.worker), which runs the same functions on its share of every
 minibatch's micro-batches.
 
 A minibatch is given as micro-batches (``optim.max_tokens_per_micro``) that carry the whole minibatch's loss
@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from graftzoo.core.errors import NonFiniteError
+from graftzoo.contract.errors import NonFiniteError
 
 
 def update_policy(ctx, policy, learner, mbs: list, recompute: bool, where: str, step=None) -> list:

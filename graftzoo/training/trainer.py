@@ -21,27 +21,25 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.base import StepContext
-from graftzoo.core.checkpoint import load_checkpoint, one_line, prepare_resume, save_checkpoint
-from graftzoo.core import diagnostics
-from graftzoo.core.config import algo_config
-from graftzoo.core.policy import NonFiniteError
-from graftzoo.core.preemption import Interrupted, StopRequest
-from graftzoo.core.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, default_run_name,
+from graftzoo.training.checkpoint import load_checkpoint, one_line, prepare_resume, save_checkpoint
+from graftzoo.training import diagnostics
+from graftzoo.contract.config import algo_config
+from graftzoo.training.policy import NonFiniteError
+from graftzoo.training.preemption import Interrupted, StopRequest
+from graftzoo.training.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, default_run_name,
                                   holds_run, move_aside)
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
-from graftzoo.eval.evaluate import (eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request,
-                                    make_eval_engine)
+from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
 from graftzoo.eval.compute import ComputeMeter
-from graftzoo.core.engine import EngineError
-from graftzoo.core.models import InProcess, check_models
+from graftzoo.training.engine import EngineError
+from graftzoo.training.models import InProcess, check_models, make_eval_engine
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
-from graftzoo.core.registry import get_algo
-from graftzoo.core.sampler import PromptSampler
-from graftzoo.core.tracking import Tracker
-from graftzoo.core.update import mean_metrics
-from graftzoo.dist.backend import RayBackend
+from graftzoo.contract.registry import get_algo
+from graftzoo.training.sampler import PromptSampler
+from graftzoo.training.tracking import Tracker
+from graftzoo.training.update import mean_metrics
 
 
 log = logging.getLogger("graftzoo")
@@ -474,11 +472,23 @@ def complementarity(groups, peer: dict) -> dict:
             "peer/all_fail_count": len(dead)}
 
 
+# run.backend -> a factory of the object that builds and holds the models (``build``, ``close``): the in-process one
+# here; the layers above add theirs (graftzoo.api registers graftzoo.distributed's Ray backend)
+BACKENDS: dict = {"inprocess": InProcess}
+
+
+def register_backend(name: str, factory) -> None:
+    """Make ``run.backend=name`` build its models with ``factory()``."""
+    BACKENDS[name] = factory
+
+
 def make_backend(cfg: dict):
-    """The backend ``run.backend`` names (Ray is imported only when asked for)."""
-    if cfg["run"]["backend"] == "ray":
-        return RayBackend()
-    return InProcess()
+    """The backend ``run.backend`` names (``BACKENDS``)."""
+    name = cfg["run"]["backend"]
+    if name not in BACKENDS:
+        raise RunDirUsageError(f"run.backend={name!r} has no registered backend (known: {sorted(BACKENDS)}); "
+                               f"graftzoo.api registers 'ray': train through graftzoo.api or the CLI")
+    return BACKENDS[name]()
 
 
 def train(cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None, overwrite: bool = False,

@@ -16,12 +16,12 @@ import torch
 import torch.distributed as dist
 
 from graftzoo.algos.base import StepContext
-from graftzoo.core.config import algo_config
-from graftzoo.core.models import ENGINES, build_engine, build_policy, make_ref, wants_ref
-from graftzoo.core.registry import get_algo
-from graftzoo.core.update import accumulate_minibatch, update_policy
-from graftzoo.dist import fsdp
-from graftzoo.dist.cluster import free_port
+from graftzoo.contract.config import algo_config
+from graftzoo.training.models import ENGINES, build_engine, build_policy, make_ref, wants_ref
+from graftzoo.contract.registry import get_algo
+from graftzoo.training.update import accumulate_minibatch, update_policy
+from graftzoo.training import fsdp
+from graftzoo.distributed.cluster import free_port
 from graftzoo.eval.compute import ComputeMeter
 
 

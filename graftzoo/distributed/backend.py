@@ -1,4 +1,4 @@
-"""``run.backend: ray`` — each model in its own group of Ray workers (graftzoo.dist.worker), placed by a placement
+"""``run.backend: ray`` — each model in its own group of Ray workers (graftzoo.distributed.worker), placed by a placement
 group with its own devices; the driver (the trainer's process) runs the same step as in-process, through the same
 Learner hooks, on plain data.
 
@@ -6,7 +6,7 @@ On the driver a model is a ``RemotePolicy`` (its tokenizer and template, for the
 passes — scoring, hidden states, the update — run in the group) and a ``RemoteEngine`` (generate runs in the group).
 No algorithm code knows about Ray: the learners get these in place of a ``Policy`` and an ``Engine``.
 
-A group of ``pair.models[i].num_workers`` ranks trains with FSDP2 (graftzoo.dist.fsdp): each rank gets its share of
+A group of ``pair.models[i].num_workers`` ranks trains with FSDP2 (graftzoo.training.fsdp): each rank gets its share of
 every minibatch's micro-batches (round-robin; a stand-in of scale 0 where it holds fewer), and the ranks' gradients
 are summed, so the update is the one-process update. A rank that dies or fails ends the run with an error naming the
 model and the rank (``WorkerError``); the rest of its group is killed, nothing hangs.
@@ -22,13 +22,13 @@ from typing import Optional
 
 import torch
 
-from graftzoo.core.engine import Engine
-from graftzoo.core.models import check_context, load_tokenizer_of, model_stop, model_template, split_spec
-from graftzoo.core.policy import Policy
-from graftzoo.dist.errors import WorkerError
-from graftzoo.core.update import mean_metrics
-from graftzoo.dist.cluster import connect, disconnect
-from graftzoo.dist.worker import PolicyWorker
+from graftzoo.training.engine import Engine
+from graftzoo.training.models import check_context, load_tokenizer_of, model_stop, model_template, split_spec
+from graftzoo.training.policy import Policy
+from graftzoo.distributed.errors import WorkerError
+from graftzoo.training.update import mean_metrics
+from graftzoo.distributed.cluster import connect, disconnect
+from graftzoo.distributed.worker import PolicyWorker
 
 log = logging.getLogger("graftzoo")
 

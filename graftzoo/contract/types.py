@@ -1,7 +1,7 @@
 """The data contract of graftzoo (DESIGN.md, "The data that flows"; README "Architecture").
 
     Prompt -> Group of Rollouts (one model, one prompt) -> TrainRow (one response as a learner trains on it)
-           -> MiniBatch (tensors, graftzoo.core.batch) -> loss parts (policy gradient, auxiliary NLL, KL)
+           -> MiniBatch (tensors, graftzoo.contract.batch) -> loss parts (policy gradient, auxiliary NLL, KL)
 
 Text is the lingua franca between models; token ids belong to one tokenizer. Everything here is a
 plain, picklable dataclass: hooks exchange these and nothing else (no string-keyed side channels),

@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from graftzoo.core.schema import ConfigError
+from graftzoo.contract.schema import ConfigError
 
 
 def is_lora(model) -> bool:

@@ -8,7 +8,7 @@ Free-form maps (model specs, task mixes) are marked in FREE and not checked key 
 
 Values are checked once, by ``validate`` at the end of ``load_config``: the core keys declared in CORE
 (type, choices, bounds), their cross-field rules (``check_core``) and the learner's Config (choices,
-bounds and cross-field rules declared on the dataclass, see graftzoo.core.schema). ``algo_config`` gives
+bounds and cross-field rules declared on the dataclass, see graftzoo.contract.schema). ``algo_config`` gives
 the trainer that Config object without checking again. What needs files but no model (datasets, the
 registered env, prompt templates) is checked by ``graftzoo.envs.task.Task.check`` before models are built.
 An override's value is YAML (``3e-5`` reads as a number); invalid YAML is a ``ConfigError`` naming the key.
@@ -28,10 +28,10 @@ from typing import Literal, Optional, Union
 
 import yaml
 
-from graftzoo.core.names import model_slug
-from graftzoo.core.registry import get_algo
-from graftzoo.core.schema import ConfigError, build, check_value
-from graftzoo.core.schema import validate as validate_algo
+from graftzoo.contract.names import model_slug
+from graftzoo.contract.registry import get_algo
+from graftzoo.contract.schema import ConfigError, build, check_value
+from graftzoo.contract.schema import validate as validate_algo
 
 
 DEFAULTS: dict = {
@@ -55,18 +55,18 @@ DEFAULTS: dict = {
         "progress": True,
         "threads": 1,            # torch intra-op threads
         "device": "cpu",
-        "backend": "inprocess",  # inprocess | ray: each model in its own group of Ray workers (graftzoo.dist)
-        # per-step transfer-path diagnostics diag/* (graftzoo.core.diagnostics; in-process models only): the
+        "backend": "inprocess",  # inprocess | ray: each model in its own group of Ray workers (graftzoo.distributed)
+        # per-step transfer-path diagnostics diag/* (graftzoo.training.diagnostics; in-process models only): the
         # gradient-norm share of peer rows, the log-prob of admitted peer successes before / after each update
         "diagnostics": False,
     },
-    # wandb extras (graftzoo.core.tracking; project / group / mode stay run.wandb_*)
+    # wandb extras (graftzoo.training.tracking; project / group / mode stay run.wandb_*)
     "tracking": {
         "entity": None,                # wandb entity (team or user); None: wandb's default
         "log_completions_every": 10,   # steps between completions tables (0 = never)
         "completions_rows": 64,        # at most this many rows per completions table
     },
-    # --backend ray: where the cluster is and what each worker asks of it (graftzoo.dist.cluster)
+    # --backend ray: where the cluster is and what each worker asks of it (graftzoo.distributed.cluster)
     "ray": {
         "address": None,         # None: start a private local cluster on 127.0.0.1; else an existing one's address
         "num_cpus": None,        # logical CPUs of the private cluster (None: enough for every worker)
@@ -79,7 +79,7 @@ DEFAULTS: dict = {
     },
     "pair": {
         "name": None,
-        "models": [],            # list of model specs (see graftzoo.core.models)
+        "models": [],            # list of model specs (see graftzoo.training.models)
         "train": None,           # ids of the models to train; None = all
         # auto: each model's own chat template, plain without one (compact for kind: tiny); graftzoo.envs.templates
         "template": "auto",
@@ -127,7 +127,7 @@ DEFAULTS: dict = {
         # theta_old log-probs from the training path (spec algos_single §0) instead of decoding: true | false |
         # auto (on unless the engine is the training model itself in float32, sampling without top-p / top-k)
         "recompute_old_logp": "auto",
-        # rollout.engine=vllm (graftzoo.core.vllm_engine); ignored by the hf engine
+        # rollout.engine=vllm (graftzoo.training.vllm_engine); ignored by the hf engine
         "vllm": {
             "dtype": "auto",                # auto: the training model's dtype
             "kv_cache_gb": 1.0,             # KV cache size; null: gpu_memory_utilization decides (GPU)
@@ -177,10 +177,10 @@ DEFAULTS: dict = {
     },
     "store": {"enabled": True},
     # defaults for every model of the pair; a pair.models entry may set its own (same key)
-    # lora: null trains every parameter; a mapping trains LoRA adapters only (graftzoo.core.lora; LORA_DEFAULTS)
+    # lora: null trains every parameter; a mapping trains LoRA adapters only (graftzoo.training.lora; LORA_DEFAULTS)
     "model": {"gradient_checkpointing": False, "lora": None},
 }
-# model.lora / pair.models[i].lora: the keys of a LoRA mapping and their defaults (graftzoo.core.lora)
+# model.lora / pair.models[i].lora: the keys of a LoRA mapping and their defaults (graftzoo.training.lora)
 LORA_DEFAULTS = {"r": 8, "alpha": 16.0, "target_modules": "all-linear", "dropout": 0.0}
 LORA_KEYS = {"r": (int, "[1, inf)"), "alpha": (float, "(0, inf)"), "dropout": (float, "[0, 1)")}
 
@@ -298,7 +298,7 @@ CORE = {
     "xt.append_eos_if_stopped": bool,
     "store.enabled": bool,
 }
-# per-model keys of a pair.models entry (graftzoo.core.models.PER_MODEL_KEYS) and their declarations
+# per-model keys of a pair.models entry (graftzoo.training.models.PER_MODEL_KEYS) and their declarations
 MODEL_KEYS = {"id": str, "template": str, "stop": Union[Literal["auto"], list[str]],
               "max_new_tokens": (int, "[1, inf)"), "lr": (float, "[0, inf)"),
               "device": str, "gradient_checkpointing": bool, "num_workers": (int, "[1, inf)"),
@@ -493,7 +493,7 @@ def validate(cfg: dict) -> dict:
 
 
 def check_declared(key: str, value, decl):
-    """``value`` checked against a CORE declaration (module docstring of graftzoo.core.schema); an integral float
+    """``value`` checked against a CORE declaration (module docstring of graftzoo.contract.schema); an integral float
     of an int key comes back as an int."""
     tp, rng, why = (tuple(decl) + (None, None))[:3] if isinstance(decl, tuple) else (decl, None, None)
     try:

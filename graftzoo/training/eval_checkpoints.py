@@ -1,15 +1,15 @@
 """Run directories and checkpoints as evaluation targets: the run's config, the target a path
 names, the trained models' specs and fresh policies for them (the checkpoint layout itself, and
-loading weights, are ``graftzoo.core.checkpoint``'s)."""
+loading weights, are ``graftzoo.training.checkpoint``'s)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional, Sequence
 
-from graftzoo.core.checkpoint import MANIFEST, TRAINER_FILE, is_checkpoint
-from graftzoo.core.config import read_yaml
-from graftzoo.core.models import build_policy
-from graftzoo.core.schema import ConfigError
+from graftzoo.training.checkpoint import MANIFEST, TRAINER_FILE, is_checkpoint
+from graftzoo.contract.config import read_yaml
+from graftzoo.training.models import build_policy
+from graftzoo.contract.schema import ConfigError
 from graftzoo.eval.artifacts import CONFIG
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from graftzoo.core.types import Origin, Rollout
+from graftzoo.contract.types import Origin, Rollout
 
 
 class XTOverflowError(ValueError):

@@ -13,7 +13,7 @@ import secrets
 import socket
 import sys
 
-from graftzoo.dist.errors import RayStartError
+from graftzoo.distributed.errors import RayStartError
 
 LOOPBACK = "127.0.0.1"
 

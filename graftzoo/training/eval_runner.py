@@ -1,8 +1,8 @@
-"""``graftzoo eval``: evaluate a checkpoint (or a run's selected checkpoint) on math benchmarks.
+"""Checkpoint evaluation (what ``graftzoo eval`` runs): evaluate a checkpoint (or a run's selected checkpoint) on math benchmarks.
 
-Targets (``graftzoo.eval.checkpoints``): a run directory's checkpoint ``RUN/checkpoints/step_N``,
+Targets (``graftzoo.training.eval_checkpoints``): a run directory's checkpoint ``RUN/checkpoints/step_N``,
 or a run directory, which means the checkpoint that the run's selection rule picks
-(``eval.select``: ``last`` or ``val_avg``, ``graftzoo.eval.selection``; the validation set is the
+(``eval.select``: ``last`` or ``val_avg``, ``graftzoo.training.selection``; the validation set is the
 run's task's, ``graftzoo.envs.task``).
 
 Benchmarks: ``all`` (math500, aime24, aime25, amc23, minerva_math), any name or file path that
@@ -12,7 +12,7 @@ trainer evaluates on: ``Task.heldout``).
 Protocol (``graftzoo.eval.protocol``): ``seeds`` evaluation runs of k samples per problem, every
 sample under its own seed; avg@k with sd and a 95% t-interval over the runs (over the k sample
 seeds when there is one run), unbiased pass@k; optionally a greedy pass. The policy is rebuilt
-from the run's ``config.yaml`` (``graftzoo.core.models.build_policy`` with the pair's model spec) and
+from the run's ``config.yaml`` (``graftzoo.training.models.build_policy`` with the pair's model spec) and
 the checkpoint's weights, and evaluated by ``graftzoo.eval.evaluate`` (the trainer's own
 evaluation goes through it too). Results are written in the ``graftzoo.eval.artifacts`` eval
 format, one file per model, by default in a folder of their own that names what was evaluated,
@@ -21,10 +21,10 @@ the step of the checkpoint evaluated), for a run directory and for an explicit c
 ``graftzoo eval`` never writes the trainer's final evaluation ``RUN/eval/<model>.json`` (what the
 report reads): ``--out`` naming ``RUN/eval`` is refused.
 
-Checkpoints are read safely (``graftzoo.core.checkpoint.load_weights``: ``torch.load(weights_only=True)``
+Checkpoints are read safely (``graftzoo.training.checkpoint.load_weights``: ``torch.load(weights_only=True)``
 after checking the manifest's size and sha256 of the model file): an explicitly given checkpoint that
 fails is an error naming the file; for a run directory, selection skips failing checkpoints with a
-warning (``graftzoo.eval.selection``).
+warning (``graftzoo.training.selection``).
 """
 from __future__ import annotations
 
@@ -33,14 +33,13 @@ import re
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import click
-
-from graftzoo.core.checkpoint import CheckpointError, checkpoint_step, load_weights
+from graftzoo.training.checkpoint import CheckpointError, checkpoint_step, load_weights
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import EVAL_DIR
-from graftzoo.eval.checkpoints import build_policies, load_run_config, resolve_target, trained_specs
-from graftzoo.eval.evaluate import eval_request, evaluate_and_write, make_eval_engine
-from graftzoo.eval.selection import SELECT_RULES, SelectionError, select_checkpoints
+from graftzoo.training.eval_checkpoints import build_policies, load_run_config, resolve_target, trained_specs
+from graftzoo.eval.evaluate import eval_request, evaluate_and_write
+from graftzoo.training.models import make_eval_engine
+from graftzoo.training.selection import SELECT_RULES, SelectionError, select_checkpoints
 
 
 CLI_EVAL_DIR = "cli"   # RUN/eval/cli/<what was evaluated>/<model>.json: graftzoo eval's files
@@ -112,47 +111,4 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
             engine.close()
 
 
-# ---------------------------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------------------------
-
-@click.command("eval")
-@click.option("--ckpt", "path", required=True, type=click.Path(exists=True, file_okay=False),
-              help="RUN/checkpoints/step_N, or a run dir (its checkpoint chosen by eval.select)")
-@click.option("--benchmarks", default=None,
-              help="all | comma-separated names or paths | heldout  [default: eval.benchmarks, else heldout]")
-@click.option("--k", type=click.IntRange(min=0), default=None, help="samples per problem [default: eval.k]")
-@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
-              help="evaluation runs of k samples each (sd and CI are over runs when > 1)")
-@click.option("--greedy/--no-greedy", default=None, help="also score one greedy response [default: eval.greedy]")
-@click.option("--temperature", type=float, default=None, help="[default: eval.temperature]")
-@click.option("--top-p", type=float, default=None, help="[default: eval.top_p, else rollout.top_p]")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
-              help="[default: eval.max_new_tokens, else the model's rollout limit]")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="first N prompts of each benchmark")
-@click.option("--seed", type=int, default=None, help="base sampling seed [default: run.seed]")
-@click.option("--out", default=None, type=click.Path(file_okay=False),
-              help="folder for <model>.json [default: RUN/eval/cli/step_N-<benchmarks>-k<k>]")
-@click.option("--select", type=click.Choice(SELECT_RULES), default=None,
-              help="checkpoint selection for a run dir [default: eval.select]")
-@click.option("--val-dataset", default=None, help="validation set for --select val_avg [default: eval.val_dataset]")
-@click.option("--val-size", type=click.IntRange(min=1), default=None, help="validation prompts [default: 64]")
-@click.option("--allow-test-selection", is_flag=True, default=None,
-              help="allow val_avg selection on a test set (off: it raises)")
-@click.option("--model", "models", multiple=True, help="evaluate only this model id (repeatable)")
-def eval_cmd(path, benchmarks, k, seeds, greedy, temperature, top_p, max_new_tokens, limit, seed, out, select,
-             val_dataset, val_size, allow_test_selection, models):
-    """Evaluate a checkpoint on math benchmarks: avg@k ± sd, 95% CI and pass@k per benchmark."""
-    try:
-        paths = evaluate_checkpoint(path, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature,
-                                    top_p=top_p, max_new_tokens=max_new_tokens, limit=limit, seed=seed, out=out,
-                                    select=select, val_dataset=val_dataset, val_size=val_size,
-                                    allow_test_selection=allow_test_selection, models=models or None,
-                                    log=click.echo)
-    except (SelectionError, FileNotFoundError, ValueError, CheckpointError) as e:  # ConfigError, StoreError: ValueError
-        raise click.ClickException(str(e)) from None
-    for p in paths:
-        click.echo(f"wrote {p}")
-
-
-__all__ = ["CLI_EVAL_DIR", "cli_eval_folder", "eval_cmd", "eval_request", "evaluate_checkpoint", "load_run_config", "trained_specs"]
+__all__ = ["CLI_EVAL_DIR", "cli_eval_folder", "eval_request", "evaluate_checkpoint", "load_run_config", "trained_specs"]

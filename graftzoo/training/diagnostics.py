@@ -24,8 +24,8 @@ from typing import Optional
 
 import torch
 
-from graftzoo.core.batch import TrainBatch
-from graftzoo.core.update import minibatch_old_logp
+from graftzoo.contract.batch import TrainBatch
+from graftzoo.training.update import minibatch_old_logp
 
 SOURCES = ("own", "peer")
 

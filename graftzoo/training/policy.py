@@ -12,12 +12,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from graftzoo.core import lora as lora_mod
-from graftzoo.core.batch import micro_split, pad_pairs
-from graftzoo.core.errors import NonFiniteError  # noqa: F401 - raised here, imported from here by callers
-from graftzoo.core.types import Prompt
-from graftzoo.core.update import update_policy
-from graftzoo.dist.fsdp import full_model_state, load_full, load_sharded, save_sharded
+from graftzoo.training import lora as lora_mod
+from graftzoo.contract.batch import micro_split, pad_pairs
+from graftzoo.contract.errors import NonFiniteError  # noqa: F401 - raised here, imported from here by callers
+from graftzoo.contract.types import Prompt
+from graftzoo.training.update import update_policy
+from graftzoo.training.fsdp import full_model_state, load_full, load_sharded, save_sharded
 from graftzoo.envs.templates import render_prompt
 
 
@@ -92,7 +92,7 @@ def token_entropies(logits: torch.Tensor, temperature: float = 1.0) -> torch.Ten
 
 
 class Policy:
-    stop_strings: tuple = ()  # a rollout ends at the token that completes one (rollout.stop, graftzoo.core.models)
+    stop_strings: tuple = ()  # a rollout ends at the token that completes one (rollout.stop, graftzoo.training.models)
 
     def __init__(self, model_id: str, model, tokenizer, template: str = "compact", optim: dict | None = None,
                  temperature: float = 1.0, max_prompt_tokens: int = 2048, tokenizer_id: str | None = None):
@@ -110,7 +110,7 @@ class Policy:
         self.optimizer = None
         self.scheduler = None
         self.grad_clip = None
-        # a rank of a worker group whose parameters FSDP2 shards (graftzoo.dist.fsdp): its state is saved and
+        # a rank of a worker group whose parameters FSDP2 shards (graftzoo.training.fsdp): its state is saved and
         # loaded through torch.distributed.checkpoint, every pass over the model is a collective of the group
         self.sharded = False
         self._gathered = None  # (version, whole weights on rank 0) of a sharded policy, see full_state_dict
@@ -190,7 +190,7 @@ class Policy:
         return float(norm)
 
     def update(self, ctx, learner, mbs: list, recompute: bool, where: str) -> list:
-        """Train on a step's minibatches, each given as its micro-batches (``graftzoo.core.update.update_policy``);
+        """Train on a step's minibatches, each given as its micro-batches (``graftzoo.training.update.update_policy``);
         returns each minibatch's metrics. A worker group's policy on the driver sends them to its ranks instead."""
         return update_policy(ctx, self, learner, mbs, recompute, where)
 
@@ -356,7 +356,7 @@ class Policy:
     # ---- state -----------------------------------------------------------------------------
     @property
     def lora(self) -> bool:
-        """Whether the model trains LoRA adapters only (``model.lora``; graftzoo.core.lora)."""
+        """Whether the model trains LoRA adapters only (``model.lora``; graftzoo.training.lora)."""
         return lora_mod.is_lora(self.model)
 
     def state_dict(self) -> dict:
@@ -410,7 +410,7 @@ class Policy:
 
     def load_state_dict(self, state: dict, folder=None):
         """Restore ``state_dict()``'s state; a sharded checkpoint's (``{"sharded": dir, ...}``, written by a worker
-        group) is read from ``folder / dir`` through ``torch.distributed.checkpoint`` (graftzoo.dist.fsdp)."""
+        group) is read from ``folder / dir`` through ``torch.distributed.checkpoint`` (graftzoo.training.fsdp)."""
         if state.get("sharded") or self.sharded:
             load_sharded(self, state, folder) if state.get("sharded") else load_full(self, state)
             return

@@ -9,7 +9,7 @@ What it guarantees, and how:
   EOS is the policy's (``stop_token_ids``); the model's ``generation_config`` is not applied. A policy with stop
   strings (``rollout.stop``) is the one exception: vLLM matches stop strings on text, so it then gets the policy's
   tokenizer (saved beside the config) to detokenize and end a sequence early; the rollout is still cut by
-  ``graftzoo.core.engine.stop_cut`` on the policy's own decoding, exactly as the HF engine cuts it.
+  ``graftzoo.training.engine.stop_cut`` on the policy's own decoding, exactly as the HF engine cuts it.
 - **The engine's weights are the policy's weights.** vLLM starts from the model's config alone
   (``load_format="dummy"``) and ``sync_weights`` loads the training model's parameters at start-up and after every
   update (a LoRA policy's merged ones, ``W + scale * B @ A`` under the base model's names: ``Policy.full_state_dict``): in-process as tensors (``reload_weights(weights_iterator=…)``, no copy to disk), with the engine core in
@@ -26,7 +26,7 @@ What it guarantees, and how:
   memory); ``sleep_level`` 1 / 2 frees the engine's GPU memory during the update (vLLM's sleep mode; GPU only);
   ``close`` shuts the engine core down (no engine process outlives a run that ends, fails or is interrupted).
 
-Settings (``rollout.vllm.*``, graftzoo.core.config): dtype, kv_cache_gb, gpu_memory_utilization, enforce_eager,
+Settings (``rollout.vllm.*``, graftzoo.contract.config): dtype, kv_cache_gb, gpu_memory_utilization, enforce_eager,
 multiprocessing, weight_sync, sleep_level, max_num_seqs, prefix_caching.
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Optional
 
 import torch
 
-from graftzoo.core.config import DEFAULTS, VLLM_INSTALL
-from graftzoo.core.engine import Engine, EngineError, expand_requests, rollout_from_tokens
+from graftzoo.contract.config import DEFAULTS, VLLM_INSTALL
+from graftzoo.training.engine import Engine, EngineError, expand_requests, rollout_from_tokens
 
 _SET_NUM_THREADS = torch.set_num_threads
 

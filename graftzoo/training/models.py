@@ -24,13 +24,14 @@ from huggingface_hub import hf_hub_download, try_to_load_from_cache
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from graftzoo.core import lora as lora_mod
-from graftzoo.core.engine import HFEngine
-from graftzoo.core.policy import Policy
-from graftzoo.core.config import algo_config
-from graftzoo.core.schema import ConfigError
-from graftzoo.core.vllm_engine import VLLMEngine
+from graftzoo.training import lora as lora_mod
+from graftzoo.training.engine import HFEngine
+from graftzoo.training.policy import Policy
+from graftzoo.contract.config import algo_config
+from graftzoo.contract.schema import ConfigError
+from graftzoo.training.vllm_engine import VLLMEngine
 from graftzoo.envs.templates import resolve_stop, resolve_template
+from graftzoo.eval.evaluate import eval_top_p
 from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import load_or_warmup, load_tiny, load_tokenizer
 
@@ -203,7 +204,7 @@ def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
     if local.get("gradient_checkpointing", cfg["model"]["gradient_checkpointing"]):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = lora_mod.lora_of(local, cfg)
-    if lora:  # only the adapters train (graftzoo.core.lora)
+    if lora:  # only the adapters train (graftzoo.training.lora)
         model = lora_mod.wrap(model, lora, f"pair.models[{base['id']}].lora" if "lora" in local else "model.lora")
     model.to(local.get("device", cfg["run"]["device"])).train()
     optim = copy.deepcopy(cfg["optim"])
@@ -304,3 +305,12 @@ def build_engine(policy: Policy, cfg: dict):
     return ENGINES[r["engine"]](policy, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"],
                                 max_new_tokens=policy.max_response_tokens, gen_batch_size=r["gen_batch_size"],
                                 settings=r.get("vllm"), seed=int(cfg["run"]["seed"]))
+
+def make_eval_engine(policy, cfg: dict, top_p: Optional[float] = None, engine=None):
+    """A rollout engine for ``policy`` built as in training, with the eval top-p (``top_p``, else
+    ``eval_top_p(cfg)``). Given the training ``engine``, a view of it with that top-p (no second engine)."""
+    if engine is not None:
+        return engine.with_sampling(top_p=float(eval_top_p(cfg) if top_p is None else top_p))
+    cfg = copy.deepcopy(cfg)
+    cfg["rollout"]["top_p"] = float(eval_top_p(cfg) if top_p is None else top_p)
+    return build_engine(policy, cfg)

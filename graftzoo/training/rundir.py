@@ -23,8 +23,8 @@ import time
 from pathlib import Path, PurePath
 from typing import Iterable, Optional
 
-from graftzoo.core.checkpoint import CHECKPOINTS
-from graftzoo.core.config import DEFAULTS, read_yaml
+from graftzoo.training.checkpoint import CHECKPOINTS
+from graftzoo.contract.config import DEFAULTS, read_yaml
 from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY
 
 log = logging.getLogger("graftzoo")

@@ -10,7 +10,7 @@ A learner's Config dataclass declares, on its fields, what ``algo.*`` accepts:
 - cross-field and run-dependent rules in ``check(self, run_cfg)``, raising ``ConfigError`` naming the key.
 
 ``validate`` checks the type, choices and bounds of every field, then ``needs_peer``, then ``check``;
-``graftzoo.core.config.load_config`` calls it once per run config. ``build`` makes a Config from values
+``graftzoo.contract.config.load_config`` calls it once per run config. ``build`` makes a Config from values
 ``validate`` accepted before, without checking them again (the trainer's path).
 """
 from __future__ import annotations
