@@ -1,4 +1,4 @@
-"""The README's bring-your-own walkthrough runs as written (issue 15): a local Hugging Face model folder with its own
+"""The guide's bring-your-own walkthrough (docs/guide.md) runs as written: a local Hugging Face model folder with
 chat template, a JSONL with custom field names (task.fields), a Hugging Face ``datasets`` folder, LoRA, and the
 export of the result as a ``save_pretrained`` folder.
 
@@ -18,14 +18,14 @@ from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Prompt
 from graftzoo.peers.store import TrajectoryStore
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
 CHEAP = (" --set run.steps=2 --set task.prompts_per_step=2 --set rollout.n=2 --set eval.size=4"
          " --set rollout.max_new_tokens=8 --set run.progress=false --no-track")
 
 
 def walkthrough_script() -> str:
-    """The ```bash block of the README's "Your model, your data, your results" section, train lines made cheap."""
-    section = README.read_text().split("\n## Your model, your data, your results\n", 1)[1]
+    """The ```bash block of the guide's "Your model, your data, your results" section, train lines made cheap."""
+    section = GUIDE.read_text().split("\n## Your model, your data, your results\n", 1)[1]
     block = section.split("```bash\n", 1)[1].split("\n```\n", 1)[0]
     lines = [line + CHEAP if line.startswith("graftzoo train ") else line for line in block.splitlines()]
     return "set -euo pipefail\n" + "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""The README's Usage block runs as written (issue 15), top to bottom, in an empty directory; and default run names
+"""The README's quick-start block runs as written, top to bottom, in an empty directory; and default run names
 tell configurations apart, so no command of the block resumes another's run.
 
 The block's commands run through the CLI in this process (an interpreter per command would spend most of the test
@@ -30,8 +30,8 @@ CHEAP = {
 
 
 def usage_commands() -> list:
-    """The graftzoo commands of the README's Usage ```bash block, as argument lists (comments dropped)."""
-    section = README.read_text().split("\n## Usage\n", 1)[1]
+    """The graftzoo commands of the README's "Quick start" ```bash block, as argument lists (comments dropped)."""
+    section = README.read_text().split("\n## Quick start\n", 1)[1]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     cmds = [shlex.split(line, comments=True) for line in block.splitlines()]
     return [c for c in cmds if c and c[0] == "graftzoo"]
