@@ -6,7 +6,7 @@ Pure string scanning, in the caller's process: no sympy, no eval. What it decide
   skipped), together with the boxes just before it when they are joined to it only by commas,
   "and" or math delimiters (``\\boxed{1}, \\boxed{2} and \\boxed{3}``: one answer of three parts,
   compared as one set). Boxes joined by "or" are a hedge: status "multiple_answers".
-- **unboxed answers**: no box at all. The verifier gives the text to math-verify's own ``parse``
+- **unboxed answers**: no box at all, or a "final answer is" phrase after the last box. The verifier gives the text to math-verify's own ``parse``
   (in a worker process); this module only rejects a hedge near the end ("12 or 15").
 - **limits** that keep hostile text cheap: only the last ``MAX_RESPONSE_CHARS`` characters are
   scanned; an answer longer than ``MAX_ANSWER_CHARS`` or nested deeper than ``MAX_BRACE_DEPTH``
@@ -25,21 +25,21 @@ MAX_ANSWER_CHARS = 1_000
 MAX_BRACE_DEPTH = 50
 MAX_BOXES = 20  # boxes joined into one answer, at most
 HEDGE_LINES = 3  # last non-empty lines of an unboxed response searched for a hedge
+HEDGE_LINE_CHARS = 500  # of each, the last characters
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 # An explicit alternative inside one answer: "12 or 15", "12 \text{ or } 15", "either 3 or 4".
 # `\lor` and words such as "for" do not count (the "or" must not follow a letter or a backslash).
 _ALTERNATIVES = re.compile(r"(?<![A-Za-z\\])or(?![A-Za-z])")
-_DELIMS = r"(?:\s|\$|\\[()\[\]]|\.)*"
-# Text between two boxes that joins them into one answer: commas, "and", delimiters.
-_JOINS = re.compile(_DELIMS + r"(?:(?:,|\band\b|\\text\s*\{\s*(?:,\s*)?and\s*\}|&)" + _DELIMS + r")*" + r"\Z",
-                    re.S)
-# Text between two boxes that offers them as alternatives: "\boxed{12} or \boxed{15}".
-_OR_JOIN = re.compile(
-    r"\A" + _DELIMS + r",?\s*(?:\\(?:text|textrm|mbox|mathrm)\s*\{\s*or\s*\}|\bor\b)" + _DELIMS + r"\Z", re.S)
-_SPAN = r"(?:\$[^$\n]{1,200}\$|\\\(.{1,200}?\\\)|[A-Za-z]\s*=\s*-?\d[\d,.]*|-?\d[\d,.]*)"
+# Text between two boxes that joins them into one answer, once math delimiters, spacing macros and
+# \text{} wrappers are taken out: commas, or a few words ending in "and" ("and", "for part (a) and").
+_JOIN_NOISE = re.compile(r"\\q?quad(?![A-Za-z])|\\[,;:!()\[\] ]|\$|\\(?:text|textrm|mbox|mathrm)\s*\{([^{}]*)\}|&")
+_JOIN_WORDS = re.compile(r"[\s,;.]*(?:(?:[A-Za-z()]+\s+){0,4}and[\s,;]*)?", re.S)
+_SPAN = r"(?:\$[^$\n]{1,200}\$|\\\(.{1,200}?\\\)|[A-Za-z] ?= ?-?\d[\d,.]{0,30}|(?<![\d,.])-?\d[\d,.]{0,30})"
 # Two answers offered side by side in prose: "12 or 15", "$x=3$ or $x=4$", "x = 3 or x = 4".
 _HEDGE = re.compile(_SPAN + r"\s*,?\s*(?:or|\\text\s*\{\s*or\s*\})\s*" + _SPAN)
+# "The final answer is $X$" after the last box: math-verify reads that phrase (it outranks an earlier box).
+_FINAL_ANSWER_AFTER = re.compile(r"(?i)final answer is")
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|(?<!\\)\$(.+?)(?<!\\)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
 # A whole number token: not glued to letters or other digits; thousands separators kept.
 _NUMBER_TOKEN = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
@@ -116,6 +116,18 @@ def _box_at(text: str, m: re.Match) -> tuple[str | None, int]:
     return (None, j) if end is None else (text[j + 1:end - 1].strip(), end)
 
 
+def _joins(between: str) -> bool:
+    """Whether the text between two boxes makes them parts of one answer (commas, "and")."""
+    words = _JOIN_NOISE.sub(lambda m: f" {m.group(1)} " if m.group(1) is not None else " ", between)
+    return len(words) <= 60 and not _ALTERNATIVES.search(words) and bool(_JOIN_WORDS.fullmatch(words))
+
+
+def _is_hedge(between: str) -> bool:
+    """Whether the short text between two boxes offers them as alternatives ("or", "or maybe")."""
+    words = _JOIN_NOISE.sub(lambda m: f" {m.group(1)} " if m.group(1) is not None else " ", between)
+    return len(words) <= 60 and re.search(r"(?<![A-Za-z\\])or(?![A-Za-z])", words) is not None
+
+
 def _final_boxes(text: str, macros: list) -> Located:
     """The last box and the boxes joined to it (see the module docstring)."""
     content, end = _box_at(text, macros[-1])
@@ -127,9 +139,9 @@ def _final_boxes(text: str, macros: list) -> Located:
         if not prev:
             break
         between = text[prev_end:macros[-len(parts)].start()]
-        if _OR_JOIN.match(between):
+        if _is_hedge(between):
             status = "multiple_answers"
-        elif not _JOINS.match(between):
+        elif not _joins(between):
             break
         parts.insert(0, prev)
     if any(len(p) > MAX_ANSWER_CHARS or not braces_balanced(p) for p in parts):
@@ -145,12 +157,12 @@ def locate_answer(response: str) -> Located:
         raise TypeError(f"extract_answer: response must be str, got {type(response).__name__}")
     text = response[-MAX_RESPONSE_CHARS:]
     macros = list(_BOX.finditer(text))
-    if macros:
+    if macros and not _FINAL_ANSWER_AFTER.search(text, macros[-1].end()):
         return _final_boxes(text, macros)
     if not text.strip():
         return Located("text", "no_answer")
     lines = [line for line in text.rstrip().split("\n") if line.strip()][-HEDGE_LINES:]
-    if any(_HEDGE.search(line) for line in lines):
+    if any(_HEDGE.search(line[-HEDGE_LINE_CHARS:]) for line in lines):
         return Located("text", "multiple_answers", text=text)
     return Located("text", "ok", text=text)
 

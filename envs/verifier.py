@@ -8,7 +8,8 @@ Per (response, gold):
      boxes joined by "or") are "multiple_answers", never paid;
   2. unboxed text: math-verify's own ``parse`` (``LatexExtractionConfig`` with boxed priority,
      ``ExprExtractionConfig``: answer phrases, the last math span, plain numbers with thousands
-     separators) finds the answer, in a worker process; nothing found is "no_answer";
+     separators) finds the answer and math-verify's ``verify`` compares it with the gold, in a
+     worker process (one call, cached by gold and text); nothing found is "no_answer";
   3. normalize both answers (``normalize_answer``: rules that cannot change math-verify's verdict)
      and take the fast exact path without math-verify: equal strings, or equal plain numbers
      (integers, decimals, integer fractions, and tuples/intervals of them) are correct; numbers that
@@ -116,10 +117,12 @@ class VerifyResult:
 # backslash is not taken for the space macro "\\ ". Group 2, the spacing macros and "~", becomes a
 # space: math-verify reads "1,\\,000" as the set {1, 0}, so the space after a comma must stay.
 # Dollars, escaped or not, the negative space "\\!" and \\left/\\right are dropped.
-_DROP = re.compile(r"(\\\\)|(\\[,;: ]|~)|\\?\$|\\(?:left|right)\.|\\(?:left|right)(?![A-Za-z])|\\!|\\displaystyle")
+_DROP = re.compile(r"(\\\\)|(\\[,;: ]|~)|\\?\$|\\(?:left|right)\.|\\(?:left|right)(?![A-Za-z])|\\! *|\\displaystyle")
 _SMALL_FRAC = re.compile(r"\\[dt]frac(?![A-Za-z])")
 # A space next to a symbol other than a comma (a comma's spaces tell "32, 349" from 32349).
 _SPACE_NEAR_SYMBOL = re.compile(r"\s+(?=[^A-Za-z0-9,\s])|(?<=[^A-Za-z0-9,\s])\s+")
+_WHITESPACE = re.compile(r"[ \t\n\r]+")  # ASCII only: "\f" in "\frac" typed as a form feed stays as it is
+_TRAILING_BREAK = re.compile(r"(?:\\\\)+\Z")  # a row break that ends the answer ("185\\\\"): math-verify fails on it
 _SPACE_BEFORE_COMMA = re.compile(r"(?<=[^\d\s])\s+,")
 _NUMBER = re.compile(  # integer, decimal, integer fraction (\frac{a}{b}, \frac12, \frac9{19}, a/b) or infinity
     r"(?P<sign>[-+]?)(?:(?P<int>\d+)|(?P<dec>\d+\.\d*|\.\d+)"
@@ -131,15 +134,15 @@ _BRACKETED = re.compile(r"([(\[])([^()\[\]]*)([)\]])")
 def normalize_answer(s: str) -> str:
     """Verdict-preserving normalization used as cache key and by the fast path.
 
-    Drops ``$`` and ``\\$``, ``\\!``, ``\\left``/``\\right``, ``\\displaystyle``; turns the
+    Drops ``$`` and ``\\$``, ``\\!`` (with the spaces after it, as math-verify does: "32,\\! 349" is 32349), ``\\left``/``\\right``, ``\\displaystyle``; turns the
     spacing macros (``\\,`` ``\\;`` ``\\:`` ``\\ `` ``~``) into spaces; maps ``\\dfrac``/``\\tfrac``
     to ``\\frac``; removes spaces next to symbols other than commas (and before a comma that
-    follows no digit) and a final period. Two different answers never normalize to one string:
+    follows no digit), a final period and a final row break. Two different answers never normalize to one string:
     the spaces that separate numbers ("32, 349", "1 234") stay.
     """
     s = _SMALL_FRAC.sub(r"\\frac", _DROP.sub(lambda m: m.group(1) or (" " if m.group(2) else ""), s))
-    s = _SPACE_NEAR_SYMBOL.sub("", " ".join(s.split()))
-    return _SPACE_BEFORE_COMMA.sub(",", s).rstrip(".")
+    s = _SPACE_NEAR_SYMBOL.sub("", _WHITESPACE.sub(" ", s).strip())
+    return _TRAILING_BREAK.sub("", _SPACE_BEFORE_COMMA.sub(",", s).rstrip("."))
 def _number(s: str) -> tuple[Fraction | float, bool] | None:
     """(value, exact) of a plain number; exact is False when a decimal point is involved."""
     m = _NUMBER.fullmatch(s)
@@ -263,19 +266,24 @@ def _pred_key(parts: tuple) -> str | tuple:
     return normalized[0] if len(normalized) == 1 else normalized
 
 
-def _read_texts(located, timeout: float, budget: float | None) -> dict:
-    """{text: (status, answer parts)} for the unboxed texts: math-verify's extraction, cached."""
+def _read_texts(located, golds, timeout: float, budget: float | None, opts: VerifierOptions) -> dict:
+    """{(gold, text): (status, verdict, answer)} for the unboxed texts: math-verify's own extraction
+    of the answer and its verdict against the gold, computed in a worker and cached."""
     out, todo = {}, []
-    for text in dict.fromkeys(loc.text for loc in located if loc.kind == "text" and loc.status == "ok"):
-        hit = _cached(("extract", text), timeout)
-        if hit is None:
-            todo.append(text)
-        else:
-            out[text] = hit
+    for loc, gold in zip(located, golds):
+        if loc.kind == "text" and loc.status == "ok":
+            key = ("text", normalize_answer(gold), loc.text, opts)
+            hit = _VERDICTS.get(key)
+            if hit is not None and not (hit[0][0] == "timeout" and timeout > hit[1]):
+                out[(key[1], loc.text)] = hit[0]
+            elif key not in todo:
+                todo.append(key)
     if todo:
-        for text, (status, answer) in zip(todo, run_tasks([("extract", t, "", ()) for t in todo], timeout, budget)):
-            _store(("extract", text), status, answer, timeout)
-            out[text] = ("timeout" if status == EXPIRED else status, answer)
+        for key, outcome in zip(todo, run_tasks([(k, ref, text, o.items()) for k, ref, text, o in todo], timeout, budget)):
+            status, verdict, answer = (tuple(outcome) + (None,))[:3]
+            if status != EXPIRED:
+                _VERDICTS.put(key, ((status, verdict, answer), timeout))
+            out[(key[1], key[2])] = ("timeout" if status == EXPIRED else status, verdict, answer)
     return out
 
 
@@ -302,21 +310,23 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
                 raise TypeError(f"verify_batch: {name}[{i}] must be str, got {type(value).__name__}")
     end = None if budget is None else time.monotonic() + budget
     located = [locate_answer(r) for r in responses]
-    texts = _read_texts(located, timeout, budget) if any(loc.kind == "text" for loc in located) else {}
+    texts = _read_texts(located, golds, timeout, budget, opts) if any(loc.kind == "text" for loc in located) else {}
     results: list[VerifyResult | None] = [None] * len(responses)
     pending: dict[tuple, list[tuple[int, str]]] = {}
     for i, (loc, gold) in enumerate(zip(located, golds)):
         parts, status = loc.parts, loc.status
         if loc.kind == "text" and status == "ok":
-            status, answer = texts[loc.text]
-            parts = (answer,) if isinstance(answer, str) else tuple(answer or ())
-        elif loc.kind == "text":
+            status, correct, answer = texts[(normalize_answer(gold), loc.text)]
+            results[i] = VerifyResult(bool(correct) and status == "ok", answer, status)
+            if status == "ok" and (len(answer) > MAX_ANSWER_CHARS or _ALTERNATIVES.search(answer)):
+                results[i] = VerifyResult(False, answer, "multiple_answers" if _ALTERNATIVES.search(answer)
+                                          else "unparsable")
+            continue
+        if loc.kind == "text":
             parts = (fallback_answer(loc.text),) if loc.text and fallback_answer(loc.text) else ()
         extracted = ", ".join(parts) if parts else None
         if status == "ok" and any(len(p) > MAX_ANSWER_CHARS or not braces_balanced(p) for p in parts):
             extracted, status = None, "unparsable"
-        elif status == "ok" and loc.kind == "text" and any(_ALTERNATIVES.search(p) for p in parts):
-            status = "multiple_answers"
         if status != "ok":
             results[i] = VerifyResult(False, extracted, status)
             continue

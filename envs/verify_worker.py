@@ -1,6 +1,6 @@
 """The verifier's worker processes (``graftzoo.envs.verify_pool`` starts and feeds them): each one
 answers ``("verify", gold, pred)`` / ``("equiv", x, y)`` tasks with math-verify's LaTeX path and
-``("extract", text)`` tasks with math-verify's own extraction from prose, under
+``("text", gold, text)`` tasks with math-verify's own extraction from prose, under
 a soft timer of its own (SIGALRM) and a capped address space.
 
 A worker is a fresh interpreter running this file by path::
@@ -95,24 +95,20 @@ def _parse_parts(parts) -> list:
     return [FiniteSet(*values), ", ".join(parts)]
 
 
-def extract_text(text: str) -> tuple[str, object]:
-    """``("ok", parts)`` for the answer math-verify's ``parse`` reads in unboxed ``text`` (the
-    string of what it matched; several math spans it joins as one set come back as a tuple of
-    them), ``("unparsable", matched)`` when it matches text it cannot parse, or
-    ``("no_answer", None)`` when it reads none."""
+def extract_text(text: str) -> tuple:
+    """``(status, value, answer)`` for the answer math-verify's ``parse`` reads in unboxed ``text``:
+    ``("ok", parsed, matched string)``; ``("unparsable", None, matched)`` when it matches text it
+    cannot parse; ``("no_answer", None, None)`` when it reads none."""
     from math_verify import parse
-    from sympy import FiniteSet
     found = parse(text, extraction_config=_text_config(), fallback_mode="first_match", parsing_timeout=None)
     if len(found) == 1 and isinstance(found[0], str) and found[0].strip():
-        return "unparsable", found[0].strip()  # matched, but math-verify cannot parse what it matched
+        return "unparsable", None, found[0].strip()
     if len(found) < 2 or not isinstance(found[1], str) or not found[1].strip():
-        return "no_answer", None
+        return "no_answer", None, None
     value, matched = found[0], found[1].strip()
-    if isinstance(value, FiniteSet) and " and " in matched:
-        return "ok", tuple(p.strip() for p in matched.split(" and "))
     if _PERCENT_OF.fullmatch(matched) and _is_percent_of(value, float(matched)):
-        return "ok", matched + "\\%"  # math-verify read "50%" as 0.5 but matched only "50"
-    return "ok", matched
+        matched += "\\%"  # math-verify read "50%" as 0.5 but matched only "50"
+    return "ok", [value, matched], matched
 
 
 def _is_percent_of(value, number: float) -> bool:
@@ -128,12 +124,17 @@ _PERCENT_OF = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def _evaluate(kind: str, a, b, options=()) -> tuple:
-    """``("verify", gold, pred)``, ``("equiv", x, y)`` -> (status, verdict); ``("extract", text, "")``
-    -> (status, answer). ``options``: (name, value) pairs of math-verify ``verify`` options."""
+    """``("verify", gold, pred)``, ``("equiv", x, y)`` -> (status, verdict); ``("text", gold, text)``
+    -> (status, verdict, the answer math-verify read in the unboxed text). ``options``: (name,
+    value) pairs of math-verify ``verify`` options."""
     from math_verify import verify as mv_verify
     opts = dict(options)
-    if kind == "extract":
-        return extract_text(a)
+    if kind == "text":
+        status, pred, answer = extract_text(b)
+        gold = _parse_gold(a)
+        if status != "ok" or not gold:
+            return (status if status != "ok" else "unparsable"), False, answer
+        return "ok", bool(mv_verify(gold, pred, timeout_seconds=None, **opts)), answer
     if kind == "verify":
         gold, pred = _parse_gold(a), _parse_parts(b)
         if not gold or not pred:
