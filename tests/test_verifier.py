@@ -39,14 +39,14 @@ def _fresh_verdicts():
     ("Final Answer: The final answer is $\\frac{3}{4}$. I hope it is correct.", ("\\frac{3}{4}", "ok")),
     ("**Answer:** 42", ("42", "ok")),
     ("The answer is 3.5. Done", ("3.5", "ok")),
-    ("347*6=300*6+40*6+7*6=1800+240+42=2082", ("2082", "ok")),  # scratchpad: after the last "="
+    ("347*6=300*6+40*6+7*6=1800+240+42=2082", ("2082", "ok")),  # scratchpad: the last number token
     ("So the total = 2082 apples.", ("2082", "ok")),
     ("I think 3 then maybe 41 hmm", ("41", "ok")),  # last number
     ("no idea", (None, "no_answer")),
     ("", (None, "no_answer")),
     ("\\boxed{5", (None, "unparsable")),  # truncated box
     ("\\boxed{}", (None, "unparsable")),
-    ("answer: 5}{6", (None, "unparsable")),  # unbalanced braces
+    ("answer: 5}{6", ("6", "ok")),  # a whole number token, never a fragment
 ])
 def test_extraction(response, expected):
     assert extract_answer(response) == expected
