@@ -1,11 +1,11 @@
-"""graftzoo.algos: the Learner interface, pure functions (``functional``) and one module per algorithm."""
-from graftzoo.algos.base import Learner, LearnerConfig, MiniBatch, StepContext, TrainBatch  # noqa: F401
-from graftzoo.contract.registry import register_algo  # noqa: F401
+"""graftzoo.algos: the learners (one module per algorithm), their ``algo.*`` sections (``config``, no torch) and
+their pure tensor functions (``functional``). Plugins import ``from graftzoo import register_algo, Learner``."""
+import importlib
 
-from graftzoo.algos import dapo, dr_grpo, grpo, gspo, rloo  # noqa: F401,E402  (registration)
-from graftzoo.algos import hora  # noqa: F401,E402
-from graftzoo.algos import extra  # noqa: F401,E402
-from graftzoo.algos import om_grpo  # noqa: F401,E402
-from graftzoo.algos import hacpo  # noqa: F401,E402  (registration)
-from graftzoo.algos import sgt  # noqa: F401,E402  (registration)
-from graftzoo.algos import graft  # noqa: F401,E402  (registration)
+BUILTIN = ("grpo", "dr_grpo", "rloo", "dapo", "gspo", "hora", "extra", "om_grpo", "hacpo", "sgt", "graft")
+
+
+def load_builtins() -> None:
+    """Import (and so register) every builtin learner."""
+    for name in BUILTIN:
+        importlib.import_module(f"graftzoo.algos.{name}")

@@ -23,7 +23,7 @@ import contextlib
 import random
 import statistics
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Optional
+from typing import Optional
 
 import torch
 
@@ -32,61 +32,25 @@ from graftzoo.algos.functional import (agg_denominator, agg_loss, aux_nll_loss, 
                                        minibatch_bounds, rloo_advantages, sequence_mean_logp,
                                        sequence_terms_as_tokens)
 from graftzoo.contract.batch import MiniBatch, TrainBatch
-from graftzoo.contract.config import shared_clip
+from graftzoo.algos.config import LearnerConfig
+from graftzoo.contract.config import LearnerFacts, needs_peer_error
 from graftzoo.contract.types import Group, Rollout, TrainRow
 from graftzoo.peers.xt import localize_groups
-from graftzoo.contract.schema import bounded, check_fields, needs_peer_error
 
 
 # ------------------------------------------------------------------------------------------------
-# config and context
+# context
 # ------------------------------------------------------------------------------------------------
-
-Estimator = Literal["grpo", "rloo"]
-LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]  # agg_loss
-
-
-@dataclass
-class LearnerConfig:
-    """``algo.*`` keys shared by every learner (GRPO defaults, spec algos_single §1.1.4).
-
-    Fields declare their choices (``Literal``) and bounds (``bounded``); ``check`` holds cross-field and
-    run-dependent rules; ``needs_peer`` marks learners that train on a peer's rollouts. ``load_config``
-    checks all of it once (graftzoo.contract.schema); direct construction checks the field declarations.
-    """
-
-    needs_peer: ClassVar[bool] = False
-
-    estimator: Estimator = "grpo"    # advantage estimator
-    std_normalize: bool = True       # False = Dr.GRPO (spec §1.2)
-    adv_eps: float = bounded(1e-6, "[0, inf)")
-    loss_agg: LossAgg = "token-mean"
-    beta_kl: float = bounded(0.0, "[0, inf)")   # k3 KL to the initial policy, own tokens only
-    entropy_coeff: float = 0.0
-    mask_truncated: bool = False     # zero the loss of responses that hit max length (DAPO overlong filter)
-    drop_dead_groups: bool = False   # drop zero-advantage groups from the loss denominator
-
-    def __post_init__(self):
-        check_fields(self)
-
-    def check(self, run_cfg: dict) -> None:
-        """Cross-field and run-dependent rules (``run_cfg``: the whole run config); raise ConfigError."""
-
-    def effective_clip(self, run_cfg: dict) -> dict:
-        """The clip this learner trains with, as plain data (the surrogate, the grid's one-clip check and the
-        report read it): ``eps_low``, ``eps_high``, ``dual_clip_c`` and ``ratio`` ("token" | "sequence").
-        The shared ``optim.clip`` of the run (spec algos_peer §4.4.2); a learner that clips another quantity
-        overrides this and states the value in a key of its own (GSPO ``seq_clip``, HACPO ``self_clip``)."""
-        return {**shared_clip(run_cfg), "ratio": "token"}
-
 
 class StepContext:
     """What a learner may use during one step. Built by the trainer for each model; ``update`` is the
     index of the optimizer update within the step (set by the trainer before each ``loss`` call)."""
 
-    def __init__(self, *, step: int, epoch: int, cfg: dict, policy, engine, env, sampler=None, ref_policy=None,
-                 rng: Optional[random.Random] = None, meter=None, model_index: int = 0):
-        self.step, self.epoch, self.cfg = step, epoch, cfg
+    def __init__(self, *, step: int, epoch: int, run: LearnerFacts, policy, engine, env, sampler=None,
+                 ref_policy=None, rng: Optional[random.Random] = None, meter=None, model_index: int = 0,
+                 heldout=None):
+        self.step, self.epoch, self.run = step, epoch, run
+        self.heldout = heldout  # () -> the held-out prompts the trainer evaluates on (OM-GRPO's test-time training)
         self.policy, self.engine, self.env, self.sampler = policy, engine, env, sampler
         self.ref_policy = ref_policy
         self.rng = rng or random.Random(0)
@@ -94,8 +58,8 @@ class StepContext:
         self.model_index = model_index
         self.update = 0
         self.metrics: dict = {}
-        self.n = int(cfg["rollout"]["n"])
-        self.max_response = int(getattr(engine, "max_new_tokens", cfg["rollout"]["max_new_tokens"]))
+        self.n = run.n
+        self.max_response = int(getattr(engine, "max_new_tokens", run.max_new_tokens))
 
     @property
     def model_id(self) -> str:
@@ -139,7 +103,7 @@ class StepContext:
         if the peer stopped. Group advantages travel unchanged.
         """
         with self.phase("logprob"):
-            out, stats = localize_groups(self.policy, groups, self.cfg)
+            out, stats = localize_groups(self.policy, groups, self.run)
         for k, v in stats.items():
             self.log(k, v)
         return out
@@ -151,10 +115,10 @@ class Learner:
     name = "grpo"
     Config = LearnerConfig
 
-    def __init__(self, cfg: LearnerConfig, run_cfg: dict):
-        self.cfg = cfg
-        self.run_cfg = run_cfg
-        self.clip = cfg.effective_clip(run_cfg)   # eps_low, eps_high, dual_clip_c: the one clip of the run
+    def __init__(self, cfg: LearnerConfig, run: LearnerFacts):
+        self.cfg = cfg            # the learner's own typed algo.* section
+        self.run = run            # the run facts it reads (rollout.n, optim.minibatches, the shared clip, ...)
+        self.clip = cfg.effective_clip(run)   # eps_low, eps_high, dual_clip_c: the one clip of the run
 
     # ---- hooks ---------------------------------------------------------------------------
     def allocate(self, ctx: StepContext, prompts) -> list:
@@ -228,7 +192,7 @@ class Learner:
         """Row indices of each minibatch: ``slot_chunks`` in order, repeated for ``optim.epochs``."""
         chunks = self.slot_chunks(ctx, batch)
         out = []
-        for _ in range(int(ctx.cfg["optim"].get("epochs", 1))):
+        for _ in range(ctx.run.epochs):
             for chunk in chunks:
                 members = set(chunk)
                 idx = [i for i, r in enumerate(batch.rows) if r.slot in members]
@@ -238,7 +202,7 @@ class Learner:
 
     def slot_chunks(self, ctx: StepContext, batch: TrainBatch) -> list:
         """Slots, in order, split into ``optim.minibatches`` contiguous minibatches."""
-        k = max(1, int(ctx.cfg["optim"]["minibatches"]))
+        k = max(1, ctx.run.minibatches)
         return [list(range(start, end)) for start, end in minibatch_bounds(len(batch.groups), k)]
 
     def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
@@ -336,10 +300,10 @@ def token_metrics(info: dict, mask: torch.Tensor, is_peer: torch.Tensor, ent: Op
 # helpers shared by the peer-exchange learners (GRAFT, HACPO, SGT)
 # ------------------------------------------------------------------------------------------------
 
-def require_peer(name: str, run_cfg: dict, peer=()):
+def require_peer(name: str, run: LearnerFacts, peer=()):
     """The error for a peer-exchange learner that meets no peer at exchange time (``peer`` None); a run
-    config without a peer source is refused at load (``needs_peer``, graftzoo.contract.schema)."""
-    if (run_cfg.get("peer") or {}).get("source", "none") == "none" or peer is None:
+    config without a peer source is refused at load (``needs_peer``, graftzoo.contract.config)."""
+    if run.peer_source == "none" or peer is None:
         raise needs_peer_error(name)
 
 

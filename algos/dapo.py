@@ -1,25 +1,11 @@
 """DAPO [dapo] (spec algos_single §1.3): clip-higher, dynamic sampling, overlong shaping, token-mean."""
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from graftzoo.algos.base import Learner, LearnerConfig
+from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import dapo_overlong_penalty, zero_variance_groups
+from graftzoo.algos.config import DAPOConfig
 from graftzoo.contract.registry import register_algo
-from graftzoo.contract.schema import bounded
-
-
-@dataclass
-class DAPOConfig(LearnerConfig):
-    """``algo.*`` keys of DAPO. Its clip-higher (0.28, dual clip 10) is the preset configs/algos/dapo.yaml, which sets
-    the shared ``optim.clip``: never a private default that a comparison would silently inherit."""
-
-    dynamic_sampling: bool = True
-    max_gen_batches: int = 10          # generation batches per step before giving up (<=0: unlimited)
-    on_shortfall: Literal["keep", "error"] = "keep"   # keep (train on what was found) | error (verl raises)
-    overlong_cache_len: int = bounded(0, "[0, inf)")  # soft overlong buffer in tokens (0 = shaping off)
-    overlong_penalty: float = 1.0
 
 
 @register_algo("dapo")

@@ -24,62 +24,25 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from graftzoo.algos.base import Learner, LearnerConfig
+from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, group_advantages, is_hard_prompt,
                                        most_confident_rollout, novelty_scores, prefix_cut_points,
                                        prefix_entropy_scores, reward_variance_ema, select_prefix)
-from graftzoo.algos.embedders import BUILTIN as EMBEDDERS, make_embedder
+from graftzoo.algos.embedders import make_embedder
+from graftzoo.algos.config import ExTraConfig
+from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
-from graftzoo.contract.schema import ConfigError, bounded
 from graftzoo.contract.types import Prompt
 
 NEWLINES = ("\n", "\n\n")
 SCAN_IDS = 1000  # vocabulary ids scanned for tokens that decode to a cut string (spec §3.3 step 3)
 ENTROPY_BATCH = 64
-
-
-@dataclass
-class ExTraConfig(LearnerConfig):
-    # the paper runs' DAPO-style clip (spec §3.5) is the preset configs/algos/extra.yaml (shared optim.clip)
-    novelty_alpha: float = 0.1             # alpha (paper runs; the released script uses 0.01)
-    novelty_mode: Literal["after_norm", "before_norm"] = "after_norm"   # Option B (RECOMMENDED) | Option A
-    novelty_lambda: float = 1.0            # Option A: gamma = exp(-lambda * reward-variance EMA)
-    variance_momentum: float = 0.1         # Option A: EMA momentum
-    memory_size: int = 16                  # K_mem rollout embeddings per prompt (must be >= rollout.n)
-    memory_prompts: int = bounded(100_000, "[1, inf)")  # prompts with memories (least recently seen dropped beyond)
-    embedder: str = "hashed_ngrams"        # hashed_ngrams | policy_hidden | local sentence-transformers dir
-    embed_tokens: int = bounded(512, "[1, inf)")        # embed the last N response tokens
-    prefix_regen: bool = True
-    regen_warmup_steps: int = 30           # mining and regeneration start after this many steps
-    hard_pass_rate: Optional[float] = None  # hard iff pass rate <= this (None: 1/G)
-    fallback_cut_chars: str = ""           # no newline: cut after these tokens ("" = no prefix, the spec)
-    prefix_min_gap: int = bounded(32, "[1, inf)")      # tokens between kept cut points
-    max_prefixes: int = bounded(15, "[1, inf)")        # cut points per rollout
-    prefix_memory: int = bounded(128, "[1, inf)")      # prefixes kept per prompt
-    tau: float = 0.1                       # smoothing temperature of the prefix selection
-    regen_batch_size: int = bounded(16, "[0, inf)")    # guided prompts per step (they replace the batch's last rows)
-    queue_size: int = bounded(512, "[1, inf)")         # guided prompts waiting (most recent kept)
-
-    def check(self, run_cfg: dict) -> None:
-        super().check(run_cfg)
-        G = int(run_cfg["rollout"]["n"])
-        if self.estimator != "grpo" or not self.std_normalize:
-            raise ConfigError("ExTra's novelty bonus is defined on std-normalized GRPO advantages (spec §3.7.6): "
-                              "config keys 'algo.estimator' must be grpo and 'algo.std_normalize' true")
-        if self.memory_size < G:
-            raise ConfigError(f"config key 'algo.memory_size'={self.memory_size} is below rollout.n={G}: the "
-                              "novelty memory could never warm up (spec §3.7.5)")
-        if self.embedder not in EMBEDDERS and not os.path.isdir(self.embedder):
-            raise ConfigError(f"config key 'algo.embedder' must be one of {' | '.join(EMBEDDERS)} or a local "
-                              f"sentence-transformers model directory, got {self.embedder!r}")
 
 
 def _new_entry() -> dict:
@@ -90,9 +53,9 @@ def _new_entry() -> dict:
 class ExTra(Learner):
     Config = ExTraConfig
 
-    def __init__(self, cfg: ExTraConfig, run_cfg: dict):
-        super().__init__(cfg, run_cfg)
-        self.embedder = make_embedder(cfg.embedder, device=run_cfg["run"].get("device"))
+    def __init__(self, cfg: ExTraConfig, run: LearnerFacts):
+        super().__init__(cfg, run)
+        self.embedder = make_embedder(cfg.embedder, device=run.device)
         self.memory: OrderedDict = OrderedDict()   # prompt id -> {"emb": [M, d], "ema": float, "prefixes": [...]}
         self.queue: deque = deque(maxlen=cfg.queue_size)  # (guided Prompt, prefix token ids)
         self._cuts: Optional[tuple] = None

@@ -34,64 +34,20 @@ Per step, for each learner (all decisions under theta_old, before any update):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar, Literal, Optional
+from typing import Optional
 
 import torch
 
-from graftzoo.algos.base import (Learner, LearnerConfig, MiniBatch, StepContext, Surrogate, TrainBatch, log_s_stats,
-                                 require_peer)
+from graftzoo.algos.base import (Learner, MiniBatch, StepContext, Surrogate, TrainBatch, log_s_stats, require_peer)
 from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weights, graft_balance, graft_cap,
                                        graft_candidates, group_advantages, peer_order,
                                        random_count_matched_admission, random_count_matched_prompts,
                                        ratio_surrogate, separate_minibatches, sgt_rescue, symmetric_cap)
 from graftzoo.algos.sgt import augment_group
+from graftzoo.algos.config import GRAFTConfig, token_ratio_error
 from graftzoo.contract.registry import register_algo
-from graftzoo.contract.schema import ConfigError, bounded
 from graftzoo.contract.types import Group, Rollout
 
-
-@dataclass
-class GRAFTConfig(LearnerConfig):
-    """``algo.*`` keys of GRAFT: the spec's ``graft.*`` keys (algos_peer §6) with its defaults (§4.4.2, §4.6)."""
-
-    needs_peer: ClassVar[bool] = True
-
-    delta: float = bounded(0.8, "[0, inf)")                          # compatibility floor
-    weight: Literal["min_s_1", "one"] = "min_s_1"
-    # complementary: learner all-fail + peer mixed, whole peer group (balanced exchange, §4.3 steps 2-3);
-    # random_count_matched: as many prompts at random; sgt_rescue: successes only = "w/o balanced exchange"
-    # = "SGT + GRAFT how" (§4.4.4)
-    select: Literal["complementary", "random_count_matched", "sgt_rescue"] = "complementary"
-    # EXTENSION (not in the sourced method, §4.3 step 3): cap_pvar = cap ranked by p(1-p), symmetric = the
-    # same cap both directions; none (sourced): every candidate
-    balance: Literal["cap_pvar", "symmetric", "none"] = "none"
-    max_peer_frac: float = bounded(1.0, "[0, 1]")   # EXTENSION, balance=cap_pvar|symmetric: cap floor(rho_max*|B_t|)
-    admission: Literal["gate", "random_count_matched", "all"] = "gate"
-    token_ratio: Literal["learner_old", "cross_aligned", "none"] = "learner_old"   # T1 | T2 | none
-    peer_position: Literal["last", "first", "uniform"] = "last"
-    peer_minibatches: Literal["replace_slots", "separate"] = "replace_slots"
-    renorm_adv_after_gate: bool = False
-    k_inj: int = bounded(1, "[1, inf)")  # select=sgt_rescue: SGT's algo.k_inj (augmentation, all-success peer)
-
-    def check(self, run_cfg: dict) -> None:
-        super().check(run_cfg)
-        if self.peer_position == "uniform" and self.peer_minibatches == "separate":
-            raise ConfigError("config key 'algo.peer_position'=uniform spreads grafted groups over the own "
-                              "minibatches; it needs algo.peer_minibatches=replace_slots (separate: use last|first)")
-        if self.token_ratio == "cross_aligned" and run_cfg["peer"]["source"] == "stored":
-            raise token_ratio_error("the rollouts of a stored peer (peer.source=stored)")
-        if self.balance == "none" and float(self.max_peer_frac) != 1.0:
-            raise ConfigError("config key 'algo.max_peer_frac' caps the grafted groups only with the extension "
-                              "algo.balance=cap_pvar|symmetric (default none: every candidate, as sourced)")
-        if self.select == "sgt_rescue" and self.balance != "none":
-            raise ConfigError("algo.select=sgt_rescue (SGT's rescue set) has no cap: algo.balance must stay none")
-
-
-def token_ratio_error(where: str) -> ConfigError:
-    return ConfigError(f"algo.token_ratio=cross_aligned (spec graft.token_ratio, T2) needs per-token peer log-probs "
-                       f"and character offsets, which {where} lack (a stored trajectory store keeps only their "
-                       f"sums); use algo.token_ratio=learner_old or none")
 
 
 @register_algo("graft")
@@ -111,7 +67,7 @@ class GRAFT(Learner):
 
     # ---- the exchange ------------------------------------------------------------------------
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
-        require_peer(self.name, ctx.cfg, peer)
+        require_peer(self.name, ctx.run, peer)
         c = self.cfg
         pgs = [peer.get(g.prompt.id) for g in groups]
         plans = self._select(ctx, groups, pgs)        # {slot: (peer rollout indices, "replace" | "augment")}
@@ -206,7 +162,7 @@ class GRAFT(Learner):
         grafted = [g for g in slots if g.source != "own"]
         if self.cfg.peer_minibatches == "separate":
             return own + grafted  # slot_chunks() puts the peer minibatches after (or before) the own ones
-        order = peer_order(len(own), len(grafted), self.cfg.peer_position, int(ctx.cfg["optim"]["minibatches"]))
+        order = peer_order(len(own), len(grafted), self.cfg.peer_position, ctx.run.minibatches)
         both = own + grafted
         return [both[i] for i in order]
 
@@ -232,7 +188,7 @@ class GRAFT(Learner):
             return super().slot_chunks(ctx, batch)
         own = [i for i, g in enumerate(batch.groups) if g.source == "own" and any(g.advantages or [])]
         peer = [i for i, g in enumerate(batch.groups) if g.source != "own"]
-        size = max(1, math.ceil(len(batch.groups) / max(1, int(ctx.cfg["optim"]["minibatches"]))))
+        size = max(1, math.ceil(len(batch.groups) / max(1, ctx.run.minibatches)))
         chunks = [[(own + peer)[j] for j in c] for c in separate_minibatches(len(own), len(peer), size)]
         k_own = math.ceil(len(own) / size)
         return chunks[k_own:] + chunks[:k_own] if self.cfg.peer_position == "first" else chunks

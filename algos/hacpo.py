@@ -17,8 +17,7 @@ prompts GRAFT would replace (learner all-fail, peer mixed; ``graft_candidates``)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Optional
+from typing import Optional
 
 import torch
 
@@ -26,60 +25,13 @@ from graftzoo.algos.base import MiniBatch, StepContext, Surrogate, log_compatibi
 from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, graft_candidates, hacpo_advantages,
                                        hacpo_cross_loss, hacpo_discrepancy, hacpo_omegas, sequence_mean_logp,
                                        stepwise_lower_bound)
-from graftzoo.algos.gspo import GSPO, GSPOConfig, clip_pair
+from graftzoo.algos.gspo import GSPO
+from graftzoo.algos.config import HACPOConfig
+from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
-from graftzoo.contract.schema import ConfigError, bounded
 from graftzoo.contract.types import Group
 
 SELF, PEER = 0, 1  # source ids in the pooled group (spec §2.4.2: agent k = the learner, j = the peer)
-
-
-@dataclass
-class HACPOConfig(GSPOConfig):
-    """``algo.*`` keys of HACPO (spec algos_peer §2.6, §6). ``self_clip`` is the GSPO-scale clip of self samples,
-    HACPO's own by design (the shared ``optim.clip`` does not apply); a grid marks a HACPO row ``clip: own``."""
-
-    needs_peer: ClassVar[bool] = True
-
-    alpha: float = bounded(1.0, "[0, inf)")              # exponential IS power (§2.4.4)
-    cross_clip_lower: float = bounded(0.8, "(0, 1]")  # cross clip floor 1 - delta at update 0 (§2.4.5, §2.7 item 2)
-    cross_clip_step: float = bounded(0.025, "[0, inf)")  # floor increase per optimizer update (delta_step)
-    capability_window: int = bounded(5, "[1, inf)")      # K (§2.4.1)
-    ratio_clamp: list[float] = field(default_factory=lambda: [0.1, 10.0])
-    self_clip: list[float] = field(default_factory=lambda: [3e-4, 4e-4])  # GSPO clip of self samples
-    uniform_reward_guard: bool = True     # CODE guards (§2.4.2)
-    binary_baseline_guard: bool = True
-    kl_on_cross: bool = False             # V1 code: KL on self samples only (§2.7 item 8)
-    beta_kl: float = 0.001
-    select: Literal["all", "graft_which"] = "all"  # graft_which: "HACPO + GRAFT which" (module docstring)
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.resolve()
-
-    def check(self, run_cfg: dict) -> None:
-        super().check(run_cfg)
-        self.resolve()
-
-    def effective_clip(self, run_cfg: dict) -> dict:
-        """HACPO's self samples are clipped with its explicit ``algo.self_clip`` (GSPO scale), not ``optim.clip``."""
-        lo, hi = (float(x) for x in self.self_clip)
-        return {"eps_low": lo, "eps_high": hi, "dual_clip_c": None, "ratio": "sequence"}
-
-    def resolve(self):
-        """The cross-field rules; copies ``self_clip`` into GSPO's ``seq_clip`` (which may not be set apart)."""
-        self.self_clip = clip_pair("algo.self_clip", self.self_clip)
-        default = GSPOConfig.__dataclass_fields__["seq_clip"].default_factory()
-        if [float(x) for x in self.seq_clip] not in (default, self.self_clip):
-            raise ConfigError(f"HACPO clips self samples with config key 'algo.self_clip'={self.self_clip}; "
-                              f"set that key instead of algo.seq_clip ({list(self.seq_clip)})")
-        self.seq_clip = list(self.self_clip)
-        if len(self.ratio_clamp) != 2 or not 0 < self.ratio_clamp[0] <= 1 <= self.ratio_clamp[1]:
-            raise ConfigError(f"config key 'algo.ratio_clamp' must be [low <= 1, high >= 1], got {self.ratio_clamp}")
-        self.ratio_clamp = [float(x) for x in self.ratio_clamp]
-        if self.estimator != "grpo" or not self.std_normalize:
-            raise ConfigError("HACPO's advantage is its own capability-aware form (spec algos_peer §2.4.2): "
-                              "config keys 'algo.estimator' must stay grpo and 'algo.std_normalize' true")
 
 
 def accuracy(groups) -> Optional[float]:
@@ -98,8 +50,8 @@ def content_mask(r) -> list:
 class HACPO(GSPO):
     Config = HACPOConfig
 
-    def __init__(self, cfg: HACPOConfig, run_cfg: dict):
-        super().__init__(cfg, run_cfg)
+    def __init__(self, cfg: HACPOConfig, run: LearnerFacts):
+        super().__init__(cfg, run)
         self.history: dict = {"self": [], "peer": []}   # per-step accuracies, newest last (§2.4.1)
         self.kl_roles = ("own", "peer") if cfg.kl_on_cross else ("own",)
 
@@ -115,7 +67,7 @@ class HACPO(GSPO):
 
     # ---- exchange: pooled groups, capability-aware advantages, self first then cross --------
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
-        require_peer(self.name, ctx.cfg, peer)
+        require_peer(self.name, ctx.run, peer)
         c = self.cfg
         peer_groups = [peer[g.prompt.id] for g in groups if g.prompt.id in peer]
         self._push("self", accuracy(groups))

@@ -12,47 +12,21 @@ steps (learner state, checkpointed; ``history_decay`` forgets old visits): every
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Optional
 
-from graftzoo.algos.base import Learner, LearnerConfig
+from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import hora_allocate, hora_objective
+from graftzoo.algos.config import HORAConfig
+from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
-from graftzoo.contract.schema import ConfigError, bounded
 from graftzoo.contract.types import Group
-
-@dataclass
-class HORAConfig(LearnerConfig):
-    n0: Optional[int] = None          # rollouts per prompt before allocation (None: max(2, rollout.n // 2))
-    cap: Optional[int] = bounded(None, "[0, inf)")  # most extra rollouts per prompt, m_max (None: 3 * rollout.n)
-    a0: float = bounded(1.0, "(0, inf)")            # Beta prior of every prompt's success rate (uniform: 1, 1)
-    b0: float = bounded(1.0, "(0, inf)")
-    rounds: int = bounded(1, "[1, inf)")            # allocation rounds after the probe (posteriors refreshed)
-    posterior_source: Literal["probe", "history"] = "probe"
-    history_decay: float = bounded(1.0, "(0, 1]")   # history: old counts are multiplied by this at every visit
-    skip_saturated: bool = False      # give no extra rollouts to prompts with only successes so far
-
-    def probe_size(self, G: int) -> int:
-        return max(2, G // 2) if self.n0 is None else int(self.n0)
-
-    def extra_cap(self, G: int) -> int:
-        return 3 * G if self.cap is None else int(self.cap)
-
-    def check(self, run_cfg: dict) -> None:
-        super().check(run_cfg)
-        G = int(run_cfg["rollout"]["n"])
-        if not 2 <= self.probe_size(G) <= G:
-            raise ConfigError(f"config key 'algo.n0' must be in [2, rollout.n={G}] (groups of one have no "
-                              f"baseline), got {self.probe_size(G)}")
-
 
 @register_algo("hora")
 class HORA(Learner):
     Config = HORAConfig
 
-    def __init__(self, cfg: HORAConfig, run_cfg: dict):
-        super().__init__(cfg, run_cfg)
-        G = int(run_cfg["rollout"]["n"])
+    def __init__(self, cfg: HORAConfig, run: LearnerFacts):
+        super().__init__(cfg, run)
+        G = run.n
         self.n0, self.cap = cfg.probe_size(G), cfg.extra_cap(G)
         self.history: dict = {}  # prompt id -> [successes, failures] over earlier steps
 

@@ -19,16 +19,15 @@ seeded pass after another, so the final evaluation measures test-time training o
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Optional
 
-from graftzoo.algos.base import Learner, LearnerConfig
+from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import (answer_span_mask, boxed_spans, contrast_pairs, contrast_prompt,
                                        soft_consensus_rewards)
-from graftzoo.envs.task import Task
 from graftzoo.envs.verifier import answer_classes, extract_answer
+from graftzoo.algos.config import OMGRPOConfig
+from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
-from graftzoo.contract.schema import ConfigError, bounded
 from graftzoo.contract.types import Prompt
 
 CONTRAST_TEMPLATES = {
@@ -36,27 +35,6 @@ CONTRAST_TEMPLATES = {
     # for tiny models: a short context and no English vocabulary
     "compact": lambda problem, a, b: f"{problem}\n{a}\n{b}",
 }
-
-
-@dataclass
-class OMGRPOConfig(LearnerConfig):
-    beta_kl: float = 0.005              # spec §4.5
-    answer_grad_scale: float = bounded(0.0, "[0, 1]")   # loss weight of answer-span tokens (0 = OM-GRPO, 1 = vanilla)
-    mask_kl: bool = True                # mask the KL term like the policy term (RECOMMENDED, §4.8.2)
-    mask_all_boxed: bool = False        # mask every \boxed{} content, not only the last (§4.7)
-    answer_format: Literal["boxed", "any"] = "boxed"   # boxed (§4.2) | any (the verifier's extractor, e.g. after '=')
-    format_weight: float = 1.0          # weight of the format reward r^f
-    contrast: bool = True               # contrast-augmented reward (CAR)
-    contrast_max_new_tokens: int = bounded(64, "[1, inf)")   # §4.4
-    contrast_template: Literal["spec", "compact"] = "spec"   # §4.4 wording | problem and both solutions, one per line
-    contrast_temperature: float = 1.0
-    ttt: bool = False                   # test-time training on the held-out evaluation prompts (§4.6)
-
-    def check(self, run_cfg: dict) -> None:
-        super().check(run_cfg)
-        if int(run_cfg["rollout"]["n"]) < 2:
-            raise ConfigError("config key 'rollout.n' must be >= 2 for OM-GRPO: a group of one has a trivial "
-                              "consensus (spec §4.7)")
 
 
 def unlabeled(p: Prompt) -> Prompt:
@@ -68,8 +46,8 @@ def unlabeled(p: Prompt) -> Prompt:
 class OMGRPO(Learner):
     Config = OMGRPOConfig
 
-    def __init__(self, cfg: OMGRPOConfig, run_cfg: dict):
-        super().__init__(cfg, run_cfg)
+    def __init__(self, cfg: OMGRPOConfig, run: LearnerFacts):
+        super().__init__(cfg, run)
         self._heldout: Optional[list] = None
         self._perms: dict = {}
 
@@ -94,7 +72,7 @@ class OMGRPO(Learner):
         """Soft consensus reward over the answer pool: the groups' own answers plus ``votes[g]``, the CAR
         answers of group g (spec §4.2 steps 2-5). Sets reward, extracted, status of every rollout."""
         c = self.cfg
-        timeout = float(ctx.cfg["task"]["verifier_timeout"])
+        timeout = ctx.run.verifier_timeout
         formatted, distinct = 0, 0.0
         for g, extra in zip(groups, votes):
             own = [self.answer(r.text) for r in g.rollouts]
@@ -170,7 +148,7 @@ class OMGRPO(Learner):
     def ttt_prompts(self, ctx, k: int) -> list:
         """The step's ``k`` held-out prompts, gold removed: seeded passes over the evaluation set (spec §4.6)."""
         if self._heldout is None:
-            self._heldout = [unlabeled(p) for p in heldout_prompts(ctx.cfg)]
+            self._heldout = [unlabeled(p) for p in (ctx.heldout() if ctx.heldout else [])]
             if not self._heldout:
                 raise ValueError("algo.ttt: the evaluation set is empty (eval.dataset / eval.size)")
         N = len(self._heldout)
@@ -179,15 +157,10 @@ class OMGRPO(Learner):
             epoch, i = divmod(ctx.step * k + j, N)
             if epoch not in self._perms:
                 perm = list(range(N))
-                random.Random(f"{ctx.cfg['run']['seed']}:ttt:{epoch}").shuffle(perm)
+                random.Random(f"{ctx.run.seed}:ttt:{epoch}").shuffle(perm)
                 self._perms = {epoch: perm}
             out.append(self._heldout[self._perms[epoch][i]])
         return out
-
-
-def heldout_prompts(cfg: dict) -> list:
-    """The prompts the trainer evaluates on: the task's held-out split (``Task.heldout``)."""
-    return list(Task(cfg).heldout().prompts)
 
 
 def fit_contrast_prompts(policy, group, room: int, template=contrast_prompt) -> Optional[dict]:

@@ -14,27 +14,13 @@ chosen at random; the group keeps its size and GRPO advantages are recomputed on
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Literal, Optional
+from typing import Optional
 
-from graftzoo.algos.base import Learner, LearnerConfig, StepContext, log_compatibility, require_peer
+from graftzoo.algos.base import Learner, StepContext, log_compatibility, require_peer
 from graftzoo.algos.functional import sgt_augment, sgt_rescue
+from graftzoo.algos.config import SGTConfig
 from graftzoo.contract.registry import register_algo
-from graftzoo.contract.schema import bounded
 from graftzoo.contract.types import Group
-
-@dataclass
-class SGTConfig(LearnerConfig):
-    """``algo.*`` keys of SGT (spec algos_peer §6 ``sgt.*``); the GRPO keys are the base's."""
-
-    needs_peer: ClassVar[bool] = True
-
-    gate: Literal["all_fail", "threshold"] = "all_fail"   # functional.peer.SGT_GATES
-    tau: float = bounded(0.0, "[0, 1)")   # threshold gate: rescue when c_L / G <= tau (a rescued group needs a failure)
-    k_inj: int = bounded(1, "[1, inf)")   # rescue responses per prompt, at most
-    mode: Literal["augment", "aux_nll"] = "augment"
-    lam: float = 1.0           # aux_nll weight (sgt.lambda)
-
 
 def augment_group(own: Group, injected: list, rng, eps: float, weights=None, source=None) -> Group:
     """``own`` with ``injected`` peer successes (localized, role "peer") in place of as many of its failed
@@ -55,7 +41,7 @@ class SGT(Learner):
     Config = SGTConfig
 
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
-        require_peer(self.name, ctx.cfg, peer)
+        require_peer(self.name, ctx.run, peer)
         c = self.cfg
         successes = []
         for g in groups:

@@ -40,7 +40,8 @@ from typing import Optional, Union
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from graftzoo.contract.schema import ConfigError
+from graftzoo.contract.config import RunConfig
+from graftzoo.contract.errors import ConfigError
 from graftzoo.envs.datasets import (BENCHMARKS, FILE_SUFFIXES, MathDataset, MissingSplitError, bundled_names,
                                      load_dataset)
 from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv
@@ -156,11 +157,11 @@ class Task:
 
     group_field = "skill"  # prompts are reported by this metadata field (else by source), e.g. add / mul
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: RunConfig):
         self.cfg = cfg
-        self.spec = cfg["task"]
-        self.eval = cfg["eval"]
-        self.seed = int(cfg["run"]["seed"])
+        self.spec = cfg.task
+        self.eval = cfg.eval
+        self.seed = cfg.run.seed
 
     # ---- the check before any model is built ------------------------------------------------
     def check(self) -> "Task":
@@ -168,48 +169,46 @@ class Task:
         of ``eval.select=val_avg``) and check the prompt templates, so that a bad value fails in one
         ``ConfigError`` line naming its key before any model is built; returns ``self`` (what it loaded is
         kept: the trainer's later use costs nothing more). Needs no model; reads files."""
-        spec, ev, run = self.spec, self.eval, self.cfg["run"]
-        config_error("task.env", spec["env"], lambda: self.procedural)
-        if self.procedural and spec.get("dataset"):
-            raise ConfigError(f"config key 'task.dataset' ({spec['dataset']!r}) is set, but task.env={spec['env']} "
+        spec, ev, run = self.spec, self.eval, self.cfg.run
+        config_error("task.env", spec.env, lambda: self.procedural)
+        if self.procedural and spec.dataset:
+            raise ConfigError(f"config key 'task.dataset' ({spec.dataset!r}) is set, but task.env={spec.env} "
                               f"generates its problems and reads no dataset: set task.env=auto (or "
                               f"graftzoo/MathReasoning-v0) to train on the dataset")
-        pair = self.cfg.get("pair") or {}
-        templates = [("pair.template", pair.get("template"))] + [
-            (f"pair.models[{m.get('id')}].template", m["template"]) for m in pair.get("models") or []
-            if isinstance(m, dict) and "template" in m]
+        pair = self.cfg.pair
+        templates = [("pair.template", pair.template)] + [
+            (f"pair.models[{m['id']}].template", m["template"]) for m in pair.models if "template" in m]
         for key, name in templates:
             if name is not None and name not in TEMPLATES:
                 raise ConfigError(f"config key '{key}' must be a prompt template ({' | '.join(sorted(TEMPLATES))}), "
                                   f"got {name!r}")
         if self.procedural:
-            if self.stream and run.get("epochs"):
+            if self.stream and run.epochs:
                 raise ConfigError(f"config key 'run.epochs' needs a finite training set, but task.size: null makes "
-                                  f"{spec['env']} an endless stream: set task.size, or run.steps without run.epochs")
-            config_error("task.difficulty", spec.get("difficulty"), lambda: self.train_env,
-                         keys={"task.mix": (spec.get("mix"), "mix ")})
+                                  f"{spec.env} an endless stream: set task.size, or run.steps without run.epochs")
+            config_error("task.difficulty", spec.difficulty, lambda: self.train_env,
+                         keys={"task.mix": (spec.mix, "mix ")})
         else:
-            if not spec.get("dataset"):
-                raise ConfigError(f"config key 'task.dataset' is required with task.env={spec['env']}: a bundled "
+            if not spec.dataset:
+                raise ConfigError(f"config key 'task.dataset' is required with task.env={spec.env}: a bundled "
                                   f"name ({', '.join(bundled_names())}), a {' / '.join(FILE_SUFFIXES)} file, a "
                                   f"datasets save_to_disk folder or a Hugging Face Hub name")
-            config_error("task.dataset", spec["dataset"], lambda: self.train_env,
-                         keys={"task.split": (spec["split"], "split=")})
-        algo = self.cfg.get("algo") or {}
-        benchmarks = config_error("eval.benchmarks", ev.get("benchmarks"),
-                                  lambda: resolve_benchmarks(ev.get("benchmarks"))) if ev.get("benchmarks") else []
-        if (ev.get("dataset") or run.get("eval_at_start") or run.get("eval_at_end") or run.get("eval_every")
-                or HELDOUT in benchmarks or algo.get("ttt")):
-            held = config_error("eval.dataset", ev.get("dataset"), lambda: self.heldout())
+            config_error("task.dataset", spec.dataset, lambda: self.train_env,
+                         keys={"task.split": (spec.split, "split=")})
+        benchmarks = config_error("eval.benchmarks", ev.benchmarks,
+                                  lambda: resolve_benchmarks(ev.benchmarks)) if ev.benchmarks else []
+        if (ev.dataset or run.eval_at_start or run.eval_at_end or run.eval_every
+                or HELDOUT in benchmarks or getattr(self.cfg.algo, "ttt", False)):
+            held = config_error("eval.dataset", ev.dataset, lambda: self.heldout())
             if not held.prompts:
-                raise ConfigError(f"config key 'eval.dataset' ({ev.get('dataset')!r}): the held-out split is empty")
+                raise ConfigError(f"config key 'eval.dataset' ({ev.dataset!r}): the held-out split is empty")
         for bench in benchmarks:
             if bench != HELDOUT:
                 config_error("eval.benchmarks", bench, lambda: load_dataset(bench))
-        if ev.get("select") == "val_avg":
-            key = "eval.val_dataset" if ev.get("val_dataset") else "eval.val_size"
-            val = config_error(key, ev.get("val_dataset") or ev.get("val_size"), lambda: self.validation())
-            if self.is_test_set(val) and not ev.get("allow_test_selection"):
+        if ev.select == "val_avg":
+            key = "eval.val_dataset" if ev.val_dataset else "eval.val_size"
+            val = config_error(key, ev.val_dataset or ev.val_size, lambda: self.validation())
+            if self.is_test_set(val) and not ev.allow_test_selection:
                 raise ConfigError(f"config key 'eval.val_dataset' ({val.name!r}) is a test set: eval.select=val_avg "
                                   f"would pick checkpoints on it; give a validation set or set "
                                   f"eval.allow_test_selection: true")
@@ -219,32 +218,31 @@ class Task:
     @cached_property
     def procedural(self) -> bool:
         """Whether the env generates its problems (an :class:`ArithmeticEnv`) rather than reading a file."""
-        entry = gym.spec(self.spec["env"]).entry_point
+        entry = gym.spec(self.spec.env).entry_point
         cls = load_env_creator(entry) if isinstance(entry, str) else entry
         return isinstance(cls, type) and issubclass(cls, ArithmeticEnv)
 
     @property
     def stream(self) -> bool:
         """An endless procedural prompt stream (``task.size: null``) rather than a finite dataset."""
-        return self.procedural and self.spec["size"] is None
+        return self.procedural and self.spec.size is None
 
     @property
     def env_kwargs(self) -> dict:
-        """The scoring settings every env of this task shares (``task.verifier_budget`` too: a run config saved
-        before that key existed has no batch budget)."""
-        return {**{k: self.spec[k] for k in SCORING_DEFAULTS}, "verifier_budget": self.spec.get("verifier_budget")}
+        """The scoring settings every env of this task shares."""
+        return {**{k: getattr(self.spec, k) for k in SCORING_DEFAULTS}, "verifier_budget": self.spec.verifier_budget}
 
     def make_env(self, split: str, size: Optional[int] = None) -> MathReasoningEnv:
         """The task's env (unwrapped) on ``split``; ``size`` prompts for a procedural task (default
         ``task.size``, else 1: a stream's env only scores)."""
         kw = self.env_kwargs
         if self.procedural:
-            kw.update(size=size or self.spec["size"] or 1, seed=self.seed if split == "train" else HELDOUT_SEED,
-                      mix=self.spec["mix"] or None, difficulty=self.spec["difficulty"] or None, split=split)
+            kw.update(size=size or self.spec.size or 1, seed=self.seed if split == "train" else HELDOUT_SEED,
+                      mix=self.spec.mix or None, difficulty=self.spec.difficulty or None, split=split)
         else:
-            kw.update(dataset=self.spec["dataset"], split=split if split != "train" else self.spec["split"],
-                      **self.data_kwargs(self.spec["dataset"]))
-        return gym.make(self.spec["env"], disable_env_checker=True, **kw).unwrapped
+            kw.update(dataset=self.spec.dataset, split=split if split != "train" else self.spec.split,
+                      **self.data_kwargs(self.spec.dataset))
+        return gym.make(self.spec.env, disable_env_checker=True, **kw).unwrapped
 
     def scoring_env(self, dataset: MathDataset) -> MathReasoningEnv:
         """An env that scores responses to ``dataset``'s prompts with this task's rewards."""
@@ -265,17 +263,17 @@ class Task:
         """The name stored trajectories are filed under."""
         if self.stream:
             return "arithmetic"
-        return getattr(self.train_env.dataset, "name", self.spec["dataset"])
+        return getattr(self.train_env.dataset, "name", self.spec.dataset)
 
     def data_kwargs(self, name) -> dict:
         """Loader keywords of ``task.fields`` for the run's own dataset ``name`` (module docstring)."""
-        return data_kwargs(name, self.spec.get("fields"))
+        return data_kwargs(name, self.spec.fields.model_dump())
 
     @property
     def reserved_ids(self) -> set:
         """Prompt ids training must leave out: a held-out slice of the training set, and the validation slice
         when ``eval.select=val_avg``."""
-        val = self.validation_ids() if self.eval.get("select") == "val_avg" else set()
+        val = self.validation_ids() if self.eval.select == "val_avg" else set()
         return val | {p.id for p in self._heldout_items()}
 
     @cached_property
@@ -289,9 +287,9 @@ class Task:
     def _heldout_indices(self) -> list:
         """Indices into the training set of its held-out slice: empty unless the held-out split is carved from
         it (no eval.dataset, a dataset without a test split)."""
-        if self.eval.get("dataset") or self.procedural or self._test_env is not None:
+        if self.eval.dataset or self.procedural or self._test_env is not None:
             return []
-        return heldout_slice(self.train_env.dataset, self.eval.get("size"))
+        return heldout_slice(self.train_env.dataset, self.eval.size)
 
     def _heldout_items(self) -> list:
         train = self.train_env.dataset if not self.procedural else None
@@ -306,15 +304,15 @@ class Task:
     @cached_property
     def _heldout(self) -> Benchmark:
         ev = self.eval
-        if ev.get("dataset"):
-            ds = load_dataset(ev["dataset"], **self.data_kwargs(ev["dataset"]))
-            prompts, env = _limited(ds, ev.get("size") or None), self.scoring_env(ds)
+        if ev.dataset:
+            ds = load_dataset(ev.dataset, **self.data_kwargs(ev.dataset))
+            prompts, env = _limited(ds, ev.size or None), self.scoring_env(ds)
         elif self.procedural:
-            env = self.make_env("test", size=ev.get("size"))
+            env = self.make_env("test", size=ev.size)
             ds, prompts = env.dataset, list(env.dataset)
         elif self._test_env is not None:
             env = self._test_env
-            ds, prompts = env.dataset, _limited(env.dataset, ev.get("size") or None)
+            ds, prompts = env.dataset, _limited(env.dataset, ev.size or None)
         else:  # a held-out slice of the training set, which training leaves out (reserved_ids)
             train, prompts = self.train_env.dataset, self._heldout_items()
             if not prompts:
@@ -331,8 +329,8 @@ class Task:
     def validation(self, dataset=None, size: Optional[int] = None) -> Benchmark:
         """The validation set of checkpoint selection (module docstring); ``dataset`` / ``size``
         override ``eval.val_dataset`` / ``eval.val_size``."""
-        dataset = dataset or self.eval.get("val_dataset")
-        size = int(size or self.eval.get("val_size") or DEFAULT_VAL_SIZE)
+        dataset = dataset or self.eval.val_dataset
+        size = int(size or self.eval.val_size or DEFAULT_VAL_SIZE)
         if dataset:
             if dataset != HELDOUT and not isinstance(dataset, MathDataset):
                 dataset = load_dataset(dataset, **self.data_kwargs(dataset))
@@ -351,16 +349,16 @@ class Task:
     def validation_ids(self) -> set:
         """Prompt ids of the training-file validation slice (empty when the validation set is not
         carved from the training data)."""
-        if self.eval.get("val_dataset") or self.procedural:
+        if self.eval.val_dataset or self.procedural:
             return set()
-        _, items = self._validation_slice(int(self.eval.get("val_size") or DEFAULT_VAL_SIZE))
+        _, items = self._validation_slice(int(self.eval.val_size or DEFAULT_VAL_SIZE))
         return {p.id for p in items}
 
     def is_test_set(self, bench: Benchmark) -> bool:
         """Whether a loaded benchmark is a test set: the held-out split, a dataset whose split is
         ``test``, one of the GRAFT benchmarks, or one the run evaluates on (eval.benchmarks/dataset)."""
-        listed = set(BENCHMARKS) | {str(b) for b in (self.eval.get("benchmarks") or [])}
-        if self.eval.get("dataset"):
-            listed.add(Path(str(self.eval["dataset"])).stem)
-            listed.add(str(self.eval["dataset"]))
+        listed = set(BENCHMARKS) | {str(b) for b in (self.eval.benchmarks or [])}
+        if self.eval.dataset:
+            listed.add(Path(str(self.eval.dataset)).stem)
+            listed.add(str(self.eval.dataset))
         return bench.name == HELDOUT or bench.split == "test" or bench.dataset in listed

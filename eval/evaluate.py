@@ -14,38 +14,39 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from graftzoo.contract.config import RunConfig
 from graftzoo.envs.task import HELDOUT, Task, load_benchmark, resolve_benchmarks
 from graftzoo.envs.verifier import VERIFIER_VERSION
 from graftzoo.eval.artifacts import write_eval
 from graftzoo.eval.protocol import score_benchmark
 
 
-def eval_top_p(cfg: dict) -> float:
+def eval_top_p(cfg: RunConfig) -> float:
     """The top-p of evaluation: ``eval.top_p``, None meaning ``rollout.top_p``."""
-    top_p = cfg["eval"].get("top_p")
-    return float(cfg["rollout"]["top_p"] if top_p is None else top_p)
+    top_p = cfg.eval.top_p
+    return float(cfg.rollout.top_p if top_p is None else top_p)
 
 
 
 
-def eval_request(cfg: dict, benchmarks=None, k: Optional[int] = None, *, seeds: int = 1,
+def eval_request(cfg: RunConfig, benchmarks=None, k: Optional[int] = None, *, seeds: int = 1,
                  greedy: Optional[bool] = None, temperature: Optional[float] = None, top_p: Optional[float] = None,
                  max_new_tokens: Optional[int] = None, limit: Optional[int] = None, seed: Optional[int] = None,
                  select: Optional[str] = None) -> dict:
     """The full evaluation request: every unset option filled from the run config (``eval.*``;
     benchmarks default to ``eval.benchmarks``, else ``heldout``). Stored in each eval file."""
-    ev = cfg["eval"]
-    return {"benchmarks": [str(b) for b in resolve_benchmarks(benchmarks or ev.get("benchmarks") or [HELDOUT])],
-            "k": int(ev["k"] if k is None else k), "seeds": int(seeds),
-            "greedy": bool(ev["greedy"] if greedy is None else greedy),
-            "temperature": float(ev["temperature"] if temperature is None else temperature),
+    ev = cfg.eval
+    return {"benchmarks": [str(b) for b in resolve_benchmarks(benchmarks or ev.benchmarks or [HELDOUT])],
+            "k": int(ev.k if k is None else k), "seeds": int(seeds),
+            "greedy": bool(ev.greedy if greedy is None else greedy),
+            "temperature": float(ev.temperature if temperature is None else temperature),
             "top_p": eval_top_p(cfg) if top_p is None else float(top_p),
-            "max_new_tokens": max_new_tokens or ev.get("max_new_tokens"),
-            "limit": limit, "seed": int(cfg["run"]["seed"] if seed is None else seed),
-            "select": select or ev.get("select") or "last"}
+            "max_new_tokens": max_new_tokens or ev.max_new_tokens,
+            "limit": limit, "seed": int(cfg.run.seed if seed is None else seed),
+            "select": select or ev.select or "last"}
 
 
-def heldout_request(cfg: dict) -> dict:
+def heldout_request(cfg: RunConfig) -> dict:
     """What the trainer evaluates: the held-out split under the run's ``eval.*`` settings."""
     return eval_request(cfg, [HELDOUT])
 
@@ -62,9 +63,9 @@ def prompt_budget(policy, max_new_tokens: int) -> int:
     return min(policy.max_prompt_tokens, ctx - max_new_tokens)
 
 
-def _engine_name(engine, cfg: Optional[dict]) -> str:
+def _engine_name(engine, cfg: Optional[RunConfig]) -> str:
     if cfg is not None:
-        return str(cfg["rollout"]["engine"])
+        return str(cfg.rollout.engine)
     return {"HFEngine": "hf", "VLLMEngine": "vllm"}.get(type(engine).__name__, type(engine).__name__)
 
 

@@ -3,12 +3,14 @@
 The stable public names, imported on first use so that ``import graftzoo`` itself stays light (the verifier's
 worker processes import ``graftzoo.envs.*`` and must not pay for torch and transformers):
 
-- for plugins: ``from graftzoo import register_algo, Learner`` (docs/architecture.md, "Where to add an algorithm");
+- for plugins: ``from graftzoo import register_algo, Learner`` (and ``LearnerConfig``, the base of an ``algo.*``
+  section; docs/architecture.md);
 - the Python API (``graftzoo.api``): ``load_config``, ``train``, ``evaluate``, ``export``, ``RunResult``.
 """
 import importlib
 
 PUBLIC = {"register_algo": "graftzoo.contract.registry", "Learner": "graftzoo.algos.base",
+          "LearnerConfig": "graftzoo.algos.config", "StepContext": "graftzoo.algos.base",
           **{name: "graftzoo.api" for name in ("RunResult", "evaluate", "export", "load_config", "train")}}
 __all__ = sorted(PUBLIC)
 

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
-from graftzoo.contract.config import ConfigError, load_config as _load_config
+from graftzoo.contract.config import ConfigError, RunConfig, as_dict, load_config as _load_config, with_values
 from graftzoo.training.policy import NonFiniteError
 from graftzoo.distributed.backend import RayBackend
 from graftzoo.training.export import export_run
@@ -51,7 +51,7 @@ def _override_list(overrides: Overrides) -> list:
 
 
 def load_config(pair: Optional[str] = None, algo: Optional[str] = None, overrides: Overrides = None,
-                files: Sequence = ()) -> dict:
+                files: Sequence = ()) -> RunConfig:
     """The checked run config of ``graftzoo train --pair PAIR --algo ALGO -c FILE --set KEY=VALUE``;
     ``overrides`` is a list of ``"key=value"`` strings or a mapping ``{"optim.lr": 1e-5, ...}``."""
     return _load_config(pair=pair, algo=algo, files=tuple(files), overrides=_override_list(overrides))
@@ -98,7 +98,7 @@ def final_score(payload: Optional[dict]) -> Optional[float]:
     return whole.get("avg") if whole.get("avg") is not None else whole.get("greedy")
 
 
-def train(cfg: Optional[dict] = None, *, algo: Optional[str] = None, pair: Optional[str] = None,
+def train(cfg: Optional[RunConfig] = None, *, algo: Optional[str] = None, pair: Optional[str] = None,
           overrides: Overrides = None, files: Sequence = (), run_dir=None, resume: bool = True,
           overwrite: bool = False, track: Optional[bool] = None, progress=None) -> RunResult:
     """Train a run config (``load_config``), or the one ``algo``, ``pair``, ``files`` and ``overrides`` give, into
@@ -112,12 +112,12 @@ def train(cfg: Optional[dict] = None, *, algo: Optional[str] = None, pair: Optio
     elif algo or pair or overrides or files:
         raise ConfigError("train: give a config (cfg) or algo / pair / files / overrides, not both")
     elif track is not None:
-        cfg = {**cfg, "run": {**cfg["run"], "track": bool(track)}}
+        cfg = with_values(cfg, {"run.track": bool(track)})
     try:
         out = train_run(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume, progress=progress,
                      overwrite=overwrite)
     except NonFiniteError:
-        out = Path(run_dir) if run_dir is not None else Path(cfg["run"]["out_dir"]) / cfg["run"]["name"]
+        out = Path(run_dir) if run_dir is not None else Path(cfg.run.out_dir) / cfg.run.name
     return RunResult.from_dir(out)
 
 

@@ -17,6 +17,7 @@ import random
 from pathlib import Path
 from typing import Optional
 
+from graftzoo.contract.config import RunConfig
 from graftzoo.peers.store import StoreError, TrajectoryStore, rows_to_groups
 
 
@@ -153,19 +154,19 @@ class MixedPeer(PeerSource):
         return out
 
 
-def make_peer_source(cfg: dict, trained_ids: list, dataset_id: Optional[str] = None, prompt_ids=None):
+def make_peer_source(cfg: RunConfig, trained_ids: list, dataset_id: Optional[str] = None, prompt_ids=None):
     """The peer source named by ``peer.*`` (``none`` -> None)."""
-    pc = cfg["peer"]
-    src = pc["source"]
+    pc = cfg.peer
+    src = pc.source
     if src == "none":
         return None
     if src == "online":
         return OnlinePeer(trained_ids)
-    if not pc.get("path"):
+    if not pc.path:
         raise ValueError(f"peer.source={src} needs peer.path (a run dir or store dir)")
     exclude = trained_ids[0] if len(trained_ids) == 1 else None
-    stored = StoredPeer(pc["path"], model=pc.get("model"), align=pc["align"], dataset=dataset_id,
+    stored = StoredPeer(pc.path, model=pc.model, align=pc.align, dataset=dataset_id,
                         prompt_ids=prompt_ids, exclude=exclude)
     if src == "stored":
         return stored
-    return MixedPeer(OnlinePeer(trained_ids), stored, pc.get("mix_ratio"), seed=int(cfg["run"]["seed"]))
+    return MixedPeer(OnlinePeer(trained_ids), stored, pc.mix_ratio, seed=int(cfg.run.seed))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.types import Origin, Rollout
 
 
@@ -66,15 +67,15 @@ def score_rollouts(policy, rollouts: list, chunk: int = 256):
             r.logprobs = lp
 
 
-def localize_groups(policy, groups: list, cfg: dict):
+def localize_groups(policy, groups: list, run: LearnerFacts):
     """Localize every rollout of ``groups`` for ``policy``; returns (groups, stats).
 
     A rollout already in the learner's model and tokenizer keeps its ids and log-probs (it only takes
     the role "peer"); every other one is re-tokenized and scored under theta_old.
     """
-    overflow = cfg["xt"]["overflow"]
-    append_eos = bool(cfg["xt"]["append_eos_if_stopped"])
-    max_response = int(getattr(policy, "max_response_tokens", cfg["rollout"]["max_new_tokens"]))
+    overflow = run.xt.overflow
+    append_eos = run.xt.append_eos_if_stopped
+    max_response = int(getattr(policy, "max_response_tokens", run.max_new_tokens))
     out, todo = [], []
     same_tok, mismatch = 0, 0
     for g in groups:

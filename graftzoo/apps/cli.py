@@ -116,7 +116,7 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, all
     if backend:
         overrides.append(f"run.backend={backend}")
     cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)  # every config check, once
-    progress = _ProgressPrinter(f"{cfg['algo']['name']} on {cfg['pair']['name']}") if cfg["run"]["progress"] else None
+    progress = _ProgressPrinter(f"{cfg.algo.name} on {cfg.pair.name}") if cfg.run.progress else None
     try:
         out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress, overwrite=overwrite,
                         allow_config_change=allow)

@@ -81,7 +81,7 @@ def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 
     env = Task(cfg).make_env("test", size=size)
     prompts = list(env.dataset)
     groups = {}
-    for spec in cfg["pair"]["models"]:
+    for spec in cfg.pair.models:
         pol = build_policy(spec, cfg, seed)
         engine = build_engine(pol, cfg)
         try:
@@ -242,7 +242,7 @@ def demo_cmd(quick, full, out, jobs):
     grid = load_grid(_config_file("demo", plan["grid"]), out=str(Path(out) / mode))
     pair = grid.cells[0].pair
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
-    specs = cfg["pair"]["models"]
+    specs = cfg.pair.models
     model_ids = [s["id"] for s in specs]
     console.rule(f"[bold]graftzoo demo ({mode}): pair '{pair}' = {' ↔ '.join(model_ids)}")
     console.print("1. building and warming up the tiny pair (cached after the first time) ...")

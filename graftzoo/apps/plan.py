@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import click
 from transformers import AutoConfig
 
+from graftzoo.contract.config import RunConfig
 from graftzoo.contract.config import ConfigError, load_config
 from graftzoo.training.models import resolve_precision, tiny_spec
 from graftzoo.tiny.build import tiny_config
@@ -121,27 +122,27 @@ def engine_bytes(n: int, vllm: dict, gpu_gb: float) -> tuple[float, float]:
     return w, max(0.0, float(vllm["gpu_memory_utilization"]) * gpu_gb * GIB - w)
 
 
-def plan(cfg: dict, gpu_gb: float = 80.0) -> list[dict]:
+def plan(cfg: RunConfig, gpu_gb: float = 80.0) -> list[dict]:
     """Per trained model: parameters, each memory part (GiB), the per-GPU peak and the GPUs it needs."""
-    r, o, t = cfg["rollout"], cfg["optim"], cfg["task"]
-    seq_len = int(r["max_prompt_tokens"]) + int(r["max_new_tokens"])
-    sequences = int(t["prompts_per_step"]) * int(r["n"])
-    micro = o["max_tokens_per_micro"] or max(1, sequences // int(o["minibatches"])) * seq_len
-    train_ids = cfg["pair"]["train"] or [s["id"] for s in cfg["pair"]["models"]]
+    r, o, t = cfg.rollout, cfg.optim, cfg.task
+    seq_len = int(r.max_prompt_tokens) + int(r.max_new_tokens)
+    sequences = int(t.prompts_per_step) * int(r.n)
+    micro = o.max_tokens_per_micro or max(1, sequences // int(o.minibatches)) * seq_len
+    train_ids = cfg.pair.train or [s["id"] for s in cfg.pair.models]
     out = []
-    for spec in cfg["pair"]["models"]:
+    for spec in cfg.pair.models:
         if spec["id"] not in train_ids:
             continue
         a = architecture(spec)
         n = param_count(a)
         low = spec.get("dtype", "float32" if spec.get("kind", "tiny") == "tiny" else "bfloat16") != "float32"
-        precision = resolve_precision(o["precision"], low)
+        precision = resolve_precision(o.precision, low)
         compute = 2 if precision == "bf16-mixed" or (precision == "model" and low) else 4
-        ckpt = bool(spec.get("gradient_checkpointing", cfg["model"]["gradient_checkpointing"]))
-        vllm = r["engine"] == "vllm"
-        w, kv = engine_bytes(n, r["vllm"], gpu_gb) if vllm else (0.0, 0.0)
+        ckpt = bool(spec.get("gradient_checkpointing", cfg.model.gradient_checkpointing))
+        vllm = r.engine == "vllm"
+        w, kv = engine_bytes(n, r.vllm, gpu_gb) if vllm else (0.0, 0.0)
         kv_all = kv_bytes_per_token(a) * sequences * seq_len  # every sequence of a step at full length at once
-        sleep = vllm and int(r["vllm"]["sleep_level"]) > 0
+        sleep = vllm and int(r.vllm["sleep_level"]) > 0
         act = activation_bytes(a, micro, compute, ckpt)
         act_other = activation_bytes(a, micro, compute, not ckpt)
         usable = gpu_gb * 0.9 * GIB

@@ -14,3 +14,7 @@ class NonFiniteError(RuntimeError):
 
     def __reduce__(self):  # raised in a worker process, re-raised by the driver with its metrics
         return (type(self), (self.what, self.value, self.where), self.__dict__)
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the one-line message names the key."""

@@ -1,5 +1,9 @@
 """Algorithm registry: ``@register_algo`` in-process, plus the entry-point group ``graftzoo.algos``.
 
+Each algorithm has a learner class (its ``Config`` is its ``algo.*`` section) and that section's class. The builtin
+sections are declared apart from their learners (``graftzoo.algos.config``, no torch), so ``get_config`` checks a
+run config without importing torch; a plugin's section is its learner's ``Config`` (the plugin is imported).
+
 Plugins are resolved the same way in every process (``ensure_loaded`` is called by ``get_algo``),
 so Ray workers and subprocesses see the same registry. A plugin that fails to import is reported by
 name (``list_algos`` and ``get_algo`` say why); a name clash is an error.
@@ -27,6 +31,7 @@ class AlgoEntry:
 
 
 _ALGOS: dict[str, AlgoEntry] = {}
+_CONFIGS: dict[str, type] = {}
 _FAILED: dict[str, str] = {}
 _LOADED = False
 _current_source: str | None = None
@@ -43,13 +48,42 @@ def register_algo(name: str):
                                 f"is already registered by {old.module} ({old.source})")
         cls.name = name
         _ALGOS[name] = AlgoEntry(name, cls, source, cls.__module__)
+        _CONFIGS[name] = cls.Config
         return cls
 
     return deco
 
 
+def register_config(name: str):
+    """Class decorator registering a builtin learner's ``algo.*`` section class under ``name`` (before, and without,
+    importing the learner)."""
+
+    def deco(cls):
+        _CONFIGS.setdefault(name, cls)
+        return cls
+
+    return deco
+
+
+def plugin_names() -> list:
+    """Names of the installed plugins' entry points (read from package metadata; nothing is imported)."""
+    return sorted({ep.name for ep in entry_points(group=GROUP)})
+
+
+def get_config(name: str) -> type:
+    """The ``algo.*`` section class of algorithm ``name``: a builtin's without importing its learner, a plugin's
+    from its learner class."""
+    if name not in _CONFIGS:
+        importlib.import_module("graftzoo.algos.config")   # the builtin sections register themselves
+    if name in _CONFIGS:
+        return _CONFIGS[name]
+    if name in plugin_names() or name in _FAILED:
+        return get_algo(name).Config
+    raise RegistryError(f"unknown algorithm '{name}'; registered: {sorted(set(_CONFIGS) | set(plugin_names()))}")
+
+
 def _load_builtins():
-    importlib.import_module("graftzoo.algos")
+    importlib.import_module("graftzoo.algos").load_builtins()
 
 
 def _load_plugins():

@@ -1,205 +1,251 @@
-"""Declared config rules and the one generic check of them.
+"""How a config section is declared: a frozen pydantic model whose fields carry their type, bounds, default and a
+one-line doc. pydantic does the validation; this module holds the conventions and turns pydantic's errors into one
+line naming the key.
 
-A learner's Config dataclass declares, on its fields, what ``algo.*`` accepts:
-
-- choices with ``Literal[...]`` (``Optional[Literal[...]]`` when null is allowed);
-- bounds with ``bounded(default, "[lo, hi]")``: interval notation, ``(``/``)`` exclude the end, ``inf``
-  leaves a side open (or ``field(..., metadata={"range": (lo, hi)})``, a closed interval). A subclass
-  that only changes a field's default keeps the base class's bounds;
-- ``needs_peer = True`` (a ClassVar) when it trains on a peer's rollouts (``peer.source`` may not be none);
-- cross-field and run-dependent rules in ``check(self, run_cfg)``, raising ``ConfigError`` naming the key.
-
-``validate`` checks the type, choices and bounds of every field, then ``needs_peer``, then ``check``;
-``graftzoo.contract.config.load_config`` calls it once per run config. ``build`` makes a Config from values
-``validate`` accepted before, without checking them again (the trainer's path).
+- ``Section``: the base of every section (the run config's and each learner's ``algo.*``): unknown keys are
+  refused, values are strict (``1`` is not ``true``, ``"0.1"`` is not a number), never infinite or NaN, and the
+  object is frozen once validated.
+- ``Int``: an integer; an integral float (YAML's ``1e3``) is taken as that integer, a bool is not an integer.
+- ``key(default, doc, ge=..., le=..., why=...)``: a field with its doc, bounds (pydantic's ``ge``/``gt``/``le``/
+  ``lt``) and, optionally, the reason added to the error when a value is refused.
+- ``config_error(exc, prefix)``: the first error of a ``ValidationError`` as a ``ConfigError``:
+  ``config key 'optim.lr' must be >= 0, got -1``.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
-import functools
 import math
 import typing
-from typing import Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-NEEDS_PEER_HINT = "pass --peer online|stored:PATH|mixed:PATH (config key peer.source)"
+import annotated_types as at
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
+
+from graftzoo.contract.errors import ConfigError
 
 
-class ConfigError(ValueError):
-    """A config key or value is wrong; the one-line message names the key."""
+def _integral(v):
+    """YAML reads ``1e3`` as a float: an integral float is that integer (anything else is left to the check)."""
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        return int(v)
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+
+
+class Section(BaseModel):
+    """A config section: strict, frozen, no unknown keys, no infinities (module docstring). Built directly
+    (``GRAFTConfig(delta=0.5)``), a refused value is a ``ConfigError`` naming ``key_prefix`` + the key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              validate_default=False, protected_namespaces=())
+    key_prefix: ClassVar[str] = ""
+
+    def __init__(self, **data):
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise config_error(e, type(self), data, self.key_prefix) from None
+
+
+def key(default: Any = ..., doc: str = "", *, why: str | None = None, **bounds) -> Any:
+    """A declared field: ``default``, a one-line ``doc``, pydantic bounds (``ge``, ``gt``, ``le``, ``lt``) and
+    ``why``, the reason the error gives when a value is refused."""
+    extra = {"why": why} if why else None
+    if callable(default) and not isinstance(default, (int, float, str, bool)) and default is not None:
+        return Field(default_factory=default, description=doc, json_schema_extra=extra, **bounds)
+    return Field(default, description=doc, json_schema_extra=extra, **bounds)
 
 
 # ------------------------------------------------------------------------------------------------
-# declaring
+# describing a declaration (errors and the key list)
 # ------------------------------------------------------------------------------------------------
-
-def bounded(default: Any = dataclasses.MISSING, interval: str = "(-inf, inf)", **kw) -> Any:
-    """A dataclass field whose value, when not None, must lie in ``interval`` (e.g. "[0, 1]", "(0, inf)")."""
-    parse_interval(interval)  # a typo in a declaration fails at import time
-    return dataclasses.field(default=default, metadata={"range": interval}, **kw)
-
-
-@functools.lru_cache(maxsize=None)
-def parse_interval(text: str) -> tuple:
-    """``"(0, 1]"`` -> ``(0.0, True, 1.0, False)``: (low, low excluded, high, high excluded)."""
-    t = text.strip()
-    parts = t[1:-1].split(",")
-    if len(t) < 5 or t[0] not in "[(" or t[-1] not in "])" or len(parts) != 2:
-        raise ValueError(f"bad interval {text!r}: write it like '[0, 1]', '(0, inf)' or '[1, inf)'")
-    lo, hi = (float(p) for p in parts)
-    return lo, t[0] == "(", hi, t[-1] == ")"
-
-
-def _interval(rng) -> str:
-    if isinstance(rng, str):
-        return rng
-    lo, hi = rng
-    return f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-
 
 def _num(x: float) -> str:
-    return str(int(x)) if x == int(x) else str(x)
+    return str(int(x)) if float(x) == int(x) else str(x)
 
 
-def describe_range(rng) -> str:
-    """``"[1, inf)"`` -> ``">= 1"``; ``"(0, 1]"`` -> ``"in (0, 1]"``."""
-    lo, lo_open, hi, hi_open = parse_interval(_interval(rng))
-    if math.isinf(hi) and not math.isinf(lo):
+def bounds_of(metadata) -> tuple:
+    """``(low, low excluded, high, high excluded)`` of a field's annotated-types bounds (None: open)."""
+    lo = hi = None
+    lo_open = hi_open = False
+    for m in metadata:
+        if isinstance(m, at.Ge):
+            lo = m.ge
+        elif isinstance(m, at.Gt):
+            lo, lo_open = m.gt, True
+        elif isinstance(m, at.Le):
+            hi = m.le
+        elif isinstance(m, at.Lt):
+            hi, hi_open = m.lt, True
+        elif isinstance(m, at.Interval):
+            lo, lo_open = (m.gt, True) if m.gt is not None else (m.ge, False)
+            hi, hi_open = (m.lt, True) if m.lt is not None else (m.le, False)
+    return lo, lo_open, hi, hi_open
+
+
+def describe_bounds(metadata) -> str:
+    """``>= 1``, ``> 0``, ``<= 2`` or ``in (0, 1]``; "" when unbounded."""
+    lo, lo_open, hi, hi_open = bounds_of(metadata)
+    if lo is None and hi is None:
+        return ""
+    if hi is None:
         return f"{'>' if lo_open else '>='} {_num(lo)}"
-    if math.isinf(lo) and not math.isinf(hi):
+    if lo is None:
         return f"{'<' if hi_open else '<='} {_num(hi)}"
-    return f"in {_interval(rng)}"
+    return f"in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
 
 
-def within(value: float, rng) -> bool:
-    lo, lo_open, hi, hi_open = parse_interval(_interval(rng))
-    return (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-
-
-# ------------------------------------------------------------------------------------------------
-# checking one value
-# ------------------------------------------------------------------------------------------------
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def matches(value, tp) -> bool:
-    """Whether ``value`` (as read from YAML) fits the declared type ``tp``."""
-    origin = typing.get_origin(tp)
-    if tp is Any or tp is object:
-        return True
-    if origin is Literal:
-        return any(value == a and type(value) is type(a) for a in typing.get_args(tp))
-    if origin is Union:
-        return any(matches(value, a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:  # 1e3 reads as a float: an integral float is accepted as it is
-        return _is_number(value) and float(value).is_integer()
-    if tp is float:
-        return _is_number(value)
-    if tp in (list, tuple) or origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            return False
+def _unwrap(tp):
+    """``Annotated[T, ...]`` -> (T, its metadata)."""
+    if typing.get_origin(tp) is Annotated:
         args = typing.get_args(tp)
-        if origin is tuple and len(args) > 1 and Ellipsis not in args:  # tuple[float, float]: exactly two numbers
-            return len(value) == len(args) and all(matches(v, a) for v, a in zip(value, args))
-        args = [a for a in args if a is not Ellipsis]
-        return len(args) != 1 or all(matches(v, args[0]) for v in value)
-    if tp is dict or origin is dict:
-        return isinstance(value, dict)
-    if isinstance(tp, type):
-        return isinstance(value, tp)
-    return True  # a form this check does not know: accepted
+        meta = []
+        for m in args[1:]:
+            meta.extend(m.metadata if isinstance(m, FieldInfo) else [m])
+        return args[0], meta
+    return tp, []
 
 
 def describe(tp) -> str:
+    """What a value of type ``tp`` must be, in words: ``an integer``, ``one of a | b or null``, ..."""
+    tp, _ = _unwrap(tp)
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + " | ".join(str(a) for a in typing.get_args(tp))
-    if origin is Union:
+    if origin is Union or str(origin) == "types.UnionType":
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         text = " or ".join(describe(a) for a in args)
         return text + " or null" if len(args) < len(typing.get_args(tp)) else text
     args = typing.get_args(tp)
     if origin is tuple and len(args) > 1 and Ellipsis not in args:
+        inner = [_unwrap(a)[0] for a in args]
         plural = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
-        if len(set(args)) == 1 and args[0] in plural:
-            return f"a list of {len(args)} {plural[args[0]]}"
+        if len(set(inner)) == 1 and inner[0] in plural:
+            return f"a list of {len(args)} {plural[inner[0]]}"
         return f"a list of {len(args)} items ({', '.join(describe(a) for a in args)})"
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return "a mapping"
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
              tuple: "a list", dict: "a mapping"}
     return names.get(origin or tp, getattr(tp, "__name__", str(tp)))
 
 
-def check_value(key: str, value, tp=Any, rng=None):
-    """Raise ``ConfigError`` naming ``key`` unless ``value`` fits the type ``tp`` and, for a number (or each number
-    of a list), ``rng``."""
-    if not matches(value, tp):
-        raise ConfigError(f"config key '{key}' must be {describe(tp)}, got {value!r}")
-    if rng is not None and _is_number(value) and not within(value, rng):
-        raise ConfigError(f"config key '{key}' must be {describe_range(rng)}, got {value!r}")
-    if rng is not None and isinstance(value, (list, tuple)) and not all(
-            within(v, rng) for v in value if _is_number(v)):
-        raise ConfigError(f"config key '{key}' must hold values {describe_range(rng)}, got {value!r}")
+def _item_bounds(tp) -> list:
+    """The bounds of a list's or tuple's items (``tuple[Annotated[float, Field(ge=0)], ...]``)."""
+    tp, _ = _unwrap(tp)
+    for a in typing.get_args(tp):
+        if a is not type(None):
+            inner, meta = _unwrap(a)
+            if meta:
+                return meta
+            if typing.get_origin(inner) in (list, tuple):
+                return _item_bounds(inner)
+    return []
 
 
 # ------------------------------------------------------------------------------------------------
-# checking a Config dataclass
+# one error line
 # ------------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def declared(cls) -> dict:
-    """Field name -> (type, range or None) of a Config dataclass; a range is inherited along the MRO."""
-    hints = typing.get_type_hints(cls)
-    ranges: dict = {}
-    for klass in reversed(cls.__mro__):
-        for f in (klass.__dict__.get("__dataclass_fields__") or {}).values():
-            if "range" in f.metadata:
-                ranges[f.name] = f.metadata["range"]
-    return {f.name: (hints.get(f.name, Any), ranges.get(f.name)) for f in dataclasses.fields(cls)}
+def section_class(annotation):
+    """The pydantic model class inside an annotation (``Optional[LoraSection]`` -> ``LoraSection``), or None."""
+    tp, _ = _unwrap(annotation)
+    for a in (typing.get_args(tp) or (tp,)):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
 
 
-def check_fields(obj, prefix: str = "algo"):
-    """Types, choices and bounds of every field of ``obj``."""
-    for name, (tp, rng) in declared(type(obj)).items():
-        check_value(f"{prefix}.{name}", getattr(obj, name), tp, rng)
+def _field_at(model: type, loc: tuple):
+    """The (FieldInfo, rest of loc) of the field ``loc`` names inside ``model``, following nested sections."""
+    info, rest = None, list(loc)
+    while rest and isinstance(rest[0], str) and isinstance(model, type) and issubclass(model, BaseModel):
+        name = rest.pop(0)
+        info = model.model_fields.get(name)
+        if info is None:
+            return None, rest
+        tp, _ = _unwrap(info.annotation)
+        nested = [a for a in (typing.get_args(tp) or (tp,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = nested[0] if nested and rest and isinstance(rest[0], str) else None
+    return info, rest
 
 
-def needs_peer_error(name: str) -> ConfigError:
-    return ConfigError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: {NEEDS_PEER_HINT}")
+def _value_at(data, loc):
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
 
 
-def validate(obj, run_cfg: dict, prefix: str = "algo"):
-    """The one check of a Config object against the run config: fields, ``needs_peer``, then ``check``."""
-    check_fields(obj, prefix)
-    if getattr(obj, "needs_peer", False) and (run_cfg.get("peer") or {}).get("source", "none") == "none":
-        raise needs_peer_error((run_cfg.get("algo") or {}).get("name", type(obj).__name__))
-    check = getattr(obj, "check", None)
-    if check is not None:
-        check(run_cfg)
-    return obj
+def config_error(exc: ValidationError, model: type, data: Any = None, prefix: str = "") -> ConfigError:
+    """The first error of ``exc`` (validating ``data`` as ``model``) as one line naming the key."""
+    err = exc.errors()[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+    names = [p for p in loc if isinstance(p, str)]
+    if err["type"] == "extra_forbidden":
+        parent = model
+        if len(names) > 1:
+            info, _ = _field_at(model, tuple(names[:-1]))
+            parent = section_class(info.annotation) if info is not None else None
+        known = sorted(parent.model_fields) if parent is not None else []
+        where = prefix + ".".join(names[:-1]) if len(names) > 1 else prefix.rstrip(".") or "<root>"
+        return ConfigError(f"unknown config key '{prefix}{'.'.join(names)}'; known keys under '{where}': {known}")
+    info, rest = _field_at(model, tuple(names))
+    # an item of a list (loc ends in an index): the message is about the whole list
+    path = ".".join(names[:len(names) - len([r for r in rest if isinstance(r, str)])]) if info else ".".join(names)
+    full = f"{prefix}{path}"
+    if err["type"] in ("value_error", "assertion_error") and isinstance(err.get("ctx", {}).get("error"), ConfigError):
+        return err["ctx"]["error"]
+    if info is None:
+        return ConfigError(f"config key '{full}': {err['msg']}")
+    value = _value_at(data, tuple(path.split("."))) if data is not None else err.get("input")
+    if value is None and err.get("input") is not None:
+        value = err.get("input")
+    what = describe(info.annotation)
+    own_bounds = describe_bounds(info.metadata)
+    items = describe_bounds(_item_bounds(info.annotation))
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    why = f": {extra['why']}" if extra.get("why") else ""
+    kind = err["type"]
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and not any(
+            isinstance(p, int) for p in err["loc"]):
+        return ConfigError(f"config key '{full}' must be {own_bounds}, got {value!r}{why}")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and items:
+        return ConfigError(f"config key '{full}' must hold values {items}, got {value!r}{why}")
+    if kind == "finite_number":
+        return ConfigError(f"config key '{full}' must be a finite number{' ' + own_bounds if own_bounds else ''}, "
+                           f"got {value!r}{why}")
+    return ConfigError(f"config key '{full}' must be {what}, got {value!r}{why}")
 
 
-def build(cls, values: dict, prefix: str = "algo"):
-    """A ``cls`` dataclass from ``values`` (missing keys take their defaults) without running ``__init__`` or
-    ``__post_init__``: no check runs here (the values are checked by ``validate``, once)."""
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown config key '{prefix}.{unknown[0]}' for {cls.__name__}; known: {sorted(known)}")
-    obj = object.__new__(cls)
-    for name, f in known.items():
-        if name in values:
-            value = copy.deepcopy(values[name])
-        elif f.default is not dataclasses.MISSING:
-            value = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-        else:
-            raise ConfigError(f"config key '{prefix}.{name}' is required")
-        object.__setattr__(obj, name, value)
-    return obj
+def validate_section(model: type, data: Any, prefix: str = ""):
+    """``model`` validated from ``data``; a refused value is a ``ConfigError`` naming its key (``prefix`` + key)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise config_error(e, model, data, prefix) from None
+
+
+def declared_keys(model: type, prefix: str = "") -> list:
+    """``(key, type in words, default, doc)`` of every field of ``model`` and of its nested sections."""
+    out = []
+    for name, info in model.model_fields.items():
+        tp, _ = _unwrap(info.annotation)
+        nested = [a for a in (typing.get_args(tp) or (tp,)) if isinstance(a, type) and issubclass(a, Section)]
+        full = f"{prefix}{name}"
+        if nested and not info.description:
+            out += declared_keys(nested[0], full + ".")
+            continue
+        default = info.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = default.model_dump(mode="json")
+        bounds = describe_bounds(info.metadata) or describe_bounds(_item_bounds(info.annotation))
+        what = describe(info.annotation) + (f", {bounds}" if bounds else "")
+        out.append((full, what, default, info.description or ""))
+        if nested:
+            out += declared_keys(nested[0], full + ".")
+    return out

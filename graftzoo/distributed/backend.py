@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from graftzoo.contract.config import RunConfig
 from graftzoo.training.engine import Engine
 from graftzoo.training.models import check_context, load_tokenizer_of, model_stop, model_template, split_spec
 from graftzoo.training.policy import Policy
@@ -36,19 +37,19 @@ log = logging.getLogger("graftzoo")
 class WorkerGroup:
     """The Ray actors (ranks) of one model, in a placement group of their own."""
 
-    def __init__(self, model_id: str, spec: dict, cfg: dict, seed: int):
+    def __init__(self, model_id: str, spec: dict, cfg: RunConfig, seed: int):
         from ray.util.placement_group import placement_group
 
         self.model_id, self.actors, self.pids, self.pg = model_id, [], [], None
         self.broken = False  # a call failed: the others may wait in a collective, so close() ends them at once
         _, local = split_spec(spec)
         self.world = workers_of(spec, cfg)
-        device = str(local.get("device", cfg["run"]["device"]))
-        r = cfg["ray"]
-        gpus = float(r["gpus_per_worker"]) if device.startswith("cuda") else 0
-        bundle = {"CPU": float(r["cpus_per_worker"]), **({"GPU": gpus} if gpus else {})}
+        device = str(local.get("device", cfg.run.device))
+        r = cfg.ray
+        gpus = float(r.gpus_per_worker) if device.startswith("cuda") else 0
+        bundle = {"CPU": float(r.cpus_per_worker), **({"GPU": gpus} if gpus else {})}
         self.gpus = gpus * self.world  # GPUs the group holds, for the compute accounting
-        self.pg = placement_group([dict(bundle) for _ in range(self.world)], strategy=r["placement"],
+        self.pg = placement_group([dict(bundle) for _ in range(self.world)], strategy=r.placement,
                                   name=f"graftzoo-{model_id}-{os.getpid()}")
         try:
             self._start(spec, cfg, seed, bundle, gpus)
@@ -57,16 +58,16 @@ class WorkerGroup:
             self.close()
             raise
 
-    def _start(self, spec: dict, cfg: dict, seed: int, bundle: dict, gpus: float) -> None:
+    def _start(self, spec: dict, cfg: RunConfig, seed: int, bundle: dict, gpus: float) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        model_id, r = self.model_id, cfg["ray"]
-        ready, _ = ray.wait([self.pg.ready()], timeout=float(r["ready_timeout_s"]))
+        model_id, r = self.model_id, cfg.ray
+        ready, _ = ray.wait([self.pg.ready()], timeout=float(r.ready_timeout_s))
         if not ready:
             raise WorkerError(f"model {model_id!r}: its placement group ({self.world} x {bundle}, "
-                              f"{r['placement']}) was not ready after {r['ready_timeout_s']} s; the cluster has "
+                              f"{r.placement}) was not ready after {r.ready_timeout_s} s; the cluster has "
                               f"{ray.cluster_resources()} (STRICT_SPREAD needs a node per worker)")
-        env = {"OMP_NUM_THREADS": str(cfg["run"]["threads"]), "TOKENIZERS_PARALLELISM": "false"}
+        env = {"OMP_NUM_THREADS": str(cfg.run.threads), "TOKENIZERS_PARALLELISM": "false"}
         cls = ray.remote(PolicyWorker)
         for rank in range(self.world):
             strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
@@ -74,7 +75,7 @@ class WorkerGroup:
                                            runtime_env={"env_vars": env}, name=None, max_restarts=0)
                                .remote(spec, cfg, rank, self.world, os.getcwd()))
         addr, port = self.call("address", ranks=[0])[0] if self.world > 1 else ("127.0.0.1", 0)
-        self.infos = self.call("setup", addr, port, seed, timeout=float(r["ready_timeout_s"]) + 600.0)
+        self.infos = self.call("setup", addr, port, seed, timeout=float(r.ready_timeout_s) + 600.0)
         self.pids = [i["pid"] for i in self.infos]
         self.info = self.infos[0]
 
@@ -145,9 +146,9 @@ class WorkerGroup:
                 self.pg = None
 
 
-def workers_of(spec: dict, cfg: dict) -> int:
+def workers_of(spec: dict, cfg: RunConfig) -> int:
     """The ranks of a model's group: ``pair.models[i].num_workers``, else ``ray.num_workers``."""
-    return int(split_spec(spec)[1].get("num_workers", cfg["ray"]["num_workers"]))
+    return int(split_spec(spec)[1].get("num_workers", cfg.ray.num_workers))
 
 
 def _large(x) -> bool:
@@ -167,10 +168,10 @@ class RemotePolicy(Policy):
     """A model living in a worker group, as the learner sees it: tokenizer, template and limits here; scoring,
     hidden states, the update and the state in the group."""
 
-    def __init__(self, group: WorkerGroup, spec: dict, cfg: dict, tokenizer, tokenizer_id: str):
+    def __init__(self, group: WorkerGroup, spec: dict, cfg: RunConfig, tokenizer, tokenizer_id: str):
         template = model_template(spec, cfg, tokenizer)  # as the workers' build_policy resolves it
-        super().__init__(spec["id"], None, tokenizer, template=template, temperature=cfg["rollout"]["temperature"],
-                         max_prompt_tokens=cfg["rollout"]["max_prompt_tokens"], tokenizer_id=tokenizer_id)
+        super().__init__(spec["id"], None, tokenizer, template=template, temperature=cfg.rollout.temperature,
+                         max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_id=tokenizer_id)
         self.stop_strings = model_stop(spec, cfg, template)
         self.group, info = group, group.info
         self.max_response_tokens = int(info["max_response_tokens"])
@@ -313,7 +314,7 @@ class RayBackend:
         self.groups: dict = {}
         self.started = False
 
-    def build(self, cfg: dict, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
+    def build(self, cfg: RunConfig, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
         specs = [s for s in specs if s["id"] in train_ids]
         toks = {s["id"]: load_tokenizer_of(s) for s in specs}  # a tiny model is warmed up here, once
         workers = sum(workers_of(s, cfg) for s in specs)

@@ -8,15 +8,14 @@ keeps rank 0's answer. A vLLM engine lives on rank 0 only and is fed the gathere
 """
 from __future__ import annotations
 
-import copy
 import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from graftzoo.contract.config import LearnerFacts, RunConfig, with_values
 from graftzoo.algos.base import StepContext
-from graftzoo.contract.config import algo_config
 from graftzoo.training.models import ENGINES, build_engine, build_policy, make_ref, wants_ref
 from graftzoo.contract.registry import get_algo
 from graftzoo.training.update import accumulate_minibatch, update_policy
@@ -42,8 +41,8 @@ def rank_step(ctx, policy, learner, micros: list, where: str) -> dict:
 
 
 class PolicyWorker:
-    def __init__(self, spec: dict, cfg: dict, rank: int, world: int, cwd: str):
-        threads = int(cfg["run"]["threads"])
+    def __init__(self, spec: dict, cfg: RunConfig, rank: int, world: int, cwd: str):
+        threads = cfg.run.threads
         torch.set_num_threads(threads)
         if os.path.isdir(cwd):  # relative paths of the config (models, caches) as the driver sees them
             os.chdir(cwd)
@@ -64,9 +63,9 @@ class PolicyWorker:
         """Join the group (FSDP2 when it has more than one rank), build the policy, its engine and the learner
         whose loss the updates use; returns what the driver's view of the policy needs."""
         cfg, spec = self.cfg, self.spec
-        device = str(spec.get("device", cfg["run"]["device"]))
+        device = str(spec.get("device", cfg.run.device))
         if self.world > 1:
-            fsdp.init_group(self.rank, self.world, addr, port, device, cfg["ray"]["collective_timeout_s"])
+            fsdp.init_group(self.rank, self.world, addr, port, device, cfg.ray.collective_timeout_s)
         torch.manual_seed(seed)
         pol = self.policy = build_policy(spec, cfg, seed)
         self.ref = make_ref(pol) if wants_ref(cfg) else None
@@ -78,18 +77,17 @@ class PolicyWorker:
             pol.sharded = True
         # an engine that decodes with the training model itself runs on every rank, in lockstep (FSDP's collectives);
         # one with its own copy of the weights (vLLM) lives on rank 0 and is fed the weights every rank gathers
-        lockstep = ENGINES[cfg["rollout"]["engine"]].uses_training_model
+        lockstep = ENGINES[cfg.rollout.engine].uses_training_model
         self.gathers = self.world > 1 and not lockstep
         if self.gathers:
             # vLLM's engine core would join this process's torch.distributed group (the FSDP ranks) and wait for
             # ranks that never come: it runs in its own process, and takes the weights through disk
-            cfg = copy.deepcopy(cfg)
-            cfg["rollout"]["vllm"]["multiprocessing"] = True
+            cfg = with_values(cfg, {"rollout.vllm.multiprocessing": True})
             pol.full_state_dict()  # every rank takes part in the gather rank 0's engine starts from
         if self.rank == 0 or lockstep:
             self.engines[()] = self.engine = build_engine(pol, cfg)
         pol.release_gathered()
-        self.learner = get_algo(cfg["algo"]["name"])(algo_config(cfg), cfg)
+        self.learner = get_algo(cfg.algo.name)(cfg.algo, LearnerFacts.of(cfg))
         eng = self.engine
         return {"pid": os.getpid(), "device": str(pol.device), "param_dtype": str(pol.param_dtype),
                 "autocast_dtype": str(pol.autocast_dtype) if pol.autocast_dtype else None,
@@ -151,7 +149,7 @@ class PolicyWorker:
         pol, learner = self.policy, self.learner
         learner.load_state_dict(learner_state)
         meter = ComputeMeter()
-        ctx = StepContext(step=step, epoch=epoch, cfg=self.cfg, policy=pol, engine=self.engine, env=None,
+        ctx = StepContext(step=step, epoch=epoch, run=self.learner.run, policy=pol, engine=self.engine, env=None,
                           ref_policy=self.ref, meter=meter, model_index=model_index)
         ctx.max_response = int(pol.max_response_tokens)
         mbs = [[mb.to(pol.device) for mb in micros] for micros in mbs]

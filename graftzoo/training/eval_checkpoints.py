@@ -6,32 +6,35 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
+from graftzoo.contract.config import RunConfig, read_yaml, validate
+from graftzoo.contract.errors import ConfigError
 from graftzoo.training.checkpoint import MANIFEST, TRAINER_FILE, is_checkpoint
-from graftzoo.contract.config import read_yaml
 from graftzoo.training.models import build_policy
-from graftzoo.contract.schema import ConfigError
 from graftzoo.eval.artifacts import CONFIG
 
 
-def load_run_config(run_dir) -> dict:
-    """The resolved config a run was trained with (``RUN/config.yaml``); a garbled one is a ``ConfigError``
-    whose one-line message names the file."""
+def load_run_config(run_dir) -> RunConfig:
+    """The resolved config a run was trained with (``RUN/config.yaml``), validated; a garbled one is a
+    ``ConfigError`` whose one-line message names the file."""
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; {run_dir} is not a graftzoo run directory")
     try:
-        cfg = read_yaml(path)  # ConfigError naming the file for invalid YAML or a non-mapping
+        raw = read_yaml(path)  # ConfigError naming the file for invalid YAML or a non-mapping
     except ConfigError as e:  # YAML's messages span lines (marks): one line
         raise ConfigError(" ".join(str(e).split())) from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not a text (UTF-8) YAML file: {e}") from None
     for section in ("pair", "run"):
-        if not isinstance(cfg.get(section), dict):
+        if not isinstance(raw.get(section), dict):
             raise ConfigError(f"{path}: not a run config (no '{section}' section)")
-    if not isinstance(cfg["pair"].get("models"), list) or not all(
-            isinstance(s, dict) and isinstance(s.get("id"), str) for s in cfg["pair"]["models"]):
+    if not isinstance(raw["pair"].get("models"), list) or not all(
+            isinstance(s, dict) and isinstance(s.get("id"), str) for s in raw["pair"]["models"]):
         raise ConfigError(f"{path}: not a run config ('pair.models' must be a list of model specs with ids)")
-    return cfg
+    try:
+        return validate(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def resolve_target(path) -> tuple:
@@ -47,17 +50,17 @@ def resolve_target(path) -> tuple:
                      f"of an older graftzoo)")
 
 
-def trained_specs(cfg: dict, models: Optional[Sequence[str]] = None) -> list:
+def trained_specs(cfg: RunConfig, models: Optional[Sequence[str]] = None) -> list:
     """Model specs of the models a run trained (``pair.train``), or of ``models``."""
-    specs = cfg["pair"]["models"]
+    specs = cfg.pair.models
     ids = [s["id"] for s in specs]
-    wanted = list(models) if models else (cfg["pair"].get("train") or ids)
+    wanted = list(models) if models else (cfg.pair.train or ids)
     unknown = [m for m in wanted if m not in ids]
     if unknown:
         raise ValueError(f"model(s) {unknown} are not in the run's pair.models {ids}")
     return [s for s in specs if s["id"] in wanted]
 
 
-def build_policies(cfg: dict, models: Optional[Sequence[str]] = None) -> dict:
+def build_policies(cfg: RunConfig, models: Optional[Sequence[str]] = None) -> dict:
     """Fresh policies (model id -> Policy) for the run's trained models, from their pair specs."""
-    return {s["id"]: build_policy(s, cfg, int(cfg["run"]["seed"])) for s in trained_specs(cfg, models)}
+    return {s["id"]: build_policy(s, cfg, cfg.run.seed) for s in trained_specs(cfg, models)}

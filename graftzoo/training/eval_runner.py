@@ -33,13 +33,13 @@ import re
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from graftzoo.training.checkpoint import CheckpointError, checkpoint_step, load_weights
+from graftzoo.training.checkpoint import checkpoint_step, load_weights
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import EVAL_DIR
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config, resolve_target, trained_specs
 from graftzoo.eval.evaluate import eval_request, evaluate_and_write
 from graftzoo.training.models import make_eval_engine
-from graftzoo.training.selection import SELECT_RULES, SelectionError, select_checkpoints
+from graftzoo.training.selection import select_checkpoints
 
 
 CLI_EVAL_DIR = "cli"   # RUN/eval/cli/<what was evaluated>/<model>.json: graftzoo eval's files
@@ -102,7 +102,7 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
             folder = Path(out) if out else cli_eval_folder(run_dir, checkpoint_step(use), req)
             _, path = evaluate_and_write(policies[m], engines[m], req, run_dir, folder=folder, task=task,
                                          step=checkpoint_step(use), log=log,
-                                         extra={"run": cfg["run"].get("name"), "checkpoint": f"checkpoints/{use.name}",
+                                         extra={"run": cfg.run.name, "checkpoint": f"checkpoints/{use.name}",
                                                 "model_spec": spec, "selection": selection, "request": req})
             written.append(path)
         return written

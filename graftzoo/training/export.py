@@ -212,8 +212,8 @@ def export_run(path, step: Optional[int] = None, out=None, models: Optional[Sequ
     written = []
     for spec in specs:
         m = spec["id"]
-        meta = {"run": cfg["run"].get("name"), "run_dir": str(run_dir), "step": at,
-                "checkpoint": f"checkpoints/{ckpt.name}", "algo": cfg["algo"]["name"], "model_spec": spec,
+        meta = {"run": cfg.run.name, "run_dir": str(run_dir), "step": at,
+                "checkpoint": f"checkpoints/{ckpt.name}", "algo": cfg.algo.name, "model_spec": spec,
                 "eval": known_scores(run_dir, m, at)}
         folder = export_policy(policies[m], out / model_slug(m), meta)
         written.append(folder)

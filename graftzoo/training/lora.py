@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from graftzoo.contract.schema import ConfigError
+from graftzoo.contract.errors import ConfigError
 
 
 def is_lora(model) -> bool:
@@ -131,6 +131,8 @@ class AdaptersOff:
         return getattr(self.lora_model, name)
 
 
-def lora_of(spec_local: dict, cfg: dict) -> Optional[dict]:
+def lora_of(spec_local: dict, cfg) -> Optional[dict]:
     """A model's LoRA settings: its ``pair.models[i].lora`` when given (null: none), else ``model.lora``."""
-    return spec_local["lora"] if "lora" in spec_local else cfg["model"].get("lora")
+    if "lora" in spec_local:
+        return spec_local["lora"]
+    return cfg.model.lora.model_dump() if cfg.model.lora is not None else None

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import Optional
 from urllib.parse import urlparse
 
 import torch
@@ -27,8 +28,8 @@ from transformers.utils import logging as hf_logging
 from graftzoo.training import lora as lora_mod
 from graftzoo.training.engine import HFEngine
 from graftzoo.training.policy import Policy
-from graftzoo.contract.config import algo_config
-from graftzoo.contract.schema import ConfigError
+from graftzoo.contract.config import RunConfig, with_values
+from graftzoo.contract.errors import ConfigError
 from graftzoo.training.vllm_engine import VLLMEngine
 from graftzoo.envs.templates import resolve_stop, resolve_template
 from graftzoo.eval.evaluate import eval_top_p
@@ -162,11 +163,11 @@ def check_hf_model(spec: dict) -> tuple[str, bool]:
     return src, False
 
 
-def check_models(cfg: dict) -> None:
+def check_models(cfg: RunConfig) -> None:
     """The pre-flight check of every trained ``kind: hf`` model (``check_hf_model``), before a run directory is
     made: a model that cannot be loaded fails the run in one line, in seconds, leaving nothing behind."""
-    train = cfg["pair"]["train"]
-    for spec in cfg["pair"]["models"]:
+    train = cfg.pair.train
+    for spec in cfg.pair.models:
         if spec.get("kind", "tiny") == "hf" and (not train or spec["id"] in train):
             check_hf_model(spec)
 
@@ -182,42 +183,40 @@ def hf_tokenizer(spec: dict, path: str, local_only: bool):
     return tok
 
 
-def model_template(spec: dict, cfg: dict, tokenizer) -> str:
+def model_template(spec: dict, cfg: RunConfig, tokenizer) -> str:
     """The prompt template a model renders with: its own ``template`` or ``pair.template``, ``auto`` resolved
     (graftzoo.envs.templates.resolve_template: the tokenizer's chat template, ``plain`` without one, ``compact``
     for a tiny model)."""
     base, local = split_spec(spec)
-    return resolve_template(local.get("template", cfg["pair"]["template"]), tokenizer, base.get("kind", "tiny"))
+    return resolve_template(local.get("template", cfg.pair.template), tokenizer, base.get("kind", "tiny"))
 
 
-def model_stop(spec: dict, cfg: dict, template: str) -> list:
+def model_stop(spec: dict, cfg: RunConfig, template: str) -> list:
     """The stop strings a model's rollouts end at: its own ``stop`` or ``rollout.stop`` (``auto``: the defaults of
     its template, graftzoo.envs.templates.STOP_DEFAULTS)."""
     _, local = split_spec(spec)
-    return resolve_stop(local.get("stop", cfg["rollout"]["stop"]), template)
+    return resolve_stop(local.get("stop", cfg.rollout.stop), template)
 
 
-def build_policy(spec: dict, cfg: dict, seed: int = 0, progress=None) -> Policy:
+def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Policy:
     base, local = split_spec(spec)
     model, tok, tok_id = load_model(base, seed, progress)
-    autocast = apply_precision(model, cfg["optim"]["precision"])
-    if local.get("gradient_checkpointing", cfg["model"]["gradient_checkpointing"]):
+    autocast = apply_precision(model, cfg.optim.precision)
+    if local.get("gradient_checkpointing", cfg.model.gradient_checkpointing):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = lora_mod.lora_of(local, cfg)
     if lora:  # only the adapters train (graftzoo.training.lora)
         model = lora_mod.wrap(model, lora, f"pair.models[{base['id']}].lora" if "lora" in local else "model.lora")
-    model.to(local.get("device", cfg["run"]["device"])).train()
-    optim = copy.deepcopy(cfg["optim"])
-    if "lr" in local:
-        optim["lr"] = local["lr"]
+    model.to(local.get("device", cfg.run.device)).train()
+    optim = cfg.optim.model_copy(update={"lr": local["lr"]}) if "lr" in local else cfg.optim
     template = model_template(spec, cfg, tok)
     pol = Policy(base["id"], model, tok, template=template, optim=optim,
-                 temperature=cfg["rollout"]["temperature"], max_prompt_tokens=cfg["rollout"]["max_prompt_tokens"],
+                 temperature=cfg.rollout.temperature, max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                  tokenizer_id=tok_id)
-    pol.max_response_tokens = int(local.get("max_new_tokens", cfg["rollout"]["max_new_tokens"]))
+    pol.max_response_tokens = int(local.get("max_new_tokens", cfg.rollout.max_new_tokens))
     pol.stop_strings = model_stop(spec, cfg, template)
     pol.autocast_dtype = autocast
-    pol.max_tokens_per_micro = cfg["optim"]["max_tokens_per_micro"]
+    pol.max_tokens_per_micro = cfg.optim.max_tokens_per_micro
     pol.optim_cfg = optim  # the run's optim.* with this model's lr: a worker rebuilds the optimizer after sharding
     pol.trainable_params, pol.total_params = lora_mod.count_parameters(model)
     if lora:
@@ -245,7 +244,7 @@ def make_ref(policy: Policy) -> Policy:
 class InProcess:
     """``run.backend: inprocess``: every model, its optimizer and its rollout engine in the trainer's process."""
 
-    def build(self, cfg: dict, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
+    def build(self, cfg: RunConfig, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
         """(policies, engines, KL references) of the trained models; engines built one at a time, so that
         ``close`` ends those built when a later one fails."""
         torch.manual_seed(seed)
@@ -263,16 +262,16 @@ class InProcess:
             engine.close()
 
 
-def wants_ref(cfg: dict) -> bool:
+def wants_ref(cfg: RunConfig) -> bool:
     """Whether the run's learner needs the KL reference policy (``algo.beta_kl > 0``)."""
-    return getattr(algo_config(cfg), "beta_kl", 0) > 0
+    return getattr(cfg.algo, "beta_kl", 0) > 0
 
 
-def check_context(cfg: dict, policies: dict) -> None:
+def check_context(cfg: RunConfig, policies: dict) -> None:
     """``rollout.max_new_tokens`` must leave room for a prompt in every model's context window."""
     for m, p in policies.items():
-        if int(cfg["rollout"]["max_new_tokens"]) >= p.context_window:
-            raise ConfigError(f"config key 'rollout.max_new_tokens' ({cfg['rollout']['max_new_tokens']}) must be "
+        if int(cfg.rollout.max_new_tokens) >= p.context_window:
+            raise ConfigError(f"config key 'rollout.max_new_tokens' ({cfg.rollout.max_new_tokens}) must be "
                               f"below model {m!r}'s context window of {p.context_window} tokens")
 
 
@@ -297,20 +296,18 @@ def resolve_precision(precision: str, loaded_16bit: bool) -> str:
 ENGINES = {"hf": HFEngine, "vllm": VLLMEngine}  # rollout.engine -> engine (vllm is imported when one starts)
 
 
-def build_engine(policy: Policy, cfg: dict):
+def build_engine(policy: Policy, cfg: RunConfig):
     """The rollout engine ``rollout.engine`` names, with the run's sampling settings (``rollout.*``)."""
-    r = cfg["rollout"]
-    if r["engine"] not in ENGINES:
-        raise ValueError(f"config key 'rollout.engine' must be one of {sorted(ENGINES)}, got {r['engine']!r}")
-    return ENGINES[r["engine"]](policy, temperature=r["temperature"], top_p=r["top_p"], top_k=r["top_k"],
-                                max_new_tokens=policy.max_response_tokens, gen_batch_size=r["gen_batch_size"],
-                                settings=r.get("vllm"), seed=int(cfg["run"]["seed"]))
+    r = cfg.rollout
+    if r.engine not in ENGINES:
+        raise ValueError(f"config key 'rollout.engine' must be one of {sorted(ENGINES)}, got {r.engine!r}")
+    return ENGINES[r.engine](policy, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                max_new_tokens=policy.max_response_tokens, gen_batch_size=r.gen_batch_size,
+                                settings=r.vllm.model_dump(), seed=cfg.run.seed)
 
-def make_eval_engine(policy, cfg: dict, top_p: Optional[float] = None, engine=None):
+def make_eval_engine(policy, cfg: RunConfig, top_p: Optional[float] = None, engine=None):
     """A rollout engine for ``policy`` built as in training, with the eval top-p (``top_p``, else
     ``eval_top_p(cfg)``). Given the training ``engine``, a view of it with that top-p (no second engine)."""
     if engine is not None:
         return engine.with_sampling(top_p=float(eval_top_p(cfg) if top_p is None else top_p))
-    cfg = copy.deepcopy(cfg)
-    cfg["rollout"]["top_p"] = float(eval_top_p(cfg) if top_p is None else top_p)
-    return build_engine(policy, cfg)
+    return build_engine(policy, with_values(cfg, {"rollout.top_p": float(eval_top_p(cfg) if top_p is None else top_p)}))

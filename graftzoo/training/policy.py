@@ -94,7 +94,7 @@ def token_entropies(logits: torch.Tensor, temperature: float = 1.0) -> torch.Ten
 class Policy:
     stop_strings: tuple = ()  # a rollout ends at the token that completes one (rollout.stop, graftzoo.training.models)
 
-    def __init__(self, model_id: str, model, tokenizer, template: str = "compact", optim: dict | None = None,
+    def __init__(self, model_id: str, model, tokenizer, template: str = "compact", optim=None,
                  temperature: float = 1.0, max_prompt_tokens: int = 2048, tokenizer_id: str | None = None):
         self.model_id = model_id
         self.model = model
@@ -118,32 +118,32 @@ class Policy:
             self.configure_optimizer(optim)
 
     # ---- optimizer -------------------------------------------------------------------------
-    def configure_optimizer(self, optim: dict):
+    def configure_optimizer(self, optim):
+        """AdamW and the warm-up schedule from an ``optim`` section (graftzoo.contract.config.OptimSection)."""
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=float(optim["lr"]),
-            betas=tuple(optim.get("betas", (0.9, 0.999))), eps=float(optim.get("eps", 1e-8)),
-            weight_decay=float(optim.get("weight_decay", 0.0)))
-        warm = int(optim.get("warmup_steps", 0) or 0)
+            [p for p in self.model.parameters() if p.requires_grad], lr=float(optim.lr),
+            betas=tuple(optim.betas), eps=float(optim.eps), weight_decay=float(optim.weight_decay))
+        warm = int(optim.warmup_steps or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
-        self.grad_clip = optim.get("grad_clip")
+        self.grad_clip = optim.grad_clip
 
-    def apply_optim_settings(self, optim: dict):
+    def apply_optim_settings(self, optim):
         """Make the run config's optimizer settings (lr, betas, eps, weight decay) current after a resume loaded the
         optimizer's state (which carries the old ones); a no-op when they are unchanged."""
         if self.optimizer is None:
             return
-        lr = float(optim["lr"])
+        lr = float(optim.lr)
         factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch) if self.scheduler else 1.0
         if self.scheduler is not None:
             self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)
         for g in self.optimizer.param_groups:
             if g.get("initial_lr") != lr:
                 g["initial_lr"], g["lr"] = lr, lr * factor
-            g["betas"] = tuple(float(b) for b in optim.get("betas", g["betas"]))
-            g["eps"] = float(optim.get("eps", g["eps"]))
-            g["weight_decay"] = float(optim.get("weight_decay", g["weight_decay"]))
-        self.grad_clip = optim.get("grad_clip")
+            g["betas"] = tuple(float(b) for b in optim.betas)
+            g["eps"] = float(optim.eps)
+            g["weight_decay"] = float(optim.weight_decay)
+        self.grad_clip = optim.grad_clip
 
     def step(self, loss: torch.Tensor, where: str = "") -> float:
         """One optimizer step on ``loss``; returns the pre-clip gradient norm. A non-finite loss or gradient norm

@@ -24,7 +24,7 @@ from pathlib import Path, PurePath
 from typing import Iterable, Optional
 
 from graftzoo.training.checkpoint import CHECKPOINTS
-from graftzoo.contract.config import DEFAULTS, read_yaml
+from graftzoo.contract.config import RunConfig, as_dict, defaults, read_yaml
 from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY
 
 log = logging.getLogger("graftzoo")
@@ -126,7 +126,7 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._]+", "-", text).strip("-.") or "x"
 
 
-def default_run_name(cfg: dict) -> str:
+def default_run_name(cfg: RunConfig) -> str:
     """The run name when ``run.name`` is null: everything that tells runs of different configurations apart, readable
     and filesystem-safe: ``ALGO[-VARIANT][-MODELS]-PAIR[-DATA][-PEER]-sSEED``, e.g. ``graft-tiny-online-s0``,
     ``grpo-n8-micro-s0`` (preset grpo_n8: run.variant "GRPO (n=8)" replaces the bare algorithm name it starts with),
@@ -135,27 +135,27 @@ def default_run_name(cfg: dict) -> str:
     ``grpo-mine-my-s0`` (task.dataset my.jsonl: the data's name follows the pair's).
     Runs that differ in anything else (an optimizer setting, ...) share a name; resuming one with the other's config
     is refused (``check_resume_config``), naming the keys."""
-    run, pair, peer = cfg["run"], cfg["pair"], cfg["peer"]
-    algo = _safe(cfg["algo"]["name"])
+    run, pair, peer = cfg.run, cfg.pair, cfg.peer
+    algo = _safe(cfg.algo.name)
     parts = [algo]
-    if run.get("variant"):
-        variant = _safe(run["variant"]).lower()
+    if run.variant:
+        variant = _safe(run.variant).lower()
         parts = [variant] if variant == algo or variant.startswith(algo + "-") else [algo, variant]
-    ids = [m.get("id") for m in pair.get("models") or [] if isinstance(m, dict)]
-    train = list(pair.get("train") or [])
+    ids = [m["id"] for m in pair.models]
+    train = list(pair.train or [])
     if train and sorted(train) != sorted(ids):
         parts.append("+".join(_safe(m) for m in train))
-    parts.append(_safe(pair.get("name") or "pair"))
-    dataset = (cfg.get("task") or {}).get("dataset")
+    parts.append(_safe(pair.name or "pair"))
+    dataset = cfg.task.dataset
     if dataset:  # a file, folder or Hub name: its last part without the suffix (my.jsonl -> my)
         parts.append(_safe(PurePath(str(dataset).rstrip("/")).stem or dataset))
-    source = peer.get("source") or "none"
+    source = peer.source
     if source != "none":
-        where = Path(str(peer.get("path") or ""))
+        where = Path(str(peer.path or ""))
         if where.name == STORE:  # RUN/store names the run RUN
             where = where.parent
         parts.append(source + (f"-{_safe(where.name)}" if where.name and source in ("stored", "mixed") else ""))
-    parts.append(f"s{int(run.get('seed') or 0)}")
+    parts.append(f"s{run.seed}")
     return "-".join(parts)
 
 
@@ -198,26 +198,26 @@ def config_changes(stored: dict, requested: dict) -> dict:
         if isinstance(flat.get("pair.models"), list):
             flat["pair.models"] = [{k: v for k, v in m.items() if k not in HOSTING_MODEL_KEYS} if isinstance(m, dict)
                                    else m for m in flat["pair.models"]]
-    defaults = flatten(DEFAULTS)
+    declared = flatten(defaults())
     out = {}
     for key in sorted(set(a) | set(b)):
         if any(fnmatch.fnmatchcase(key, pat) for pat in FREE_TO_CHANGE):
             continue
-        if key not in a and key in defaults and b.get(key) == defaults[key]:
+        if key not in a and key in declared and b.get(key) == declared[key]:
             continue
         if a.get(key) != b.get(key):
             out[key] = (a.get(key), b.get(key))
     return out
 
 
-def check_resume_config(run_dir, requested: dict, allow: Iterable[str] = ()) -> dict:
+def check_resume_config(run_dir, requested: RunConfig, allow: Iterable[str] = ()) -> dict:
     """Refuse (``RunDirUsageError``) to resume ``run_dir`` under a config whose trajectory-relevant keys differ
     from its stored ``config.yaml``, unless every differing key matches a pattern of ``allow``. Returns the
     allowed changes (key -> (old, new)); nothing when the directory has no stored config."""
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         return {}
-    changes = config_changes(read_yaml(path), requested)
+    changes = config_changes(read_yaml(path), as_dict(requested))
     allow = list(allow or ())
     refused = {k: v for k, v in changes.items() if not any(fnmatch.fnmatchcase(k, p) for p in allow)}
     if refused:

@@ -9,14 +9,15 @@ from __future__ import annotations
 import math
 import random
 
+from graftzoo.contract.config import RunConfig
 from graftzoo.envs.arithmetic import generate_prompts
 
 
 class PromptSampler:
-    def __init__(self, cfg: dict, dataset=None, exclude_ids=()):
-        task = cfg["task"]
-        self.seed = int(cfg["run"]["seed"])
-        self.per_step = int(task["prompts_per_step"])
+    def __init__(self, cfg: RunConfig, dataset=None, exclude_ids=()):
+        task = cfg.task
+        self.seed = int(cfg.run.seed)
+        self.per_step = int(task.prompts_per_step)
         self.stream = dataset is None
         self.task = task
         self.dataset = dataset
@@ -39,8 +40,8 @@ class PromptSampler:
     def batch(self, step: int):
         """(prompts, epoch) of a step."""
         if self.stream:
-            return generate_prompts(self.per_step, self.seed, self.task["mix"] or {"add": 1, "mul": 1},
-                                    self.task["difficulty"] or 3, "train", start=step * self.per_step), 0
+            return generate_prompts(self.per_step, self.seed, self.task.mix or {"add": 1, "mul": 1},
+                                    self.task.difficulty or 3, "train", start=step * self.per_step), 0
         epoch, k = divmod(step, self.steps_per_epoch)
         perm = self._perm(epoch)
         chosen = [perm[(k * self.per_step + j) % len(perm)] for j in range(self.per_step)]
@@ -51,8 +52,8 @@ class PromptSampler:
         self._extra += 1
         if self.stream:
             start = 10**9 + (step * 1000 + self._extra) * self.per_step
-            return generate_prompts(k, self.seed, self.task["mix"] or {"add": 1, "mul": 1},
-                                    self.task["difficulty"] or 3, "train", start=start)
+            return generate_prompts(k, self.seed, self.task.mix or {"add": 1, "mul": 1},
+                                    self.task.difficulty or 3, "train", start=start)
         rng = random.Random(f"{self.seed}:extra:{step}:{self._extra}")
         return [self.dataset[rng.randrange(len(self.dataset))] for _ in range(k)]
 

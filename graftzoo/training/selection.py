@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Callable, Optional
 
+from graftzoo.contract.config import RunConfig
 from graftzoo.training.checkpoint import CheckpointError, check_weights, checkpoint_step, list_checkpoints, load_weights
 from graftzoo.envs.task import Task
 from graftzoo.eval.evaluate import fmt_score
@@ -30,20 +31,20 @@ class SelectionError(ValueError):
     """Checkpoint selection is misconfigured (e.g. it would select on a test set)."""
 
 
-def select_checkpoints(run_dir, cfg: dict, policies: dict, engines: dict, *, rule: Optional[str] = None,
+def select_checkpoints(run_dir, cfg: RunConfig, policies: dict, engines: dict, *, rule: Optional[str] = None,
                        val_dataset=None, val_size: Optional[int] = None, allow_test: Optional[bool] = None,
                        k: int = 1, temperature: Optional[float] = None, max_new_tokens: Optional[int] = None,
                        seed: int = 0, log: Optional[Callable[[str], None]] = None) -> dict:
     """model id -> (checkpoint, selection record) under ``rule`` (default ``eval.select``)."""
-    ev = cfg["eval"]
-    rule = rule or ev.get("select") or "last"
+    ev = cfg.eval
+    rule = rule or ev.select or "last"
     if rule not in SELECT_RULES:
         raise SelectionError(f"config key 'eval.select' must be one of {SELECT_RULES}, got {rule!r}")
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         raise FileNotFoundError(f"{Path(run_dir) / 'checkpoints'}: no complete checkpoint to evaluate")
     if rule == "val_avg":
-        allow = bool(ev.get("allow_test_selection", False) if allow_test is None else allow_test)
+        allow = bool(ev.allow_test_selection if allow_test is None else allow_test)
         task = Task(cfg)
         val = task.validation(val_dataset, val_size)
         if task.is_test_set(val) and not allow:

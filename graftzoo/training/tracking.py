@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.functional import compatibility_score
+from graftzoo.contract.config import RunConfig, as_dict
 
 METRICS = [
     # outcomes
@@ -81,22 +82,22 @@ class MetricsFileError(ValueError):
 
 
 class Tracker:
-    def __init__(self, run_dir: str | os.PathLike, cfg: dict, resume_id: Optional[str] = None):
+    def __init__(self, run_dir: str | os.PathLike, cfg: RunConfig, resume_id: Optional[str] = None):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         self.wandb_run = None
-        run = cfg["run"]
-        tracking = cfg.get("tracking") or {}  # a run config written before the tracking section: defaults
-        self.completions_every = int(tracking.get("log_completions_every", 10) or 0)
-        self.completions_rows = int(tracking.get("completions_rows", 64))
-        if run.get("track"):
+        run = cfg.run
+        tracking = cfg.tracking
+        self.completions_every = tracking.log_completions_every
+        self.completions_rows = tracking.completions_rows
+        if run.track:
             import wandb
-            mode = run.get("wandb_mode") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+            mode = run.wandb_mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
             self.wandb_run = wandb.init(
-                project=run.get("wandb_project") or "graftzoo", entity=tracking.get("entity"),
-                group=run.get("wandb_group"), name=self.run_dir.name, dir=str(self.run_dir), mode=mode, config=cfg,
+                project=run.wandb_project or "graftzoo", entity=tracking.entity,
+                group=run.wandb_group, name=self.run_dir.name, dir=str(self.run_dir), mode=mode, config=as_dict(cfg),
                 id=resume_id, resume="allow" if resume_id else None, reinit="create_new",
-                tags=[str(t) for t in (run.get("tags") or [])], settings=wandb.Settings(silent=True))
+                tags=[str(t) for t in (run.tags or [])], settings=wandb.Settings(silent=True))
 
     @property
     def run_id(self) -> Optional[str]:

@@ -23,7 +23,7 @@ import torch
 from graftzoo.algos.base import StepContext
 from graftzoo.training.checkpoint import load_checkpoint, one_line, prepare_resume, save_checkpoint
 from graftzoo.training import diagnostics
-from graftzoo.contract.config import algo_config
+from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, with_values
 from graftzoo.training.policy import NonFiniteError
 from graftzoo.training.preemption import Interrupted, StopRequest
 from graftzoo.training.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, default_run_name,
@@ -66,7 +66,7 @@ def derive_seed(*parts) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None,
+    def __init__(self, cfg: RunConfig, run_dir: Optional[str] = None, resume: bool = True, progress=None,
                  overwrite: bool = False, allow_config_change=()):
         """Everything that can be checked without building a model is checked first (ids, the task's datasets,
         that every ``kind: hf`` model can be loaded, the run directory's lock and identity, a stored peer), then the
@@ -74,21 +74,20 @@ class Trainer:
         when the config changed on a key that changes the trajectory, unless ``allow_config_change`` names it);
         ``resume=False`` in a directory that holds a run is refused unless ``overwrite`` (the old run is moved
         aside)."""
-        self.cfg = cfg
-        run = cfg["run"]
-        torch.set_num_threads(int(run["threads"]))
-        self.seed = int(run["seed"])
-        name = run["name"] or default_run_name(cfg)  # tells configurations apart: algo, models, pair, peer, seed
-        cfg["run"]["name"] = name
+        torch.set_num_threads(cfg.run.threads)
+        self.seed = cfg.run.seed
+        name = cfg.run.name or default_run_name(cfg)  # tells configurations apart: algo, models, pair, peer, seed
         # the report's row label; a stored or mixed peer source is a method of its own (not the live run's seed)
-        source = {"stored": ", stored peer", "mixed": ", mixed peer"}.get(cfg["peer"]["source"], "")
-        cfg["run"]["variant"] = run["variant"] or f"{cfg['algo']['name']} (n={cfg['rollout']['n']}{source})"
-        self.run_dir = Path(run_dir) if run_dir else Path(run["out_dir"]) / name
+        source = {"stored": ", stored peer", "mixed": ", mixed peer"}.get(cfg.peer.source, "")
+        variant = cfg.run.variant or f"{cfg.algo.name} (n={cfg.rollout.n}{source})"
+        # the resolved config (what config.yaml holds): the given one with its run name and report label
+        self.cfg = cfg = with_values(cfg, {"run.name": name, "run.variant": variant})
+        self.run_dir = Path(run_dir) if run_dir else Path(cfg.run.out_dir) / name
         self.resume = resume
         self.progress = progress
 
-        specs = cfg["pair"]["models"]  # ids unique and pair.train known: checked by load_config (check_core)
-        train_ids = cfg["pair"]["train"] or [s["id"] for s in specs]
+        specs = cfg.pair.models  # ids unique and pair.train known: checked by load_config (check_run)
+        train_ids = cfg.pair.train or [s["id"] for s in specs]
         self.model_ids = list(train_ids)
         self.config_changes: dict = {}
         self.task = Task(cfg).check()  # the datasets a run trains, evaluates and selects on: before anything else
@@ -124,25 +123,24 @@ class Trainer:
             raise
         return lock
 
-    def _build(self, cfg: dict, specs: list, train_ids: list):
-        run = cfg["run"]
+    def _build(self, cfg: RunConfig, specs: list, train_ids: list):
         self.env = self.task.train_env
         self.sampler = PromptSampler(cfg, self.task.train_dataset, self.task.reserved_ids)
         self.dataset_id = self.task.dataset_id
-        self.total_steps = int(run["steps"])
-        if run["epochs"]:
-            self.total_steps = int(run["epochs"]) * self.sampler.steps_per_epoch
+        self.total_steps = cfg.run.steps
+        if cfg.run.epochs:
+            self.total_steps = cfg.run.epochs * self.sampler.steps_per_epoch
         planned = None
-        if cfg["peer"]["source"] in ("stored", "mixed"):
+        if cfg.peer.source in ("stored", "mixed"):
             planned = {p.id for s in range(min(self.total_steps, 50)) for p in self.sampler.batch(s)[0]}
         self.peers = make_peer_source(cfg, self.model_ids, self.dataset_id, planned)
 
         self.backend = make_backend(cfg)
         self.policies, self.engines, self.refs = self.backend.build(cfg, specs, train_ids, self.seed)
-        algo_cls = get_algo(cfg["algo"]["name"])
-        algo_cfg = algo_config(cfg)  # checked once by load_config; built here without a second check
-        self.learners = {m: algo_cls(algo_cfg, cfg) for m in self.model_ids}
-        self.store = TrajectoryStore(self.run_dir / STORE, dataset=self.dataset_id) if cfg["store"]["enabled"] else None
+        algo_cls = get_algo(cfg.algo.name)
+        facts = LearnerFacts.of(cfg)  # the learner's own section was checked once, by load_config
+        self.learners = {m: algo_cls(cfg.algo, facts) for m in self.model_ids}
+        self.store = TrajectoryStore(self.run_dir / STORE, dataset=self.dataset_id) if cfg.store.enabled else None
         self.meter = ComputeMeter()
         self.tracker: Optional[Tracker] = None
         self.step_slots: dict = {}  # model id -> the last step's slots (own and peer groups after the exchange)
@@ -164,10 +162,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def context(self, step: int, epoch: int, m: str, mi: int) -> StepContext:
-        return StepContext(step=step, epoch=epoch, cfg=self.cfg, policy=self.policies[m], engine=self.engines[m],
-                           env=self.env, sampler=self.sampler, ref_policy=self.refs.get(m),
+        return StepContext(step=step, epoch=epoch, run=self.learners[m].run, policy=self.policies[m],
+                           engine=self.engines[m], env=self.env, sampler=self.sampler, ref_policy=self.refs.get(m),
                            rng=random.Random(derive_seed(self.seed, step, m, "learner")), meter=self.meter,
-                           model_index=mi)
+                           model_index=mi, heldout=lambda: list(self.task.heldout().prompts))
 
     def _phase_wall(self, m: str) -> dict:
         phases = self.meter.summary()["models"].get(m, {}).get("phases", {})
@@ -211,12 +209,12 @@ class Trainer:
             ctx, pol, learner = ctxs[m], self.policies[m], self.learners[m]
             check_policy_version(m, pol, groups[m])
             self.engines[m].release_memory()
-            budget = self.cfg["optim"]["max_tokens_per_micro"]
+            budget = self.cfg.optim.max_tokens_per_micro
             schedule = learner.schedule(ctx, batches[m])
             mbs = [[mb.to(pol.device) for mb in batches[m].micro_batches(idx, budget, partial(learner.norms, ctx))]
                    for idx in schedule]  # each minibatch as micro-batches
             diag = None
-            if self.cfg["run"]["diagnostics"]:  # opt-in transfer-path measurements; the update is unchanged
+            if self.cfg.run.diagnostics:  # opt-in transfer-path measurements; the update is unchanged
                 with ctx.phase("diagnostics"):
                     diag = diagnostics.before_update(ctx, pol, learner, batches[m], schedule, budget, recompute[m])
             try:
@@ -274,10 +272,10 @@ class Trainer:
         prc = None
         if src == "stored":
             try:
-                prc = stored_peer_cost(self.cfg["peer"]["path"], self.peers.peer_of(self.model_ids[0]))
+                prc = stored_peer_cost(self.cfg.peer.path, self.peers.peer_of(self.model_ids[0]))
             except Exception:  # the original peer run's compute is optional (amortized charge only)
                 prc = None
-        return make_summary(self.cfg, models=self.model_ids, peers=peers, status=status,
+        return make_summary(as_dict(self.cfg), models=self.model_ids, peers=peers, status=status,
                             compute=self.meter.summary(), peer_source=src, peer_run_compute=prc, error=error)
 
     def run(self) -> Path:
@@ -307,7 +305,7 @@ class Trainer:
             log.warning("%s: continuing from %s under a changed config: %s", self.run_dir, ck.name,
                         "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in self.config_changes.items()))
         for m, pol in self.policies.items():
-            pol.apply_optim_settings(self.cfg["optim"])
+            pol.apply_optim_settings(self.cfg.optim)
             self.engines[m].sync_weights()
         if self.peers is not None:
             self.peers.load_state_dict(state.get("peers", {}))
@@ -319,17 +317,17 @@ class Trainer:
     def _run(self) -> Path:
         self.wandb_id = None
         start, resumed_from = self._resume()
-        write_config(self.run_dir, self.cfg)
+        write_config(self.run_dir, as_dict(self.cfg))
         self.tracker = Tracker(self.run_dir, self.cfg, resume_id=self.wandb_id)
         self.tracker.truncate_after(start - 1)
         write_summary(self.run_dir, self.summary("running"))
-        ev_every = int(self.cfg["run"]["eval_every"] or 0)
-        save_every = int(self.cfg["run"]["save_every"] or 0)
+        ev_every = int(self.cfg.run.eval_every or 0)
+        save_every = int(self.cfg.run.save_every or 0)
         with StopRequest() as stop:
             stop.step = start - 1
             stop.last_checkpoint = resumed_from
             try:
-                if start == 0 and self.cfg["run"]["eval_at_start"]:
+                if start == 0 and self.cfg.run.eval_at_start:
                     res = self.evaluate(0)
                     for m in self.model_ids:
                         self.tracker.log(-1, m, eval_metrics(res[m]))
@@ -354,7 +352,7 @@ class Trainer:
                     stop.step = step
                     if stop.signum is not None:
                         raise Interrupted(stop.signum, step, stop.last_checkpoint)
-                if self.cfg["run"]["eval_at_end"]:
+                if self.cfg.run.eval_at_end:
                     res = self.evaluate(self.total_steps - 1, final=True)
                     for m in self.model_ids:
                         self.tracker.log(self.total_steps, m, eval_metrics(res[m]))
@@ -385,24 +383,24 @@ class Trainer:
                         {"wandb_id": self.tracker.run_id if self.tracker else None,
                          "peers": self.peers.state_dict() if self.peers is not None else {},
                          "compute": self.meter.summary(), "sampler": {"step": step + 1}},
-                        keep=int(self.cfg["run"]["keep_checkpoints"]))
+                        keep=int(self.cfg.run.keep_checkpoints))
 
 
 # ----------------------------------------------------------------------------------------------
 # theta_old log-probs (spec algos_single §0: recomputed by the trainer before the update)
 # ----------------------------------------------------------------------------------------------
 
-def recompute_old_logp(cfg: dict, policy, engine) -> bool:
+def recompute_old_logp(cfg: RunConfig, policy, engine) -> bool:
     """``rollout.recompute_old_logp`` resolved for one model. ``auto`` is on unless the engine decodes with the
     training model itself in float32 from the uncut softmax(logits / T) (no top-p, top-k or min_new_tokens):
     any other engine, precision or cut records log-probs that the update's forward pass does not reproduce."""
-    r = cfg["rollout"]
-    want = r.get("recompute_old_logp", "auto")
+    r = cfg.rollout
+    want = r.recompute_old_logp
     if want != "auto":
         return bool(want)
     itself = getattr(engine, "uses_training_model", False) and getattr(engine, "policy", None) is policy
     fp32 = policy.param_dtype == torch.float32 and getattr(policy, "autocast_dtype", None) is None
-    cut = (float(getattr(engine, "top_p", r["top_p"])) < 1.0 or int(getattr(engine, "top_k", r["top_k"]) or 0) > 0
+    cut = (float(getattr(engine, "top_p", r.top_p)) < 1.0 or int(getattr(engine, "top_k", r.top_k) or 0) > 0
            or int(getattr(engine, "min_new_tokens", 0) or 0) > 0)
     return not (itself and fp32) or cut
 
@@ -482,16 +480,16 @@ def register_backend(name: str, factory) -> None:
     BACKENDS[name] = factory
 
 
-def make_backend(cfg: dict):
+def make_backend(cfg: RunConfig):
     """The backend ``run.backend`` names (``BACKENDS``)."""
-    name = cfg["run"]["backend"]
+    name = cfg.run.backend
     if name not in BACKENDS:
         raise RunDirUsageError(f"run.backend={name!r} has no registered backend (known: {sorted(BACKENDS)}); "
                                f"graftzoo.api registers 'ray': train through graftzoo.api or the CLI")
     return BACKENDS[name]()
 
 
-def train(cfg: dict, run_dir: Optional[str] = None, resume: bool = True, progress=None, overwrite: bool = False,
+def train(cfg: RunConfig, run_dir: Optional[str] = None, resume: bool = True, progress=None, overwrite: bool = False,
           allow_config_change=()) -> Path:
     """Train a checked run config (``load_config``); returns the run directory (see ``Trainer``)."""
     return Trainer(cfg, run_dir=run_dir, resume=resume, progress=progress, overwrite=overwrite,

@@ -40,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from graftzoo.contract.config import DEFAULTS, VLLM_INSTALL
+from graftzoo.contract.config import VLLM_INSTALL, VllmSection
 from graftzoo.training.engine import Engine, EngineError, expand_requests, rollout_from_tokens
 
 _SET_NUM_THREADS = torch.set_num_threads
@@ -203,7 +203,7 @@ class VLLMEngine(Engine):
         self.max_new_tokens = int(max_new_tokens)
         self.min_new_tokens = int(min_new_tokens)
         self._owner = True
-        self._backend = _Backend(policy, {**DEFAULTS["rollout"]["vllm"], **(settings or {})}, seed)
+        self._backend = _Backend(policy, {**VllmSection().model_dump(), **(settings or {})}, seed)
         try:
             self._backend.sync()
         except BaseException:

@@ -9,7 +9,7 @@ from typing import Optional
 from graftzoo.apps.grid.model import (Cell, Grid, GridError, Method, check_one_clip, order_cells, resolve_clips,
                                       slug)
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, parse_peer
-from graftzoo.contract.config import DEFAULTS, ConfigError, find_config, read_yaml
+from graftzoo.contract.config import SCHEMA, ConfigError, find_config, read_yaml
 from graftzoo.eval.regime import RegimeMap
 from graftzoo.training.eval_runner import evaluate_checkpoint
 
@@ -35,7 +35,7 @@ def _flat(mapping: dict, where: str, prefix: str = "") -> dict:
     out = {}
     for key, value in mapping.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and path in DEFAULTS and isinstance(DEFAULTS[path], dict) and path != "algo":
+        if isinstance(value, dict) and isinstance(SCHEMA.get(path), dict):
             out.update(_flat(value, f"{where}.{key}", f"{path}."))
         elif isinstance(value, dict) and path == "algo":
             out.update({f"algo.{k}": v for k, v in value.items()})

@@ -12,28 +12,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from graftzoo.contract.config import RunConfig
 from graftzoo.apps.grid.model import Cell
 from graftzoo.apps.grid.run import run_cell_subprocess
 from graftzoo.distributed.backend import workers_of
 from graftzoo.distributed.cluster import connect, disconnect
 
 
-def cell_resources(cfg: dict) -> dict:
+def cell_resources(cfg: RunConfig) -> dict:
     """The Ray resources of a cell's launcher task, from its run config."""
-    if cfg["run"]["backend"] == "ray":
+    if cfg.run.backend == "ray":
         return {"num_cpus": 0, "num_gpus": 0}
-    train = cfg["pair"]["train"] or [s["id"] for s in cfg["pair"]["models"]]
-    cuda = [s for s in cfg["pair"]["models"]
-            if s["id"] in train and str(s.get("device", cfg["run"]["device"])).startswith("cuda")]
-    return {"num_cpus": int(cfg["run"]["threads"]), "num_gpus": len(cuda)}
+    train = cfg.pair.train or [s["id"] for s in cfg.pair.models]
+    cuda = [s for s in cfg.pair.models
+            if s["id"] in train and str(s.get("device", cfg.run.device)).startswith("cuda")]
+    return {"num_cpus": int(cfg.run.threads), "num_gpus": len(cuda)}
 
 
-def cluster_workers(cfg: dict) -> int:
+def cluster_workers(cfg: RunConfig) -> int:
     """Workers a cell's Ray groups start (0 for an in-process cell): sizes the private cluster."""
-    if cfg["run"]["backend"] != "ray":
+    if cfg.run.backend != "ray":
         return 0
-    train = cfg["pair"]["train"] or [s["id"] for s in cfg["pair"]["models"]]
-    return sum(workers_of(s, cfg) for s in cfg["pair"]["models"] if s["id"] in train)
+    train = cfg.pair.train or [s["id"] for s in cfg.pair.models]
+    return sum(workers_of(s, cfg) for s in cfg.pair.models if s["id"] in train)
 
 
 class RayCells:
@@ -51,7 +52,7 @@ class RayCells:
     def command(self, cell: Cell) -> Cell:
         """A cell trained with ``--backend ray`` joins this grid's cluster instead of starting its own."""
         cfg = cell.config()
-        if cfg["run"]["backend"] != "ray" or cfg["ray"]["address"]:
+        if cfg.run.backend != "ray" or cfg.ray.address:
             return cell
         joined = Cell(**{**cell.__dict__, "overrides": {**cell.overrides, "ray.address": self.gcs}})
         return joined
