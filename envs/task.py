@@ -230,7 +230,8 @@ class Task:
     @property
     def env_kwargs(self) -> dict:
         """The scoring settings every env of this task shares."""
-        return {**{k: getattr(self.spec, k) for k in SCORING_DEFAULTS}, "verifier_budget": self.spec.verifier_budget}
+        return {**{k: getattr(self.spec, k) for k in SCORING_DEFAULTS}, "verifier_budget": self.spec.verifier_budget,
+                "verifier_options": self.spec.verifier.model_dump()}
 
     def make_env(self, split: str, size: Optional[int] = None) -> MathReasoningEnv:
         """The task's env (unwrapped) on ``split``; ``size`` prompts for a procedural task (default

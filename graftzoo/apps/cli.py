@@ -1,44 +1,38 @@
-"""The ``graftzoo`` command line (click)."""
+"""The ``graftzoo`` command line (click), a thin layer over graftzoo.api.
+
+It answers ``--help``, ``train --help`` and every config error before torch or transformers are imported: the
+subcommands other than ``train``, ``algos`` and ``config`` live in their own modules, imported when one is run
+(``LAZY``); ``train`` checks the config (graftzoo.contract.config, light) before it imports the trainer; the
+anticipated errors are recognised by name, from the modules already imported (``anticipated``).
+"""
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
 import click
 
-from graftzoo.api import summary_lines
-from graftzoo.apps.demo import demo_cmd
-from graftzoo.apps.export import export_cmd
-from graftzoo.apps.grid import grid_cmd
-from graftzoo.apps.grid.model import GridError
-from graftzoo.apps.options import PEER_FORMS, PeerOptionError, peer_option
-from graftzoo.apps.plan import plan_cmd
-from graftzoo.apps.progress import ProgressPrinter as _ProgressPrinter
-from graftzoo.training.checkpoint import CheckpointError
-from graftzoo.contract.config import ConfigError, algo_presets, load_config
-from graftzoo.training.engine import EngineError
-from graftzoo.training.policy import NonFiniteError
-from graftzoo.training.preemption import Interrupted
-from graftzoo.contract.registry import RegistryError, list_algos
-from graftzoo.training.rundir import RunDirError, RunDirUsageError
-from graftzoo.training.tracking import MetricsFileError
-from graftzoo.api import train_run as run_train
-from graftzoo.peers.xt import XTOverflowError
-from graftzoo.distributed.errors import RayStartError, WorkerError
-from graftzoo.apps.env import env_group
-from graftzoo.envs.datasets import DatasetError
-from graftzoo.eval.artifacts import ArtifactError
-from graftzoo.apps.report import report_cmd
-from graftzoo.apps.evaluate import eval_cmd
-from graftzoo.training.selection import SelectionError
-from graftzoo.peers.store import StoreError
-
+from graftzoo.apps.options import PEER_FORMS, peer_option
+from graftzoo.contract.config import algo_presets, as_dict, config_keys, load_config
 
 # Anticipated errors: one line ``Error: ...`` naming the culprit, no traceback (``graftzoo --debug`` shows it).
 # Usage and config errors exit 2, runtime errors (data, files, disk, a diverged run) exit 1, a signal 128 + signal.
-USAGE_ERRORS = (ConfigError, RegistryError, PeerOptionError, GridError, RunDirUsageError, SelectionError)
-RUNTIME_ERRORS = (DatasetError, StoreError, ArtifactError, XTOverflowError, CheckpointError, RunDirError,
-                  NonFiniteError, MetricsFileError, EngineError, WorkerError, RayStartError, OSError)
+# (module, class): a class counts once its module is imported (an error cannot come from a module never imported).
+USAGE_ERRORS = (("graftzoo.contract.errors", "ConfigError"), ("graftzoo.contract.registry", "RegistryError"),
+                ("graftzoo.apps.options", "PeerOptionError"), ("graftzoo.apps.grid.model", "GridError"),
+                ("graftzoo.training.rundir", "RunDirUsageError"), ("graftzoo.training.selection", "SelectionError"))
+RUNTIME_ERRORS = (("graftzoo.envs.datasets", "DatasetError"), ("graftzoo.peers.store", "StoreError"),
+                  ("graftzoo.eval.artifacts", "ArtifactError"), ("graftzoo.peers.xt", "XTOverflowError"),
+                  ("graftzoo.training.checkpoint", "CheckpointError"), ("graftzoo.training.rundir", "RunDirError"),
+                  ("graftzoo.contract.errors", "NonFiniteError"), ("graftzoo.training.tracking", "MetricsFileError"),
+                  ("graftzoo.training.engine", "EngineError"), ("graftzoo.distributed.errors", "WorkerError"),
+                  ("graftzoo.distributed.errors", "RayStartError"), ("builtins", "OSError"))
+
+
+def anticipated(kinds) -> tuple:
+    """The error classes of ``kinds`` whose modules are imported."""
+    return tuple(getattr(sys.modules[m], name) for m, name in kinds if m in sys.modules)
 
 
 def error_line(e: BaseException) -> str:
@@ -57,17 +51,47 @@ class Main(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except Interrupted as e:
-            click.echo(f"Error: {e}", err=True)
-            ctx.exit(e.exit_code)
         except KeyboardInterrupt:
             click.echo("Error: interrupted", err=True)
             ctx.exit(130)
-        except USAGE_ERRORS + RUNTIME_ERRORS as e:
-            if ctx.params.get("debug"):
+        except Exception as e:
+            interrupted = anticipated([("graftzoo.training.preemption", "Interrupted")])
+            if interrupted and isinstance(e, interrupted):
+                click.echo(f"Error: {e}", err=True)
+                ctx.exit(e.exit_code)
+            usage = anticipated(USAGE_ERRORS)
+            if ctx.params.get("debug") or not isinstance(e, usage + anticipated(RUNTIME_ERRORS)):
                 raise
             click.echo(f"Error: {error_line(e)}", err=True)
-            ctx.exit(2 if isinstance(e, USAGE_ERRORS) else 1)
+            ctx.exit(2 if isinstance(e, usage) else 1)
+
+    # the subcommands of LAZY: listed with their one-line help, imported when run
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(LAZY))
+
+    def get_command(self, ctx, name):
+        if name in LAZY and name not in self.commands:
+            module, attr, _ = LAZY[name]
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, LAZY[name][2] if name in LAZY and name not in self.commands
+                 else self.commands[name].get_short_help_str(80)) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+# name -> (module, command, one-line help): imported only when the command runs
+LAZY = {
+    "demo": ("graftzoo.apps.demo", "demo_cmd", "GRAFT vs GRPO on a heterogeneous tiny pair, on CPU, over seeds."),
+    "env": ("graftzoo.apps.env", "env_group", "Inspect and check the registered environments."),
+    "eval": ("graftzoo.apps.evaluate", "eval_cmd", "Evaluate a checkpoint on math benchmarks: avg@k, CI, pass@k."),
+    "export": ("graftzoo.apps.export", "export_cmd", "Write a run's trained models as Hugging Face folders."),
+    "grid": ("graftzoo.apps.grid", "grid_cmd", "Run an algorithm x pair x seed grid and its report."),
+    "plan": ("graftzoo.apps.plan", "plan_cmd", "GPU memory per model and GPUs needed, before booking."),
+    "report": ("graftzoo.apps.report", "report_cmd", "Tables, plots and the clip table of finished runs."),
+}
 
 
 @click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
@@ -116,7 +140,9 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, all
     if backend:
         overrides.append(f"run.backend={backend}")
     cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)  # every config check, once
-    progress = _ProgressPrinter(f"{cfg.algo.name} on {cfg.pair.name}") if cfg.run.progress else None
+    from graftzoo.api import summary_lines, train_run as run_train  # torch: after the config check
+    from graftzoo.apps.progress import ProgressPrinter
+    progress = ProgressPrinter(f"{cfg.algo.name} on {cfg.pair.name}") if cfg.run.progress else None
     try:
         out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress, overwrite=overwrite,
                         allow_config_change=allow)
@@ -136,6 +162,7 @@ def algos():
 def algos_list():
     """Show each algorithm's name, source and module, then each preset (configs/algos/NAME.yaml, packaged or the
     current directory's ./configs) with what it sets; failed plugins are reported by name."""
+    from graftzoo.contract.registry import list_algos  # imports every learner
     entries, failed = list_algos()
     rows = [(e.name, e.source, e.module) for e in entries]
     rows += [(name, source, " ".join(sets)) for name, source, sets in algo_presets()]
@@ -150,9 +177,53 @@ def algos_list():
         sys.exit(1)
 
 
-for _name, _cmd in (("env", env_group), ("eval", eval_cmd), ("report", report_cmd), ("grid", grid_cmd),
-                   ("demo", demo_cmd), ("plan", plan_cmd), ("export", export_cmd)):
-    main.add_command(_cmd, _name)
+@main.group("config")
+def config_group():
+    """The resolved run config and the documented key list."""
+
+
+@config_group.command("show")
+@click.argument("pair", required=False, default="tiny")
+@click.option("--algo", default="grpo", show_default=True, help="algorithm name or preset")
+@click.option("--peer", default=None, callback=peer_option, help=PEER_FORMS)
+@click.option("--config", "-c", "files", multiple=True, type=click.Path(exists=True), help="extra YAML config files")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="dotted override, e.g. optim.lr=1e-5")
+def config_show(pair, algo, peer, files, overrides):
+    """Print the resolved config of graftzoo train --pair PAIR --algo ALGO [-c FILE] [--set KEY=VALUE] as YAML."""
+    import yaml  # noqa: PLC0415  (the command's output only)
+    cfg = load_config(pair=pair, algo=algo, files=files, overrides=list(overrides) + peer)
+    click.echo(yaml.safe_dump(as_dict(cfg), sort_keys=False).rstrip())
+
+
+@config_group.command("keys")
+@click.option("--markdown", is_flag=True, help="a Markdown page (docs/config.md is this output)")
+def config_keys_cmd(markdown):
+    """Every config key with its type, bounds, default and meaning (run keys, then each algorithm's algo.*)."""
+    click.echo(keys_text(markdown))
+
+
+def keys_text(markdown: bool) -> str:
+    """The key list of ``graftzoo config keys`` (docs/config.md with ``markdown``)."""
+    from graftzoo.algos import BUILTIN  # noqa: PLC0415  (names only, no torch)
+    rows = config_keys(BUILTIN)
+    if not markdown:
+        width = max(len(k) for k, *_ in rows)
+        return "\n".join(f"{k:<{width}}  {t}; default {d!r}. {doc}" for k, t, d, doc in rows)
+    out = ["# Config keys", "",
+           "Generated by `graftzoo config keys --markdown` from the declaration in `graftzoo/contract/config.py` (run",
+           "keys) and `algos/config.py` (each algorithm's `algo.*` section); a test checks that this page is current.",
+           "A config is YAML with dotted overrides (`--set optim.lr=1e-5`); an unknown key or a bad value is refused",
+           "in one line naming the key. `graftzoo config show PAIR --algo ALGO` prints a resolved config.", ""]
+    section = None
+    for k, t, d, doc in rows:
+        head = k.split(".")[0]
+        if head != section:
+            section = head
+            out += ["", f"## `{head}`", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        cell = lambda s: str(s).replace("|", "\\|")  # noqa: E731
+        out.append(f"| `{k}` | {cell(t)} | `{cell(repr(d))}` | {cell(doc)} |")
+    return "\n".join(out)
+
 
 if __name__ == "__main__":
     main()

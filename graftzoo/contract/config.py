@@ -16,6 +16,7 @@ A derived config (the trainer's resolved run name, an evaluation's top-p) is a n
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib.resources
 import importlib.util
 import json
@@ -29,7 +30,7 @@ from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.names import model_slug
-from graftzoo.contract.registry import get_config
+from graftzoo.contract.registry import RegistryError, get_config
 from graftzoo.contract.schema import Int, Section, declared_keys, key, validate_section
 
 NEEDS_PEER_HINT = "pass --peer online|stored:PATH|mixed:PATH (config key peer.source)"
@@ -153,6 +154,14 @@ class FieldsSection(Section):
     id: Optional[str] = key(None, "row field of the id; null: detected")
 
 
+class VerifierSection(Section):
+    """math-verify's comparison options (its defaults); part of the verifier's cache key and version."""
+    float_rounding: Int = key(6, "decimal places floats are rounded to before they are compared", ge=0, le=20)
+    numeric_precision: Int = key(15, "significant digits of numeric evaluation", ge=1, le=100)
+    strict: bool = key(True, "variables must match and 'x = 2' is not the answer 2 (false: looser)")
+    allow_set_relation_comp: bool = key(False, "a set may equal a relation ({1,2} against 'x=1 or x=2')")
+
+
 class TaskSection(Section):
     env: str = key("auto", "auto: graftzoo/MathReasoning-v0 when task.dataset is set, else graftzoo/Arithmetic-v0")
     dataset: Optional[str] = key(None, "a bundled name, a .jsonl/.json/.parquet/.arrow file, a datasets folder or "
@@ -167,6 +176,7 @@ class TaskSection(Section):
     reward_wrong: float = key(0.0, "reward of a wrong or unparsable answer")
     verifier_timeout: float = key(2.0, "hard wall-clock limit (s) of one math-verify call", gt=0)
     verifier_budget: Optional[float] = key(30.0, "wall-clock limit (s) of one batch's math-verify calls", gt=0)
+    verifier: VerifierSection = key(VerifierSection, "")
 
     @model_validator(mode="before")
     @classmethod
@@ -531,7 +541,14 @@ def validate(raw: dict) -> RunConfig:
     name = algo.get("name")
     if not name:
         raise ConfigError("config key 'algo.name' is required")
-    cls = get_config(name)
+    try:
+        cls = get_config(name)
+    except RegistryError as e:
+        known = sorted(set(e.known) | set(named_configs("algos")))
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise ConfigError(f"config key 'algo.name': unknown algorithm or preset {name!r}{hint} (algorithms and presets: "
+                          f"{', '.join(known)}; graftzoo algos list)") from None
     for k in algo:
         if k in CLIP_KEYS and k not in cls.model_fields:
             raise ConfigError(f"config key 'algo.{k}' is 'optim.clip.{k}': the clip is one setting shared by every "
@@ -677,15 +694,18 @@ def effective_clip(cfg: RunConfig) -> dict:
 
 
 def config_keys(algos=()) -> list:
-    """``(key, type, default, doc)`` of every run key, then of each named algorithm's ``algo.*`` section."""
+    """``(key, type, default, doc)`` of every run key, then each named algorithm's ``algo.*`` keys: the first
+    algorithm's in full, the others' where they differ from it (their own keys, or another default)."""
     out = []
     for section, model in SECTIONS.items():
         out += declared_keys(model, f"{section}.")
+    base = None
     for name in algos:
-        out += [(k, t, d, doc) for k, t, d, doc in declared_keys(get_config(name), f"algo[{name}].")
-                if not k.endswith(".name")]
+        rows = {k: (tp, d, doc) for k, tp, d, doc in declared_keys(get_config(name)) if k != "name"}
+        shown = rows if base is None else {k: v for k, v in rows.items() if base.get(k) != v}
+        out += [(f"algo[{name}].{k}", *v) for k, v in shown.items()]
+        base = rows if base is None else base
     return out
 
 
-__all__ = ["AlgoSection", "ConfigError", "LearnerFacts", "RunConfig", "Any", "as_dict", "load_config", "validate",
-           "with_values"]
+__all__ = ["AlgoSection", "ConfigError", "LearnerFacts", "RunConfig", "as_dict", "load_config", "validate", "with_values"]

@@ -19,7 +19,11 @@ GROUP = "graftzoo.algos"
 
 
 class RegistryError(RuntimeError):
-    pass
+    """An algorithm is unknown, failed to import or clashes; ``known`` holds the registered names."""
+
+    def __init__(self, message: str, known=()):
+        super().__init__(message)
+        self.known = tuple(known)
 
 
 @dataclass
@@ -79,7 +83,8 @@ def get_config(name: str) -> type:
         return _CONFIGS[name]
     if name in plugin_names() or name in _FAILED:
         return get_algo(name).Config
-    raise RegistryError(f"unknown algorithm '{name}'; registered: {sorted(set(_CONFIGS) | set(plugin_names()))}")
+    known = sorted(set(_CONFIGS) | set(plugin_names()))
+    raise RegistryError(f"unknown algorithm '{name}'; registered: {known}", known)
 
 
 def _load_builtins():
