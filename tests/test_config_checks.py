@@ -1,35 +1,33 @@
-"""Config declared once, checked once: choices (Literal), bounds and cross-field rules on the Config
-dataclasses, one validation pass at load, one error type, and the CLI refusing a bad value in one line
+"""Config declared once, checked once: choices (Literal), bounds and cross-field rules on the pydantic config
+sections, one validation pass at load, one error type, and the CLI refusing a bad value in one line
 (exit 2) before any model is built."""
-import dataclasses
 import re
 import subprocess
 import sys
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Optional, get_args, get_type_hints
+from typing import Annotated, ClassVar, Literal, Optional, get_args
 
 import pytest
 from click.testing import CliRunner
+from pydantic import Field, field_validator
+from pydantic_core import SchemaError
 
-from graftzoo.algos.base import LearnerConfig, LossAgg
-from graftzoo.algos.dapo import DAPOConfig
+from graftzoo.algos.config import (DAPOConfig, GRAFTConfig, HACPOConfig, HORAConfig, LearnerConfig, LossAgg,
+                                   OMGRPOConfig, SGTConfig)
 from graftzoo.algos.functional.core import AGG_MODES
 from graftzoo.algos.functional.peer import SGT_GATES
-from graftzoo.algos.graft import GRAFTConfig
-from graftzoo.algos.hacpo import HACPOConfig
-from graftzoo.algos.hora import HORAConfig
-from graftzoo.algos.om_grpo import CONTRAST_TEMPLATES, OMGRPOConfig
-from graftzoo.algos.sgt import SGTConfig
+from graftzoo.algos.om_grpo import CONTRAST_TEMPLATES
 from graftzoo.apps.cli import main
 from graftzoo.contract import config as config_mod
-from graftzoo.contract.config import ConfigError, algo_config, load_config, read_yaml
-from graftzoo.contract.registry import list_algos
-from graftzoo.contract.schema import bounded, build, check_value, describe_range, validate
+from graftzoo.contract import registry
+from graftzoo.contract import schema as schema_mod
+from graftzoo.contract.config import ConfigError, LearnerFacts, as_dict, load_config, read_yaml, with_values
+from graftzoo.contract.registry import get_algo, list_algos
+from graftzoo.contract.schema import Int, Section, describe, describe_bounds, key, validate_section
 
 CONFIGS = config_mod.packaged_configs()  # graftzoo/configs, as installed
 
 # ------------------------------------------------------------------------------------------------
-# the CLI: every invalid value of the issue, one line naming the key, exit 2, no run directory
+# the CLI: every invalid value, one line naming the key, exit 2, no run directory
 # ------------------------------------------------------------------------------------------------
 
 BAD = [
@@ -72,8 +70,19 @@ def test_a_bad_value_is_one_stderr_line_and_exit_2_of_the_real_command(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------
-# the generic validator
+# the declaration conventions (graftzoo.contract.schema): one-key sections declared here, and the real ones
 # ------------------------------------------------------------------------------------------------
+
+def one_key(tp, name="k", **bounds):
+    """A section with the single key ``name`` of type ``tp`` and the given bounds."""
+    return type("OneKey", (Section,), {"__annotations__": {name: tp}, name: key(None, "a key", **bounds)})
+
+
+def check_value(key_name, value, tp, **bounds):
+    """``value`` validated as the key ``key_name`` (``algo.x``: section prefix ``algo.``, key ``x``) of type ``tp``."""
+    prefix, _, name = key_name.rpartition(".")
+    return getattr(validate_section(one_key(tp, name, **bounds), {name: value}, prefix + "." if prefix else ""), name)
+
 
 def test_literal_choices():
     check_value("algo.x", "a", Literal["a", "b"])
@@ -82,92 +91,117 @@ def test_literal_choices():
     check_value("eval.select", None, Optional[Literal["last", "val_avg"]])
     with pytest.raises(ConfigError, match="one of last | val_avg or null"):
         check_value("eval.select", "best", Optional[Literal["last", "val_avg"]])
+    with pytest.raises(ConfigError, match=r"config key 'eval.select' must be one of last \| val_avg or null"):
+        validate_section(config_mod.EvalSection, {"select": "best"}, "eval.")  # the real declaration
 
 
 def test_types():
-    check_value("k", 3, float)                     # an int is a number
-    check_value("k", 2.0, int)                     # YAML's 2e0: an integral float is an integer
-    check_value("k", [0.1, 10], list[float])
-    for value, tp, what in ((2.5, int, "an integer"), ("abc", int, "an integer"), (True, int, "an integer"),
+    assert check_value("k", 3, float) == 3                     # an int is a number
+    two = check_value("k", 2.0, Int)                           # YAML's 2e0: an integral float is an integer
+    assert two == 2 and type(two) is int
+    assert check_value("k", [0.1, 10], list[float]) == [0.1, 10]
+    for value, tp, what in ((2.5, Int, "an integer"), ("abc", Int, "an integer"), (True, Int, "an integer"),
                             (1, bool, "true or false"), ("0.1", float, "a number"), (3, str, "a string"),
                             (["x"], list[float], "a list"), (0.5, list, "a list")):
         with pytest.raises(ConfigError, match=f"config key 'k' must be {what}"):
             check_value("k", value, tp)
+    for value in (float("inf"), float("-inf"), float("nan")):   # never infinite or NaN
+        with pytest.raises(ConfigError, match="config key 'k' must be a finite number"):
+            check_value("k", value, float)
 
 
-@pytest.mark.parametrize("rng,ok,bad,text", [
-    ("[0, 1]", [0, 1, 0.5], [-0.1, 1.1], "in [0, 1]"),
-    ("(0, 1]", [1e-9, 1], [0, 2], "in (0, 1]"),
-    ("[0, 1)", [0, 0.99], [1, -1], "in [0, 1)"),
-    ("[1, inf)", [1, 10**9], [0, -3], ">= 1"),
-    ("(1, inf)", [1.01], [1, 0], "> 1"),
-    ((0, 1), [0, 1], [2], "in [0, 1]"),
+@pytest.mark.parametrize("tp,bounds,ok,bad,text", [
+    (float, {"ge": 0, "le": 1}, [0, 1, 0.5], [-0.1, 1.1], "in [0, 1]"),
+    (float, {"gt": 0, "le": 1}, [1e-9, 1], [0, 2], "in (0, 1]"),
+    (float, {"ge": 0, "lt": 1}, [0, 0.99], [1, -1], "in [0, 1)"),
+    (float, {"ge": 1}, [1, 10**9], [0, -3], ">= 1"),
+    (float, {"gt": 1}, [1.01], [1, 0], "> 1"),
+    (Annotated[float, Field(ge=0, le=1)], {}, [0, 1], [2], "in [0, 1]"),   # bounds on the type, not the key
 ])
-def test_ranges(rng, ok, bad, text):
-    assert describe_range(rng) == text
+def test_ranges(tp, bounds, ok, bad, text):
+    model = one_key(tp, "r", **bounds)
+    assert describe_bounds(model.model_fields["r"].metadata) == text
     for v in ok:
-        check_value("algo.r", v, float, rng)
+        check_value("algo.r", v, tp, **bounds)
     for v in bad:
         with pytest.raises(ConfigError, match=re.escape(f"config key 'algo.r' must be {text}, got {v!r}")):
-            check_value("algo.r", v, float, rng)
-    check_value("algo.r", None, Optional[float], rng)  # null skips the bounds
+            check_value("algo.r", v, tp, **bounds)
+    assert check_value("algo.r", None, Optional[tp], **bounds) is None  # null skips the bounds
 
 
 def test_fixed_length_lists_and_bounds_of_their_items():
-    check_value("optim.betas", [0.9, 0.999], tuple[float, float], "[0, 1)")
-    check_value("optim.betas", (0, 0.5), tuple[float, float], "[0, 1)")
+    optim = config_mod.OptimSection   # optim.betas: a list of 2 numbers in [0, 1)
+    assert describe(optim.model_fields["betas"].annotation) == "a list of 2 numbers"
+    assert validate_section(optim, {"betas": [0.9, 0.999]}, "optim.").betas == (0.9, 0.999)
+    assert validate_section(optim, {"betas": (0, 0.5)}, "optim.").betas == (0, 0.5)
     for value in ("hello", [0.9], [0.9, 0.99, 0.999], [0.9, "x"], 0.9):
         with pytest.raises(ConfigError, match=r"config key 'optim.betas' must be a list of 2 numbers, got"):
-            check_value("optim.betas", value, tuple[float, float], "[0, 1)")
+            validate_section(optim, {"betas": value}, "optim.")
     with pytest.raises(ConfigError, match=re.escape("'optim.betas' must hold values in [0, 1), got [0.9, 1.0]")):
-        check_value("optim.betas", [0.9, 1.0], tuple[float, float], "[0, 1)")
-    check_value("k", [1, 2, 3], list[int], "[1, inf)")
+        validate_section(optim, {"betas": [0.9, 1.0]}, "optim.")
+    counts = list[Annotated[Int, Field(ge=1)]]
+    assert check_value("k", [1, 2, 3], counts) == [1, 2, 3]
     with pytest.raises(ConfigError, match="must hold values >= 1"):
-        check_value("k", [1, 0], list[int], "[1, inf)")
+        check_value("k", [1, 0], counts)
 
 
 def test_bad_interval_declaration_fails_at_import():
-    with pytest.raises(ValueError, match="bad interval"):
-        bounded(1, "1..2")
+    with pytest.raises(SchemaError, match="'ge' must be coercible to an integer"):
+        class Bad(Section):   # a bound that is no number fails when the class is declared, not when it is used
+            k: Int = key(1, "a key", ge="1..2")
 
 
-@dataclass
 class ToyConfig(LearnerConfig):
     needs_peer: ClassVar[bool] = True
-    mode: Literal["a", "b"] = "a"
-    k: int = bounded(1, "[1, inf)")
-    pair: list = field(default_factory=lambda: [1, 2])
+    mode: Literal["a", "b"] = key("a", "a choice")
+    k: Int = key(1, "a count", ge=1)
+    pair: list = key(lambda: [1, 2], "a list (a fresh one per object)")
 
-    def check(self, run_cfg):
-        super().check(run_cfg)
-        if self.mode == "b" and self.k > run_cfg["rollout"]["n"]:
+    def check(self, run: LearnerFacts):
+        super().check(run)
+        if self.mode == "b" and self.k > run.n:
             raise ConfigError(f"config key 'algo.k' must be <= rollout.n with mode=b, got {self.k}")
 
 
-def run(source="online", n=4, name="toy"):
-    return {"rollout": {"n": n}, "peer": {"source": source}, "algo": {"name": name}}
+@pytest.fixture
+def toy(monkeypatch):
+    """``ToyConfig`` registered as the ``algo.*`` section of algorithm ``toy`` (for this test only)."""
+    monkeypatch.setitem(registry._CONFIGS, "toy", ToyConfig)
 
 
-def test_validate_fields_then_peer_then_cross_field_rules():
-    validate(build(ToyConfig, {"mode": "b", "k": 4}), run())
+def run(*overrides, source="online", n=4):
+    """The micro pair trained by the toy algorithm, through load_config's one validation pass."""
+    return load_config(pair="micro", algo="toy", overrides=["run.track=false", f"peer.source={source}",
+                                                            f"rollout.n={n}", *overrides])
+
+
+def test_validate_fields_then_peer_then_cross_field_rules(toy):
+    assert (run("algo.mode=b", "algo.k=4").algo.mode, run("algo.mode=b", "algo.k=4").algo.k) == ("b", 4)
     with pytest.raises(ConfigError, match="config key 'algo.mode'"):
-        validate(build(ToyConfig, {"mode": "c"}), run())
+        run("algo.mode=c")
+    with pytest.raises(ConfigError, match="config key 'algo.mode'"):   # the fields before the peer
+        run("algo.mode=c", source="none")
     with pytest.raises(ConfigError, match="config key 'algo.k' must be >= 1, got 0"):
-        validate(build(ToyConfig, {"k": 0}), run())
+        run("algo.k=0")
     with pytest.raises(ConfigError, match="algorithm 'toy' .* needs a peer source"):
-        validate(build(ToyConfig, {}), run(source="none"))
+        run(source="none")
+    with pytest.raises(ConfigError, match="algorithm 'toy' .* needs a peer source"):   # the peer before the rules
+        run("algo.mode=b", "algo.k=5", source="none")
     with pytest.raises(ConfigError, match="'algo.k' must be <= rollout.n"):
-        validate(build(ToyConfig, {"mode": "b", "k": 5}), run())
+        run("algo.mode=b", "algo.k=5")
     with pytest.raises(ConfigError, match="config key 'algo.adv_eps'"):  # the base class's declarations too
-        validate(build(ToyConfig, {"adv_eps": -1.0}), run())
+        run("algo.adv_eps=-1.0")
 
 
-def test_build_checks_nothing_and_fills_defaults():
-    obj = build(ToyConfig, {"mode": "c", "k": 0})     # no check: the values were checked before
-    assert (obj.mode, obj.k, obj.pair, obj.adv_eps) == ("c", 0, [1, 2], 1e-6)
-    assert build(ToyConfig, {}).pair is not build(ToyConfig, {}).pair
+def test_build_checks_nothing_and_fills_defaults(toy):
+    cfg = run()
+    obj = with_values(cfg, {"algo.mode": "c", "algo.k": 0}).algo   # a derived copy: no check, the values were
+    assert (obj.mode, obj.k, obj.pair, obj.adv_eps) == ("c", 0, [1, 2], 1e-6)   # checked before
+    assert ToyConfig().pair is not ToyConfig().pair
     with pytest.raises(ConfigError, match="unknown config key 'algo.kk'"):
-        build(ToyConfig, {"kk": 1})
+        ToyConfig(kk=1)
+    with pytest.raises(ConfigError, match="unknown config key 'algo.kk'"):
+        run("algo.kk=1")
 
 
 def test_direct_construction_checks_the_declared_fields():
@@ -177,7 +211,7 @@ def test_direct_construction_checks_the_declared_fields():
         DAPOConfig(on_shortfall="eror")
     with pytest.raises(ConfigError, match="algo.tau"):
         SGTConfig(tau=1.0)
-    ToyConfig(mode="b", k=99)  # a run-dependent rule needs the run config: checked by load_config
+    ToyConfig(mode="b", k=99)  # a run-dependent rule needs the run's facts: checked by load_config
 
 
 def test_a_redeclared_default_keeps_the_base_bounds():
@@ -188,8 +222,8 @@ def test_a_redeclared_default_keeps_the_base_bounds():
 
 def test_declared_choices_match_the_code_that_uses_them():
     assert get_args(LossAgg) == AGG_MODES
-    assert set(get_args(get_type_hints(OMGRPOConfig)["contrast_template"])) == set(CONTRAST_TEMPLATES)
-    assert get_args(get_type_hints(SGTConfig)["gate"]) == SGT_GATES
+    assert set(get_args(OMGRPOConfig.model_fields["contrast_template"].annotation)) == set(CONTRAST_TEMPLATES)
+    assert get_args(SGTConfig.model_fields["gate"].annotation) == SGT_GATES
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,9 +237,10 @@ def micro(algo, *overrides):
 def test_every_algorithm_resolves_to_its_config_defaults():
     for entry in list_algos()[0]:
         cfg = micro(entry.name, "peer.source=online")
-        want = dataclasses.asdict(entry.cls.Config())
-        assert cfg["algo"] == {"name": entry.name, **want}, entry.name
-        assert algo_config(cfg) == entry.cls.Config()
+        want = entry.cls.Config().model_dump()
+        assert cfg.algo.model_dump() == {**want, "name": entry.name}, entry.name
+        assert as_dict(cfg)["algo"] == {**entry.cls.Config().model_dump(mode="json"), "name": entry.name}
+        assert type(cfg.algo) is entry.cls.Config and cfg.algo == entry.cls.Config(name=entry.name)
 
 
 @pytest.mark.parametrize("override,key", [
@@ -237,30 +272,53 @@ def test_cross_field_and_run_dependent_rules_at_load(algo, overrides, match):
 
 def test_derived_values_are_resolved_once_and_kept():
     cfg = micro("hacpo", "peer.source=online", "algo.self_clip=[0.1, 0.2]", "algo.ratio_clamp=[0.5, 2]")
-    assert cfg["algo"]["seq_clip"] == [0.1, 0.2]
-    assert cfg["algo"]["ratio_clamp"] == [0.5, 2.0] and isinstance(cfg["algo"]["ratio_clamp"][1], float)
-    obj = algo_config(cfg)
+    assert cfg.algo.seq_clip == [0.1, 0.2]
+    assert cfg.algo.ratio_clamp == [0.5, 2.0] and isinstance(cfg.algo.ratio_clamp[1], float)
+    assert as_dict(cfg)["algo"]["seq_clip"] == [0.1, 0.2] and as_dict(cfg)["algo"]["ratio_clamp"] == [0.5, 2.0]
+    obj = cfg.algo
     assert (obj.seq_clip, obj.self_clip) == ([0.1, 0.2], [0.1, 0.2])
 
 
 def test_the_config_is_checked_once_and_built_without_a_second_check(monkeypatch):
-    calls = []
+    calls, loaded = [], []
     real = HORAConfig.check
-    monkeypatch.setattr(HORAConfig, "check", lambda self, run_cfg: (calls.append(1), real(self, run_cfg)))
+
+    def counted(self, run):
+        if loaded:
+            pytest.fail("checked again")
+        calls.append(1)
+        return real(self, run)
+
+    monkeypatch.setattr(HORAConfig, "check", counted)
     cfg = micro("hora", "algo.n0=3")
     assert len(calls) == 1
-    monkeypatch.setattr(config_mod, "validate_algo", lambda *a, **k: pytest.fail("checked again"))
-    monkeypatch.setattr("graftzoo.contract.schema.check_fields", lambda *a, **k: pytest.fail("checked again"))
-    obj = algo_config(cfg)
-    assert isinstance(obj, HORAConfig) and obj.n0 == 3 and len(calls) == 1
+    loaded.append(True)
+    # from here on, nothing may validate the algo section again: not its check, not pydantic, not the schema
+    again = lambda *a, **k: pytest.fail("checked again")   # noqa: E731
+    monkeypatch.setattr(HORAConfig, "model_validate", classmethod(again))
+    monkeypatch.setattr(HORAConfig, "__init__", again)
+    real_validate = schema_mod.validate_section
+
+    def validate_section_(model, *a, **k):
+        if isinstance(model, type) and issubclass(model, LearnerConfig):
+            pytest.fail("checked again")
+        return real_validate(model, *a, **k)
+
+    monkeypatch.setattr(schema_mod, "validate_section", validate_section_)
+    monkeypatch.setattr(config_mod, "validate_section", validate_section_)
+    learner = get_algo("hora")(cfg.algo, LearnerFacts.of(cfg))   # what the trainer builds from the config
+    derived = with_values(cfg, {"run.name": "x"})
+    obj = learner.cfg
+    assert isinstance(obj, HORAConfig) and obj.n0 == 3 and obj is cfg.algo and learner.n0 == 3
+    assert derived.algo is cfg.algo and as_dict(cfg)["algo"]["n0"] == 3 and len(calls) == 1
 
 
 # ------------------------------------------------------------------------------------------------
-# every core key: declared type and bounds, cross-field rules, overrides that are not YAML (issue 11)
+# every core key: declared type and bounds, cross-field rules, overrides that are not YAML
 # ------------------------------------------------------------------------------------------------
 
 CORE_BAD = [
-    # issue 11, point 3: values that cannot train
+    # values that cannot train
     ("rollout.n=0", "rollout.n"), ("task.prompts_per_step=0", "task.prompts_per_step"), ("run.steps=-5", "run.steps"),
     ("optim.minibatches=0", "optim.minibatches"), ("optim.minibatches=100", "optim.minibatches"),
     ("optim.minibatches=5", "optim.minibatches"),           # micro: 4 prompts (groups) per step
@@ -268,7 +326,7 @@ CORE_BAD = [
     ("rollout.temperature=0", "rollout.temperature"), ("rollout.temperature=-1", "rollout.temperature"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens"), ("rollout.max_new_tokens=1.5", "rollout.max_new_tokens"),
     ("rollout.max_new_tokens=.inf", "rollout.max_new_tokens"),
-    # issue 11, point 9: values that raised a traceback
+    # values that once raised a traceback
     ("run.steps=abc", "run.steps"), ("run.seed=abc", "run.seed"), ("run.seed=1.5", "run.seed"),
     ("optim.lr=-1", "optim.lr"), ("optim.lr=abc", "optim.lr"), ("optim.lr=.inf", "optim.lr"),
     ("optim.lr=.nan", "optim.lr"),
@@ -303,12 +361,12 @@ CORE_BAD = [
     ("rollout.top_k=-1", "rollout.top_k"), ("rollout.max_prompt_tokens=0", "rollout.max_prompt_tokens"),
     ("rollout.gen_batch_size=0", "rollout.gen_batch_size"), ("rollout.recompute_old_logp=maybe",
                                                               "rollout.recompute_old_logp"),
-    ("rollout.stop=Problem", "rollout.stop"), ("rollout.stop=[3]", "rollout.stop"),  # issue 15: stop strings
+    ("rollout.stop=Problem", "rollout.stop"), ("rollout.stop=[3]", "rollout.stop"),  # stop strings
     ("optim.eps=0", "optim.eps"), ("optim.weight_decay=-0.1", "optim.weight_decay"),
     ("optim.warmup_steps=-1", "optim.warmup_steps"), ("optim.grad_clip=-1", "optim.grad_clip"),
     ("optim.epochs=0", "optim.epochs"), ("peer.mix_ratio=2", "peer.mix_ratio"), ("peer.path=[a]", "peer.path"),
     ("xt.append_eos_if_stopped=3", "xt.append_eos_if_stopped"), ("store.enabled=sometimes", "store.enabled"),
-    # issues 13 and 14: the engine and memory keys
+    # the engine and memory keys
     ("rollout.vllm.dtype=int8", "rollout.vllm.dtype"), ("rollout.vllm.kv_cache_gb=0", "rollout.vllm.kv_cache_gb"),
     ("rollout.vllm.gpu_memory_utilization=1.5", "rollout.vllm.gpu_memory_utilization"),
     ("rollout.vllm.weight_sync=rdma", "rollout.vllm.weight_sync"),
@@ -317,13 +375,13 @@ CORE_BAD = [
     ("optim.max_tokens_per_micro=0", "optim.max_tokens_per_micro"), ("optim.precision=fp8", "optim.precision"),
     ("model.gradient_checkpointing=maybe", "model.gradient_checkpointing"),
     ("pair.models=[{id: a, device: 1}]", "pair.models[a].device"),
-    # issue 14: where the models run
+    # where the models run
     ("run.backend=slurm", "run.backend"), ("ray.num_workers=0", "ray.num_workers"),
     ("ray.cpus_per_worker=0", "ray.cpus_per_worker"), ("ray.gpus_per_worker=-1", "ray.gpus_per_worker"),
     ("ray.placement=ANYWHERE", "ray.placement"), ("ray.ready_timeout_s=0", "ray.ready_timeout_s"),
     ("ray.collective_timeout_s=0", "ray.collective_timeout_s"), ("ray.num_cpus=0", "ray.num_cpus"),
     ("pair.models=[{id: a, num_workers: 0}]", "pair.models[a].num_workers"),
-    # issue 15: LoRA
+    # LoRA
     ("model.lora=4", "model.lora"), ("model.lora={r: 0}", "model.lora.r"), ("model.lora={r: 2.5}", "model.lora.r"),
     ("model.lora={alpha: 0}", "model.lora.alpha"), ("model.lora={alpha: x}", "model.lora.alpha"),
     ("model.lora={dropout: 1}", "model.lora.dropout"), ("model.lora={dropout: -0.1}", "model.lora.dropout"),
@@ -360,20 +418,20 @@ def test_the_messages_say_why():
 
 @pytest.mark.parametrize("overrides,check", [
     (["rollout.temperature=0.6", "rollout.top_p=1", "eval.top_p=0.95", "eval.temperature=0.1"],
-     lambda c: c["rollout"]["temperature"] == 0.6 and c["eval"]["top_p"] == 0.95),
-    (["optim.grad_clip=0"], lambda c: c["optim"]["grad_clip"] == 0),      # 0 or null: no clipping
-    (["optim.grad_clip=null", "optim.warmup_steps=null"], lambda c: c["optim"]["grad_clip"] is None),
+     lambda c: c.rollout.temperature == 0.6 and c.eval.top_p == 0.95),
+    (["optim.grad_clip=0"], lambda c: c.optim.grad_clip == 0),      # 0 or null: no clipping
+    (["optim.grad_clip=null", "optim.warmup_steps=null"], lambda c: c.optim.grad_clip is None),
     (["rollout.max_new_tokens=1e3", "run.steps=2e1"],                     # an integral float is an integer
-     lambda c: c["rollout"]["max_new_tokens"] == 1000 and type(c["run"]["steps"]) is int),
-    (["optim.lr=3e-5", "optim.eps=1e-6"], lambda c: c["optim"]["lr"] == 3e-5 and c["optim"]["eps"] == 1e-6),
-    (["optim.betas=[0, 0.5]", "optim.weight_decay=0.01"], lambda c: c["optim"]["betas"] == [0, 0.5]),
-    (["optim.minibatches=4", "run.epochs=2"], lambda c: c["optim"]["minibatches"] == 4),
+     lambda c: c.rollout.max_new_tokens == 1000 and type(c.run.steps) is int),
+    (["optim.lr=3e-5", "optim.eps=1e-6"], lambda c: c.optim.lr == 3e-5 and c.optim.eps == 1e-6),
+    (["optim.betas=[0, 0.5]", "optim.weight_decay=0.01"], lambda c: list(c.optim.betas) == [0, 0.5]),
+    (["optim.minibatches=4", "run.epochs=2"], lambda c: c.optim.minibatches == 4),
     (["eval.size=null", "eval.max_new_tokens=null", "eval.val_size=null", "run.save_every=null"],
-     lambda c: c["eval"]["size"] is None),
+     lambda c: c.eval.size is None),
     (["task.reward_correct=1", "task.reward_wrong=-1", "task.verifier_budget=null"],
-     lambda c: c["task"]["reward_wrong"] == -1),
-    (["eval.benchmarks=all", "run.wandb_mode=disabled", "run.tags=[a, b]"], lambda c: c["eval"]["benchmarks"] == "all"),
-    (['peer.source=mixed', 'peer.path="2024"', "peer.mix_ratio=0.5"], lambda c: c["peer"]["path"] == "2024"),
+     lambda c: c.task.reward_wrong == -1),
+    (["eval.benchmarks=all", "run.wandb_mode=disabled", "run.tags=[a, b]"], lambda c: c.eval.benchmarks == "all"),
+    (['peer.source=mixed', 'peer.path="2024"', "peer.mix_ratio=0.5"], lambda c: c.peer.path == "2024"),
 ])
 def test_valid_values_are_kept(overrides, check):
     cfg = micro("graft" if any(o.startswith("peer.source") for o in overrides) else "grpo", *overrides)
@@ -383,7 +441,7 @@ def test_valid_values_are_kept(overrides, check):
 def test_a_peer_path_from_the_command_line_stays_a_string():
     from graftzoo.apps.options import peer_option
     cfg = micro("graft", *peer_option(None, None, "stored:2024"))
-    assert (cfg["peer"]["source"], cfg["peer"]["path"]) == ("stored", "2024")
+    assert (cfg.peer.source, cfg.peer.path) == ("stored", "2024")
     with pytest.raises(ConfigError, match="'peer.path' must be a string or null, got 2024"):  # YAML: quote it
         micro("graft", "peer.source=stored", "peer.path=2024")
 
@@ -407,13 +465,13 @@ def test_every_shipped_config_loads():
         for algo in presets + algos:
             if two:
                 cfg = load_config(pair=pair, algo=algo, overrides=["peer.source=online"])
-            else:  # a one-model pair (issue 16's GRPO baselines) trains every algorithm that needs no peer
+            else:  # a one-model pair (the GRPO baselines) trains every algorithm that needs no peer
                 try:
                     cfg = load_config(pair=pair, algo=algo)
                 except ConfigError as e:
                     assert "needs a peer source" in str(e), (pair, algo, e)
                     continue
-            assert cfg["pair"]["name"] == pair
+            assert cfg.pair.name == pair
     from graftzoo.apps import grid as G
     files = sorted((CONFIGS / "grids").glob("*.yaml")) + sorted(
         p for p in (CONFIGS / "demo").glob("*.yaml") if p.stem != "demo")   # demo.yaml: the demo's plan, no grid

@@ -48,6 +48,10 @@ class Section(BaseModel):
         except ValidationError as e:
             raise config_error(e, type(self), data, self.key_prefix) from None
 
+    # pydantic calls a model's own __init__ while validating a section that nests it, unless marked as its base
+    # __init__: the nested section's error would then lose the path of its key (``model.lora.r``).
+    __init__.__pydantic_base_init__ = True
+
 
 def key(default: Any = ..., doc: str = "", *, why: str | None = None, **bounds) -> Any:
     """A declared field: ``default``, a one-line ``doc``, pydantic bounds (``ge``, ``gt``, ``le``, ``lt``) and
