@@ -1,6 +1,6 @@
 """The Learner interface and the per-step context the trainer hands it.
 
-One training step, for each model (DESIGN.md "The data that flows"):
+One training step, for each model (docs/architecture.md#one-training-step):
 
     groups = learner.collect(ctx, prompts)          # allocate -> generate -> score
     groups = learner.advantages(ctx, groups)        # Group.advantages: the one advantage channel
@@ -15,7 +15,7 @@ token-level, or sequence-level values for some rows), an auxiliary length-normal
 rows, an entropy bonus and a k3 KL over own rows. What differs between algorithms is stated on the
 data (Rollout.role / loss_mask / kl_mask / old_logp, Group.advantages / weights) or in a small hook,
 never by re-patching rows. A Learner overrides only the hooks it changes; this base class is GRPO
-(spec algos_single §1.1). The trainer never branches on an algorithm's name.
+(docs/algorithms.md#grpo). The trainer never branches on an algorithm's name.
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class StepContext:
         """Extra prompts beyond the step's batch (DAPO dynamic sampling refills)."""
         return self.sampler.extra(self.step, k)
 
-    # -- cross-tokenizer exchange (spec algos_peer §1.4) ---------------------------------------
+    # -- cross-tokenizer exchange (docs/algorithms.md#cross-tokenizer-exchange) ---------------------------------------
     def localize(self, groups) -> list:
         """Re-tokenize other models' rollouts for this learner and score them under theta_old.
 
@@ -129,7 +129,7 @@ class Learner:
         return ctx.score(ctx.generate(prompts, self.allocate(ctx, prompts)))
 
     def advantages(self, ctx: StepContext, groups) -> list:
-        """Group-relative advantages (spec algos_single §1.1 step 3, §1.4 for RLOO)."""
+        """Group-relative advantages (docs/algorithms.md#group-advantage, docs/algorithms.md#rloo for RLOO)."""
         rewards, index = [], []
         for gi, g in enumerate(groups):
             rewards += self.shaped_rewards(ctx, g)
@@ -206,7 +206,7 @@ class Learner:
         return [list(range(start, end)) for start, end in minibatch_bounds(len(batch.groups), k)]
 
     def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
-        """The policy-gradient part for own and peer rows (spec algos_single §1.1.2): the clipped surrogate with
+        """The policy-gradient part for own and peer rows (docs/algorithms.md#clipped-surrogate): the clipped surrogate with
         the run's shared clip (``self.clip``, config keys ``optim.clip.*``)."""
         c = self.clip
         tok, info = clipped_surrogate(logp, mb.old_logp, mb.advantages, c["eps_low"], c["eps_high"], c["dual_clip_c"])
@@ -308,7 +308,7 @@ def require_peer(name: str, run: LearnerFacts, peer=()):
 
 
 def log_compatibility(ctx: StepContext, rollouts):
-    """``peer/s_*`` of localized peer responses: ``s = exp(l_L - l_P)`` under theta_old (spec algos_peer §1.4 item 4)."""
+    """``peer/s_*`` of localized peer responses: ``s = exp(l_L - l_P)`` under theta_old (docs/algorithms.md#cross-tokenizer-exchange)."""
     if rollouts:
         s = compatibility_score(torch.tensor([r.mean_logp for r in rollouts], dtype=torch.float64),
                                 torch.tensor([r.origin.mean_logp for r in rollouts], dtype=torch.float64))

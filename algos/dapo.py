@@ -1,4 +1,4 @@
-"""DAPO [dapo] (spec algos_single §1.3): clip-higher, dynamic sampling, overlong shaping, token-mean."""
+"""DAPO [dapo] (docs/algorithms.md#dapo): clip-higher, dynamic sampling, overlong shaping, token-mean."""
 
 import torch
 

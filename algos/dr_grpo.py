@@ -1,4 +1,4 @@
-"""Dr. GRPO [dr_grpo] (spec algos_single §1.2): no std normalization, constant-normalizer aggregation."""
+"""Dr. GRPO [dr_grpo] (docs/algorithms.md#dr-grpo): no std normalization, constant-normalizer aggregation."""
 
 from graftzoo.algos.base import Learner
 from graftzoo.algos.config import DrGRPOConfig

@@ -1,4 +1,4 @@
-"""Text embedders for ExTra's novelty reward and prefix smoothing (spec algos_single §3.2, §3.3 step 4).
+"""Text embedders for ExTra's novelty reward and prefix smoothing (docs/algorithms.md#extra-novelty-bonus, docs/algorithms.md#extra-prefix-regeneration).
 
 ``make_embedder(name)`` returns an object with ``embed(texts, policy=None) -> FloatTensor[N, d]``:
 

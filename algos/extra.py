@@ -1,18 +1,18 @@
-"""ExTra [extra] (spec algos_single §3): a novelty bonus on correct responses and entropy-guided prefix
+"""ExTra [extra] (docs/algorithms.md#extra): a novelty bonus on correct responses and entropy-guided prefix
 regeneration, on top of GRPO.
 
-Novelty (§3.2): every rollout's tail text is embedded (``algo.embedder``, graftzoo.algos.embedders); each
+Novelty (docs/algorithms.md#extra-novelty-bonus): every rollout's tail text is embedded (``algo.embedder``, graftzoo.algos.embedders); each
 prompt keeps a FIFO of its last ``memory_size`` rollout embeddings; once it holds ``rollout.n`` of
 them, ``nov_i`` = nearest-neighbour cosine distance to that memory and the sibling rollouts.
 Option B (``novelty_mode: after_norm``, RECOMMENDED): ``A_i = GRPO(r)_i + alpha * nov_i * 1[correct]``;
 Option A (``before_norm``): the bonus, scaled by ``exp(-lambda * reward-variance EMA)``, is added to
 the reward before GRPO normalization.
 
-Prefix regeneration (§3.3): for hard prompts (pass rate <= 1/G) the most confident rollout (lowest mean
-token entropy under theta_old) is cut after newlines (no newline: no prefix, spec §3.3 step 3; the option
+Prefix regeneration (docs/algorithms.md#extra-prefix-regeneration): for hard prompts (pass rate <= 1/G) the most confident rollout (lowest mean
+token entropy under theta_old) is cut after newlines (no newline: no prefix, docs/algorithms.md#extra-prefix-regeneration; the option
 ``fallback_cut_chars``, e.g. "=+" for the tiny models' newline-free scratchpads, cuts after those tokens
 instead); each prefix is scored by its mean entropy and kept in the prompt's prefix memory; the prefix
-with the lowest similarity-smoothed score is queued with the prompt, which keeps its own gold answer (§3.7.1).
+with the lowest similarity-smoothed score is queued with the prompt, which keeps its own gold answer (docs/algorithms.md#extra-prefix-regeneration).
 After ``regen_warmup_steps`` steps, queued prompts replace the tail of the batch and are generated from
 their prefix (``Rollout.prefix_len``; prefix tokens carry no loss). A guided prompt is its own group, with
 its own memories.
@@ -41,7 +41,7 @@ from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Prompt
 
 NEWLINES = ("\n", "\n\n")
-SCAN_IDS = 1000  # vocabulary ids scanned for tokens that decode to a cut string (spec §3.3 step 3)
+SCAN_IDS = 1000  # vocabulary ids scanned for tokens that decode to a cut string (docs/algorithms.md#extra-prefix-regeneration)
 ENTROPY_BATCH = 64
 
 
@@ -89,7 +89,7 @@ class ExTra(Learner):
         return groups
 
     def _cut_ids(self, policy) -> tuple:
-        """(newline token ids, fallback cut token ids) of the policy's tokenizer (spec §3.3 step 3)."""
+        """(newline token ids, fallback cut token ids) of the policy's tokenizer (docs/algorithms.md#extra-prefix-regeneration)."""
         if self._cuts is None:
             chars = tuple(self.cfg.fallback_cut_chars)
             self._cuts = (policy.token_ids_decoding_to(NEWLINES, scan=SCAN_IDS),
@@ -97,7 +97,7 @@ class ExTra(Learner):
         return self._cuts
 
     def _mine(self, ctx, groups):
-        """Hard prompts -> most confident rollout -> prefixes -> prefix memory -> queue (spec §3.3 steps 1-6)."""
+        """Hard prompts -> most confident rollout -> prefixes -> prefix memory -> queue (docs/algorithms.md#extra-prefix-regeneration)."""
         c = self.cfg
         pooled: dict = {}
         for g in groups:
@@ -109,7 +109,7 @@ class ExTra(Learner):
             return
         newline, fallback = self._cut_ids(ctx.policy)
         rolls = [r for _, rs in hard for r in rs]
-        with ctx.phase("logprob"):  # token entropies under theta_old (spec §3.3, "old-log-prob pass")
+        with ctx.phase("logprob"):  # token entropies under theta_old (docs/algorithms.md#extra-prefix-regeneration, "old-log-prob pass")
             _, ents = ctx.policy.score_sequences([r.prompt_token_ids for r in rolls], [r.token_ids for r in rolls],
                                                  with_entropy=True, chunk=ENTROPY_BATCH)
         pos, queued = 0, 0
@@ -141,7 +141,7 @@ class ExTra(Learner):
 
     # ---- advantages ------------------------------------------------------------------------
     def advantages(self, ctx, groups):
-        """GRPO + novelty (spec §3.2 Option B, or Option A with ``novelty_mode: before_norm``)."""
+        """GRPO + novelty (docs/algorithms.md#extra-novelty-bonus Option B, or Option A with ``novelty_mode: before_norm``)."""
         if not groups:
             return groups
         c = self.cfg
@@ -196,7 +196,7 @@ class ExTra(Learner):
 
 
 def _guided(prompt: Prompt, prefix: list) -> Prompt:
-    """The guided prompt: the original problem (and its gold, spec §3.7.1) under its own id, so that it
+    """The guided prompt: the original problem (and its gold, docs/algorithms.md#extra-prefix-regeneration) under its own id, so that it
     forms its own group with its own memories."""
     origin = prompt.metadata.get("extra_origin", prompt.id)
     digest = hashlib.blake2b(str(list(prefix)).encode(), digest_size=6).hexdigest()

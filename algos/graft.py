@@ -1,15 +1,15 @@
-"""GRAFT [graft] (spec algos_peer §4, keys §6): Gated Replacement of Answer-Failed groups with peer Trajectories.
+"""GRAFT [graft] (docs/algorithms.md#graft, keys docs/algorithms.md#peer-exchange): Gated Replacement of Answer-Failed groups with peer Trajectories.
 
 Per step, for each learner (all decisions under theta_old, before any update):
 
-1. **Which** (``select``; §4.3 steps 2-3): every prompt where the learner's group is all-fail and the peer's
+1. **Which** (``select``; docs/algorithms.md#graft-which-groups): every prompt where the learner's group is all-fail and the peer's
    group is mixed is replaced by the **whole** peer group, successes and failures with their peer advantages:
    the sourced "balanced exchange", with no cap. ``select=random_count_matched`` replaces as many prompts,
-   drawn at random ("Count-matched random prompt selection", §4.4.4). ``select=sgt_rescue`` is "w/o balanced
-   exchange", the same configuration as "SGT + GRAFT how" (§4.4.4): SGT's rescue set (learner all-fail, peer
+   drawn at random ("Count-matched random prompt selection", docs/algorithms.md#graft-ablations). ``select=sgt_rescue`` is "w/o balanced
+   exchange", the same configuration as "SGT + GRAFT how" (docs/algorithms.md#graft-ablations): SGT's rescue set (learner all-fail, peer
    has a verified success), only the peer's successes are transferred; from a mixed peer group they keep
    their peer advantages, from an all-success peer group (zero peer advantage) up to ``k_inj`` of them (SGT's
-   ``algo.k_inj``) are injected into the learner's group, whose GRPO advantages are recomputed (the §3.2
+   ``algo.k_inj``) are injected into the learner's group, whose GRPO advantages are recomputed (the docs/algorithms.md#sgt
    augmentation, as plain SGT does).
    EXTENSIONS, not in the sourced method and off by default (``balance=none``, ``max_peer_frac=1``):
    ``balance=cap_pvar`` caps the replaced prompts at ``floor(max_peer_frac * |B_t|)``, ranked by the peer's
@@ -17,19 +17,19 @@ Per step, for each learner (all decisions under theta_old, before any update):
 2. **Replacement** (step 4): the peer group takes the learner group's slot (the slot count is kept), its
    responses re-tokenized by XT (``ctx.localize``) and carrying the advantages the peer computed, reused as
    they are (``renorm_adv_after_gate`` recomputes them over the admitted responses instead).
-3. **Gate and weight** (step 5, §4.4.1): ``s = exp(clip(l_L - l_P, -10, 10))`` from the learner's theta_old mean
+3. **Gate and weight** (step 5, docs/algorithms.md#graft-compatibility-gate): ``s = exp(clip(l_L - l_P, -10, 10))`` from the learner's theta_old mean
    log-prob of the re-tokenized text and the peer's behaviour mean log-prob (EOS excluded on both sides);
    ``w = 1[s >= delta] * min(s, 1)`` (``weight=one``: ``w = 1[s >= delta]``). ``admission=all`` admits every
    grafted response with ``min(s, 1)``; ``admission=random_count_matched`` admits as many as the gate, at random.
    Rejected responses leave the loss and its denominator.
-4. **Token ratio** (§4.4.3): ``learner_old`` (T1) is PPO clipping against the learner's theta_old log-probs of the
+4. **Token ratio** (docs/algorithms.md#graft-loss-and-token-ratio): ``learner_old`` (T1) is PPO clipping against the learner's theta_old log-probs of the
    grafted text; ``cross_aligned`` (T2) uses the peer's per-token log-probs mapped onto learner tokens by
    character offsets; ``none`` drops clipping for grafted tokens (own tokens keep it).
 5. **Order** (step 6): grafted slots ``last`` / ``first`` / ``uniform`` over ``optim.minibatches``
    (``peer_minibatches=replace_slots``), or in minibatches of their own after (or before) minibatches of the
    own *informative* groups (``peer_minibatches=separate``; own groups with zero advantages are left out).
 
-``xt.append_eos_if_stopped`` and ``xt.overflow`` (spec §4.5) act inside ``ctx.localize``.
+``xt.append_eos_if_stopped`` and ``xt.overflow`` (docs/algorithms.md#graft-edge-cases) act inside ``ctx.localize``.
 """
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ class GRAFT(Learner):
             lg, k = local[x], len(local[x].rollouts)
             wx, ax = weights[pos:pos + k], admit[pos:pos + k]
             pos += k
-            if how == "augment":  # SGT + GRAFT how, all-success peer group: admitted successes injected (§3.2)
+            if how == "augment":  # SGT + GRAFT how, all-success peer group: admitted successes injected (docs/algorithms.md#sgt)
                 inj = [(r, w) for r, w, a in zip(lg.rollouts, wx, ax) if a]
                 if inj:
                     slots[x] = augment_group(groups[x], [r for r, _ in inj], ctx.rng, c.adv_eps,
@@ -117,7 +117,7 @@ class GRAFT(Learner):
         pG = [0 if p is None else p.n for p in pgs]
         if c.select == "sgt_rescue":
             # mixed peer group: its successes with their peer advantages; all-success peer group (zero peer
-            # advantage): SGT's rescue draw of up to k_inj successes, injected by augmentation (§3.2)
+            # advantage): SGT's rescue draw of up to k_inj successes, injected by augmentation (docs/algorithms.md#sgt)
             succ = [None if p is None or not g.all_fail else [i for i, r in enumerate(p.rollouts) if r.correct]
                     for g, p in zip(groups, pgs)]
             k_inj = min([int(c.k_inj), *lG])  # never more than a learner group's failures
@@ -157,7 +157,7 @@ class GRAFT(Learner):
         return Group(lg.prompt, lg.model_id, lg.rollouts, adv, "peer", list(weights))
 
     def _order(self, ctx: StepContext, slots: list) -> list:
-        """Grafted slots last / first / spread over the minibatches (spec §4.3 step 6)."""
+        """Grafted slots last / first / spread over the minibatches (docs/algorithms.md#graft-peer-last-order)."""
         own = [g for g in slots if g.source == "own"]
         grafted = [g for g in slots if g.source != "own"]
         if self.cfg.peer_minibatches == "separate":
@@ -181,7 +181,7 @@ class GRAFT(Learner):
 
     # ---- schedule and loss -------------------------------------------------------------------
     def slot_chunks(self, ctx: StepContext, batch: TrainBatch) -> list:
-        """``peer_minibatches=separate`` (spec §4.3 step 6, alternative): the own *informative* groups (some
+        """``peer_minibatches=separate`` (docs/algorithms.md#graft-peer-last-order, alternative): the own *informative* groups (some
         non-zero advantage) in minibatches, then the grafted slots in minibatches of their own; own groups
         with zero advantages (no gradient) are in no minibatch."""
         if self.cfg.peer_minibatches == "replace_slots":
@@ -197,7 +197,7 @@ class GRAFT(Learner):
         pg = super().surrogate(ctx, logp, mb)
         if self.cfg.token_ratio != "none" or not bool(mb.is_peer.any()):
             return pg
-        # w/o token-level ratio (spec §4.4.4): unclipped w * rho * A for grafted tokens, own tokens clipped
+        # w/o token-level ratio (docs/algorithms.md#graft-ablations): unclipped w * rho * A for grafted tokens, own tokens clipped
         ratio = torch.exp((logp - mb.old_logp).clamp(min=-20.0, max=20.0))
         free, _ = ratio_surrogate(ratio, mb.advantages, math.inf, math.inf)
         peer = mb.is_peer.unsqueeze(1)
@@ -209,7 +209,7 @@ class GRAFT(Learner):
 
 def aligned_old_logp(policy, generated: Rollout, r: Rollout) -> list:
     """T2: the peer's per-token log-probs of ``generated`` mapped onto the learner's tokens of ``r`` (its
-    localized copy) by character offsets (spec §4.4.3); the learner's EOS takes the peer's EOS log-prob,
+    localized copy) by character offsets (docs/algorithms.md#graft-loss-and-token-ratio); the learner's EOS takes the peer's EOS log-prob,
     else the learner's own. A stored rollout (``origin`` set) has no per-token log-probs."""
     if generated.char_offsets is None or generated.origin is not None:
         raise token_ratio_error(f"the peer's rollouts (model {generated.model_id}, prompt {generated.prompt_id})")

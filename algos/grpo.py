@@ -1,4 +1,4 @@
-"""GRPO [grpo] (spec algos_single §1.1): the Learner defaults, registered under its name."""
+"""GRPO [grpo] (docs/algorithms.md#grpo): the Learner defaults, registered under its name."""
 from graftzoo.algos.base import Learner
 from graftzoo.contract.registry import register_algo
 

@@ -1,4 +1,4 @@
-"""GSPO [gspo] (spec algos_single §1.5, algos_peer §1.3): sequence-level ratio and clipping."""
+"""GSPO [gspo] (docs/algorithms.md#gspo): sequence-level ratio and clipping."""
 
 from graftzoo.algos.base import Learner, MiniBatch, Surrogate
 from graftzoo.algos.functional import gspo_sequence_ratio, gspo_token_ratio, ratio_surrogate

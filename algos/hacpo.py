@@ -1,16 +1,16 @@
-"""HACPO [hacpo] (spec algos_peer §2): heterogeneous agents trained on the pooled rollouts.
+"""HACPO [hacpo] (docs/algorithms.md#hacpo): heterogeneous agents trained on the pooled rollouts.
 
 Each learner trains on its own G responses per prompt (GSPO, the base) and on the peer's G responses
-to the same prompt (cross samples, localized into its tokenizer, spec §1.4), ordered self first,
+to the same prompt (cross samples, localized into its tokenizer, docs/algorithms.md#cross-tokenizer-exchange), ordered self first,
 cross last. Cross samples get four corrections:
 
 1. capability-aware advantage: the group baseline is a capability-weighted mean over all 2G rewards
-   (§2.4.2, with the code's uniform-reward and binary-baseline guards);
-2. capability discrepancy coefficient: the cross advantage is scaled by ``P^_peer / P^_self`` (§2.4.3);
-3. exponential importance sampling ``c * sg[c]^alpha`` on the cross sequence ratio (§2.4.4);
-4. stepwise clipping of the cross ratio to ``[lower + u*step, 1]`` at optimizer update ``u`` (§2.4.5).
+   (docs/algorithms.md#hacpo-capability-aware-advantage, with the code's uniform-reward and binary-baseline guards);
+2. capability discrepancy coefficient: the cross advantage is scaled by ``P^_peer / P^_self`` (docs/algorithms.md#hacpo-capability-aware-advantage);
+3. exponential importance sampling ``c * sg[c]^alpha`` on the cross sequence ratio (docs/algorithms.md#hacpo-cross-sample-loss);
+4. stepwise clipping of the cross ratio to ``[lower + u*step, 1]`` at optimizer update ``u`` (docs/algorithms.md#hacpo-cross-sample-loss).
 
-The capabilities are sliding-window accuracies (§2.4.1) kept as learner state, so a checkpoint
+The capabilities are sliding-window accuracies (docs/algorithms.md#hacpo-capability-aware-advantage) kept as learner state, so a checkpoint
 resumes them. The KL term (``beta_kl``, 0.001 as in the run scripts) covers self samples only
 unless ``kl_on_cross``. ``select=graft_which`` ("HACPO + GRAFT which", GRAFT's Table 8) pools only the
 prompts GRAFT would replace (learner all-fail, peer mixed; ``graft_candidates``); default ``all``.
@@ -31,17 +31,17 @@ from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
 
-SELF, PEER = 0, 1  # source ids in the pooled group (spec §2.4.2: agent k = the learner, j = the peer)
+SELF, PEER = 0, 1  # source ids in the pooled group (docs/algorithms.md#hacpo-capability-aware-advantage: agent k = the learner, j = the peer)
 
 
 def accuracy(groups) -> Optional[float]:
-    """Fraction of responses with reward > 0 (the code's per-step accuracy, spec §2.3 step 4)."""
+    """Fraction of responses with reward > 0 (the code's per-step accuracy, docs/algorithms.md#hacpo-capability-aware-advantage)."""
     rolls = [r for g in groups for r in g.rollouts]
     return sum(1.0 for r in rolls if r.reward > 0) / len(rolls) if rolls else None
 
 
 def content_mask(r) -> list:
-    """1 per response token, 0 on a final EOS: the cross ratio compares EOS-free means (spec §1.4 item 4)."""
+    """1 per response token, 0 on a final EOS: the cross ratio compares EOS-free means (docs/algorithms.md#cross-tokenizer-exchange)."""
     body = len(r.body_ids)
     return [1.0] * body + [0.0] * (len(r.token_ids) - body)
 
@@ -52,7 +52,7 @@ class HACPO(GSPO):
 
     def __init__(self, cfg: HACPOConfig, run: LearnerFacts):
         super().__init__(cfg, run)
-        self.history: dict = {"self": [], "peer": []}   # per-step accuracies, newest last (§2.4.1)
+        self.history: dict = {"self": [], "peer": []}   # per-step accuracies, newest last (docs/algorithms.md#hacpo-capability-aware-advantage)
         self.kl_roles = ("own", "peer") if cfg.kl_on_cross else ("own",)
 
     # ---- capability ------------------------------------------------------------------------
@@ -61,7 +61,7 @@ class HACPO(GSPO):
             self.history[key] = (self.history[key] + [acc])[-int(self.cfg.capability_window):]
 
     def capabilities(self) -> tuple[float, float]:
-        """(P^_self, P^_peer): window means including the current step (spec §2.4.1)."""
+        """(P^_self, P^_peer): window means including the current step (docs/algorithms.md#hacpo-capability-aware-advantage)."""
         k = int(self.cfg.capability_window)
         return capability_estimate(self.history["self"], k), capability_estimate(self.history["peer"], k)
 
@@ -122,7 +122,7 @@ class HACPO(GSPO):
 
     # ---- loss: GSPO on self rows, clipped exponential-IS term on cross rows -------------------
     def cross_lower(self, update: int) -> float:
-        """The stepwise cross clip floor at the step's optimizer update ``update`` (spec §2.4.5)."""
+        """The stepwise cross clip floor at the step's optimizer update ``update`` (docs/algorithms.md#hacpo-cross-sample-loss)."""
         return stepwise_lower_bound(update, self.cfg.cross_clip_lower, self.cfg.cross_clip_step)
 
     def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
@@ -132,7 +132,7 @@ class HACPO(GSPO):
             return own
         lo = self.cross_lower(ctx.update)
         s = cross_sequence_ratio(sequence_mean_logp(logp, mb.loss_mask), mb.origin_mean_logp.to(logp.dtype))
-        cross = hacpo_cross_loss(s, mb.advantages, lo, self.cfg.alpha)  # [B]: one value per sequence (§2.4.4)
+        cross = hacpo_cross_loss(s, mb.advantages, lo, self.cfg.alpha)  # [B]: one value per sequence (docs/algorithms.md#hacpo-cross-sample-loss)
         pm = peer.unsqueeze(1).expand_as(own.token_loss)
 
         def wide(x):  # a sequence's value on each of its tokens, for the token-level clip metrics

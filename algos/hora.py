@@ -1,6 +1,6 @@
-"""HORA [hora] (spec algos_single §2): hit-utility optimal rollout allocation, compute-matched to GRPO.
+"""HORA [hora] (docs/algorithms.md#hora): hit-utility optimal rollout allocation, compute-matched to GRPO.
 
-Per step (§2.3, RECOMMENDED instantiation): a probe of ``n0`` rollouts per prompt is scored; the rest
+Per step (docs/algorithms.md#hora, RECOMMENDED instantiation): a probe of ``n0`` rollouts per prompt is scored; the rest
 of the GRPO budget ``B_tot = rollout.n * prompts`` is spread over the prompts by the exact greedy
 maximizer of the total posterior hit utility (``functional.hora_allocate``), at most ``cap`` extra
 rollouts per prompt; the extra rollouts are merged into the probe groups, so groups have different
@@ -32,7 +32,7 @@ class HORA(Learner):
 
     # ---- allocation ----------------------------------------------------------------------
     def allocate_extra(self, counts, budget: int, used=None) -> list:
-        """Extra rollouts per prompt for observed ``counts[i] = (s_i, f_i)`` and ``budget`` (spec §2.2):
+        """Extra rollouts per prompt for observed ``counts[i] = (s_i, f_i)`` and ``budget`` (docs/algorithms.md#hora):
         the greedy hit-utility allocation with cap ``m_max``; ``used[i]`` extra rollouts already given
         in earlier rounds lower that prompt's remaining cap (a round's share above it is not spent)."""
         c = self.cfg

@@ -1,7 +1,7 @@
-"""OM-GRPO [om_grpo] (spec algos_single §4): label-free RLVR with a soft consensus reward and no gradient
+"""OM-GRPO [om_grpo] (docs/algorithms.md#om-grpo): label-free RLVR with a soft consensus reward and no gradient
 on the answer span.
 
-Per step (§4.2): G trajectories per question; each one's final answer ``z_i`` (the last ``\\boxed{}``,
+Per step (docs/algorithms.md#om-grpo-consensus-reward): G trajectories per question; each one's final answer ``z_i`` (the last ``\\boxed{}``,
 or with ``answer_format: any`` whatever the verifier's extractor finds, e.g. the number after the last
 '=' of a tiny-model scratchpad); with contrast-augmented rewards (CAR) every ordered pair (i, j) of
 trajectories is shown to the policy, which answers once more: these G(G-1) short answers only vote.
@@ -12,7 +12,7 @@ verifier (``answers_equivalent``). The tokens of the answer span get loss weight
 context (``contrast_template: compact`` suits tiny models).
 
 Rollouts are never marked correct (there are no labels): accuracy comes from evaluation. The learner never reads gold answers: it works on copies of the prompts without gold or metadata and
-never calls the environment's label-based scoring. ``ttt: true`` (§4.6) trains on the held-out
+never calls the environment's label-based scoring. ``ttt: true`` (docs/algorithms.md#om-grpo-consensus-reward) trains on the held-out
 evaluation prompts (``eval.dataset``, else the task's test split of ``eval.size`` prompts), one
 seeded pass after another, so the final evaluation measures test-time training on those same questions.
 """
@@ -70,7 +70,7 @@ class OMGRPO(Learner):
 
     def self_score(self, ctx, groups, votes):
         """Soft consensus reward over the answer pool: the groups' own answers plus ``votes[g]``, the CAR
-        answers of group g (spec §4.2 steps 2-5). Sets reward, extracted, status of every rollout."""
+        answers of group g (docs/algorithms.md#om-grpo-consensus-reward). Sets reward, extracted, status of every rollout."""
         c = self.cfg
         timeout = ctx.run.verifier_timeout
         formatted, distinct = 0, 0.0
@@ -89,7 +89,7 @@ class OMGRPO(Learner):
         return groups
 
     def contrast_answers(self, ctx, groups) -> list:
-        """CAR: one short answer per ordered pair of each group's trajectories (spec §4.2 step 3, §4.4)."""
+        """CAR: one short answer per ordered pair of each group's trajectories (docs/algorithms.md#om-grpo-consensus-reward)."""
         c = self.cfg
         pol = ctx.policy
         room = min(pol.max_prompt_tokens, pol.context_window - c.contrast_max_new_tokens)
@@ -117,7 +117,7 @@ class OMGRPO(Learner):
 
     # ---- outcome mask ------------------------------------------------------------------------
     def answer_spans(self, text: str, z: Optional[str]) -> list:
-        """Character spans of the answer to mask (spec §4.2 step 1, §4.7): the \\boxed{} content(s); for an
+        """Character spans of the answer to mask (docs/algorithms.md#om-grpo-answer-mask): the \\boxed{} content(s); for an
         unboxed answer (``answer_format: any``) its last occurrence in the text. None: nothing to mask."""
         if z is None:
             return []
@@ -128,7 +128,7 @@ class OMGRPO(Learner):
         return [(at, at + len(z))] if at >= 0 else []
 
     def mask_answers(self, ctx, groups):
-        """``Rollout.loss_mask`` (and ``Rollout.kl_mask``) = the outcome mask m^o (spec §4.3)."""
+        """``Rollout.loss_mask`` (and ``Rollout.kl_mask``) = the outcome mask m^o (docs/algorithms.md#om-grpo-answer-mask)."""
         c = self.cfg
         masked = total = 0
         for g in groups:
@@ -146,7 +146,7 @@ class OMGRPO(Learner):
 
     # ---- test-time training ---------------------------------------------------------------
     def ttt_prompts(self, ctx, k: int) -> list:
-        """The step's ``k`` held-out prompts, gold removed: seeded passes over the evaluation set (spec §4.6)."""
+        """The step's ``k`` held-out prompts, gold removed: seeded passes over the evaluation set (docs/algorithms.md#om-grpo-consensus-reward)."""
         if self._heldout is None:
             self._heldout = [unlabeled(p) for p in (ctx.heldout() if ctx.heldout else [])]
             if not self._heldout:
@@ -164,7 +164,7 @@ class OMGRPO(Learner):
 
 
 def fit_contrast_prompts(policy, group, room: int, template=contrast_prompt) -> Optional[dict]:
-    """``{(i, j): contrast prompt text}`` for every ordered pair of the group's trajectories (spec §4.4), each
+    """``{(i, j): contrast prompt text}`` for every ordered pair of the group's trajectories (docs/algorithms.md#om-grpo-consensus-reward), each
     solution cut to its last tokens so that every rendered prompt has at most ``room`` tokens; None if
     the problem alone leaves no room. ``template(problem, solution_a, solution_b)`` writes the text."""
     def render(sol_a, sol_b):

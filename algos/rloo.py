@@ -1,4 +1,4 @@
-"""RLOO [rloo] (spec algos_single §1.4): leave-one-out baseline advantages."""
+"""RLOO [rloo] (docs/algorithms.md#rloo): leave-one-out baseline advantages."""
 
 from graftzoo.algos.base import Learner
 from graftzoo.algos.config import RLOOConfig

@@ -1,13 +1,13 @@
-"""SGT [sgt] (spec algos_peer §3.2, DERIVED): success-gated transfer of verified peer successes.
+"""SGT [sgt] (docs/algorithms.md#sgt, DERIVED): success-gated transfer of verified peer successes.
 
 On a prompt where the learner's group passes the gate (``gate=all_fail``: every response failed;
 ``gate=threshold``: success rate <= ``tau``) and the peer has verified successes, up to ``k_inj``
 of them, drawn at random, form the prompt's rescue set. They arrive as text, localized into the
-learner's tokenizer and scored under its theta_old (spec §1.4), so their token ratio starts at 1
-and the usual GRPO clipping applies (§3.2 step 4). Peer failures are never transferred.
+learner's tokenizer and scored under its theta_old (docs/algorithms.md#cross-tokenizer-exchange), so their token ratio starts at 1
+and the usual GRPO clipping applies (docs/algorithms.md#sgt). Peer failures are never transferred.
 
 ``mode=augment`` (default): the rescue responses replace as many of the learner's failed responses,
-chosen at random; the group keeps its size and GRPO advantages are recomputed on it (§3.2 step 3).
+chosen at random; the group keeps its size and GRPO advantages are recomputed on it (docs/algorithms.md#sgt).
 ``mode=aux_nll``: the learner's groups stay as they are and the loss gains
 ``lam * (-1/|Rescue|) * sum l(y; theta)``, a length-normalized NLL on the rescue responses
 (``lam`` is the spec's ``sgt.lambda``; ``lambda`` is a Python keyword).
@@ -24,7 +24,7 @@ from graftzoo.contract.types import Group
 
 def augment_group(own: Group, injected: list, rng, eps: float, weights=None, source=None) -> Group:
     """``own`` with ``injected`` peer successes (localized, role "peer") in place of as many of its failed
-    responses, chosen at random, and GRPO advantages recomputed on the augmented group (spec algos_peer §3.2
+    responses, chosen at random, and GRPO advantages recomputed on the augmented group (docs/algorithms.md#sgt
     step 3). ``weights`` are the injected responses' loss weights (default 1); ``source`` the slot's source
     (default: the own group's)."""
     pos, _, adv = sgt_augment(own.rewards, [r.correct for r in own.rollouts], [r.reward for r in injected],

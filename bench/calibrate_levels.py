@@ -3,7 +3,7 @@
 Warms one model of a pair file (its recipe, or only ``--phase then`` from its first-phase checkpoint) and, every
 ``--every`` steps, measures on ``--per-skill`` held-out problems of ``--skill``: greedy accuracy (what
 ``stop_when`` reads) and T=1 pass@1 and pass@n (what the regime map's rows are named by). Nothing is cached.
-Issue 16's pairs (configs/pairs/mul-*.yaml) were set from its output.
+The mul-* pairs (configs/pairs/mul-*.yaml) were set from its output.
 
     python bench/calibrate_levels.py --pair mul-l3-same --model qwen-mul-l3 [--skill mul] [--every 50]
 """

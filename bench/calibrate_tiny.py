@@ -3,7 +3,7 @@
 Prints, per model and skill, on held-out problems: greedy accuracy, T=1 pass@1 (mean over the
 samples), pass@n, and the all-fail fraction at n; then, for each model as learner, the fraction
 of its all-fail prompts on which the peer's group is mixed / all-success / all-fail
-(notes/miniature-feasibility.md §2-3 explain why those are the numbers that matter for GRAFT).
+(docs/results.md explain why those are the numbers that matter for GRAFT).
 Sampling is plain ``model.generate`` at T=1, top-k 0, top-p 1.
 
     python bench/calibrate_tiny.py [--config configs/pairs/tiny.yaml] [--per-skill 200] [--samples 8]

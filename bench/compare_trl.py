@@ -1,6 +1,6 @@
 """Step time of graftzoo's GRPO against TRL's GRPOTrainer and a plain-PyTorch floor, in one run.
 
-The configuration is TRL's tiny one from spec/baseline_perf.md: a byte-level BPE tokenizer trained in
+The configuration is TRL's tiny one from docs/scaling.md: a byte-level BPE tokenizer trained in
 code (vocab 512, ``<|endoftext|>`` eos, ``<|pad|>`` pad, left padding), ``Qwen2ForCausalLM`` with
 hidden 128, intermediate 512, 2 layers, 4 heads, 2 KV heads, tied embeddings (0.558 M parameters,
 fp32, ``torch.manual_seed(0)``), plain-text prompts ``What is a+b? Answer:``, and a reward of 1 when
@@ -10,7 +10,7 @@ generate's min_new_tokens; so the work is identical), sampling at T=1, top_p 1, 
 optimizer step (AdamW, lr 1e-5, clip 1.0), beta = 0.
 
   TRL    GRPOTrainer (1 generation batch = 1 optimizer step, num_iterations 1), timed from
-         ``on_step_begin`` to ``on_step_end`` as in baseline_perf.md.
+         ``on_step_begin`` to ``on_step_end`` as in docs/scaling.md.
   ours   graftzoo's real components: Policy, HFEngine, the registry's ``grpo`` Learner and its
          collect / advantages / exchange / build_batch / schedule / minibatch / loss, Policy.step.
   floor  plain ``model.generate`` + one plain forward / log-softmax gather / advantage-weighted
@@ -60,7 +60,7 @@ clock = time.perf_counter  # set from --clock in main()
 
 
 # ------------------------------------------------------------------------------------------------
-# the shared tiny set-up (baseline_perf.md, "The tiny model")
+# the shared tiny set-up (docs/scaling.md, "The tiny model")
 # ------------------------------------------------------------------------------------------------
 
 def build_tokenizer(seed: int = 0):

@@ -1,4 +1,4 @@
-"""Ray orchestration overhead on the co-trained tiny pair (issue 14): the same seeded GRAFT run in-process, with
+"""Ray orchestration overhead on the co-trained tiny pair: the same seeded GRAFT run in-process, with
 ``--backend ray`` (one worker per model) and with ``--backend ray`` + FSDP2 over 2 gloo ranks per model, run in
 alternation; median step time of each (the first step of a run left out: warm-up), its ratio to in-process, and the
 start-up time (building the models; Ray: starting the cluster and the workers).

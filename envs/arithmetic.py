@@ -12,7 +12,7 @@ Zeros are kept as terms (``307*6=300*6+0*6+7*6=1800+0+42=1842``). Every ``=``-se
 segment evaluates to the same integer, and the final answer is the integer after the last ``=``.
 The scratchpads of ``sub`` (a left-to-right borrow chain) and ``mul`` (products, then a
 multi-term sum) share little beyond the echo, so a model can be good at one and weak at the
-other (notes/miniature-feasibility.md, second study §3).
+other (docs/results.md).
 
 Difficulty knob per skill: digits per operand for ``add`` and ``sub``, digits of the
 multiplicand for ``mul`` (the multiplier is one digit, 2..9), number of operations for

@@ -1,4 +1,4 @@
-"""Conformance check for a registered environment id (spec anchors §3, Gymnasium's ``check_env``).
+"""Conformance check for a registered environment id (docs/verifier.md, Gymnasium's ``check_env``).
 
 ``check_env_id`` runs Gymnasium's checker on the unwrapped env, then our own checks:
 

@@ -1,5 +1,5 @@
 """Prompt datasets: the bundled benchmark / training files, the procedural arithmetic task, and
-the user's own data (DESIGN.md, "The data that flows"; README "Bring your own data").
+the user's own data (docs/architecture.md, "The data that flows"; docs/guide.md#bring-your-own-data).
 
 A dataset is a read-only ``Sequence[Prompt]`` with a ``name``, a ``path`` (None when generated)
 and a ``hash`` that identifies its contents exactly, so a run log can say what it trained on.
@@ -61,7 +61,7 @@ BUNDLED: dict[str, tuple[str, str]] = {
     "gsm8k_train": ("gsm8k_train.jsonl", "train"),
     "gsm8k_test": ("gsm8k_test.jsonl", "test"),
 }
-#: the evaluation benchmarks of the GRAFT comparison (spec algos_peer §5.3)
+#: the evaluation benchmarks of the GRAFT comparison (docs/algorithms.md#evaluation-protocol-and-compute)
 BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math")
 
 #: the one split a file path accepts besides None: the file itself (``task.split``'s default)

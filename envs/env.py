@@ -1,4 +1,4 @@
-"""Gymnasium environments for verifiable math reasoning (DESIGN.md; spec anchors §Gymnasium).
+"""Gymnasium environments for verifiable math reasoning (docs/architecture.md#where-to-add-an-environment).
 
 One episode is one prompt: ``reset`` draws a problem and returns the rendered prompt text,
 ``step`` takes the model's whole response text, verifies it against the gold answer and ends the
@@ -32,7 +32,7 @@ class ResponseText(spaces.Text):
 
 
 def reward_of(correct: bool, reward_correct: float = 1.0, reward_wrong: float = 0.0) -> float:
-    """Outcome reward: ``reward_correct`` if correct else ``reward_wrong`` (spec algos_single §0:
+    """Outcome reward: ``reward_correct`` if correct else ``reward_wrong`` (docs/algorithms.md#notation-and-conventions:
     the binary {0,1} and the DAPO {-1,+1} conventions are both configurable)."""
     return float(reward_correct if correct else reward_wrong)
 

@@ -1,7 +1,7 @@
 """Prompt templates: problem text -> the text a model is asked to continue.
 
 Every template except ``compact`` asks for step-by-step reasoning and the final answer in
-``\\boxed{}`` (spec algos_peer §5.1 / §5.3: each model's chat template, or a plain-text one for
+``\\boxed{}`` (docs/algorithms.md#evaluation-protocol-and-compute / docs/algorithms.md#evaluation-protocol-and-compute: each model's chat template, or a plain-text one for
 base models without one). ``compact`` is for the tiny CPU models whose character-level
 vocabularies hold no English words: it is exactly ``"Q:{problem}\\n"``. ``auto`` (the default of
 ``pair.template``) is ``chat`` for a tokenizer that has a chat template, else ``plain``;
@@ -84,7 +84,7 @@ def _plain(problem: str, tokenizer: Any = None) -> str:
 @register_template("chat")
 def _chat(problem: str, tokenizer: Any = None) -> str:
     """The tokenizer's own chat template, with a generation prompt and Qwen3 thinking off
-    (spec algos_peer §5.1); templates that do not know ``enable_thinking`` ignore it."""
+    (docs/algorithms.md#evaluation-protocol-and-compute); templates that do not know ``enable_thinking`` ignore it."""
     if tokenizer is None:
         raise ValueError("prompt template 'chat' needs a tokenizer (pass tokenizer=...)")
     if not getattr(tokenizer, "chat_template", None):

@@ -1,5 +1,5 @@
-"""Hardened math verifier: ``graftzoo.envs.verify(response, gold)`` (DESIGN.md "Real parts: Verifier";
-spec anchors §3 row "Math verifier" and pain point 6; baseline_perf §3).
+"""Hardened math verifier: ``graftzoo.envs.verify(response, gold)`` (docs/verifier.md;
+docs/verifier.md row "Math verifier" and pain point 6; docs/scaling.md).
 
 Per (response, gold):
   1. locate the answer (graftzoo.envs.extract), in the caller's process, with length and nesting
@@ -383,7 +383,7 @@ def answers_equivalent(a: str, b: str, *, timeout: float = 1.0, options: Verifie
 
 def answer_classes(answers, timeout: float = 1.0, options: VerifierOptions | None = None) -> list:
     """Equivalence-class ids of answers (None stays None): each answer joins the first earlier class whose
-    representative ``answers_equivalent`` accepts (OM-GRPO's answer clustering, spec algos_single §4.8.3)."""
+    representative ``answers_equivalent`` accepts (OM-GRPO's answer clustering, docs/algorithms.md#om-grpo-consensus-reward)."""
     reps: list = []
     out: list = []
     for a in answers:

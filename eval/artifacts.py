@@ -17,7 +17,7 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
          "clip/frac_peer": 0.011, "time/generate": 3.2, ...}
 
     ``step`` (int) and ``model`` (str) are required; all other keys are metric names with
-    numeric values or null (the fixed vocabulary of DESIGN.md "Conventions"). A final line
+    numeric values or null (the fixed vocabulary of docs/architecture.md). A final line
     without its newline that does not parse is a torn write of a killed run and is ignored.
 
 ``run_dir/eval/<model file name>.json``

@@ -1,6 +1,6 @@
 """Compute accounting: phase timers for the trainer and the charging rule for the report.
 
-Convention (spec algos_peer §5.3, DERIVED): ``GPU-h = Σ_phases #GPUs held × wall-clock hours``.
+Convention (docs/algorithms.md#evaluation-protocol-and-compute, DERIVED): ``GPU-h = Σ_phases #GPUs held × wall-clock hours``.
 Each phase is recorded per model: wall seconds, process CPU seconds (``time.process_time``: all
 threads of this process) and GPU-hours. Phases of one meter should not nest or overlap (nested
 phases are counted twice); co-located models that share GPUs sequentially (offload, vLLM sleep)
@@ -101,7 +101,7 @@ def model_total(compute: Mapping, model_id: str, exclude=("eval",)) -> dict:
 
 
 def joint_charge(summary: Mapping, exclude=("eval",)) -> dict:
-    """Compute charged to each model of a run (spec algos_peer §5.3, the conservative rule).
+    """Compute charged to each model of a run (docs/algorithms.md#evaluation-protocol-and-compute, the conservative rule).
 
     ``summary`` is a ``summary.json`` payload (``compute``, ``peers``, ``peer_source``,
     ``peer_run_compute``). Phases in ``exclude`` (evaluation by default) are not training cost.

@@ -1,4 +1,4 @@
-"""Evaluation metrics: unbiased pass@k, avg@k, maj@k and t confidence intervals (spec algos_single §1.6).
+"""Evaluation metrics: unbiased pass@k, avg@k, maj@k and t confidence intervals (docs/algorithms.md#evaluation-metrics).
 
 Pure Python (no scipy): the Student-t quantile comes from the regularized incomplete beta function,
 evaluated by its continued fraction and inverted by bisection.
@@ -10,7 +10,7 @@ from typing import Hashable, Optional, Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for one problem with n samples, c correct (spec algos_single §1.6, Chen et al. 2021):
+    """Unbiased pass@k for one problem with n samples, c correct (docs/algorithms.md#evaluation-metrics, Chen et al. 2021):
     ``1 - C(n-c, k) / C(n, k)``, computed as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)`` (1 when ``n - c < k``).
     Requires ``0 <= c <= n`` and ``1 <= k <= n``."""
     if not 0 <= c <= n:
@@ -26,7 +26,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int) -> float:
-    """Benchmark pass@k: mean of :func:`pass_at_k` over problems given as ``(n, c)`` pairs (spec §1.6)."""
+    """Benchmark pass@k: mean of :func:`pass_at_k` over problems given as ``(n, c)`` pairs (docs/algorithms.md#evaluation-metrics)."""
     if not counts:
         raise ValueError("mean_pass_at_k: no problems")
     return sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
@@ -46,7 +46,7 @@ def _rows(matrix) -> list[list[float]]:
 
 
 def avg_at_k(correct_matrix) -> float:
-    """avg@k (= mean@k): ``(1/|D|) sum_x (1/k) sum_j correct(y_{x,j})`` (spec algos_single §1.6).
+    """avg@k (= mean@k): ``(1/|D|) sum_x (1/k) sum_j correct(y_{x,j})`` (docs/algorithms.md#evaluation-metrics).
 
     ``correct_matrix`` holds one row of 0/1 (or bool) outcomes per problem: nested lists (rows may differ
     in length; each uses its own k), a 2-D tensor or a numpy array."""
@@ -55,7 +55,7 @@ def avg_at_k(correct_matrix) -> float:
 
 
 def maj_at_k(answers: Sequence[Sequence[Optional[Hashable]]], correct: Sequence[Sequence[bool]]) -> float:
-    """maj@k: fraction of problems whose most frequent answer is correct (spec algos_single §1.6).
+    """maj@k: fraction of problems whose most frequent answer is correct (docs/algorithms.md#evaluation-metrics).
 
     ``answers[x][j]`` is the equivalence-normalized answer of sample j (None = none extracted, never the
     majority); ``correct[x][j]`` its correctness. Ties go to the answer seen first. A problem with no

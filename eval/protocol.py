@@ -1,4 +1,4 @@
-"""The evaluation protocol (spec algos_single §1.6): how one prompt set is scored.
+"""The evaluation protocol (docs/algorithms.md#evaluation-metrics): how one prompt set is scored.
 
 An *evaluation run* draws k samples per problem; sample j of run r is drawn under its own torch
 seed ``sample_seed(seed, r, j)``, so any sample is reproducible on its own. ``summarize`` turns
@@ -61,7 +61,7 @@ def _item_counts(correct: Sequence) -> list:
 
 
 def summarize(correct: Sequence) -> dict:
-    """Scores from ``correct[r][j][i]`` (runs x k samples x items; spec algos_single §1.6).
+    """Scores from ``correct[r][j][i]`` (runs x k samples x items; docs/algorithms.md#evaluation-metrics).
 
     - ``avg``: avg@k over every sample of every run (= the mean of the runs' avg@k);
     - ``per_seed_run``: one score per evaluation run (its avg@k) when there are several runs; with

@@ -1,4 +1,4 @@
-"""The regime map (issue 16): where peer exchange helps, as a heat map of Δ = method − baseline on the learner.
+"""The regime map: where peer exchange helps, as a heat map of Δ = method − baseline on the learner.
 
 A grid's ``report.map`` (format: ``graftzoo.apps.grid``) lays its pairs out as rows (the learner's level) × columns
 (the kind of peer). Each (row, col) is one pair whose FIRST model is the learner; every pair of a row has the same

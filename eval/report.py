@@ -407,7 +407,7 @@ class TransferTable:
 
 
 def transfer_table(runs: Sequence[RunRecord]) -> TransferTable:
-    """What peer exchange moved in each run (issue 16's instrumentation): per run and model the mean over logged
+    """What peer exchange moved in each run (``run.diagnostics``): per run and model the mean over logged
     steps of each ``TRANSFER_COLUMNS`` metric, then mean ± sd over seeds (``step_means``). Rows: (method, model, peer)
     with any of them (a GRPO run with diagnostics has the own columns: the comparison). The ``diag/*`` columns need
     ``run.diagnostics: true``; the log-probs are per token (the learner's mean over a response's trained tokens),

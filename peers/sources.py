@@ -1,4 +1,4 @@
-"""Peer sources: where a learner's peer groups come from (DESIGN.md "The data that flows").
+"""Peer sources: where a learner's peer groups come from (docs/architecture.md#one-training-step).
 
 ``groups(prompts, step, epoch, learner_id) -> {prompt_id: Group}`` returns, for the step's prompts,
 the peer's groups: text, rewards, peer advantages, peer log-prob stats and policy versions.
@@ -7,7 +7,7 @@ the peer's groups: text, rewards, peer advantages, peer log-prob stats and polic
   step before any model updates.
 - ``StoredPeer``: the TrajectoryStore of an earlier run; alignment ``same_step`` (the record of
   this step) or ``latest`` (the most recent record of the prompt at or before this EPOCH, spec
-  algos_peer §4.3 stored mode: the earlier run may visit the prompt at another step of the
+  docs/algorithms.md#graft-stored-trajectories: the earlier run may visit the prompt at another step of the
   epoch). A missing prompt means no replacement.
 - ``MixedPeer``: online with a stored fallback, or a mixing ratio.
 """
@@ -111,7 +111,7 @@ class StoredPeer(PeerSource):
                 return {}
             part = part[part["prompt_id"].isin(ids)]
         else:
-            # the most recent record at or before this epoch, whatever its step within the epoch (§4.3 stored mode)
+            # the most recent record at or before this epoch, whatever its step within the epoch (docs/algorithms.md#graft-stored-trajectories)
             cand = self.df[(self.df["prompt_id"].isin(ids)) & (self.df["epoch"] <= epoch)]
             if not len(cand):
                 return {}

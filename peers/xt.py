@@ -1,10 +1,10 @@
-"""Cross-tokenizer exchange "XT" (spec algos_peer §1.4, edge cases §4.5).
+"""Cross-tokenizer exchange "XT" (docs/algorithms.md#cross-tokenizer-exchange, edge cases docs/algorithms.md#graft-edge-cases).
 
 Peer responses travel as text. The learner re-renders the prompt with its own template, re-tokenizes
 the response (``add_special_tokens=False``) and scores it once under its current (theta_old)
 parameters. Mean log-probs are per tokenizer, each over its own token count, EOS excluded.
 
-``xt.overflow`` (spec §4.5): a response longer than the learner's max response, or whose prompt in the
+``xt.overflow`` (docs/algorithms.md#graft-edge-cases): a response longer than the learner's max response, or whose prompt in the
 learner's template is longer than ``rollout.max_prompt_tokens``, is dropped (``drop``, default; reasons
 ``overflow`` / ``prompt_overflow``, counted in ``xt/dropped``), cut to the limit (``truncate``: HACPO's
 code; a prompt keeps its last tokens) or an error (``error``).
@@ -37,7 +37,7 @@ def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, ov
             raise XTOverflowError(f"prompt {r.prompt_id} is longer than {policy.model_id}'s max prompt "
                                   f"{policy.max_prompt_tokens} tokens (xt.overflow=error)")
         if overflow != "truncate":
-            dropped = "prompt_overflow"  # truncating would change what the reward verified (spec §4.5)
+            dropped = "prompt_overflow"  # truncating would change what the reward verified (docs/algorithms.md#graft-edge-cases)
     if len(ids) > max_response:
         if overflow == "error":
             raise XTOverflowError(f"peer response of {len(ids)} tokens for prompt {r.prompt_id} exceeds "

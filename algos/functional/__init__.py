@@ -1,4 +1,4 @@
-"""Pure tensor / number functions for every formula in spec/ (algos_single, algos_peer).
+"""Pure tensor / number functions for every formula of docs/algorithms.md.
 
 Each function cites its spec section in its docstring; learners build on these.
 """

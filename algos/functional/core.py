@@ -1,4 +1,4 @@
-"""GRPO-family formulas as pure tensor functions (spec algos_single §1, algos_peer §1.2-1.3).
+"""GRPO-family formulas as pure tensor functions (docs/algorithms.md#shared-loss-terms, docs/algorithms.md#group-advantage).
 
 Conventions used throughout:
 
@@ -41,7 +41,7 @@ def _group_inverse(group_index, n: int) -> tuple[Tensor, int]:
 
 
 def group_stats(values: Tensor, group_index: Tensor) -> dict:
-    """Per-group count, mean, unbiased std, min and max (spec algos_single §0 "Std", §1.1 step 3).
+    """Per-group count, mean, unbiased std, min and max (docs/algorithms.md#notation-and-conventions, docs/algorithms.md#group-advantage).
 
     Returns a dict of ``[K]`` tensors ("count", "mean", "std", "min", "max") plus "inverse" (``[N]``,
     each response's position among the K groups). The std of a singleton group is 0.
@@ -65,14 +65,14 @@ def _singleton_check(singleton: str) -> None:
 
 def group_advantages(rewards: Tensor, group_index: Tensor, std_normalize: bool = True,
                      eps: float = 1e-6, singleton: str = "zero") -> Tensor:
-    """GRPO outcome advantage, one scalar per response (spec algos_single §1.1 step 3, §1.2, §1.1.5;
-    algos_peer §1.2).
+    """GRPO outcome advantage, one scalar per response (docs/algorithms.md#group-advantage, docs/algorithms.md#dr-grpo, docs/algorithms.md#group-advantage;
+    docs/algorithms.md#group-advantage).
 
     ``A_i = (r_i - mean_g) / (std_g + eps)`` with the unbiased (n-1) std of the response's own group;
     with ``std_normalize=False`` (Dr. GRPO) ``A_i = r_i - mean_g``. Groups may have different sizes
     (HORA). A group whose rewards are all equal gets exactly 0. ``eps=1e-6`` is verl's value (TRL: 1e-4).
 
-    Singleton groups: ``singleton="zero"`` gives A = 0 (the spec's RECOMMENDED resolution, §1.1.5);
+    Singleton groups: ``singleton="zero"`` gives A = 0 (the spec's RECOMMENDED resolution, docs/algorithms.md#notation-and-conventions);
     ``singleton="verl"`` reproduces verl (mean 0, std 1, so ``A = r/(1+eps)``, or ``r`` without std).
     """
     _singleton_check(singleton)
@@ -90,7 +90,7 @@ def group_advantages(rewards: Tensor, group_index: Tensor, std_normalize: bool =
 
 
 def rloo_advantages(rewards: Tensor, group_index: Tensor, singleton: str = "zero") -> Tensor:
-    """RLOO leave-one-out advantage (spec algos_single §1.4).
+    """RLOO leave-one-out advantage (docs/algorithms.md#rloo).
 
     ``A_i = r_i - mean_{j != i} r_j = n/(n-1) * (r_i - mean_g)`` with each group's own size n.
     Singleton groups: 0 (RECOMMENDED) or ``singleton="verl"`` for verl's ``A = r``.
@@ -107,7 +107,7 @@ def rloo_advantages(rewards: Tensor, group_index: Tensor, singleton: str = "zero
 
 
 def zero_variance_groups(rewards: Tensor, group_index: Tensor, drop_singletons: bool = True) -> Tensor:
-    """DAPO dynamic-sampling predicate: True for groups with no reward contrast (spec algos_single §1.3
+    """DAPO dynamic-sampling predicate: True for groups with no reward contrast (docs/algorithms.md#dapo
     step 3 and edge cases).
 
     Returns ``BoolTensor[K]`` over groups in ascending id order. DAPO keeps a group iff its std > 0 or it
@@ -123,7 +123,7 @@ def zero_variance_groups(rewards: Tensor, group_index: Tensor, drop_singletons: 
 
 
 def dapo_overlong_penalty(lengths, max_len: int, cache_len: int, penalty_factor: float = 1.0) -> Tensor:
-    """DAPO soft overlong punishment R_len(L) times ``penalty_factor`` (spec algos_single §1.3).
+    """DAPO soft overlong punishment R_len(L) times ``penalty_factor`` (docs/algorithms.md#dapo).
 
     0 for ``L <= max_len - cache_len``; ``((max_len - cache_len) - L) / cache_len`` inside the buffer;
     -1 beyond ``max_len``. Added to the correctness reward of every response, correct or not.
@@ -154,7 +154,7 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
 
 
 def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: Optional[float] = None) -> Tensor:
-    """Aggregate a ``[B, T]`` token loss into a scalar (spec algos_single §1.1.3, exact table).
+    """Aggregate a ``[B, T]`` token loss into a scalar (docs/algorithms.md#loss-aggregation, exact table).
 
     With ``m`` the mask and ``N'`` the number of rows with at least one masked-in token:
 
@@ -192,7 +192,7 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: Optional[flo
 
 
 def agg_denominator(mask: Tensor, mode: str, normalizer: Optional[float] = None) -> Optional[float]:
-    """The denominator ``agg_loss`` divides by for ``mask`` in ``mode`` (spec algos_single §1.1.3): the masked-in
+    """The denominator ``agg_loss`` divides by for ``mask`` in ``mode`` (docs/algorithms.md#loss-aggregation): the masked-in
     token count (token-mean), the number of rows with a masked-in token (seq-mean-*), or ``normalizer`` when given
     (seq-mean-token-sum-norm's N * L_max). None when it is 0 (nothing to aggregate).
 
@@ -214,13 +214,13 @@ def agg_denominator(mask: Tensor, mode: str, normalizer: Optional[float] = None)
 
 def ratio_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
                     dual_clip_c: Optional[float] = None) -> tuple[Tensor, dict]:
-    """PPO clipped surrogate for a given importance ratio, minimization form (spec algos_single §1.1.2,
-    algos_peer §1.2; GSPO §1.5 when ``ratio`` is a sequence ratio).
+    """PPO clipped surrogate for a given importance ratio, minimization form (docs/algorithms.md#clipped-surrogate,
+    docs/algorithms.md#group-advantage; GSPO docs/algorithms.md#peer-exchange when ``ratio`` is a sequence ratio).
 
     ``loss = max(-A*rho, -A*clip(rho, 1-eps_low, 1+eps_high))``; with dual clip (verl) and ``A < 0``:
     ``loss = min(loss, -A*c)``. ``advantages`` broadcasts against ``ratio`` (``[B]`` advantages are
     expanded over the token axis of a ``[B, T]`` ratio). ``eps_low = eps_high = math.inf`` gives the
-    unclipped surrogate ``-A*rho`` (GRAFT's "w/o token-level ratio" ablation, algos_peer §4.4.4).
+    unclipped surrogate ``-A*rho`` (GRAFT's "w/o token-level ratio" ablation, docs/algorithms.md#graft-ablations).
 
     Info (bool tensors shaped like the loss): "clipped_low" (A<0 and rho<1-eps_low), "clipped_high"
     (A>0 and rho>1+eps_high), "dual_clipped"; and "ratio". Masking them is the caller's job.
@@ -253,7 +253,7 @@ def ratio_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high:
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_low: float = 0.2,
                       eps_high: float = 0.2, dual_clip_c: Optional[float] = None,
                       clamp: float = 20.0) -> tuple[Tensor, dict]:
-    """Token-level PPO/GRPO clipped loss ``[B, T]`` (spec algos_single §1.1.2, algos_peer §1.2).
+    """Token-level PPO/GRPO clipped loss ``[B, T]`` (docs/algorithms.md#clipped-surrogate, docs/algorithms.md#group-advantage).
 
     ``rho = exp(clamp(logp - old_logp, -clamp, clamp))`` (verl clamps the log-ratio to +-20), then
     :func:`ratio_surrogate`. ``advantages`` is ``[B]`` (broadcast over tokens) or ``[B, T]``.
@@ -268,7 +268,7 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_lo
 
 def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: Optional[float] = 20.0, kl_clamp: Optional[float] = 10.0,
           kind: str = "k3") -> Tensor:
-    """Per-token k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) (spec algos_single §1.1.1-1.1.2).
+    """Per-token k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) (docs/algorithms.md#kl-and-entropy).
 
     ``d = clamp(ref_logp - logp, -clamp, clamp)``; ``k = clamp(exp(d) - d - 1, -kl_clamp, kl_clamp)``
     (verl's clamps; pass ``None`` for TRL's unclamped value). ``kind="k3+"``: forward value of k3, gradient
@@ -289,7 +289,7 @@ def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: Optional[float] = 20.0, kl_clam
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Token entropy ``H_t = -sum_v p log p`` of the next-token distribution (spec algos_single §0)."""
+    """Token entropy ``H_t = -sum_v p log p`` of the next-token distribution (docs/algorithms.md#notation-and-conventions)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(dim=-1)
 
@@ -299,7 +299,7 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------
 
 def sequence_mean_logp(logp: Tensor, mask: Tensor) -> Tensor:
-    """Length-normalized sequence log-prob ``l(y) = (1/L) sum_t logp_t`` per row (spec algos_peer §1.1).
+    """Length-normalized sequence log-prob ``l(y) = (1/L) sum_t logp_t`` per row (docs/algorithms.md#notation-and-conventions).
 
     Rows with no valid token give 0 (verl clamps the length to 1).
     """
@@ -308,8 +308,8 @@ def sequence_mean_logp(logp: Tensor, mask: Tensor) -> Tensor:
 
 
 def gspo_sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: Optional[float] = 10.0) -> Tensor:
-    """GSPO sequence ratio ``s_i = exp(mean_t (logp - old_logp))``, shape ``[B]`` (spec algos_single §1.5,
-    algos_peer §1.3).
+    """GSPO sequence ratio ``s_i = exp(mean_t (logp - old_logp))``, shape ``[B]`` (docs/algorithms.md#gspo,
+    docs/algorithms.md#gspo).
 
     The log-ratio is clamped to ``[-clamp, clamp]`` (verl/HACPO use 10). Empty rows give 1.
     Use with :func:`ratio_surrogate` (GSPO clips 3e-4 / 4e-4) for the sequence-level loss.
@@ -322,7 +322,7 @@ def gspo_sequence_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: Opt
 
 def gspo_token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: Optional[float] = 10.0) -> Tensor:
     """GSPO-token ratio ``s_{i,t} = sg[s_i] * exp(logp_t - sg[logp_t])``, shape ``[B, T]``
-    (spec algos_single §1.5, the variant verl implements).
+    (docs/algorithms.md#gspo, the variant verl implements).
 
     Numerically equal to ``s_i`` on every token; its gradient is ``s_i * grad logp_t``. Aggregate the
     resulting :func:`ratio_surrogate` loss with ``seq-mean-token-mean`` and no dual clip, as verl does.
@@ -337,13 +337,13 @@ def gspo_token_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, clamp: Option
 def sequence_terms_as_tokens(token_loss: Tensor, seq_loss: Optional[Tensor] = None,
                              seq_rows: Optional[Tensor] = None) -> Tensor:
     """A ``[B, T]`` token loss in which rows ``seq_rows`` carry one sequence-level value ``seq_loss[b]``
-    (spec algos_peer §2.4.4: HACPO's cross term is defined per sequence).
+    (docs/algorithms.md#hacpo-cross-sample-loss: HACPO's cross term is defined per sequence).
 
     The convention that makes a sequence-level term exact under every aggregation of ``agg_loss``
-    (spec algos_single §1.1.3): the value is the row's per-token value. Under ``seq-mean-token-mean`` the
+    (docs/algorithms.md#loss-aggregation): the value is the row's per-token value. Under ``seq-mean-token-mean`` the
     row then contributes exactly ``seq_loss[b]``; under ``token-mean`` it is weighted by its token count
     like every other row; under the token-sum modes it is summed over the row's tokens (the GSPO-token
-    convention, spec algos_single §1.5). Rows outside ``seq_rows`` keep their token losses.
+    convention, docs/algorithms.md#gspo). Rows outside ``seq_rows`` keep their token losses.
     """
     if seq_loss is None:
         return token_loss
@@ -354,8 +354,8 @@ def sequence_terms_as_tokens(token_loss: Tensor, seq_loss: Optional[Tensor] = No
 
 
 def aux_nll_loss(mean_logp: Tensor, weights: Tensor) -> Tensor:
-    """Auxiliary NLL ``-sum_i w_i l(y_i; theta)`` over length-normalized sequence log-probs (spec algos_peer
-    §3.2 step 3: SGT ``aux_nll`` sets ``w_i = lambda / |Rescue|``, giving ``lambda * (-1/|Rescue|) sum l``).
+    """Auxiliary NLL ``-sum_i w_i l(y_i; theta)`` over length-normalized sequence log-probs (see
+    docs/algorithms.md#sgt: SGT ``aux_nll`` sets ``w_i = lambda / |Rescue|``, giving ``lambda * (-1/|Rescue|) sum l``).
     A minibatch holding part of the rescue set contributes its share. Empty -> 0."""
     if mean_logp.shape != weights.shape:
         raise ValueError(f"aux_nll_loss: {tuple(mean_logp.shape)} log-probs for {tuple(weights.shape)} weights")

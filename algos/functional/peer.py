@@ -1,5 +1,5 @@
 """Peer-exchange formulas as pure functions: GRAFT, HACPO, SGT and cross-tokenizer alignment
-(spec algos_peer §1.4, §2, §3, §4, §6).
+(docs/algorithms.md#cross-tokenizer-exchange, docs/algorithms.md#hacpo, docs/algorithms.md#sgt, docs/algorithms.md#graft, docs/algorithms.md#peer-exchange).
 
 Selection functions work on plain per-prompt outcome counts (prompt index = position in the shared
 prompt batch B_t) and return sorted prompt indices, so a learner can apply them to any data layout.
@@ -17,7 +17,7 @@ from torch import Tensor
 from .core import _as_float, group_advantages, group_stats
 
 # --------------------------------------------------------------------------------------------
-# GRAFT (spec algos_peer §4)
+# GRAFT (docs/algorithms.md#graft)
 # --------------------------------------------------------------------------------------------
 
 WEIGHT_MODES = ("min_s_1", "one")
@@ -28,19 +28,19 @@ PEER_POSITIONS = ("last", "first", "uniform")
 def compatibility_score(learner_mean_logp: Tensor, peer_mean_logp: Tensor, clip: float = 10.0) -> Tensor:
     """Sequence-level compatibility ``s = exp(clip(l_L - l_P, -clip, clip))`` of a response under the learner
     and under the model that generated it, each a mean log-prob over its own tokenizer's tokens, EOS
-    excluded (spec algos_peer §1.4 item 4, §4.4.1; HACPO's cross ratio §2.4.4 is the same quantity with the
+    excluded (docs/algorithms.md#cross-tokenizer-exchange, docs/algorithms.md#graft-compatibility-gate; HACPO's cross ratio docs/algorithms.md#hacpo-cross-sample-loss is the same quantity with the
     learner's current parameters). Differentiable in both arguments."""
     return torch.exp((learner_mean_logp - peer_mean_logp).clamp(min=-clip, max=clip))
 
 
 def compatibility_weights(learner_mean_logp, peer_mean_logp, delta: float = 0.8, weight: str = "min_s_1",
                           clip: float = 10.0) -> tuple[Tensor, Tensor]:
-    """GRAFT sequence-level compatibility score and weight (spec algos_peer §4.3 step 5, §4.4.1, §4.4.5).
+    """GRAFT sequence-level compatibility score and weight (docs/algorithms.md#graft-compatibility-gate).
 
     ``s = exp(clip(l_L - l_P, -clip, clip))`` from the learner's and the peer's ``theta_old`` mean
     log-probs of the same text (each over its own tokenizer's length, EOS excluded). A response is
     admitted iff ``s >= delta``; ``w = min(s, 1)`` (``weight="min_s_1"``) or ``1`` (``weight="one"``)
-    when admitted, else 0. ``delta = 0`` is the "w/o compatibility gate" ablation (§4.4.4).
+    when admitted, else 0. ``delta = 0`` is the "w/o compatibility gate" ablation (docs/algorithms.md#graft-ablations).
     Returns detached ``(s, w)`` tensors.
     """
     if weight not in WEIGHT_MODES:
@@ -64,10 +64,10 @@ def _check_lengths(where: str, **seqs) -> int:
 
 def graft_candidates(learner_correct: Sequence[int], peer_correct: Sequence[Optional[int]],
                      G_learner: Sequence[int], G_peer: Sequence[int]) -> list[int]:
-    """GRAFT candidate prompts ``C = {x : c_L(x) = 0 and 0 < c_P(x) < G_P(x)}`` (spec algos_peer §4.3 step 2).
+    """GRAFT candidate prompts ``C = {x : c_L(x) = 0 and 0 < c_P(x) < G_P(x)}`` (docs/algorithms.md#graft-which-groups).
 
     Learner all-fail (and non-empty) and peer group informative (mixed). ``peer_correct[x] = None`` means
-    the peer group is missing (stored mode, §4.5): never a candidate. Returns sorted prompt indices.
+    the peer group is missing (stored mode, docs/algorithms.md#graft-edge-cases): never a candidate. Returns sorted prompt indices.
     """
     _check_lengths("graft_candidates", learner_correct=learner_correct, peer_correct=peer_correct,
                    G_learner=G_learner, G_peer=G_peer)
@@ -83,7 +83,7 @@ def graft_candidates(learner_correct: Sequence[int], peer_correct: Sequence[Opti
 
 
 def graft_cap(batch_size: int, max_peer_frac: float = 0.25) -> int:
-    """Balanced-exchange cap ``floor(rho_max * |B_t|)`` (spec algos_peer §4.3 step 3a; rho_max DERIVED 0.25)."""
+    """Balanced-exchange cap ``floor(rho_max * |B_t|)`` (docs/algorithms.md#graft-which-groups; rho_max DERIVED 0.25)."""
     if not 0.0 <= max_peer_frac <= 1.0:
         raise ValueError(f"graft_cap: max_peer_frac must be in [0, 1], got {max_peer_frac}")
     return int(math.floor(max_peer_frac * batch_size + 1e-9))
@@ -91,14 +91,14 @@ def graft_cap(batch_size: int, max_peer_frac: float = 0.25) -> int:
 
 def symmetric_cap(n_candidates_a: int, n_candidates_b: int, cap: int) -> int:
     """Symmetric exchange (``graft.balance=symmetric``): both directions use ``min(|C^A|, |C^B|, cap)``
-    (spec algos_peer §4.3 step 3b). Feed the result as ``cap`` to :func:`graft_balance` for each learner.
+    (docs/algorithms.md#graft-which-groups). Feed the result as ``cap`` to :func:`graft_balance` for each learner.
     """
     return max(0, min(n_candidates_a, n_candidates_b, cap))
 
 
 def graft_balance(candidates: Sequence[int], peer_p: Sequence[float], cap: int, rng: random.Random,
                   mode: str = "cap_pvar") -> list[int]:
-    """Balanced exchange: which candidates get replaced (spec algos_peer §4.3 step 3, §4.4.4).
+    """Balanced exchange: which candidates get replaced (docs/algorithms.md#graft-which-groups, docs/algorithms.md#graft-ablations).
 
     ``mode="cap_pvar"``: keep all candidates if ``|C| <= cap``, else the ``cap`` candidates with the
     largest peer outcome balance ``p(1-p)`` (``p = c_P/G_P``; values compared rounded to 12 decimals,
@@ -126,15 +126,15 @@ def graft_balance(candidates: Sequence[int], peer_p: Sequence[float], cap: int, 
 
 def random_count_matched_prompts(n_prompts: int, n_xfer: int, rng: random.Random) -> list[int]:
     """Count-matched random prompt selection: ``n_xfer`` prompts uniformly from ``B_t``
-    (``graft.select=random_count_matched``, spec algos_peer §4.4.4). Returns sorted prompt indices."""
+    (``graft.select=random_count_matched``, docs/algorithms.md#graft-ablations). Returns sorted prompt indices."""
     if not 0 <= n_xfer <= n_prompts:
         raise ValueError(f"random_count_matched_prompts: n_xfer={n_xfer} outside [0, n_prompts={n_prompts}]")
     return sorted(rng.sample(range(n_prompts), n_xfer))
 
 
 def random_count_matched_admission(admitted_mask, rng: random.Random, eligible=None):
-    """Count-matched random response admission (``graft.admission=random_count_matched``, spec algos_peer
-    §4.4.4).
+    """Count-matched random response admission (``graft.admission=random_count_matched``, see
+    docs/algorithms.md#graft-ablations).
 
     Admits as many responses as ``admitted_mask`` (the gate's decision) does, chosen uniformly at
     random among the step's grafted responses (or among ``eligible`` ones, e.g. to leave out responses
@@ -158,7 +158,7 @@ def random_count_matched_admission(admitted_mask, rng: random.Random, eligible=N
 
 def minibatch_bounds(n_slots: int, num_minibatches: int) -> list[tuple[int, int]]:
     """Contiguous ``[start, end)`` minibatch ranges over ``n_slots`` slots; sizes differ by at most one,
-    larger ones first (spec algos_peer §4.3 step 6: 128 slots / 4 minibatches of 32)."""
+    larger ones first (docs/algorithms.md#graft-peer-last-order: 128 slots / 4 minibatches of 32)."""
     if num_minibatches < 1:
         raise ValueError(f"minibatch_bounds: num_minibatches must be >= 1, got {num_minibatches}")
     base, extra = divmod(n_slots, num_minibatches)
@@ -171,7 +171,7 @@ def minibatch_bounds(n_slots: int, num_minibatches: int) -> list[tuple[int, int]
 
 
 def peer_order(n_own: int, n_peer: int, mode: str = "last", num_minibatches: int = 4) -> list[int]:
-    """Slot order for one optimization epoch (spec algos_peer §4.3 step 6, §4.4.4 "peer minibatch position").
+    """Slot order for one optimization epoch (docs/algorithms.md#graft-peer-last-order).
 
     Slots ``0..n_own-1`` are own groups, ``n_own..n_own+n_peer-1`` grafted peer groups. Returns a
     permutation: position -> slot; split it with :func:`minibatch_bounds`. ``last`` (default): own then
@@ -207,7 +207,7 @@ def peer_order(n_own: int, n_peer: int, mode: str = "last", num_minibatches: int
 
 def separate_minibatches(n_own: int, n_peer: int, minibatch_size: int) -> list[list[int]]:
     """``graft.peer_minibatches=separate``: own slots in ``ceil(n_own/mb)`` minibatches, then peer slots in
-    their own ``ceil(n_peer/mb)`` minibatches (spec algos_peer §4.3 step 6, alternative)."""
+    their own ``ceil(n_peer/mb)`` minibatches (docs/algorithms.md#graft-peer-last-order, alternative)."""
     if minibatch_size < 1:
         raise ValueError(f"separate_minibatches: minibatch_size must be >= 1, got {minibatch_size}")
     own = list(range(n_own))
@@ -218,8 +218,8 @@ def separate_minibatches(n_own: int, n_peer: int, minibatch_size: int) -> list[l
 
 def align_peer_logprobs(learner_offsets: Sequence[tuple[int, int]], peer_offsets: Sequence[tuple[int, int]],
                         peer_logprobs: Sequence[float]) -> list[float]:
-    """Peer log-probs mapped onto learner tokens by character-offset overlap (option T2, spec algos_peer
-    §4.4.3): for a learner token with span ``[a, b)``,
+    """Peer log-probs mapped onto learner tokens by character-offset overlap (option T2, see
+    docs/algorithms.md#graft-loss-and-token-ratio): for a learner token with span ``[a, b)``,
     ``log pi~P = sum_q log pi_P(q) * |[a,b) & span(q)| / |span(q)|``.
 
     Offsets are ``(start, end)`` character spans of the same text in each tokenizer, with starts and
@@ -253,14 +253,14 @@ def align_peer_logprobs(learner_offsets: Sequence[tuple[int, int]], peer_offsets
 
 
 # --------------------------------------------------------------------------------------------
-# HACPO (spec algos_peer §2.4)
+# HACPO (docs/algorithms.md#hacpo)
 # --------------------------------------------------------------------------------------------
 
 def capability_estimate(history: Sequence[float], window: int = 5, floor: float = 1e-8,
                         default: float = 1.0) -> float:
     """Smoothed capability ``P^_t`` = mean of the last ``window`` per-step accuracies (including the
     current step), floored at ``floor``; ``default`` (1.0 in the code) before any history exists
-    (spec algos_peer §2.3 step 4, §2.4.1)."""
+    (docs/algorithms.md#hacpo-capability-aware-advantage)."""
     if window < 1:
         raise ValueError(f"capability_estimate: window must be >= 1, got {window}")
     if not history:
@@ -270,13 +270,13 @@ def capability_estimate(history: Sequence[float], window: int = 5, floor: float 
 
 
 def capability_ratio(p_source: float, p_target: float, clamp: tuple[float, float] = (0.1, 10.0)) -> float:
-    """``ratio(source=j, target=k) = clip(P^_j / P^_k, 0.1, 10)`` (spec algos_peer §2.4.1, CODE)."""
+    """``ratio(source=j, target=k) = clip(P^_j / P^_k, 0.1, 10)`` (docs/algorithms.md#hacpo-capability-aware-advantage, CODE)."""
     return min(max(p_source / p_target, clamp[0]), clamp[1])
 
 
 def hacpo_omegas(p_hat: Sequence[float], learner: int,
                  clamp: tuple[float, float] = (0.1, 10.0)) -> tuple[Tensor, Tensor]:
-    """Per-source capability coefficients for ``learner`` k (spec algos_peer §2.4.1, §2.4.3).
+    """Per-source capability coefficients for ``learner`` k (docs/algorithms.md#hacpo-capability-aware-advantage).
 
     Returns ``(baseline_weight, grad_coef)`` as ``[n]`` tensors indexed by source j:
     ``baseline_weight[j] = omega^(k,j) = 1/ratio(j,k)`` (used in the baseline) and
@@ -291,7 +291,7 @@ def hacpo_omegas(p_hat: Sequence[float], learner: int,
 
 def hacpo_advantages(rewards, group_index, source, learner: int, baseline_weight, eps: float = 1e-6,
                      uniform_reward_guard: bool = True, binary_baseline_guard: bool = True) -> Tensor:
-    """HACPO capability-aware advantage for learner k over pooled groups (spec algos_peer §2.4.2).
+    """HACPO capability-aware advantage for learner k over pooled groups (docs/algorithms.md#hacpo-capability-aware-advantage).
 
     Per prompt group (all agents' responses, ``source[i]`` = the agent that generated response i):
     ``mu^ = (1/(nG)) sum_i omega^(k,source_i) r_i``, ``sigma = std_unbiased(all rewards)``,
@@ -327,7 +327,7 @@ def hacpo_advantages(rewards, group_index, source, learner: int, baseline_weight
 
 def hacpo_discrepancy(advantages: Tensor, source, learner: int, grad_coef) -> Tensor:
     """Capability discrepancy coefficient: ``A~ = A`` for self responses, ``omega^(j,k) * A`` for
-    responses from agent j != k (spec algos_peer §2.4.3)."""
+    responses from agent j != k (docs/algorithms.md#hacpo-capability-aware-advantage)."""
     src = torch.as_tensor(source)
     coef = torch.as_tensor(grad_coef, dtype=advantages.dtype)[src]
     return advantages * torch.where(src == learner, torch.ones_like(coef), coef)
@@ -335,7 +335,7 @@ def hacpo_discrepancy(advantages: Tensor, source, learner: int, grad_coef) -> Te
 
 def cross_sequence_ratio(learner_mean_logp: Tensor, source_mean_logp, clamp: float = 10.0) -> Tensor:
     """HACPO cross ratio ``s^(k,j) = exp(clamp(l_k(y; theta) - l_j(y; theta_old^j), -10, 10))``, each mean
-    over its own tokenizer's length (v2/CODE form, spec algos_peer §2.4.4). Differentiable in the
+    over its own tokenizer's length (v2/CODE form, docs/algorithms.md#hacpo-cross-sample-loss). Differentiable in the
     learner's mean log-prob (see ``core.sequence_mean_logp``)."""
     return compatibility_score(learner_mean_logp, torch.as_tensor(source_mean_logp, dtype=learner_mean_logp.dtype),
                                clamp)
@@ -343,7 +343,7 @@ def cross_sequence_ratio(learner_mean_logp: Tensor, source_mean_logp, clamp: flo
 
 def stepwise_lower_bound(update_index: int, lower: float = 0.8, step: float = 0.025) -> float:
     """Stepwise cross clip floor ``lo_u = min(1, lower + u * step)`` for the u-th optimizer update of the
-    step, 0-based (spec algos_peer §2.4.5; ``lower = 1 - delta`` = ``hacpo.cross_clip_lower``)."""
+    step, 0-based (docs/algorithms.md#hacpo-cross-sample-loss; ``lower = 1 - delta`` = ``hacpo.cross_clip_lower``)."""
     if update_index < 0:
         raise ValueError(f"stepwise_lower_bound: update_index must be >= 0, got {update_index}")
     return min(1.0, lower + update_index * step)
@@ -351,7 +351,7 @@ def stepwise_lower_bound(update_index: int, lower: float = 0.8, step: float = 0.
 
 def hacpo_cross_loss(seq_ratio: Tensor, advantages: Tensor, lower: float, alpha: float = 1.0,
                      upper: float = 1.0) -> Tensor:
-    """HACPO cross-agent per-sequence loss (minimization form), spec algos_peer §2.4.4-2.4.5 (CODE form):
+    """HACPO cross-agent per-sequence loss (minimization form), docs/algorithms.md#hacpo-cross-sample-loss (CODE form):
 
     ``c = clip(s, lower, upper)``, ``loss = -c * sg[c]^alpha * A~`` with ``A~`` the discrepancy-scaled
     advantage. No PPO min: outside ``[lower, upper]`` the value is constant (no gradient).
@@ -363,7 +363,7 @@ def hacpo_cross_loss(seq_ratio: Tensor, advantages: Tensor, lower: float, alpha:
 
 
 # --------------------------------------------------------------------------------------------
-# SGT (spec algos_peer §3.2, DERIVED)
+# SGT (docs/algorithms.md#sgt, DERIVED)
 # --------------------------------------------------------------------------------------------
 
 SGT_GATES = ("all_fail", "threshold")
@@ -372,7 +372,7 @@ SGT_GATES = ("all_fail", "threshold")
 def sgt_rescue(learner_correct: Sequence[int], G_learner: Sequence[int],
                peer_successes: Sequence[Optional[Sequence[int]]], rng: random.Random, k_inj: int = 1,
                gate: str = "all_fail", tau: float = 0.0) -> dict[int, list[int]]:
-    """SGT rescue set with the K_inj cap (spec algos_peer §3.2 steps 1-2).
+    """SGT rescue set with the K_inj cap (docs/algorithms.md#sgt).
 
     A prompt is rescued iff the learner gate holds (``gate="all_fail"``: ``c_L = 0``;
     ``gate="threshold"``: ``c_L / G_L <= tau``) and the peer has at least one verified success.
@@ -397,7 +397,7 @@ def sgt_rescue(learner_correct: Sequence[int], G_learner: Sequence[int],
 
 def sgt_augment(learner_rewards, learner_correct: Sequence[bool], injected_rewards, rng: random.Random,
                 eps: float = 1e-6) -> tuple[list[int], Tensor, Tensor]:
-    """SGT group augmentation (spec algos_peer §3.2 step 3, ``sgt.mode=augment``).
+    """SGT group augmentation (docs/algorithms.md#sgt, ``sgt.mode=augment``).
 
     Replaces ``len(injected_rewards)`` of the learner's failed responses, chosen at random, with the
     injected peer successes (group size unchanged) and recomputes GRPO advantages on the augmented

@@ -1,4 +1,4 @@
-"""Single-model algorithm formulas as pure functions: HORA, ExTra, OM-GRPO (spec algos_single §2-4)."""
+"""Single-model algorithm formulas as pure functions: HORA, ExTra, OM-GRPO (docs/algorithms.md#hora)."""
 from __future__ import annotations
 
 import heapq
@@ -14,7 +14,7 @@ from .core import _as_float, group_advantages, group_stats
 Prior = Union[float, Sequence[float]]
 
 # --------------------------------------------------------------------------------------------
-# HORA (spec algos_single §2)
+# HORA (docs/algorithms.md#hora)
 # --------------------------------------------------------------------------------------------
 
 
@@ -30,7 +30,7 @@ def _posterior(s: int, f: int, a0: float, b0: float) -> tuple[float, float]:
 
 
 def hit_utility(s: int, f: int, m: int, a0: float = 1.0, b0: float = 1.0) -> float:
-    """Posterior probability that at least one of ``m`` more rollouts is correct (spec algos_single §2.2):
+    """Posterior probability that at least one of ``m`` more rollouts is correct (docs/algorithms.md#hora):
     ``U(m) = 1 - prod_{j<m} (beta+j)/(alpha+beta+j)`` with ``alpha = a0+s``, ``beta = b0+f``; ``U(0) = 0``.
     Computed in log space (lgamma)."""
     if m < 0:
@@ -41,7 +41,7 @@ def hit_utility(s: int, f: int, m: int, a0: float = 1.0, b0: float = 1.0) -> flo
 
 def hit_gain(s: int, f: int, m: int, a0: float = 1.0, b0: float = 1.0) -> float:
     """Marginal gain of the (m+1)-th extra rollout ``Delta(m) = U(m+1) - U(m)
-    = prod_{j<m} (beta+j)/(alpha+beta+j) * alpha/(alpha+beta+m)`` (spec algos_single §2.2)."""
+    = prod_{j<m} (beta+j)/(alpha+beta+j) * alpha/(alpha+beta+m)`` (docs/algorithms.md#hora)."""
     if m < 0:
         raise ValueError(f"hit_gain: m must be >= 0, got {m}")
     alpha, beta = _posterior(s, f, a0, b0)
@@ -61,7 +61,7 @@ def hora_allocate(counts: Sequence[tuple[int, int]], budget: int, cap: Optional[
                   a0: Prior = 1.0, b0: Prior = 1.0, skip_saturated: bool = False,
                   decimals: int = 12) -> list[int]:
     """Exact greedy HORA allocation of ``budget`` extra rollouts over prompts with observed
-    ``counts[i] = (s_i, f_i)`` (spec algos_single §2.2-2.3, §2.5).
+    ``counts[i] = (s_i, f_i)`` (docs/algorithms.md#hora).
 
     Repeats ``budget`` times: give one rollout to the prompt with the largest marginal gain
     ``Delta_i(m_i)`` among prompts below ``cap`` extra rollouts. Gains are compared rounded to
@@ -96,7 +96,7 @@ def hora_allocate(counts: Sequence[tuple[int, int]], budget: int, cap: Optional[
 
 def hora_objective(counts: Sequence[tuple[int, int]], alloc: Sequence[int], a0: Prior = 1.0,
                    b0: Prior = 1.0) -> float:
-    """``sum_i U_i(m_i)``: expected number of prompts with >= 1 correct extra rollout (spec algos_single §2.2)."""
+    """``sum_i U_i(m_i)``: expected number of prompts with >= 1 correct extra rollout (docs/algorithms.md#hora)."""
     if len(alloc) != len(counts):
         raise ValueError(f"hora_objective: {len(alloc)} allocations for {len(counts)} prompts")
     a, b = _per_prompt(a0, len(counts), "a0"), _per_prompt(b0, len(counts), "b0")
@@ -104,11 +104,11 @@ def hora_objective(counts: Sequence[tuple[int, int]], alloc: Sequence[int], a0: 
 
 
 # --------------------------------------------------------------------------------------------
-# ExTra (spec algos_single §3)
+# ExTra (docs/algorithms.md#extra)
 # --------------------------------------------------------------------------------------------
 
 def novelty_scores(embeddings: Tensor, memory: Optional[Tensor], min_history: int) -> Tensor:
-    """ExTra raw novelty of the current rollouts of one prompt key (spec algos_single §3.2).
+    """ExTra raw novelty of the current rollouts of one prompt key (docs/algorithms.md#extra-novelty-bonus).
 
     ``pool = memory + current``; ``nov_i = max(0, 1 - max_{u in pool, u != self} cos(e_i, u))``, the
     self entry excluded by position (identical siblings do count). Zeros while the memory holds fewer
@@ -134,8 +134,8 @@ def novelty_scores(embeddings: Tensor, memory: Optional[Tensor], min_history: in
 
 def extra_advantages(rewards: Tensor, correct: Tensor, group_index: Tensor, novelty: Tensor,
                      alpha: float = 0.1, eps: float = 1e-6) -> Tensor:
-    """ExTra Option B advantage: ``A_i = GRPO(r)_i + alpha * nov_i * 1[correct_i]`` (spec algos_single §3.2,
-    §3.4 step 8; the paper's "after GRPO normalization"). The GRPO part is :func:`core.group_advantages`
+    """ExTra Option B advantage: ``A_i = GRPO(r)_i + alpha * nov_i * 1[correct_i]`` (docs/algorithms.md#extra-novelty-bonus,
+    docs/algorithms.md#extra-novelty-bonus; the paper's "after GRPO normalization"). The GRPO part is :func:`core.group_advantages`
     (singleton -> 0, RECOMMENDED). ``alpha = 0.1`` (paper runs; the released script uses 0.01)."""
     corr = torch.as_tensor(correct).to(torch.bool)
     adv = group_advantages(rewards, group_index, eps=eps)
@@ -144,7 +144,7 @@ def extra_advantages(rewards: Tensor, correct: Tensor, group_index: Tensor, nove
 
 def reward_variance_ema(prev: Optional[float], rewards: Sequence[float], momentum: float = 0.1) -> float:
     """Per-prompt EMA of the within-step population reward variance, initialized with the first value
-    (``(1-momentum)*prev + momentum*var``), used by ExTra Option A (spec algos_single §3.2)."""
+    (``(1-momentum)*prev + momentum*var``), used by ExTra Option A (docs/algorithms.md#extra-novelty-bonus)."""
     r = [float(x) for x in rewards]
     if len(r) > 1:
         mean = sum(r) / len(r)
@@ -157,7 +157,7 @@ def reward_variance_ema(prev: Optional[float], rewards: Sequence[float], momentu
 def extra_option_a_scores(rewards: Tensor, correct: Tensor, group_index: Tensor, novelty: Tensor,
                           reward_var_ema: Tensor, alpha: float = 0.1, lam: float = 1.0) -> Tensor:
     """ExTra Option A (legacy, pre-normalization) scores, to be GRPO-normalized by the caller
-    (spec algos_single §3.2): ``nov~_i = nov_i / max_group nov`` (if that max > 1e-8),
+    (docs/algorithms.md#extra-novelty-bonus): ``nov~_i = nov_i / max_group nov`` (if that max > 1e-8),
     ``gamma = exp(-lam * V_ema(group))``, ``score_i = r_i + alpha * gamma * nov~_i * 1[correct_i]``.
     ``reward_var_ema`` is ``[K]`` over groups in ascending id order (after this step's update)."""
     r = _as_float(rewards, "rewards")
@@ -175,8 +175,8 @@ def extra_option_a_scores(rewards: Tensor, correct: Tensor, group_index: Tensor,
 
 
 def is_hard_prompt(num_correct: int, n: int, max_pass_rate: Optional[float] = None) -> bool:
-    """ExTra hard prompt: pass rate ``<= 1/G`` (at most one correct; configurable, spec algos_single §3.3
-    step 1, §3.7.3)."""
+    """ExTra hard prompt: pass rate ``<= 1/G`` (at most one correct; configurable, docs/algorithms.md#extra-prefix-regeneration
+    step 1, docs/algorithms.md#extra-prefix-regeneration)."""
     if n <= 0:
         raise ValueError(f"is_hard_prompt: n must be > 0, got {n}")
     return num_correct / n <= (1.0 / n if max_pass_rate is None else max_pass_rate)
@@ -184,7 +184,7 @@ def is_hard_prompt(num_correct: int, n: int, max_pass_rate: Optional[float] = No
 
 def most_confident_rollout(entropies: Tensor, mask: Tensor) -> Optional[int]:
     """Row with the lowest mean token entropy among non-empty rows, None if all are empty
-    (spec algos_single §3.3 step 2). ``entropies`` and ``mask`` are ``[G, T]``."""
+    (docs/algorithms.md#extra-prefix-regeneration). ``entropies`` and ``mask`` are ``[G, T]``."""
     m = mask.to(entropies.dtype)
     lengths = m.sum(dim=1)
     if not bool((lengths > 0).any()):
@@ -196,7 +196,7 @@ def most_confident_rollout(entropies: Tensor, mask: Tensor) -> Optional[int]:
 
 def prefix_cut_points(token_ids: Sequence[int], newline_ids, min_gap: int = 32,
                       max_prefixes: int = 15) -> list[int]:
-    """ExTra prefix boundaries of one response (spec algos_single §3.3 step 3).
+    """ExTra prefix boundaries of one response (docs/algorithms.md#extra-prefix-regeneration).
 
     Candidates are the positions right after each newline token. Scanning left to right the first is
     kept and later ones only if ``>= min_gap`` tokens after the last kept one; then the last boundary is
@@ -219,7 +219,7 @@ def prefix_cut_points(token_ids: Sequence[int], newline_ids, min_gap: int = 32,
 
 
 def prefix_entropy_scores(entropies: Tensor, cut_points: Sequence[int]) -> Tensor:
-    """Prefix score ``S = mean_{t<b} H_t`` for each boundary b (spec algos_single §3.3 step 4)."""
+    """Prefix score ``S = mean_{t<b} H_t`` for each boundary b (docs/algorithms.md#extra-prefix-regeneration)."""
     h = entropies.reshape(-1)
     if any(not 0 < b <= h.numel() for b in cut_points):
         raise ValueError(f"prefix_entropy_scores: cut points {list(cut_points)} outside (0, {h.numel()}]")
@@ -228,7 +228,7 @@ def prefix_entropy_scores(entropies: Tensor, cut_points: Sequence[int]) -> Tenso
 
 
 def select_prefix(scores: Tensor, embeddings: Tensor, tau: float = 0.1) -> tuple[int, Tensor]:
-    """ExTra prefix selection (spec algos_single §3.3 step 5): ``W = row_softmax(E E^T / tau)`` on
+    """ExTra prefix selection (docs/algorithms.md#extra-prefix-regeneration): ``W = row_softmax(E E^T / tau)`` on
     unit-normalized embeddings, ``S~ = W S``, choose ``argmin S~``. Returns (index, smoothed scores)."""
     if scores.numel() == 0 or embeddings.shape[0] != scores.numel():
         raise ValueError(f"select_prefix: need K >= 1 scores and K embeddings, got {scores.numel()} and "
@@ -240,14 +240,14 @@ def select_prefix(scores: Tensor, embeddings: Tensor, tau: float = 0.1) -> tuple
 
 
 # --------------------------------------------------------------------------------------------
-# OM-GRPO (spec algos_single §4)
+# OM-GRPO (docs/algorithms.md#om-grpo)
 # --------------------------------------------------------------------------------------------
 
 def soft_consensus_rewards(answer_clusters: Sequence[Optional[Hashable]],
                            contrast_clusters: Sequence[Optional[Hashable]] = (),
                            formatted: Optional[Sequence[bool]] = None,
                            format_weight: float = 1.0) -> list[float]:
-    """OM-GRPO reward ``r_i = r^q_i + format_weight * r^f_i`` (spec algos_single §4.2 steps 2-5, §4.7).
+    """OM-GRPO reward ``r_i = r^q_i + format_weight * r^f_i`` (docs/algorithms.md#om-grpo-consensus-reward, docs/algorithms.md#om-grpo-answer-mask).
 
     Pool ``Z`` = the G trajectory answers plus the contrast (CAR) answers; answers are given as
     equivalence-cluster ids (None = no extractable answer). ``r^q_i = #{z in Z : z == z_i} / |Z|``;
@@ -271,7 +271,7 @@ def soft_consensus_rewards(answer_clusters: Sequence[Optional[Hashable]],
 def majority_vote_rewards(answer_clusters: Sequence[Optional[Hashable]], formatted: Optional[Sequence[bool]] = None,
                           format_weight: float = 1.0) -> list[float]:
     """TTRL majority-vote baseline reward ``r_i = 1[z_i == z_maj] + format_weight * r^f_i``
-    (spec algos_single §4.5). Ties for the majority go to the answer seen first; None never wins."""
+    (docs/algorithms.md#om-grpo-answer-mask). Ties for the majority go to the answer seen first; None never wins."""
     fmt = [c is not None for c in answer_clusters] if formatted is None else list(formatted)
     votes: dict = {}
     for z in answer_clusters:
@@ -282,13 +282,13 @@ def majority_vote_rewards(answer_clusters: Sequence[Optional[Hashable]], formatt
 
 
 def contrast_pairs(group_size: int) -> list[tuple[int, int]]:
-    """All ordered pairs (i, j), i != j, of a group: the G(G-1) CAR contrast prompts (spec algos_single §4.2
+    """All ordered pairs (i, j), i != j, of a group: the G(G-1) CAR contrast prompts (docs/algorithms.md#om-grpo-consensus-reward
     step 3)."""
     return [(i, j) for i in range(group_size) for j in range(group_size) if i != j]
 
 
 def contrast_prompt(problem: str, solution_a: str, solution_b: str) -> str:
-    """User-turn text of the RECOMMENDED CAR contrast prompt (spec algos_single §4.4); render it with the
+    """User-turn text of the RECOMMENDED CAR contrast prompt (docs/algorithms.md#om-grpo-consensus-reward); render it with the
     model's chat template and truncate each solution to the rollout cap before calling."""
     return (f"Problem: {problem}\n\nSolution A:\n{solution_a}\n\nSolution B:\n{solution_b}\n\n"
             "Compare the two solutions and decide the correct final answer to the problem. "
@@ -297,7 +297,7 @@ def contrast_prompt(problem: str, solution_a: str, solution_b: str) -> str:
 
 def boxed_spans(text: str, last_only: bool = True) -> list[tuple[int, int]]:
     """Character spans ``[start, end)`` of the contents of ``\\boxed{...}`` (braces balanced, the
-    ``\\boxed{`` / ``}`` format tokens excluded), spec algos_single §4.2 step 1, §4.7. ``last_only=True``
+    ``\\boxed{`` / ``}`` format tokens excluded), docs/algorithms.md#om-grpo-answer-mask. ``last_only=True``
     keeps only the last one (``mask_all_boxed=False``). An unclosed ``\\boxed{`` is ignored."""
     spans, key, pos = [], "\\boxed{", 0
     while True:
@@ -317,7 +317,7 @@ def boxed_spans(text: str, last_only: bool = True) -> list[tuple[int, int]]:
 
 def answer_span_mask(token_offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]],
                      answer_grad_scale: float = 0.0) -> Tensor:
-    """OM-GRPO outcome mask ``m^o`` over response tokens (spec algos_single §4.2 step 7, §4.3, §4.7).
+    """OM-GRPO outcome mask ``m^o`` over response tokens (docs/algorithms.md#om-grpo-answer-mask).
 
     Every token whose character span ``[a, b)`` overlaps an answer span gets ``answer_grad_scale``
     (0 = OM-GRPO, 1 = vanilla, the paper sweeps 0.25/0.5/0.75); all others 1. Zero-width tokens hold no

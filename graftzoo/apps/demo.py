@@ -5,7 +5,7 @@
    the peer solves, and the fraction where the peer's group is mixed;
 3. runs GRPO n=8 and GRAFT n=8 co-training, plus GRAFT n=8 from the stored trajectories of the GRPO runs,
    over 2 seeds (``--full``: 3 seeds, GRPO n=16/32 and the named ablations, then the plan's ``also`` grids:
-   the positive control and the regime map, issue 16);
+   the positive control and the regime map);
 4. prints the Table-1-style report with Delta, writes the PNG plots and the wandb offline runs;
 5. ends with a plain-language paragraph worded from the seed means and their spread (``verdict``): "no clear
    difference" when the gap is inside the spread, never a verdict from one seed.

@@ -47,7 +47,7 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     clip = clip_fraction_table(records)
     (out / "clip_table.md").write_text(to_markdown(clip), encoding="utf-8")
     transfer = transfer_table(records)
-    if transfer.rows:  # runs with a peer: what the exchange moved (issue 16)
+    if transfer.rows:  # runs with a peer: what the exchange moved
         (out / "transfer.md").write_text(transfer_markdown(transfer), encoding="utf-8")
     figures = write_figures(records, out, table.baseline, echo=lambda m: click.echo(m, err=True))
     click.echo(md)

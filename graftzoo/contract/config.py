@@ -30,7 +30,7 @@ from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.names import model_slug
-from graftzoo.contract.registry import RegistryError, get_config
+from graftzoo.contract.registry import RegistryError, get_config, plugin_names
 from graftzoo.contract.schema import Int, Section, declared_keys, key, validate_section
 
 NEEDS_PEER_HINT = "pass --peer online|stored:PATH|mixed:PATH (config key peer.source)"
@@ -544,6 +544,8 @@ def validate(raw: dict) -> RunConfig:
     try:
         cls = get_config(name)
     except RegistryError as e:
+        if name in plugin_names():  # installed, but it failed to import: its own message says why
+            raise ConfigError(f"config key 'algo.name': {e}") from None
         known = sorted(set(e.known) | set(named_configs("algos")))
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

@@ -1,4 +1,4 @@
-"""The data contract of graftzoo (DESIGN.md, "The data that flows"; README "Architecture").
+"""The data contract of graftzoo (docs/architecture.md, "The data that flows"; docs/architecture.md#one-training-step).
 
     Prompt -> Group of Rollouts (one model, one prompt) -> TrainRow (one response as a learner trains on it)
            -> MiniBatch (tensors, graftzoo.contract.batch) -> loss parts (policy gradient, auxiliary NLL, KL)
@@ -32,7 +32,7 @@ class Prompt:
 
 @dataclass
 class Origin:
-    """Where a localized peer response came from (spec algos_peer §1.4): the generating model and
+    """Where a localized peer response came from (docs/algorithms.md#cross-tokenizer-exchange): the generating model and
     tokenizer, and the peer's behaviour mean log-prob ``l_P`` over its own ``token_count`` tokens
     (EOS excluded). ``stored_step`` is set when the response was read from a trajectory store."""
 
@@ -94,7 +94,7 @@ class Rollout:
         return ids
 
     def _content(self):
-        """Token log-probs without the final EOS (the XT convention, spec algos_peer §1.4)."""
+        """Token log-probs without the final EOS (the XT convention, docs/algorithms.md#cross-tokenizer-exchange)."""
         lp = list(self.logprobs)[self.prefix_len:]
         if self.finish_reason == "stop" and self.token_ids and self.eos_id is not None \
                 and self.token_ids[-1] == self.eos_id and lp:

@@ -1,6 +1,6 @@
 """Connecting to Ray: a private local cluster on 127.0.0.1, or an existing one (``ray.address``).
 
-Settings that Ray 2.60 needs on a single machine (../shared/notes/scale-out-feasibility.md, measured here):
+Settings that Ray 2.60 needs on a single machine (docs/scaling.md#ray-worker-groups-and-fsdp2, measured here):
 token authentication set in the environment before ``ray`` is imported; the node on the loopback address;
 ``address="local"`` so that a cluster left behind by another process is never joined; usage stats off. The private
 cluster is shut down by the process that started it (never ``ray stop``, which ends every Ray process of the

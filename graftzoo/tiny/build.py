@@ -1,7 +1,7 @@
 """Tiny heterogeneous model pair built in code (nothing downloaded) for the CPU demo.
 
 Two families that differ in every part a cross-tokenizer method cares about
-(notes/miniature-feasibility.md §2):
+(docs/results.md):
 
 - ``qwen2``: ``Qwen2ForCausalLM`` (RoPE, GQA, RMSNorm, SwiGLU, tied embeddings), usually with the
   ``char`` tokenizer (one token per character);
@@ -22,7 +22,7 @@ BPE) over the saved ``tokenizer.json`` and silently drops characters such as ``\
 instead: the same ids, written in byte-level symbols, which ``Qwen2Tokenizer`` reads correctly.
 
 Padding is on the left; callers pass ``position_ids(attention_mask)`` so a left-padded row
-sees the same positions as an unpadded one (notes §2).
+sees the same positions as an unpadded one (docs/results.md).
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ class WarmupSpec:
     produces: the model is warmed exactly as without ``then`` (that checkpoint is cached on its
     own), then trained further on fresh problems with the second recipe (keys it does not give are
     the first phase's; its ``steps`` count the second phase alone). It makes a *stronger
-    checkpoint of the same model* (issue 16's positive control: same family, tokenizer and first
+    checkpoint of the same model* (the positive control: same family, tokenizer and first
     phase as the learner, then more steps on the learner's weak skill until ``then.stop_when``).
     """
 
@@ -265,6 +265,6 @@ def build_tiny(spec: TinyModelSpec, seed: int) -> tuple[torch.nn.Module, PreTrai
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that ignore left padding: cumsum(mask) - 1, and 0 on padded slots (notes §2)."""
+    """Positions that ignore left padding: cumsum(mask) - 1, and 0 on padded slots (docs/results.md)."""
     pos = attention_mask.long().cumsum(-1) - 1
     return pos.masked_fill(attention_mask == 0, 0)

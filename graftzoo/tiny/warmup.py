@@ -1,7 +1,7 @@
 """Supervised warm-up of the tiny models on procedural arithmetic, cached on disk.
 
 A tiny model starts from random weights; a short SFT run on scratchpad solutions gives it the
-skill profile that the RL demo needs (notes/miniature-feasibility.md, second study §3). The loss
+skill profile that the RL demo needs (docs/results.md). The loss
 is completion-only: cross-entropy on the scratchpad and its EOS after the compact prompt
 ``Q:{question}\\n``. Fresh problems every step, AdamW, linear warm-up then cosine decay.
 
@@ -185,7 +185,7 @@ def _warm(spec: TinyModelSpec, seed: int, progress=None, threads: int = 1, cache
 
 def same_weights(spec: TinyModelSpec, seed: int, root: Path) -> Optional[Path]:
     """A cached warm-up of the same recipe and seed under another model id (the id does not change the weights):
-    e.g. the first phase shared by issue 16's learner and its stronger continuation (``warmup.then``)."""
+    e.g. the first phase shared by the control's learner and its stronger continuation (``warmup.then``)."""
     want = {**spec.to_dict(), "id": None}
     for f in sorted(root.glob("*/warmup.json")):
         try:

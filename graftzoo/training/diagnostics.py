@@ -1,5 +1,5 @@
 """Opt-in diagnostics of the transfer path (``run.diagnostics: true``): what a step's peer-source rows do to the
-learner, for chasing a peer exchange that does not help (issue 16). Generic: they read the step's ``TrainBatch`` (each
+learner, for chasing a peer exchange that does not help. Generic: they read the step's ``TrainBatch`` (each
 row's role, weight, advantage and its rollout's correctness), never the algorithm's name.
 
 Per model and step (keys ``diag/*`` of ``metrics.jsonl``, absent when off):

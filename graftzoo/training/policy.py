@@ -147,7 +147,7 @@ class Policy:
 
     def step(self, loss: torch.Tensor, where: str = "") -> float:
         """One optimizer step on ``loss``; returns the pre-clip gradient norm. A non-finite loss or gradient norm
-        raises ``NonFiniteError`` before the step is applied, non-finite parameters right after it (issue 11's
+        raises ``NonFiniteError`` before the step is applied, non-finite parameters right after it (
         health guard); ``where`` names the step in the message."""
         self.zero_grad()
         return self.apply_gradients(self.accumulate(loss, where), where)
@@ -237,7 +237,7 @@ class Policy:
         """Per-token log-probs (and entropies) of the last ``resp_len`` tokens of each row.
 
         The logits are divided by the sampling temperature, exactly as the engine does when it
-        records behaviour log-probs (spec algos_single §0). Only the sampled tokens' log-probs are kept for the
+        records behaviour log-probs (docs/algorithms.md#notation-and-conventions). Only the sampled tokens' log-probs are kept for the
         backward pass (``token_logprobs``), not a float32 log-softmax of the whole vocabulary; the entropies carry
         a gradient only with ``entropy_grad`` (an entropy bonus in the loss), else they are computed without one.
         """
@@ -261,7 +261,7 @@ class Policy:
         """Per-token log-probs (and entropies) of ``responses[i]`` after ``prompts[i]`` (token-id lists) under
         the current parameters, in eval mode, at most ``chunk`` sequences and ``max_tokens_per_micro`` padded
         tokens per forward pass (``micro_split``): the theta_old pass of the trainer and of cross-tokenizer
-        exchange (spec algos_peer §1.4), and ExTra's prefix mining (spec algos_single §3.3). Returns one list per
+        exchange (docs/algorithms.md#cross-tokenizer-exchange), and ExTra's prefix mining (docs/algorithms.md#extra-prefix-regeneration). Returns one list per
         sequence, in order (None for the entropies unless asked)."""
         n = len(prompts)
         logps, ents = [None] * n, ([None] * n if with_entropy else None)
@@ -318,7 +318,7 @@ class Policy:
 
     def token_ids_decoding_to(self, strings, strip: bool = False, scan: int = 1000) -> set:
         """Ids among the first ``scan`` of the vocabulary that decode to one of ``strings`` (stripped of spaces
-        when ``strip``), plus each string's id when it encodes as one token (ExTra's cut tokens, spec §3.3)."""
+        when ``strip``), plus each string's id when it encodes as one token (ExTra's cut tokens, docs/algorithms.md#extra-prefix-regeneration)."""
         found = {i for i in range(min(len(self.tokenizer), scan))
                  if (self.decode([i]).strip(" ") if strip else self.decode([i])) in strings}
         for s in strings:
@@ -332,8 +332,8 @@ class Policy:
 
         The fast tokenizer's offset mapping when re-encoding ``text`` gives back ``ids`` (or a prefix of
         them: a truncated response); otherwise spans from decoding growing prefixes. Spans are made
-        non-decreasing. Used by GRAFT's cross-aligned ratio (spec algos_peer §4.4.3) and OM-GRPO's
-        answer-span mask (spec algos_single §4.3).
+        non-decreasing. Used by GRAFT's cross-aligned ratio (docs/algorithms.md#graft-loss-and-token-ratio) and OM-GRPO's
+        answer-span mask (docs/algorithms.md#om-grpo-answer-mask).
         """
         spans = None
         if getattr(self.tokenizer, "is_fast", False):

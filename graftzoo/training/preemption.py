@@ -1,4 +1,4 @@
-"""Graceful preemption (issue 11): SIGTERM (what a cluster scheduler sends) and SIGINT (Ctrl-C).
+"""Graceful preemption: SIGTERM (what a cluster scheduler sends) and SIGINT (Ctrl-C).
 
 The first signal asks the run to stop: the trainer finishes the step in progress, writes a checkpoint of it, sets
 the run's status to "interrupted" and raises :class:`Interrupted` (exit code 128 + signal: 143 for SIGTERM, 130 for

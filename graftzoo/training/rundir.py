@@ -1,4 +1,4 @@
-"""A run directory belongs to one run (issue 11): a lock, the run's identity, and starting over without loss.
+"""A run directory belongs to one run: a lock, the run's identity, and starting over without loss.
 
 - **Lock** (``RUN/.lock``, ``fcntl.flock``): one process per run directory. The file names the holder (PID, host,
   start time); a second process gets a one-line error naming it. The kernel releases the lock when its process

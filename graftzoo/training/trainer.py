@@ -182,7 +182,7 @@ class Trainer:
             ctx = ctxs[m] = self.context(step, epoch, m, mi)
             self.engines[m].seed(derive_seed(self.seed, step, m, "generate"))  # where the engine samples
             gs = self.learners[m].collect(ctx, prompts)
-            with ctx.phase("logprob"):  # theta_old through the training path (spec algos_single §0)
+            with ctx.phase("logprob"):  # theta_old through the training path (docs/algorithms.md#notation-and-conventions)
                 ctx.log("rollout/logp_diff_max", old_logp_pass(self.policies[m], gs, recompute[m]))
             gs = self.learners[m].advantages(ctx, gs)
             groups[m] = gs
@@ -387,7 +387,7 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------------------------
-# theta_old log-probs (spec algos_single §0: recomputed by the trainer before the update)
+# theta_old log-probs (docs/algorithms.md#notation-and-conventions: recomputed by the trainer before the update)
 # ----------------------------------------------------------------------------------------------
 
 def recompute_old_logp(cfg: RunConfig, policy, engine) -> bool:

@@ -51,7 +51,7 @@ pair that GRPO trains the learner alone on, via ``pairs``); what Δ, ± and n ar
 ``regime_map.md`` and ``regime_map.json``; the map is computed from the cells, whether or not
 Table 1 can be built.
 
-One clip per table (spec algos_peer §4.4.2): every cell of a pair trains with the same effective clip
+One clip per table (docs/algorithms.md#one-clip-for-every-method): every cell of a pair trains with the same effective clip
 (``optim.clip.*``, or the key an algorithm clips with by design: GSPO ``algo.seq_clip``, HACPO
 ``algo.self_clip``); loading a grid that mixes clips is a GridError naming the cells and their clips,
 unless each differing method is marked ``clip: own`` (e.g. HACPO's GSPO-scale self clip). Set a

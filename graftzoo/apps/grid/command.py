@@ -50,7 +50,7 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -
     (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
     (out / "clip_table.md").write_text(to_markdown(clip_fraction_table(runs)), encoding="utf-8")
     transfer = transfer_table(runs)
-    if transfer.rows:  # runs with a peer: what the exchange moved (issue 16)
+    if transfer.rows:  # runs with a peer: what the exchange moved
         (out / "transfer.md").write_text(transfer_markdown(transfer), encoding="utf-8")
     write_figures(runs, out, table.baseline, echo=echo)
     echo(md)

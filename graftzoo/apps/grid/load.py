@@ -79,7 +79,7 @@ def _method(entry, where: str) -> Method:
 
 
 def pair_models(pair: str, where: str) -> list:
-    """The model ids of a pair file, in order (the first is the learner of issue 16's grids)."""
+    """The model ids of a pair file, in order (the first is the learner of the control and regime-map grids)."""
     p = find_config("pairs", pair)
     if p is None:
         raise GridError(f"{where}: unknown pair {pair!r} (no configs/pairs/{pair}.yaml in ./configs or the package)")

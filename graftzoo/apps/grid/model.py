@@ -127,7 +127,7 @@ def _cell_names(cells: list) -> str:
 
 
 def check_one_clip(cells: list, where: str) -> None:
-    """Every method of a table (the cells of one pair) trains with one clip (spec algos_peer §4.4.2): a GridError
+    """Every method of a table (the cells of one pair) trains with one clip (docs/algorithms.md#one-clip-for-every-method): a GridError
     naming the cells and their clips unless the differing methods are marked ``clip: own``."""
     for pair in dict.fromkeys(c.pair for c in cells):
         by_clip: dict = {}
@@ -136,7 +136,7 @@ def check_one_clip(cells: list, where: str) -> None:
                 by_clip.setdefault(tuple(sorted(c.clip.items(), key=lambda kv: kv[0])), []).append(c)
         if len(by_clip) > 1:
             mixed = "; ".join(f"{clip_label(group[0].clip)} in {_cell_names(group)}" for group in by_clip.values())
-            raise GridError(f"{where}: the methods of one table must share one clip (spec algos_peer §4.4.2), but "
+            raise GridError(f"{where}: the methods of one table must share one clip (docs/algorithms.md#one-clip-for-every-method), but "
                             f"pair {pair!r} mixes clips (eps_low/eps_high): {mixed}; set optim.clip.* once in the "
                             f"grid's 'set', or mark a method whose clip differs by design with 'clip: own'")
 
