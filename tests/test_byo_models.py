@@ -1,4 +1,4 @@
-"""Bring your own model (issue 15): a ``kind: hf`` model from a local folder trains with its own chat template
+"""Bring your own model: a ``kind: hf`` model from a local folder trains with its own chat template
 (``template: auto``), a base model on the ``plain`` template ends its responses at stop strings (HF and vLLM
 engines alike: ids, text, log-probs and finish reason consistent), a model that cannot be loaded fails in one line
 before any run directory exists, and no run file is ever written into a model's folder.
@@ -59,20 +59,20 @@ def test_auto_template_is_the_models_chat_template_or_plain_with_stop_strings_an
                                                                                                    tmp_path):
     chat, base = hf_models
     cfg = load_config(pair=byo_pair(tmp_path, {"id": str(chat)}), algo="grpo")
-    assert cfg["pair"]["template"] == "auto" and cfg["rollout"]["stop"] == "auto"
-    pol = build_policy(cfg["pair"]["models"][0], cfg)
+    assert cfg.pair.template == "auto" and cfg.rollout.stop == "auto"
+    pol = build_policy(cfg.pair.models[0], cfg)
     assert pol.template == "chat" and pol.stop_strings == []
     text = pol.render(Prompt(id="p", text="2+3", gold="5"))
     assert text == f"<|user|>2+3\n{INSTRUCTION}\n<|assistant|>"  # the model's own template, not compact
     spec = {"id": "base", "path": str(base), "stop": ["<|user|>"]}
     cfg = load_config(pair=byo_pair(tmp_path, spec), algo="grpo")
-    pol = build_policy(cfg["pair"]["models"][0], cfg)
+    pol = build_policy(cfg.pair.models[0], cfg)
     assert pol.template == "plain" and pol.stop_strings == ["<|user|>"]  # the model's own stop strings win
     assert pol.render(Prompt(id="p", text="2+3", gold="5")).startswith("Problem: 2+3\n")
     cfg = load_config(pair=byo_pair(tmp_path, {"id": "base", "path": str(base)}), algo="grpo")
-    assert build_policy(cfg["pair"]["models"][0], cfg).stop_strings == ["\nProblem:", "\n\nProblem"]
+    assert build_policy(cfg.pair.models[0], cfg).stop_strings == ["\nProblem:", "\n\nProblem"]
     micro = load_config(pair="micro", algo="grpo", overrides=["pair.template=auto"])
-    pol = build_policy(micro["pair"]["models"][0], micro)  # tiny tokenizers have a chat template: still compact
+    pol = build_policy(micro.pair.models[0], micro)  # tiny tokenizers have a chat template: still compact
     assert pol.template == "compact" and pol.stop_strings == []
 
 
@@ -96,7 +96,7 @@ def test_file_names_from_model_ids_never_leave_the_folder_they_are_made_in():
 
 def test_stop_cut_keeps_the_token_that_completes_the_stop_string(hf_models, tmp_path):
     cfg = load_config(pair=byo_pair(tmp_path, {"id": str(hf_models[1])}), algo="grpo")
-    pol = build_policy(cfg["pair"]["models"][0], cfg)
+    pol = build_policy(cfg.pair.models[0], cfg)
     ids = pol.encode_text("x=5\n\nProblem: 7")
     assert stop_cut(pol, [], ids, ["\nProblem:"]) == len("x=5\n\nProblem:")
     assert stop_cut(pol, [], ids, ["\n\nProblem", "=5"]) == len("x=5")  # the first occurrence of any
@@ -144,7 +144,7 @@ def generate_both(pol, engine, prompts, stop):
 
 def test_the_hf_engine_ends_a_response_at_the_token_completing_a_stop_string():
     cfg = load_config(pair="micro", algo="grpo", overrides=["run.track=false"])
-    pol = build_policy(cfg["pair"]["models"][0], cfg)
+    pol = build_policy(cfg.pair.models[0], cfg)
     prompts = list(Task(cfg).make_env("test", size=6).dataset)
     plain, stopped = generate_both(pol, build_engine(pol, cfg), prompts, STOP)
     assert check_stopped_like_cut(pol, plain, stopped, STOP) >= 6
@@ -154,7 +154,7 @@ def test_the_vllm_engine_ends_a_response_at_the_token_completing_a_stop_string()
     pytest.importorskip("vllm")
     cfg = load_config(pair="micro", algo="grpo", overrides=[
         "run.track=false", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", f"rollout.stop={STOP}"])
-    spec = cfg["pair"]["models"][1]  # micro-gpt2-pair: digit-pair tokens, so a token may complete "=1" and go on
+    spec = cfg.pair.models[1]  # micro-gpt2-pair: digit-pair tokens, so a token may complete "=1" and go on
     pol = build_policy(spec, cfg)
     assert pol.stop_strings == STOP
     engine = build_engine(pol, cfg)  # started with the policy's tokenizer: vLLM matches stop strings on text

@@ -55,11 +55,11 @@ def test_grid_trains_every_cell_and_writes_the_report(ran):
     for name in CELLS:
         summary = json.loads((out / name / "summary.json").read_text())
         assert summary["status"] == "done" and f"[done] {name}" in res.output
-        cfg = yaml.safe_load((out / name / "config.yaml").read_text())
+        raw = yaml.safe_load((out / name / "config.yaml").read_text())
         algo, _, seed = name.split("-")
-        assert cfg["run"]["name"] == name and cfg["run"]["wandb_group"] == "t"
-        assert cfg["run"]["variant"] == {"grpo": "grpo", "rloo": "RLOO"}[algo]
-        assert cfg["run"]["tags"] == [algo, "micro", seed] and cfg["run"]["seed"] == int(seed[1:])
+        assert raw["run"]["name"] == name and raw["run"]["wandb_group"] == "t"
+        assert raw["run"]["variant"] == {"grpo": "grpo", "rloo": "RLOO"}[algo]
+        assert raw["run"]["tags"] == [algo, "micro", seed] and raw["run"]["seed"] == int(seed[1:])
     for f in ("table1.md", "table1.csv", "table1.tex", "clip_table.md", "score_vs_compute.png", "fractions.png"):
         assert (out / "report" / f).stat().st_size > 0, f
     table = (out / "report" / "table1.md").read_text()
@@ -112,8 +112,8 @@ def test_stored_peer_dependency_and_a_failed_cell(ran):
     summary = json.loads((out / stored / "summary.json").read_text())
     assert summary["status"] == "done" and summary["models"] == ["micro-qwen-char"]
     assert summary["peer_source"] == "stored" and summary["peers"] == {"micro-qwen-char": "micro-gpt2-pair"}
-    cfg = yaml.safe_load((out / stored / "config.yaml").read_text())
-    assert Path(cfg["peer"]["path"]) == out / "grpo-micro-s0"
+    raw = yaml.safe_load((out / stored / "config.yaml").read_text())
+    assert Path(raw["peer"]["path"]) == out / "grpo-micro-s0"
     assert "no/such/run" in (out / "logs" / "broken-micro-s0.log").read_text()
 
 
@@ -184,9 +184,9 @@ def test_graft_table1_expansion():
     assert alias == {"Last": "GRAFT", "SGT + GRAFT how": "w/o balanced exchange"}   # one configuration, two names
     assert not [c for c in grid.cells if c.label in alias]                          # no second set of runs
     which = grid.cell("hacpo-graft-which-pair1-s0").config()
-    assert which["algo"]["name"] == "hacpo" and which["algo"]["select"] == "graft_which"
-    graft = grid.cell("graft-pair1-s0").config()["algo"]
-    assert (graft["select"], graft["balance"], graft["max_peer_frac"]) == ("complementary", "none", 1.0)
+    assert which.algo.name == "hacpo" and which.algo.select == "graft_which"
+    graft = grid.cell("graft-pair1-s0").config().algo
+    assert (graft.select, graft.balance, graft.max_peer_frac) == ("complementary", "none", 1.0)
     gate = grid.cell("w-o-compatibility-gate-pair1-s2")
     assert gate.overrides["algo.delta"] == 0.0 and gate.overrides["peer.source"] == "online"
     assert gate.overrides["run.tags"] == ["graft", "pair1", "s2"]

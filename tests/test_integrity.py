@@ -1,4 +1,4 @@
-"""Checkpoint and trajectory-store integrity (issue 11): checkpoints load with ``torch.load(weights_only=True)``
+"""Checkpoint and trajectory-store integrity: checkpoints load with ``torch.load(weights_only=True)``
 only (a planted pickle never runs), every file carries size + sha256 in a manifest written last, a corrupt latest
 checkpoint is renamed aside and the previous intact one resumes the run exactly, killed saves' leftovers are
 removed, pruning follows the recorded steps, store step files carry Parquet page checksums, and every corrupt
@@ -27,9 +27,9 @@ from graftzoo.training import checkpoint as C
 from graftzoo.training.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_weights,
                                       prepare_resume, save_checkpoint, verify_checkpoint)
 from graftzoo.contract.config import load_config
-from graftzoo.contract.schema import ConfigError
+from graftzoo.contract.errors import ConfigError
 from graftzoo.training.trainer import Trainer, train
-from graftzoo.eval import selection
+from graftzoo.training import selection
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config
 from graftzoo.peers.sources import StoredPeer
 from graftzoo.peers.store import StoreError, TrajectoryStore, read_step_file

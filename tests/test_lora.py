@@ -1,4 +1,4 @@
-"""LoRA (``model.lora``, issue 15) on the micro pair: only the adapters train (the base weights stay bit-identical),
+"""LoRA (``model.lora``) on the micro pair: only the adapters train (the base weights stay bit-identical),
 the KL reference is the base model (adapters disabled), a vLLM engine receives the merged weights under the base
 model's names, checkpoints hold the adapters only and resume exactly, evaluation and export see the merged model."""
 import json
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from graftzoo.training.checkpoint import CheckpointError, load_weights
-from graftzoo.contract.config import ConfigError, check_lora, load_config
+from graftzoo.contract.config import ConfigError, LoraSection, load_config
+from graftzoo.contract.schema import validate_section
 from graftzoo.training.models import build_engine, build_policy, load_model, make_ref, split_spec
 from graftzoo.training.trainer import Trainer, train
 from graftzoo.envs.task import Task
@@ -26,7 +27,7 @@ def micro_cfg(*overrides, algo="grpo"):
 
 
 def spec_of(cfg, model_id):
-    return next(s for s in cfg["pair"]["models"] if s["id"] == model_id)
+    return next(s for s in cfg.pair.models if s["id"] == model_id)
 
 
 def perturb_adapters(pol, seed=0):
@@ -50,12 +51,12 @@ def logits(model, ids):
 
 def test_lora_settings_are_completed_merged_and_refused_over_fsdp_ranks():
     cfg = micro_cfg(LORA, "model.lora.dropout=0.1")  # a later override of one key keeps the others
-    assert cfg["model"]["lora"] == {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.1}
-    assert micro_cfg()["model"]["lora"] is None and micro_cfg(LORA, "model.lora=null")["model"]["lora"] is None
-    assert check_lora("pair.models[a].lora", {"target_modules": ["q_proj"]})["r"] == 8
+    assert cfg.model.lora.model_dump() == {"r": 4, "alpha": 8, "target_modules": "all-linear", "dropout": 0.1}
+    assert micro_cfg().model.lora is None and micro_cfg(LORA, "model.lora=null").model.lora is None
+    assert validate_section(LoraSection, {"target_modules": ["q_proj"]}, "pair.models[a].lora.").r == 8
     with pytest.raises(ConfigError, match=r"config key 'model.lora' .*num_workers"):
         micro_cfg(LORA, "run.backend=ray", "ray.num_workers=2")
-    assert micro_cfg(LORA, "run.backend=ray")["model"]["lora"]["r"] == 4  # one worker per model: LoRA trains
+    assert micro_cfg(LORA, "run.backend=ray").model.lora.r == 4  # one worker per model: LoRA trains
 
 
 @pytest.mark.parametrize("model_id", [QWEN, GPT2])  # nn.Linear and GPT-2's Conv1D projections

@@ -7,6 +7,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.peers import MixedPeer, OnlinePeer, StoredPeer, StoreError, TrajectoryStore, make_peer_source
+from graftzoo.contract.config import load_config, with_values
 from graftzoo.contract.types import Group, Prompt, Rollout
 from test_graft import STRONG_PAIR  # the micro pair warmed up to have mixed groups (pytest puts tests/ on the path)
 
@@ -114,15 +115,15 @@ def test_partly_written_store_is_readable_up_to_its_last_complete_step(tmp_path)
 
 def test_make_peer_source_kinds(tmp_path):
     write_store(tmp_path)
-    cfg = {"peer": {"source": "stored", "path": str(tmp_path), "model": None, "align": "same_step",
-                    "mix_ratio": None}, "run": {"seed": 0}}
+    cfg = load_config(pair="micro", algo="grpo", overrides=[
+        "peer.source=stored", f"peer.path={tmp_path}", "peer.align=same_step", "run.seed=0"])
     assert isinstance(make_peer_source(cfg, [A], "arithmetic"), StoredPeer)
-    cfg["peer"]["source"] = "mixed"
+    cfg = with_values(cfg, {"peer.source": "mixed"})
     assert isinstance(make_peer_source(cfg, [A, B], "arithmetic"), MixedPeer)
-    cfg["peer"]["path"] = None
+    cfg = with_values(cfg, {"peer.path": None})   # derived, not re-checked: the source's own guard
     with pytest.raises(ValueError, match="peer.path"):
         make_peer_source(cfg, [A, B])
-    cfg["peer"]["source"] = "online"
+    cfg = with_values(cfg, {"peer.source": "online"})
     assert isinstance(make_peer_source(cfg, [A, B]), OnlinePeer)
 
 

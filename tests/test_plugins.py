@@ -5,11 +5,9 @@ import sys
 import textwrap
 
 PLUGIN = '''
-from dataclasses import dataclass
-from graftzoo.algos import Learner, LearnerConfig
+from graftzoo import Learner, LearnerConfig
 
 
-@dataclass
 class HalfAdvConfig(LearnerConfig):
     scale: float = 0.5
 

@@ -27,9 +27,15 @@ def make_run(root, name, variant, seed, n, scores, peers, source=None, metrics=(
              cpu=100.0, peer_run_compute=None):
     """scores: {model: (math500, aime24)}; every model gets `cpu` CPU-s of generate+update."""
     run_dir = root / name
+    # what a trained run's config.yaml holds for the report: its models and its peer source too (the Clip column is
+    # the learner's effective clip, read from the validated config)
     config = {"run": {"name": name, "variant": variant, "seed": seed},
-              "algo": {"name": variant.split(" ")[0].lower()}, "pair": {"name": "tiny"},
+              "algo": {"name": variant.split(" ")[0].lower()},
+              "pair": {"name": "tiny", "models": [{"id": m, "kind": "tiny"} for m in peers]},
               "rollout": {"n": n}}
+    if source:
+        config["peer"] = {"source": {"live": "online"}.get(source, source),
+                          "path": None if source == "live" else str(root / "peer-run")}
     write_config(run_dir, config)
     meter = ComputeMeter(gpus=0)
     for m in peers:
@@ -361,9 +367,9 @@ def _cfg_run(root, name, variant, seed, scores, peers, steps=30, k=4, source=Non
     run_dir = make_run(root, name, variant, seed, 8, scores, peers, source=source,
                        metrics=[{"step": s, "model": m, "reward/mean": 0.1 * s, "groups/all_fail": 0.5,
                                  "eval/avg": 0.2 if s == 1 else None} for s in range(2) for m in peers])
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    cfg["run"]["steps"], cfg["eval"] = steps, {"k": k, "size": 8, "dataset": None, "benchmarks": []}
-    write_config(run_dir, cfg)
+    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    raw["run"]["steps"], raw["eval"] = steps, {"k": k, "size": 8, "dataset": None, "benchmarks": []}
+    write_config(run_dir, raw)
     return run_dir
 
 
