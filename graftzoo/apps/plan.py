@@ -113,13 +113,13 @@ def kv_bytes_per_token(a: Arch, dtype_bytes: int = 2) -> int:
     return 2 * a.layers * a.kv_heads * a.head_dim * dtype_bytes
 
 
-def engine_bytes(n: int, vllm: dict, gpu_gb: float) -> tuple[float, float]:
+def engine_bytes(n: int, vllm, gpu_gb: float) -> tuple[float, float]:
     """(16-bit weights, KV cache reserved) of a colocated vLLM engine: the cache is ``kv_cache_gb``, else what
     ``gpu_memory_utilization`` of the GPU leaves after the weights (vLLM schedules the sequences within it)."""
     w = 2.0 * n
-    if vllm["kv_cache_gb"] is not None:
-        return w, float(vllm["kv_cache_gb"]) * GIB
-    return w, max(0.0, float(vllm["gpu_memory_utilization"]) * gpu_gb * GIB - w)
+    if vllm.kv_cache_gb is not None:
+        return w, float(vllm.kv_cache_gb) * GIB
+    return w, max(0.0, float(vllm.gpu_memory_utilization) * gpu_gb * GIB - w)
 
 
 def plan(cfg: RunConfig, gpu_gb: float = 80.0) -> list[dict]:
@@ -142,7 +142,7 @@ def plan(cfg: RunConfig, gpu_gb: float = 80.0) -> list[dict]:
         vllm = r.engine == "vllm"
         w, kv = engine_bytes(n, r.vllm, gpu_gb) if vllm else (0.0, 0.0)
         kv_all = kv_bytes_per_token(a) * sequences * seq_len  # every sequence of a step at full length at once
-        sleep = vllm and int(r.vllm["sleep_level"]) > 0
+        sleep = vllm and r.vllm.sleep_level > 0
         act = activation_bytes(a, micro, compute, ckpt)
         act_other = activation_bytes(a, micro, compute, not ckpt)
         usable = gpu_gb * 0.9 * GIB
