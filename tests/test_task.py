@@ -10,9 +10,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from graftzoo.algos import om_grpo
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.training.eval_checkpoints import load_run_config
+from graftzoo.training.trainer import Trainer
 from graftzoo.training.sampler import PromptSampler
 from graftzoo.envs.arithmetic import is_heldout
 from graftzoo.envs.datasets import load_dataset
@@ -80,7 +81,7 @@ def test_file_validation_slice_is_left_out_of_training():
     sampler = PromptSampler(cfg, task.train_dataset, task.reserved_ids)
     assert not ids & {p.id for p in sampler.dataset} and len(sampler.dataset) == len(task.train_dataset) - 16
     held = task.heldout()
-    assert held.dataset == "math500" and len(held.prompts) == cfg["eval"]["size"]
+    assert held.dataset == "math500" and len(held.prompts) == cfg.eval.size
     assert not {p.id for p in held.prompts} & {p.id for p in task.train_dataset}
     # only val_avg selection reserves the slice; a separate validation set reserves nothing
     assert Task(from_file("eval.val_size=16", "eval.dataset=math500")).reserved_ids == set()
@@ -121,11 +122,30 @@ def test_benchmark_loading():
         load_benchmark(HELDOUT)
 
 
-def test_om_grpo_test_time_training_uses_the_task_heldout_split():
-    cfg = arith("eval.size=5")
-    assert [p.id for p in om_grpo.heldout_prompts(cfg)] == [p.id for p in Task(cfg).heldout().prompts]
-    cfg = arith("eval.dataset=amc23", "eval.size=3")
-    assert [p.id for p in om_grpo.heldout_prompts(cfg)] == [p.id for p in load_dataset("amc23")][:3]
+def ttt_heldout(cfg, run_dir):
+    """The held-out prompts an OM-GRPO learner's test-time training reads through the trainer's step context, and
+    the ids of one pass of its ``ttt_prompts`` over them."""
+    tr = Trainer(cfg, run_dir=str(run_dir))
+    try:
+        m = next(iter(tr.learners))
+        ctx = tr.context(0, 0, m, 0)
+        held = list(ctx.heldout())
+        return [p.id for p in held], [p.id for p in tr.learners[m].ttt_prompts(ctx, len(held))]
+    finally:
+        tr.close()
+
+
+def test_om_grpo_test_time_training_uses_the_task_heldout_split(tmp_path):
+    def om(*overrides):
+        return load_config(pair="micro", algo="om_grpo", overrides=[
+            "run.track=false", "run.progress=false", "algo.ttt=true", *overrides])
+
+    cfg = om("eval.size=5")
+    held, ttt = ttt_heldout(cfg, tmp_path / "a")
+    assert held == [p.id for p in Task(cfg).heldout().prompts] and sorted(ttt) == sorted(held)
+    cfg = om("eval.dataset=amc23", "eval.size=3")
+    held, ttt = ttt_heldout(cfg, tmp_path / "b")
+    assert held == [p.id for p in load_dataset("amc23")][:3] and sorted(ttt) == sorted(held)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,7 +171,7 @@ def test_check_returns_the_task_and_keeps_what_it_loaded():
 def test_a_user_file_is_a_training_set_without_extra_keys(tmp_path):
     train, held = jsonl(tmp_path / "mine.jsonl", rows(40)), jsonl(tmp_path / "held.jsonl", rows(5, 100))
     cfg = arith("task.env=graftzoo/MathReasoning-v0", f"task.dataset={train}", f"eval.dataset={held}")
-    assert cfg["task"]["split"] == "train"                      # the default: the file itself
+    assert cfg.task.split == "train"                      # the default: the file itself
     task = Task(cfg).check()
     assert len(task.train_dataset) == 40 and task.dataset_id == "mine" and len(task.heldout().prompts) == 5
     assert PromptSampler(cfg, task.train_dataset).batch(0)[0][0].id.startswith("mine/")
@@ -159,7 +179,7 @@ def test_a_user_file_is_a_training_set_without_extra_keys(tmp_path):
                       f"eval.dataset={held}")).check().train_dataset.hash == task.train_dataset.hash
     # no task.env (auto: a dataset is read), no eval.dataset: the held-out split is a tenth of the file, left out
     cfg = arith(f"task.dataset={train}")
-    assert cfg["task"]["env"] == "graftzoo/MathReasoning-v0"
+    assert cfg.task.env == "graftzoo/MathReasoning-v0"
     task = Task(cfg).check()
     held = {p.id for p in task.heldout().prompts}
     assert len(held) == 4 and task.reserved_ids == held                 # min(eval.size=8, 40 // 10)
@@ -232,10 +252,10 @@ def test_check_is_fast_on_the_default_task():
 # ------------------------------------------------------------------------------------------------
 
 def test_task_env_auto_follows_task_dataset():
-    assert load_config(pair="micro", algo="grpo")["task"]["env"] == "graftzoo/Arithmetic-v0"
-    assert arith("task.dataset=math500", "task.split=test")["task"]["env"] == "graftzoo/MathReasoning-v0"
-    assert arith("task.env=auto")["task"]["env"] == "graftzoo/Arithmetic-v0"       # stored resolved: resumes match
-    assert arith("task.env=graftzoo/MathReasoning-v0", "task.dataset=amc23")["task"]["env"] == \
+    assert load_config(pair="micro", algo="grpo").task.env == "graftzoo/Arithmetic-v0"
+    assert arith("task.dataset=math500", "task.split=test").task.env == "graftzoo/MathReasoning-v0"
+    assert arith("task.env=auto").task.env == "graftzoo/Arithmetic-v0"       # stored resolved: resumes match
+    assert arith("task.env=graftzoo/MathReasoning-v0", "task.dataset=amc23").task.env == \
         "graftzoo/MathReasoning-v0"
 
 
@@ -291,9 +311,9 @@ def train_cli(tmp_path, *sets):
 def trained(tmp_path, res, dataset, n_held):
     assert res.exit_code == 0, res.output[-3000:]
     run = tmp_path / "runs" / "byod"
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert cfg["task"]["env"] == "graftzoo/MathReasoning-v0" and cfg["eval"]["dataset"] is None
-    held = Task(cfg).heldout()
+    raw = yaml.safe_load((run / "config.yaml").read_text())
+    assert raw["task"]["env"] == "graftzoo/MathReasoning-v0" and raw["eval"]["dataset"] is None
+    held = Task(load_run_config(run)).heldout()
     assert held.dataset == dataset and len(held.prompts) == n_held
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert {m["model"] for m in metrics if "reward/mean" in m} == {"micro-qwen-char", "micro-gpt2-pair"}
