@@ -12,7 +12,9 @@ import logging
 import sys
 
 import click
+import yaml
 
+from graftzoo.algos import BUILTIN
 from graftzoo.apps.options import PEER_FORMS, peer_option
 from graftzoo.contract.config import algo_presets, as_dict, config_keys, load_config
 
@@ -140,8 +142,8 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, all
     if backend:
         overrides.append(f"run.backend={backend}")
     cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)  # every config check, once
-    from graftzoo.api import summary_lines, train_run as run_train  # torch: after the config check
-    from graftzoo.apps.progress import ProgressPrinter
+    from graftzoo.api import summary_lines, train_run as run_train  # torch: after config check
+    from graftzoo.apps.progress import ProgressPrinter  # rich: only when training
     progress = ProgressPrinter(f"{cfg.algo.name} on {cfg.pair.name}") if cfg.run.progress else None
     try:
         out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress, overwrite=overwrite,
@@ -162,7 +164,7 @@ def algos():
 def algos_list():
     """Show each algorithm's name, source and module, then each preset (configs/algos/NAME.yaml, packaged or the
     current directory's ./configs) with what it sets; failed plugins are reported by name."""
-    from graftzoo.contract.registry import list_algos  # imports every learner
+    from graftzoo.contract.registry import list_algos  # imports torch: late
     entries, failed = list_algos()
     rows = [(e.name, e.source, e.module) for e in entries]
     rows += [(name, source, " ".join(sets)) for name, source, sets in algo_presets()]
@@ -190,7 +192,6 @@ def config_group():
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="dotted override, e.g. optim.lr=1e-5")
 def config_show(pair, algo, peer, files, overrides):
     """Print the resolved config of graftzoo train --pair PAIR --algo ALGO [-c FILE] [--set KEY=VALUE] as YAML."""
-    import yaml  # noqa: PLC0415  (the command's output only)
     cfg = load_config(pair=pair, algo=algo, files=files, overrides=list(overrides) + peer)
     click.echo(yaml.safe_dump(as_dict(cfg), sort_keys=False).rstrip())
 
@@ -204,7 +205,6 @@ def config_keys_cmd(markdown):
 
 def keys_text(markdown: bool) -> str:
     """The key list of ``graftzoo config keys`` (docs/config.md with ``markdown``)."""
-    from graftzoo.algos import BUILTIN  # noqa: PLC0415  (names only, no torch)
     rows = config_keys(BUILTIN)
     if not markdown:
         width = max(len(k) for k, *_ in rows)
