@@ -33,7 +33,7 @@ def assemble(dest: Path) -> Path:
 
 def lint(dest: Path) -> subprocess.CompletedProcess:
     assemble(dest)
-    return subprocess.run([str(LINT), "--config", str(REPO / ".importlinter"), "--no-cache"], cwd=dest,
+    return subprocess.run([str(LINT), str(REPO / ".importlinter"), "--no-cache"], cwd=dest,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -48,7 +48,7 @@ def test_a_layer_violation_is_caught(tmp_path):
     assemble(tmp_path)
     bad = tmp_path / "graftzoo" / "contract" / "types.py"
     bad.write_text(bad.read_text() + "\nfrom graftzoo.training import trainer  # noqa\n")
-    res = subprocess.run([str(LINT), "--config", str(REPO / ".importlinter"), "--no-cache"], cwd=tmp_path,
+    res = subprocess.run([str(LINT), str(REPO / ".importlinter"), "--no-cache"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode != 0 and "graftzoo.contract is not allowed to import graftzoo.training" in res.stdout
 
