@@ -44,7 +44,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from graftzoo.contract.config import clip_label, effective_clip, validate
+from graftzoo.contract.config import clip_label, effective_clip
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
 from graftzoo.eval.metrics import mean_sd_ci
@@ -238,7 +238,7 @@ def _clip_text(members: list) -> str:
     texts = []
     for run, _ in members:
         try:
-            texts.append(clip_label(effective_clip(validate(run.config))))
+            texts.append(clip_label(effective_clip(run.config)))
         except (ValueError, KeyError, TypeError, RuntimeError):  # ConfigError, RegistryError: an unknown algorithm
             texts.append("?")
     return "; ".join(dict.fromkeys(texts))

@@ -1,4 +1,4 @@
-"""One clip for a comparison (spec algos_peer §4.4.2, issue 12): the PPO ratio clip is the run's shared
+"""One clip for a comparison (docs/algorithms.md#one-clip-for-every-method): the PPO ratio clip is the run's shared
 ``optim.clip`` (default 0.2 / 0.2), it reaches every learner's loss, no algorithm has a private default, the grid
 refuses a table whose methods train with different clips unless a row is marked ``clip: own``, and the report
 prints each row's clip."""
@@ -15,8 +15,8 @@ from click.testing import CliRunner
 from graftzoo.apps.cli import main
 from graftzoo.apps.grid import GridError, load_grid
 from graftzoo.contract.batch import TrainBatch
-from graftzoo.contract.config import (ConfigError, algo_config, clip_label, effective_clip, find_config, load_config,
-                                  packaged_configs)
+from graftzoo.contract.config import (ClipSection, ConfigError, LearnerFacts, as_dict, clip_label, effective_clip,
+                                      find_config, load_config, packaged_configs, with_values)
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import TrainRow
 from graftzoo.eval.artifacts import load_runs, make_summary, write_config, write_eval, write_summary
@@ -52,9 +52,9 @@ class FixedRatio:
 def loss_of(algo, advantages, ratio, *overrides):
     """The learner's whole loss (``Learner.loss``) on own rows whose every token has ``ratio``."""
     cfg = cfg_of(algo, *overrides)
-    learner = get_algo(cfg["algo"]["name"])(algo_config(cfg), cfg)
+    learner = get_algo(cfg.algo.name)(cfg.algo, LearnerFacts.of(cfg))
     mb = minibatch(advantages)
-    ctx = SimpleNamespace(update=0, max_response=8, cfg=cfg)
+    ctx = SimpleNamespace(update=0, max_response=8, run=LearnerFacts.of(cfg))
     loss, _ = learner.loss(ctx, FixedRatio(mb, ratio), mb)
     return float(loss)
 
@@ -87,7 +87,7 @@ def test_graft_trains_with_grpo_s_clip_by_default():
                                                              "ratio": "token"}
     assert loss_of("graft", [1.0, -0.5], 2.0) == loss_of("grpo", [1.0, -0.5], 2.0)
     for algo in ("grpo", "graft", "sgt", "dapo", "extra", "rloo", "hora", "om_grpo"):
-        name = cfg_of(algo)["algo"]["name"]
+        name = cfg_of(algo).algo.name
         cfg = load_config(pair="micro", overrides=[f"algo.name={name}", "run.track=false"]
                           + (["peer.source=online"] if name in PEER else []))
         assert effective_clip(cfg)["eps_high"] == 0.2, f"{name}: no private clip default without a preset"
@@ -100,7 +100,7 @@ def test_graft_trains_with_grpo_s_clip_by_default():
 @pytest.mark.parametrize("algo,key", [("grpo", "eps_high"), ("graft", "eps_high"), ("dapo", "dual_clip_c"),
                                       ("extra", "eps_low"), ("hacpo", "eps_low")])
 def test_algo_clip_keys_moved_to_optim_clip(algo, key):
-    with pytest.raises(ConfigError, match=rf"config key 'algo.{key}' moved to 'optim.clip.{key}'") as e:
+    with pytest.raises(ConfigError, match=rf"config key 'algo.{key}' is 'optim.clip.{key}'") as e:
         cfg_of(algo, f"algo.{key}=0.28")
     assert "\n" not in str(e.value)
 
@@ -120,13 +120,13 @@ def test_optim_clip_is_checked_at_load(override, match):
 def test_dapo_and_extra_presets_set_the_shared_clip():
     for algo in ("dapo", "extra"):
         cfg = cfg_of(algo)
-        assert cfg["algo"]["name"] == algo
-        assert cfg["optim"]["clip"] == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 10.0}
+        assert cfg.algo.name == algo
+        assert cfg.optim.clip.model_dump() == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 10.0}
         assert clip_label(effective_clip(cfg)) == "0.2/0.28 c=10"
     assert loss_of("dapo", [1.0], 2.0) == pytest.approx(-1.28)
     ds = cfg_of("grpo_n8_ds")   # GRPO clipping with DAPO's dynamic sampling
-    assert ds["algo"]["name"] == "dapo" and ds["optim"]["clip"] == {"eps_low": 0.2, "eps_high": 0.2,
-                                                                     "dual_clip_c": None}
+    assert ds.algo.name == "dapo" and ds.optim.clip.model_dump() == {"eps_low": 0.2, "eps_high": 0.2,
+                                                                      "dual_clip_c": None}
 
 
 def test_gspo_and_hacpo_state_their_own_clip():
@@ -147,7 +147,7 @@ def test_gspo_and_hacpo_state_their_own_clip():
 
 
 def test_a_run_config_saved_before_the_move_reads_its_algo_keys():
-    old = cfg_of("dapo")
+    old = as_dict(cfg_of("dapo"))   # a run's config.yaml
     old["algo"].update(eps_low=0.2, eps_high=0.28, dual_clip_c=10.0)
     del old["optim"]["clip"]
     assert clip_label(effective_clip(old)) == "0.2/0.28 c=10"
@@ -226,10 +226,12 @@ def test_dry_run_prints_each_cell_s_clip(tmp_path):
 
 def make_run(root, name, variant, algo, seed, clip=None, legacy=None):
     cfg = cfg_of(algo)
-    config = {"run": {"name": name, "variant": variant, "seed": seed}, "algo": dict(cfg["algo"]),
-              "pair": {"name": "micro"}, "rollout": {"n": 8}, "optim": {"clip": dict(clip or cfg["optim"]["clip"])}}
+    clip = ClipSection(**clip) if clip else cfg.optim.clip
+    config = as_dict(with_values(cfg, {"run.name": name, "run.variant": variant, "run.seed": seed, "rollout.n": 8,
+                                       "optim.clip": clip}))   # what the trainer writes as config.yaml
+    assert config["pair"]["name"] == "micro"
     if legacy:   # a run saved before the clip moved to optim.clip
-        del config["optim"]
+        del config["optim"]["clip"]
         config["algo"].update(legacy)
     write_config(root / name, config)
     write_eval(root / name, "m", {"model": "m", "step": 1, "benchmarks": {"arith": {"avg": 0.5, "k": 1, "n_items": 4}}})

@@ -29,14 +29,14 @@ def test_unknown_config_key_is_rejected_with_its_name(tmp_path):
     with pytest.raises(ConfigError, match="algo.eps_hi"):
         micro_cfg(tmp_path, "algo.eps_hi=0.3")
     cfg = micro_cfg(tmp_path, "optim.lr=3e-5", "optim.clip.eps_high=0.28")
-    assert cfg["optim"]["lr"] == 3e-5 and cfg["optim"]["clip"]["eps_high"] == 0.28
+    assert cfg.optim.lr == 3e-5 and cfg.optim.clip.eps_high == 0.28
 
 
 def test_presets_are_configs_of_the_family(tmp_path):
     cfg = micro_cfg(tmp_path, algo="grpo_n16")
-    assert cfg["algo"]["name"] == "grpo" and cfg["rollout"]["n"] == 16
+    assert cfg.algo.name == "grpo" and cfg.rollout.n == 16
     ds = micro_cfg(tmp_path, algo="grpo_n8_ds")
-    assert ds["algo"]["name"] == "dapo" and ds["algo"]["dynamic_sampling"] and ds["rollout"]["n"] == 8
+    assert ds.algo.name == "dapo" and ds.algo.dynamic_sampling and ds.rollout.n == 8
 
 
 def test_behaviour_logprobs_match_the_loss_so_first_ratio_is_one(tmp_path):

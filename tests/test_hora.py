@@ -1,4 +1,4 @@
-"""HORA learner (spec algos_single §2): test vectors through the learner, compute-matched variable-size
+"""HORA learner (docs/algorithms.md#hora): test vectors through the learner, compute-matched variable-size
 groups, history posterior, caps, and an end-to-end CLI run on the micro pair."""
 import json
 
@@ -9,7 +9,9 @@ from click.testing import CliRunner
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import hit_utility
 from graftzoo.algos.hora import HORA, HORAConfig
-from graftzoo.contract.schema import ConfigError, validate
+from graftzoo.contract.config import LearnerFacts
+from graftzoo.contract.errors import ConfigError
+from graftzoo.contract.schema import validate_section
 from graftzoo.contract.types import Group, Prompt, Rollout
 
 COUNTS = [(4, 0), (2, 2), (0, 4), (1, 3)]
@@ -57,10 +59,12 @@ class FakePolicy:
 
 
 def make(G, algo=None, script=None, step=0):
-    run_cfg = {"rollout": {"n": G, "max_new_tokens": 8}, "optim": {"minibatches": 1}}
-    learner = HORA(validate(HORAConfig(**dict(algo or {})), run_cfg), run_cfg)  # checked as load_config does
+    run = LearnerFacts(n=G, max_new_tokens=8, minibatches=1)
+    cfg = validate_section(HORAConfig, dict(algo or {}), "algo.")   # checked as load_config does:
+    cfg.check(run)                                                  # the section, then its rules against the run
+    learner = HORA(cfg, run)
     engine = ScriptedEngine(script or {})
-    ctx = StepContext(step=step, epoch=0, cfg=run_cfg, policy=FakePolicy(), engine=engine, env=MarkEnv())
+    ctx = StepContext(step=step, epoch=0, run=run, policy=FakePolicy(), engine=engine, env=MarkEnv())
     return learner, ctx, engine
 
 
