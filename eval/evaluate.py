@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 from graftzoo.contract.config import RunConfig
 from graftzoo.envs.task import HELDOUT, Task, load_benchmark, resolve_benchmarks
-from graftzoo.envs.verifier import VERIFIER_VERSION
+from graftzoo.envs.verifier import VERIFIER_VERSION, verifier_version
 from graftzoo.eval.artifacts import write_eval
 from graftzoo.eval.protocol import score_benchmark
 
@@ -106,7 +106,8 @@ def evaluate_benchmarks(policy, engine, request: dict, *, task: Optional[Task] =
     finally:
         policy.max_prompt_tokens = saved
     payload.update({
-        "verifier": VERIFIER_VERSION, "engine": _engine_name(engine, task.cfg if task is not None else None),
+        "verifier": verifier_version(task.cfg.task.verifier.model_dump()) if task is not None else VERIFIER_VERSION,
+        "engine": _engine_name(engine, task.cfg if task is not None else None),
         "sampling": {"temperature": temp, "top_p": getattr(engine, "top_p", None),
                      "top_k": getattr(engine, "top_k", None), "max_new_tokens": max_new,
                      "max_prompt_tokens": budget, "k": k, "seeds": seeds, "greedy": bool(request["greedy"]),
