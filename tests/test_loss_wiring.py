@@ -1,4 +1,4 @@
-"""Mechanisms pinned to the loss (issue 12, "Mechanisms whose wiring no test pins"): each test drives a learner's
+"""Mechanisms pinned to the loss (wiring that no other test pins): each test drives a learner's
 real hooks (collect / advantages / exchange / build_batch / schedule / loss) as the trainer does, with the micro
 models, and fails when its mechanism is disconnected:
 
@@ -18,7 +18,7 @@ from helpers import Spy, scored_rollout
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import group_advantages
-from graftzoo.contract.config import algo_config, load_config
+from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.training.models import build_policy
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import Group, Prompt
@@ -32,18 +32,18 @@ PROMPTS = [Prompt(id=f"p{i}", text=f"{10 + i}+{20 + i}", gold=str(30 + 2 * i)) f
 @pytest.fixture(scope="module")
 def pols():
     cfg = load_config(pair="micro", algo="grpo")
-    return {s["id"]: build_policy(s, cfg) for s in cfg["pair"]["models"]}
+    return {s["id"]: build_policy(s, cfg) for s in cfg.pair.models}
 
 
 def make(algo, *overrides):
     """(learner, run config) as the trainer builds them."""
     cfg = load_config(pair="micro", algo=algo, overrides=["run.track=false", *overrides])
-    return get_algo(algo)(algo_config(cfg), cfg), cfg
+    return get_algo(algo)(cfg.algo, LearnerFacts.of(cfg)), cfg
 
 
 def context(cfg, pol, **kw):
-    return StepContext(step=0, epoch=0, cfg=cfg, policy=pol, rng=random.Random(0), **{"engine": None, "env": None,
-                                                                                       **kw})
+    return StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=pol, rng=random.Random(0),
+                       **{"engine": None, "env": None, **kw})
 
 
 def answers(prompt, correct, pad=""):

@@ -1,4 +1,4 @@
-"""Memory-bounded updates on one device (issue 14, first part): a minibatch split into micro-batches by a token
+"""Memory-bounded updates on one device: a minibatch split into micro-batches by a token
 budget (``optim.max_tokens_per_micro``) gives the gradient of the unsplit minibatch for every ``loss_agg`` mode and
 every kind of row (own, grafted peer rows with their weights, aux NLL rows, KL and entropy terms); gradient
 checkpointing gives the same gradient; ``optim.precision=bf16-mixed`` keeps float32 master weights, so a bfloat16
@@ -12,7 +12,7 @@ from test_loss_wiring import FAIL, LEARNER, MIXED, PEER, PROMPTS, context, group
 
 from graftzoo.algos.functional import agg_denominator, agg_loss
 from graftzoo.contract.batch import micro_split
-from graftzoo.contract.config import load_config
+from graftzoo.contract.config import load_config, with_values
 from graftzoo.training.models import build_policy
 from graftzoo.training.policy import Policy
 from graftzoo.training.trainer import Trainer
@@ -110,7 +110,7 @@ def test_peer_and_aux_rows_split_exactly(mode):
     """GRAFT's grafted peer rows (weights min{s,1}) and SGT's aux NLL rows, with KL (to a reference model that
     differs) and entropy terms, in micro-batches: same loss, same gradient as the whole minibatch."""
     cfg0 = load_config(pair="micro", algo="grpo")
-    pols = {s["id"]: build_policy(s, cfg0) for s in cfg0["pair"]["models"]}
+    pols = {s["id"]: build_policy(s, cfg0) for s in cfg0.pair.models}
     lpol, ppol = pols[LEARNER], pols[PEER]
     own = [group(lpol, p, FAIL if i == 0 else MIXED, grpo_adv(FAIL if i == 0 else MIXED))
            for i, p in enumerate(PROMPTS)]
@@ -149,7 +149,8 @@ def moved_fraction(tmp_path, name, precision):
     cfg = load_config(pair="micro", algo="grpo", overrides=[
         "run.track=false", f"run.out_dir={tmp_path}", f"run.name={name}", f"pair.train=[{LEARNER}]",
         "optim.minibatches=1", "optim.lr=1e-6", f"optim.precision={precision}", "algo.entropy_coeff=0.01"])
-    cfg["pair"]["models"][0]["dtype"] = "bfloat16"
+    first, *rest = cfg.pair.models
+    cfg = with_values(cfg, {"pair.models": [{**first, "dtype": "bfloat16"}, *rest]})
     tr = Trainer(cfg)
     try:
         pol = tr.policies[LEARNER]
@@ -179,8 +180,7 @@ def test_bf16_mixed_keeps_fp32_master_weights_that_take_every_small_update(tmp_p
 
 def test_per_model_device_and_scoring_passes_within_the_budget(monkeypatch):
     cfg = load_config(pair="micro", algo="grpo", overrides=["run.track=false", "optim.max_tokens_per_micro=100"])
-    cfg["pair"]["models"][0]["device"] = "cpu"
-    pol = build_policy(cfg["pair"]["models"][0], cfg)
+    pol = build_policy({**cfg.pair.models[0], "device": "cpu"}, cfg)   # a per-model device
     assert pol.device == torch.device("cpu") and pol.max_tokens_per_micro == 100
     shapes = []
     logprobs = Policy.logprobs
