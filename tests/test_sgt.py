@@ -1,4 +1,4 @@
-"""SGT learner (spec algos_peer §3.2): the rescue set, K_inj, both gates, augment and aux_nll modes,
+"""SGT learner (docs/algorithms.md#sgt): the rescue set, K_inj, both gates, augment and aux_nll modes,
 and the micro pair (two tokenizers) co-trained end to end through the CLI."""
 import json
 import math
@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import sequence_mean_logp
 from graftzoo.algos.sgt import SGT, SGTConfig
-from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Group, Prompt
 
@@ -24,7 +24,7 @@ G = 8
 @pytest.fixture(scope="module")
 def pols():
     cfg = load_config(pair="micro", algo="sgt", overrides=["peer.source=online", "run.track=false"])
-    return {s["id"]: build_policy(s, cfg) for s in cfg["pair"]["models"]}
+    return {s["id"]: build_policy(s, cfg) for s in cfg.pair.models}
 
 
 def run_cfg(*overrides):
@@ -52,8 +52,9 @@ def peer_group(pol, prompt, correct):
 def step(pols, own_correct, peer_correct, *overrides):
     """One exchange for the qwen learner with the gpt2 peer; returns (learner, ctx, own groups, slots)."""
     cfg = run_cfg(*overrides)
-    learner = SGT(SGTConfig(**{k: v for k, v in cfg["algo"].items() if k != "name"}), cfg)
-    ctx = StepContext(step=0, epoch=0, cfg=cfg, policy=pols[QWEN], engine=None, env=None, rng=random.Random(0))
+    learner = SGT(cfg.algo, LearnerFacts.of(cfg))
+    ctx = StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=pols[QWEN], engine=None, env=None,
+                      rng=random.Random(0))
     prompts = [P, Q][:len(own_correct)]
     groups = learner.advantages(ctx, [own_group(pols[QWEN], p, c) for p, c in zip(prompts, own_correct)])
     peer = {p.id: peer_group(pols[GPT2], p, pc) for p, pc in zip(prompts, peer_correct) if pc is not None}
@@ -65,7 +66,7 @@ def injected(group):
 
 
 def test_augment_worked_example(pols):
-    """§3.2: G = 8, learner all-fail, one verified peer success injected: A = 2.47 / -0.35."""
+    """The worked example (docs/algorithms.md#sgt): G = 8, learner all-fail, one verified peer success injected: A = 2.47 / -0.35."""
     peer_c = [False, True, False, True, True, False, False, False]
     learner, ctx, groups, slots = step(pols, [0], [peer_c])
     (g,) = slots
@@ -104,7 +105,7 @@ def test_k_inj_caps_the_rescue_set(pols):
 
 
 def test_gate_all_fail_versus_threshold(pols):
-    peer_c = [True] * G  # an all-success peer group may be transferred (§3.2 edge cases)
+    peer_c = [True] * G  # an all-success peer group may be transferred (an SGT edge case, docs/algorithms.md#sgt)
     _, ctx, groups, slots = step(pols, [1, 0], [peer_c, peer_c])
     assert injected(slots[0]) == [] and slots[0].advantages == groups[0].advantages  # 1/8 solved: not rescued
     assert len(injected(slots[1])) == 1 and ctx.metrics["peer/rescued_groups"] == 1
@@ -171,8 +172,8 @@ def test_config_and_peer_source_errors(pols):
             run_cfg(bad)
     with pytest.raises(ConfigError, match="needs a peer source.*--peer online"):  # at load (needs_peer)
         load_config(pair="micro", algo="sgt", overrides=["run.track=false"])
-    learner = SGT(SGTConfig(), run_cfg())
-    ctx = StepContext(step=0, epoch=0, cfg=run_cfg(), policy=pols[QWEN], engine=None, env=None)
+    learner = SGT(SGTConfig(), LearnerFacts.of(run_cfg()))
+    ctx = StepContext(step=0, epoch=0, run=LearnerFacts.of(run_cfg()), policy=pols[QWEN], engine=None, env=None)
     with pytest.raises(ConfigError, match="needs a peer source"):
         learner.exchange(ctx, [own_group(pols[QWEN], P, 0)], None)
 
