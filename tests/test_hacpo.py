@@ -1,4 +1,4 @@
-"""HACPO learner (spec algos_peer §2): worked example §2.4.6 through the learner, every switch, state,
+"""HACPO learner (docs/algorithms.md#hacpo): the worked example through the learner, every switch, state,
 and the micro pair (two tokenizers) co-trained end to end through the CLI."""
 import copy
 import json
@@ -15,7 +15,7 @@ from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import sequence_mean_logp, sequence_terms_as_tokens
 from graftzoo.contract.batch import TrainBatch
 from graftzoo.algos.hacpo import HACPO, HACPOConfig
-from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Group, Prompt, TrainRow
 
@@ -26,7 +26,7 @@ QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"
 @pytest.fixture(scope="module")
 def pols():
     cfg = load_config(pair="micro", algo="hacpo", overrides=["peer.source=online", "run.track=false"])
-    return {s["id"]: build_policy(s, cfg) for s in cfg["pair"]["models"]}
+    return {s["id"]: build_policy(s, cfg) for s in cfg.pair.models}
 
 
 def run_cfg(*overrides):
@@ -42,12 +42,12 @@ def group(pol, prompt, texts, correct):
 
 
 def make(cfg, pol, history=None, ref=None):
-    algo = {k: v for k, v in cfg["algo"].items() if k != "name"}
-    learner = HACPO(HACPOConfig(**algo), cfg)
+    assert isinstance(cfg.algo, HACPOConfig)
+    learner = HACPO(cfg.algo, LearnerFacts.of(cfg))
     if history:
         learner.load_state_dict({"history": history})
-    ctx = StepContext(step=0, epoch=0, cfg=cfg, policy=pol, engine=None, env=None, rng=random.Random(0),
-                      ref_policy=ref)
+    ctx = StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=pol, engine=None, env=None,
+                      rng=random.Random(0), ref_policy=ref)
     return learner, ctx
 
 
@@ -55,7 +55,8 @@ P = Prompt("p0", "2+3", gold="5")
 
 
 def worked_example(pols, cfg):
-    """§2.4.6: learner rewards [0, 0], peer rewards [1, 0], P^_L = 0.2, P^_P = 0.5 (current step included)."""
+    """The worked example (docs/algorithms.md#hacpo-capability-aware-advantage): learner rewards [0, 0], peer
+    rewards [1, 0], P^_L = 0.2, P^_P = 0.5 (current step included)."""
     learner, ctx = make(cfg, pols[QWEN], history={"self": [0.4], "peer": [0.5]})
     own = group(pols[QWEN], P, ["2+3=4", "2+3=6"], [False, False])
     peer = group(pols[GPT2], P, ["2+3=5", "2+3=7"], [True, False])
@@ -131,7 +132,7 @@ def cross_minibatch(s_values, adv):
 
 def cross_values(cfg_overrides, u, s_values, adv):
     cfg = run_cfg(*cfg_overrides)
-    learner = HACPO(HACPOConfig(**{k: v for k, v in cfg["algo"].items() if k != "name"}), cfg)
+    learner = HACPO(cfg.algo, LearnerFacts.of(cfg))
     mb = cross_minibatch(s_values, adv)
     logp = torch.zeros(len(s_values), 2, requires_grad=True)
     pg = learner.surrogate(SimpleNamespace(update=u), logp, mb)
@@ -165,7 +166,7 @@ def test_alpha_is_the_exponential_is_power():
 
 def test_self_clip_sets_the_gspo_clip_of_self_samples():
     cfg = run_cfg("algo.self_clip=[0.1,0.2]")
-    assert cfg["algo"]["seq_clip"] == [0.1, 0.2]
+    assert cfg.algo.seq_clip == [0.1, 0.2]
     with pytest.raises(ConfigError, match="self_clip"):
         run_cfg("algo.seq_clip=[0.2, 0.2]")
     with pytest.raises(ConfigError, match="capability-aware"):
@@ -173,7 +174,7 @@ def test_self_clip_sets_the_gspo_clip_of_self_samples():
 
     def self_loss(*ov):
         cfg = run_cfg(*ov, "algo.ratio_form=sequence")
-        learner = HACPO(HACPOConfig(**{k: v for k, v in cfg["algo"].items() if k != "name"}), cfg)
+        learner = HACPO(cfg.algo, LearnerFacts.of(cfg))
         mb = cross_minibatch([1.0], [1.0])
         mb.role[:] = 0  # a self (own) row
         pg = learner.surrogate(SimpleNamespace(update=0), torch.full((1, 2), math.log(1.05)), mb)  # s = 1.05
