@@ -1,4 +1,4 @@
-"""GRAFT [graft] (spec algos_peer §4, §6): the learner path on hand-built groups with the real micro pair
+"""GRAFT [graft] (docs/algorithms.md#graft): the learner path on hand-built groups with the real micro pair
 (re-tokenization and theta_old scoring by ``ctx.localize``), every ablation switch, and an end-to-end
 co-training run through the CLI."""
 import json
@@ -12,7 +12,7 @@ import graftzoo.peers.xt
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import align_peer_logprobs, group_advantages
 from graftzoo.algos.graft import GRAFT, GRAFTConfig
-from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout
 
@@ -42,18 +42,18 @@ def make_cfg(*overrides, peer="online"):
 @pytest.fixture(scope="module")
 def pols():
     cfg = make_cfg()
-    return {s["id"]: build_policy(s, cfg) for s in cfg["pair"]["models"]}
+    return {s["id"]: build_policy(s, cfg) for s in cfg.pair.models}
 
 
 def learner(*overrides, peer="online"):
     cfg = make_cfg(*[f"algo.{o}" if "." not in o.split("=")[0] else o for o in overrides], peer=peer)
-    algo = dict(cfg["algo"])
-    algo.pop("name")
-    return GRAFT(GRAFTConfig(**algo), cfg), cfg
+    assert isinstance(cfg.algo, GRAFTConfig)
+    return GRAFT(cfg.algo, LearnerFacts.of(cfg)), cfg
 
 
 def context(cfg, pol, seed=0):
-    return StepContext(step=0, epoch=0, cfg=cfg, policy=pol, engine=None, env=None, rng=random.Random(seed))
+    return StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=pol, engine=None, env=None,
+                       rng=random.Random(seed))
 
 
 def rollout(pol, prompt, text, correct, lp=-1.0):
@@ -96,7 +96,7 @@ def grafted_ids(slots):
 
 
 # ------------------------------------------------------------------------------------------------
-# the worked example (spec §4.4.5) through the learner path
+# the worked example (docs/algorithms.md#graft-compatibility-gate) through the learner path
 # ------------------------------------------------------------------------------------------------
 
 WORKED_L = {0: -0.70, 1: -0.90, 2: -0.50}  # response index -> l_L; the others equal l_P (s = 1)
@@ -179,7 +179,7 @@ def test_needs_a_peer_source(pols):
 
 def test_config_keys_are_checked():
     cfg = make_cfg()
-    a = {**cfg["algo"], "eps_high": cfg["optim"]["clip"]["eps_high"]}   # the shared clip: GRPO's 0.2
+    a = {**cfg.algo.model_dump(), "eps_high": cfg.optim.clip.eps_high}   # the shared clip: GRPO's 0.2
     assert (a["eps_high"], a["delta"], a["weight"], a["select"], a["balance"], a["max_peer_frac"], a["admission"],
             a["token_ratio"], a["peer_position"], a["peer_minibatches"], a["renorm_adv_after_gate"]) == \
         (0.2, 0.8, "min_s_1", "complementary", "none", 1.0, "gate", "learner_old", "last", "replace_slots", False)
@@ -217,7 +217,8 @@ def test_admission_all_and_random_count_matched(pols, monkeypatch):
     algo, _, own, peer = worked_setup(pols, monkeypatch, "admission=random_count_matched")
     rejected_idx = set()
     for seed in range(8):
-        ctx = context(ctx.cfg, pols[LEARNER], seed)
+        ctx = StepContext(step=0, epoch=0, run=ctx.run, policy=pols[LEARNER], engine=None, env=None,
+                          rng=random.Random(seed))
         w = algo.exchange(ctx, own, peer)[-1].weights
         assert sum(1 for x in w if x > 0) == 7 and ctx.metrics["peer/admitted"] == 7   # the gate's count
         out = [i for i, x in enumerate(w) if x == 0]
@@ -252,7 +253,7 @@ BAL_P = [[1] * 4 + [0] * 4, [1] + [0] * 7, [1] * 2 + [0] * 6, [1] * 7 + [0], FAI
 
 
 def test_balanced_exchange_replaces_every_candidate_with_the_whole_peer_group(pols):
-    """The sourced default (spec §4.3 step 3): every learner all-fail prompt with a mixed peer group is replaced
+    """The sourced default (docs/algorithms.md#graft-which-groups): every learner all-fail prompt with a mixed peer group is replaced
     by the whole peer group, successes and failures with their peer advantages; no cap."""
     own, peer = batch_of(pols, BAL_L, BAL_P)
     algo, cfg = learner("delta=0")
@@ -311,7 +312,7 @@ def test_sgt_graft_how(pols, monkeypatch):
     g1 = slots["p1"]
     assert g1.n == 1 and g1.rollouts[0].correct and g1.advantages == pytest.approx([2.4749], abs=1e-4)
     assert all(r.correct for p in ("p0", "p2", "p3") for r in slots[p].rollouts)
-    # all-success peer group: one success injected into the learner's group, advantages recomputed (§3.2)
+    # all-success peer group: one success injected into the learner's group, advantages recomputed (docs/algorithms.md#sgt)
     g7 = slots["p7"]
     assert g7.n == 8 and sum(r.correct for r in g7.rollouts) == 1
     assert sorted(g7.advantages) == pytest.approx([-0.35355] * 7 + [2.4749], abs=1e-4)
@@ -364,8 +365,9 @@ def test_peer_position_and_minibatches(pols, overrides, want):
 
 
 def test_separate_minibatches_hold_only_informative_own_groups(pols):
-    """peer_minibatches=separate (spec §4.3 step 6, alternative): own minibatches hold the own informative groups;
-    an own group with zero advantages (here p7: learner all-fail, peer all-success, not replaced) is left out."""
+    """peer_minibatches=separate (docs/algorithms.md#graft-peer-last-order, the alternative): own minibatches hold
+    the own informative groups; an own group with zero advantages (here p7: learner all-fail, peer all-success, not
+    replaced) is left out."""
     own, peer = batch_of(pols, BAL_L, BAL_P)
     scheduled = {}
     for layout in ("replace_slots", "separate"):
@@ -460,9 +462,9 @@ def test_append_eos_if_stopped(pols, append):
 
 @pytest.mark.parametrize("overflow", ["drop", "truncate"])
 def test_a_prompt_over_the_limit_is_dropped_not_truncated(pols, monkeypatch, overflow):
-    """Spec §4.5: a grafted response whose prompt, in the learner's template, is longer than
-    rollout.max_prompt_tokens is dropped and counted (default xt.overflow=drop); truncate (HACPO's code) keeps
-    the prompt's last tokens."""
+    """An edge case (docs/algorithms.md#graft-edge-cases): a grafted response whose prompt, in the learner's
+    template, is longer than rollout.max_prompt_tokens is dropped and counted (default xt.overflow=drop); truncate
+    (HACPO's code) keeps the prompt's last tokens."""
     own, peer = batch_of(pols, [FAIL, MIXED], [MIXED, MIXED])
     pol = pols[LEARNER]
     full = len(pol.encode_prompt(own[0].prompt))
