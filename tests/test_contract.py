@@ -73,7 +73,8 @@ def test_what_crosses_a_hook_is_plain_picklable_data(tmp_path, monkeypatch, algo
 
 
 def test_sequence_terms_keep_their_meaning_in_every_aggregation():
-    """A sequence-level value (HACPO's cross term) is its row's per-token value (docs/algorithms.md#loss-aggregation)."""
+    """A sequence-level value (HACPO's cross term) is its row's per-token value
+    (docs/algorithms.md#loss-aggregation)."""
     tok = torch.tensor([[1.0, 2.0, 0.0], [9.0, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     merged = sequence_terms_as_tokens(tok, torch.tensor([0.0, 5.0]), torch.tensor([False, True]))
@@ -100,7 +101,8 @@ def test_loss_parts_follow_the_row_roles():
     """own + peer rows: clipped surrogate, weighted; aux rows: weighted NLL only; KL on own rows only."""
     cfg = load_config(pair="micro", algo="grpo")
     learner = Learner(get_algo("grpo").Config(), LearnerFacts.of(cfg))
-    ctx = StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=None, engine=None, env=None, rng=random.Random(0))
+    ctx = StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=None, engine=None, env=None,
+                      rng=random.Random(0))
 
     def row(role, adv, weight):
         return TrainRow([1], [2, 3], [-1.0, -1.0], [1.0, 1.0], [1.0, 1.0] if role == "own" else [0.0, 0.0],

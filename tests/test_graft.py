@@ -253,8 +253,8 @@ BAL_P = [[1] * 4 + [0] * 4, [1] + [0] * 7, [1] * 2 + [0] * 6, [1] * 7 + [0], FAI
 
 
 def test_balanced_exchange_replaces_every_candidate_with_the_whole_peer_group(pols):
-    """The sourced default (docs/algorithms.md#graft-which-groups): every learner all-fail prompt with a mixed peer group is replaced
-    by the whole peer group, successes and failures with their peer advantages; no cap."""
+    """The sourced default (docs/algorithms.md#graft-which-groups): every learner all-fail prompt with a mixed peer
+    group is replaced by the whole peer group, successes and failures with their peer advantages; no cap."""
     own, peer = batch_of(pols, BAL_L, BAL_P)
     algo, cfg = learner("delta=0")
     slots = {g.prompt.id: g for g in algo.exchange(context(cfg, pols[LEARNER]), own, peer)}
@@ -312,7 +312,8 @@ def test_sgt_graft_how(pols, monkeypatch):
     g1 = slots["p1"]
     assert g1.n == 1 and g1.rollouts[0].correct and g1.advantages == pytest.approx([2.4749], abs=1e-4)
     assert all(r.correct for p in ("p0", "p2", "p3") for r in slots[p].rollouts)
-    # all-success peer group: one success injected into the learner's group, advantages recomputed (docs/algorithms.md#sgt)
+    # all-success peer group: one success injected into the learner's group, advantages recomputed
+    # (docs/algorithms.md#sgt)
     g7 = slots["p7"]
     assert g7.n == 8 and sum(r.correct for r in g7.rollouts) == 1
     assert sorted(g7.advantages) == pytest.approx([-0.35355] * 7 + [2.4749], abs=1e-4)

@@ -66,7 +66,8 @@ def injected(group):
 
 
 def test_augment_worked_example(pols):
-    """The worked example (docs/algorithms.md#sgt): G = 8, learner all-fail, one verified peer success injected: A = 2.47 / -0.35."""
+    """The worked example (docs/algorithms.md#sgt): G = 8, learner all-fail, one verified peer success injected:
+    A = 2.47 / -0.35."""
     peer_c = [False, True, False, True, True, False, False, False]
     learner, ctx, groups, slots = step(pols, [0], [peer_c])
     (g,) = slots
