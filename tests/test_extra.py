@@ -1,4 +1,4 @@
-"""ExTra learner (spec algos_single §3): novelty bonus, prefix mining and regeneration with the micro
+"""ExTra learner (docs/algorithms.md#extra): novelty bonus, prefix mining and regeneration with the micro
 policy, prefix tokens out of the loss, embedders, state, and an end-to-end CLI run."""
 import copy
 import json
@@ -13,14 +13,14 @@ from graftzoo.algos.base import StepContext
 from graftzoo.algos.extra import ExTra, ExTraConfig
 from graftzoo.algos.functional import (most_confident_rollout, prefix_cut_points, prefix_entropy_scores,
                                        select_prefix)
-from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
 from graftzoo.algos.embedders import HashedNgramEmbedder, make_embedder
 from graftzoo.training.models import build_engine, build_policy
 from graftzoo.envs.task import Task
 from graftzoo.contract.types import Group, Prompt, Rollout
 
 # the micro models' scratchpads have no newlines: these tests cut after '=' / '+' (algo.fallback_cut_chars;
-# the default "" makes no cut without a newline, spec algos_single §3.3 step 3)
+# the default "" makes no cut without a newline, docs/algorithms.md#extra-prefix-regeneration)
 OVERRIDES = ["pair.train=[micro-qwen-char]", "algo.regen_warmup_steps=0", "algo.prefix_min_gap=3",
              "algo.regen_batch_size=1", "eval.size=2", "algo.fallback_cut_chars==+"]
 
@@ -28,20 +28,20 @@ OVERRIDES = ["pair.train=[micro-qwen-char]", "algo.regen_warmup_steps=0", "algo.
 @pytest.fixture(scope="module")
 def setup():
     cfg = load_config(pair="micro", algo="extra", overrides=OVERRIDES)
-    spec = next(s for s in cfg["pair"]["models"] if s["id"] == "micro-qwen-char")
+    spec = next(s for s in cfg.pair.models if s["id"] == "micro-qwen-char")
     policy = build_policy(spec, cfg, seed=0)
     return cfg, policy, build_engine(policy, cfg), Task(cfg).train_env
 
 
 def learner_for(cfg, **algo):
-    keys = {k: v for k, v in cfg["algo"].items() if k != "name"}
+    keys = cfg.algo.model_dump(exclude={"name"})
     keys.update(algo)
-    return ExTra(ExTraConfig(**keys), cfg)
+    return ExTra(ExTraConfig(**keys), LearnerFacts.of(cfg))
 
 
 def context(setup, step=0):
     cfg, policy, engine, env = setup
-    return StepContext(step=step, epoch=0, cfg=cfg, policy=policy, engine=engine, env=env)
+    return StepContext(step=step, epoch=0, run=LearnerFacts.of(cfg), policy=policy, engine=engine, env=env)
 
 
 def rollout(policy, prompt, text, correct, reward=None):
@@ -59,7 +59,7 @@ def group(policy, prompt, texts, correct):
 P = Prompt(id="q1", text="12+34", gold="46")
 
 
-# ---------------------------------------------------------------- novelty (§3.2)
+# ---------------------------------------------------------------- novelty (docs/algorithms.md#extra-novelty-bonus)
 
 @pytest.mark.parametrize("mode", ["after_norm", "before_norm"])
 def test_correct_novel_response_beats_correct_duplicate(setup, mode):
@@ -87,7 +87,7 @@ def test_all_correct_group_gets_a_pure_diversity_signal(setup):
     assert g.advantages[:3] == [0.0, 0.0, 0.0] and g.advantages[3] > 0
 
 
-# ---------------------------------------------------------------- prefixes (§3.3)
+# -------------------------------------------------------- prefixes (docs/algorithms.md#extra-prefix-regeneration)
 
 def test_hard_prompt_prefix_is_mined_from_the_most_confident_rollout(setup):
     cfg, policy = setup[0], setup[1]
@@ -119,9 +119,9 @@ def test_hard_prompt_prefix_is_mined_from_the_most_confident_rollout(setup):
 
 
 def test_no_prefix_without_cut_tokens_and_easy_prompts_skipped(setup):
-    """By default a response without a newline gives no prefix (spec algos_single §3.3 step 3)."""
+    """By default a response without a newline gives no prefix (docs/algorithms.md#extra-prefix-regeneration)."""
     cfg, policy = setup[0], setup[1]
-    assert cfg["algo"]["fallback_cut_chars"] == "=+" and ExTraConfig().fallback_cut_chars == ""
+    assert cfg.algo.fallback_cut_chars == "=+" and ExTraConfig().fallback_cut_chars == ""
     learner = learner_for(cfg, fallback_cut_chars=ExTraConfig().fallback_cut_chars)
     ctx = context(setup)
     learner._mine(ctx, [group(policy, P, ["12+34=46", "12+34=47"], [False, False]),

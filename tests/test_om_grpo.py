@@ -1,4 +1,4 @@
-"""OM-GRPO learner (spec algos_single §4): hand-computed consensus reward with CAR votes, no gradient on
+"""OM-GRPO learner (docs/algorithms.md#om-grpo): hand-computed consensus reward with CAR votes, no gradient on
 the answer span (policy and KL terms), gold never read (label-free and TTT), and an end-to-end CLI run."""
 import copy
 import json
@@ -14,7 +14,7 @@ import graftzoo.algos.om_grpo as om
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.om_grpo import OMGRPO, OMGRPOConfig
 from graftzoo.training.policy import Policy
-from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, LearnerFacts, load_config, with_values
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Group, Prompt, Rollout
 
@@ -78,15 +78,14 @@ class NoLabels:
     score_batch = score_groups
 
 
-def text_ctx(texts, contrast=(), G=3, step=0, **cfg_extra):
-    cfg = {"rollout": {"n": G, "max_new_tokens": 64}, "task": {"verifier_timeout": 2.0, "prompts_per_step": 1},
-           "optim": {"minibatches": 1}, "run": {"seed": 0}, **cfg_extra}
+def text_ctx(texts, contrast=(), G=3, step=0):
+    run = LearnerFacts(n=G, max_new_tokens=64, verifier_timeout=2.0, minibatches=1, seed=0)
     engine = ScriptedEngine(texts, contrast)
-    return StepContext(step=step, epoch=0, cfg=cfg, policy=TextPolicy(), engine=engine, env=NoLabels()), engine
+    return StepContext(step=step, epoch=0, run=run, policy=TextPolicy(), engine=engine, env=NoLabels()), engine
 
 
-def learner(cfg, **algo):
-    return OMGRPO(OMGRPOConfig(**algo), cfg)
+def learner(run: LearnerFacts, **algo):
+    return OMGRPO(OMGRPOConfig(**algo), run)
 
 
 def test_consensus_reward_matches_hand_computation():
@@ -95,7 +94,7 @@ def test_consensus_reward_matches_hand_computation():
     own = ["so \\boxed{3}", "thus \\boxed{3}.", "\\boxed{5}"]
     votes = ["\\boxed{3}", "\\boxed{\\frac{6}{2}}", "\\boxed{5}", "no answer here", "\\boxed{3}", "\\boxed{7}"]
     ctx, engine = text_ctx({"x": own}, votes)
-    lr = learner(ctx.cfg)
+    lr = learner(ctx.run)
     groups = lr.collect(ctx, [Prompt(id="x", text="What is 1+2?", gold="3", metadata={"solution": "1+2=3"})])
     g = groups[0]
     assert g.rewards == pytest.approx([1 + 5 / 9, 1 + 5 / 9, 1 + 2 / 9], abs=1e-12)
@@ -108,24 +107,24 @@ def test_consensus_reward_matches_hand_computation():
     assert g.advantages == pytest.approx(((r - r.mean()) / (r.std() + 1e-6)).tolist(), abs=1e-9)
     # without CAR the pool is the 3 own answers: 2/3, 2/3, 1/3
     ctx, _ = text_ctx({"x": own})
-    g = learner(ctx.cfg, contrast=False).collect(ctx, [Prompt(id="x", text="q", gold=None)])[0]
+    g = learner(ctx.run, contrast=False).collect(ctx, [Prompt(id="x", text="q", gold=None)])[0]
     assert g.rewards == pytest.approx([1 + 2 / 3, 1 + 2 / 3, 1 + 1 / 3])
 
 
 def test_unformatted_answers_score_zero_and_any_format_reads_scratchpads():
     own = ["12+3=15", "12+3=15", "\\boxed{16}"]
     ctx, _ = text_ctx({"x": own})
-    g = learner(ctx.cfg, contrast=False).collect(ctx, [Prompt(id="x", text="12+3", gold=None)])[0]
+    g = learner(ctx.run, contrast=False).collect(ctx, [Prompt(id="x", text="12+3", gold=None)])[0]
     assert g.rewards == pytest.approx([0.0, 0.0, 1 + 1 / 3])          # None never matches, still counts in |Z|
     ctx, _ = text_ctx({"x": own})
-    g = learner(ctx.cfg, contrast=False, answer_format="any").collect(ctx, [Prompt(id="x", text="12+3")])[0]
+    g = learner(ctx.run, contrast=False, answer_format="any").collect(ctx, [Prompt(id="x", text="12+3")])[0]
     assert g.rewards == pytest.approx([1 + 2 / 3, 1 + 2 / 3, 1 + 1 / 3])
 
 
 def test_answer_span_mask_on_the_rollout():
     own = ["x=\\boxed{12} so \\boxed{15}", "15", "no"]
     ctx, _ = text_ctx({"x": own})
-    g = learner(ctx.cfg, contrast=False, answer_grad_scale=0.25).collect(ctx, [Prompt(id="x", text="q")])[0]
+    g = learner(ctx.run, contrast=False, answer_grad_scale=0.25).collect(ctx, [Prompt(id="x", text="q")])[0]
     m = g.rollouts[0].loss_mask
     text = own[0]
     start = text.rindex("15")
@@ -134,7 +133,7 @@ def test_answer_span_mask_on_the_rollout():
     assert g.rollouts[0].kl_mask == m
     assert g.rollouts[1].loss_mask == [1.0] * 3                 # unformatted: nothing to mask
     ctx, _ = text_ctx({"x": own})
-    g = learner(ctx.cfg, contrast=False, mask_all_boxed=True, mask_kl=False).collect(ctx, [Prompt(id="x", text="q")])[0]
+    g = learner(ctx.run, contrast=False, mask_all_boxed=True, mask_kl=False).collect(ctx, [Prompt(id="x", text="q")])[0]
     m = g.rollouts[0].loss_mask
     assert sum(v == 0.0 for v in m) == 4 and g.rollouts[0].kl_mask == [1.0] * len(m)
 
@@ -145,7 +144,7 @@ def test_answer_span_mask_on_the_rollout():
 def micro():
     cfg = load_config(pair="micro", algo="om_grpo", overrides=["pair.train=[micro-qwen-char]",
                                                                 "algo.answer_format=any", "eval.size=6"])
-    spec = next(s for s in cfg["pair"]["models"] if s["id"] == "micro-qwen-char")
+    spec = next(s for s in cfg.pair.models if s["id"] == "micro-qwen-char")
     policy = build_policy(spec, cfg, seed=0)
     ref = copy.copy(policy)
     ref.model = copy.deepcopy(policy.model).eval()
@@ -158,8 +157,8 @@ def micro():
 @pytest.mark.parametrize("mask_kl", [True, False])
 def test_no_gradient_reaches_answer_tokens(micro, mask_kl):
     cfg, policy, ref = micro
-    lr = learner(cfg, **{**{k: v for k, v in cfg["algo"].items() if k != "name"}, "mask_kl": mask_kl,
-                         "contrast": False})
+    lr = learner(LearnerFacts.of(cfg), **{**cfg.algo.model_dump(exclude={"name"}), "mask_kl": mask_kl,
+                                          "contrast": False})
     prompt = Prompt(id="p", text="12+3")
     texts = ["12+3=10+5=15", "12+3=10+5=16", "12+3=15", "12+3=10+3=13"]
     rolls = []
@@ -172,7 +171,8 @@ def test_no_gradient_reaches_answer_tokens(micro, mask_kl):
                              logprobs=old[0].tolist(), prompt_token_ids=policy.encode_prompt(prompt),
                              eos_id=policy.eos_id))
     groups = [Group(prompt=prompt, model_id=policy.model_id, rollouts=rolls)]
-    ctx = StepContext(step=0, epoch=0, cfg=cfg, policy=policy, engine=None, env=NoLabels(), ref_policy=ref)
+    ctx = StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=policy, engine=None, env=NoLabels(),
+                      ref_policy=ref)
     lr.self_score(ctx, groups, [[]])
     lr.mask_answers(ctx, groups)
     groups = lr.advantages(ctx, groups)
@@ -224,16 +224,15 @@ def test_contrast_prompts_fit_the_context(micro):
 # ---------------------------------------------------------------- label-free guarantees
 
 def test_ttt_trains_on_heldout_prompts_without_reading_gold(micro, monkeypatch):
-    cfg = copy.deepcopy(micro[0])
-    cfg["task"]["prompts_per_step"] = 4
+    cfg = with_values(micro[0], {"task.prompts_per_step": 4})
     held = [Prompt(id=f"h{i}", text=f"{i}+1", gold=f"LEAK-{i}", metadata={"solution": f"{i}+1=LEAK"})
             for i in range(6)]
-    monkeypatch.setattr(om, "heldout_prompts", lambda c: held)
-    lr = learner(cfg, ttt=True, contrast=False, answer_format="any")
+    lr = learner(LearnerFacts.of(cfg), ttt=True, contrast=False, answer_format="any")
     seen = []
     for step in range(3):                      # 12 prompts: two seeded passes over the 6 held-out ones
         engine = ScriptedEngine({p.id: ["1+1=2"] * 4 for p in held})
-        ctx = StepContext(step=step, epoch=0, cfg=cfg, policy=TextPolicy(), engine=engine, env=NoLabels())
+        ctx = StepContext(step=step, epoch=0, run=LearnerFacts.of(cfg), policy=TextPolicy(), engine=engine,
+                          env=NoLabels(), heldout=lambda: held)   # the held-out prompts, as the trainer passes them
         groups = lr.collect(ctx, [Prompt(id=f"train{j}", text="9+9", gold="18") for j in range(4)])
         for g in groups:
             assert g.prompt.gold is None and not g.prompt.metadata
@@ -243,10 +242,16 @@ def test_ttt_trains_on_heldout_prompts_without_reading_gold(micro, monkeypatch):
     assert seen[:6] != seen[6:]                  # a new permutation each pass
 
 
-def test_heldout_prompts_are_the_evaluation_set(micro):
-    cfg = micro[0]
-    ps = om.heldout_prompts(cfg)
-    assert len(ps) == cfg["eval"]["size"] and all(p.id.startswith("arith-test-") for p in ps)
+def test_heldout_prompts_are_the_evaluation_set(micro, tmp_path):
+    """What test-time training reads (the step context's ``heldout``, from the trainer) is the evaluation set."""
+    from graftzoo.training.trainer import Trainer
+    cfg = with_values(micro[0], {"run.out_dir": str(tmp_path), "run.track": False})
+    tr = Trainer(cfg)
+    try:
+        ps = tr.context(0, 0, tr.model_ids[0], 0).heldout()
+    finally:
+        tr.close()
+    assert len(ps) == cfg.eval.size and all(p.id.startswith("arith-test-") for p in ps)
 
 
 @pytest.mark.parametrize("algo,match", [({"answer_format": "latex"}, "answer_format"),
@@ -256,7 +261,7 @@ def test_bad_config_is_rejected_by_key(algo, match):
     with pytest.raises(ConfigError, match=match):  # at load, before any model is built
         load_config(pair="micro", algo="om_grpo", overrides=[f"algo.{k}={v}" for k, v in algo.items()])
     with pytest.raises(ConfigError, match=match):  # direct construction checks the declared fields too
-        learner({"rollout": {"n": 4}}, **algo)
+        learner(LearnerFacts(n=4), **algo)
     with pytest.raises(ConfigError, match="rollout.n"):
         load_config(pair="micro", algo="om_grpo", overrides=["rollout.n=1"])
 
