@@ -1,4 +1,4 @@
-"""Compute accounting: ComputeMeter and the joint charging rule (spec algos_peer §5.3)."""
+"""Compute accounting: ComputeMeter and the joint charging rule (docs/algorithms.md#evaluation-protocol-and-compute)."""
 import pytest
 
 from graftzoo.eval.compute import ComputeMeter, joint_charge, model_total

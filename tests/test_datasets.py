@@ -179,7 +179,7 @@ def test_last_boxed():
 
 def test_a_file_is_its_own_train_split(tmp_path):
     """``task.split``'s default ``train`` names the file itself: a user file trains without extra keys; a file
-    has no other split (issue 11)."""
+    has no other split."""
     rows = [{"problem": f"{i}+1?", "answer": str(i + 1)} for i in range(3)]
     jsonl = write_jsonl(tmp_path / "mine.jsonl", rows)
     parquet = tmp_path / "mine.parquet"

@@ -1,4 +1,4 @@
-"""The demo's verdict rests on seeds (issue 16): words from the seed means and their spread, never one run."""
+"""The demo's verdict rests on seeds: words from the seed means and their spread, never one run."""
 import json
 
 import yaml

@@ -1,4 +1,4 @@
-"""Worked examples for graftzoo.eval.metrics (spec algos_single §1.6)."""
+"""Worked examples for graftzoo.eval.metrics (docs/algorithms.md#evaluation-metrics)."""
 import math
 import random
 

@@ -41,7 +41,7 @@ def test_summarize_protocol():
     assert s["per_seed_run"] == pytest.approx([2 / 3, 1 / 3]) and s["spread_over"] == "samples"
     assert s["sd"] == pytest.approx(math.sqrt(2 * (1 / 6) ** 2))
     assert s["pass_at_k"] == pytest.approx({"1": 0.5, "2": 2 / 3})
-    # two runs of k = 5 on one item with 3 of the n = 10 samples right: spec algos_single §1.6 vector
+    # two runs of k = 5 on one item with 3 of the n = 10 samples right: the worked example of docs/algorithms.md#evaluation-metrics
     s = summarize([[[True], [True], [False], [False], [False]], [[True], [False], [False], [False], [False]]])
     assert s["pass_at_k"]["5"] == pytest.approx(0.916667, abs=1e-6) == pass_at_k(10, 3, 5)
     assert s["per_seed_run"] == pytest.approx([0.4, 0.2]) and s["spread_over"] == "runs"

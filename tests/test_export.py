@@ -1,4 +1,4 @@
-"""graftzoo export (issue 15): a 1-step micro run's models as Hugging Face folders that transformers and vLLM load
+"""graftzoo export: a 1-step micro run's models as Hugging Face folders that transformers and vLLM load
 as they are (the same logits as the checkpointed model, the same tokenizer and training prompt through the chat
 template, the same greedy text in vLLM); a LoRA model is saved merged. Also: the summary ``graftzoo train`` prints
 at the end, and ``graftzoo eval`` writing its own file, never the trainer's."""

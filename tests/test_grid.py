@@ -13,7 +13,7 @@ from graftzoo.apps.options import PeerOptionError, parse_peer
 from graftzoo.contract.config import packaged_configs
 
 CONFIGS = packaged_configs() / "grids"  # graftzoo/configs/grids, as installed
-# the rows of the GRAFT paper's Tables 1, 2, 6, 7 and 8 for pair 1, under the spec's labels (algos_peer §4.4.4)
+# the rows of the GRAFT paper's Tables 1, 2, 6, 7 and 8 for pair 1, under their labels (docs/algorithms.md#graft-ablations)
 TABLE_ROWS = ["GRPO (n=8)", "GRPO (n=16)", "GRPO (n=32)", "GRPO (n=8) + DS", "HACPO", "SGT", "GRAFT",
               "GRAFT (stored)", "w/o compatibility gate", "w/o balanced exchange", "w/o token-level ratio",
               "Count-matched random prompt selection", "Count-matched random response admission",

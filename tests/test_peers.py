@@ -1,5 +1,5 @@
 """Peer sources (online / stored / mixed) and TrajectoryStore validation, plus GRAFT in stored and mixed mode
-through the real trainer (spec algos_peer §4.3 "Stored-trajectories mode")."""
+through the real trainer (docs/algorithms.md#graft-stored-trajectories)."""
 import json
 
 import pytest
@@ -54,7 +54,7 @@ def test_stored_peer_reads_groups_with_behaviour_stats(tmp_path):
 
 
 def test_latest_alignment_is_by_epoch(tmp_path):
-    """peer.align=latest (spec algos_peer §4.3 stored mode): the most recent logged group of the prompt at or
+    """peer.align=latest (docs/algorithms.md#graft-stored-trajectories): the most recent logged group of the prompt at or
     before the same EPOCH, whatever step of that epoch the earlier run visited it at (not at or before the step)."""
     store = TrajectoryStore(tmp_path, dataset="arithmetic")
     p0, p1 = prompts(2)

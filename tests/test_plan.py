@@ -1,4 +1,4 @@
-"""``graftzoo plan`` (issue 14): parameter counts equal the real models'; the memory parts follow the settings
+"""``graftzoo plan``: parameter counts equal the real models'; the memory parts follow the settings
 (micro-batch budget, gradient checkpointing, precision, vLLM sleep mode); the GPU count is the smallest that fits;
 the command prints pair1's plan from the architecture in its config (no weights, no network)."""
 import pytest
@@ -12,7 +12,7 @@ from graftzoo.tiny.build import TinyModelSpec, build_tiny
 
 @pytest.mark.parametrize("pair", ["micro", "tiny"])
 def test_param_count_equals_the_real_models(pair):
-    for spec in load_config(pair=pair, algo="grpo")["pair"]["models"]:
+    for spec in load_config(pair=pair, algo="grpo").pair.models:
         model, _ = build_tiny(TinyModelSpec.from_dict({k: v for k, v in spec.items()
                                                        if k not in ("max_new_tokens",)}), seed=0)
         assert param_count(architecture(spec)) == sum(p.numel() for p in model.parameters()), spec["id"]

@@ -142,7 +142,7 @@ def test_spec_from_config_dict_checks_keys():
 
 
 def test_then_continues_the_first_phase_checkpoint(tmp_path):
-    """warmup.then (issue 16's stronger checkpoint of the same model): the first phase is cached on its own, the
+    """warmup.then (a stronger checkpoint of the same model): the first phase is cached on its own, the
     continuation starts from exactly that checkpoint, inherits the keys it does not set, and trains on problems the
     first phase never saw; a spec without ``then`` keeps its old cache key (no ``then`` in its dict)."""
     plain = small_spec(steps=3)

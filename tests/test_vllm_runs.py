@@ -1,5 +1,5 @@
 """Runs with the vLLM engine core in its own process (rollout.vllm.multiprocessing=true, weights synced through a
-save_pretrained folder), driven as a researcher drives them from Python (issue 13): the run trains to the end with
+save_pretrained folder), driven as a researcher drives them from Python: the run trains to the end with
 the engine's log-probs following the updates, and no engine process outlives a run that ends, fails or is
 interrupted: the processes are counted while the run holds its engine and again once ``train`` has returned or
 raised, with the Python session still alive (vLLM's own exit hooks would hide a leak in a process that exits)."""

@@ -56,7 +56,7 @@ def run_with_progress(grid, cells, jobs: int, console) -> dict:
     stop = threading.Event()
     with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:
-        tasks = {c.name: bar.add_task(c.name, total=int(c.config()["run"]["steps"])) for c in cells}
+        tasks = {c.name: bar.add_task(c.name, total=int(c.config().run.steps)) for c in cells}
 
         def poll():
             while not stop.wait(1.0):
