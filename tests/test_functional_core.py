@@ -1,4 +1,5 @@
-"""Worked examples for graftzoo.algos.functional.core (spec algos_single §1, algos_peer §1.2-1.3)."""
+"""Worked examples for graftzoo.algos.functional.core (docs/algorithms.md#shared-loss-terms and the learners'
+sections)."""
 import math
 
 import pytest
@@ -20,7 +21,7 @@ def gi(x):
     return torch.tensor(x, dtype=torch.long)
 
 
-# ---------------------------------------------------------------- group advantages (§1.1.5, §1.2, §1.4)
+# ------------------------------------------------------------- group advantages (docs/algorithms.md#group-advantage)
 
 def test_grpo_test_vectors_verl_and_trl_eps():
     a = group_advantages(t([1, 0, 1, 0]), gi([0, 0, 0, 0]))
@@ -88,7 +89,7 @@ def test_zero_variance_groups_keep_rule():
     assert zero_variance_groups(r, g, drop_singletons=False).tolist() == [False, True, False]
 
 
-# ---------------------------------------------------------------- DAPO overlong (§1.3)
+# ---------------------------------------------------------------- DAPO overlong (docs/algorithms.md#dapo)
 
 def test_dapo_overlong_test_vectors():
     p = dapo_overlong_penalty([16000, 16384, 18432, 20480, 30000], 20480, 4096)
@@ -98,7 +99,7 @@ def test_dapo_overlong_test_vectors():
         dapo_overlong_penalty([1], 10, 20)
 
 
-# ---------------------------------------------------------------- agg_loss (§1.1.3)
+# ---------------------------------------------------------------- agg_loss (docs/algorithms.md#loss-aggregation)
 
 LOSS = t([[1, 2, 3], [4, 5, 6]])
 MASK = t([[1, 1, 0], [1, 0, 0]])
@@ -137,7 +138,7 @@ def test_agg_loss_bad_input():
         agg_loss(LOSS, MASK, "token-mean", normalizer=0)
 
 
-# ---------------------------------------------------------------- clipped surrogate (§1.1.2)
+# ---------------------------------------------------------- clipped surrogate (docs/algorithms.md#clipped-surrogate)
 
 def test_clipped_surrogate_values_and_flags():
     ratios = t([[1.5, 0.5, 1.0, 1.1], [1.5, 0.5, 5.0, 2.0]])
@@ -176,7 +177,7 @@ def test_ratio_surrogate_sequence_level_gspo_clips():
     assert info["clipped_low"].tolist() == [False, True, False]
 
 
-# ---------------------------------------------------------------- KL (§1.1.2, checklist item 4)
+# ---------------------------------------------------------------- KL (docs/algorithms.md#kl-and-entropy)
 
 def test_k3_value_and_clamps():
     k = kl_k3(t([math.log(0.5)]), t([math.log(0.25)]))
@@ -196,7 +197,7 @@ def test_k3_plus_gradient_is_k2():
     assert torch.allclose(logp.grad, logp.detach() - ref)
 
 
-# ---------------------------------------------------------------- GSPO (§1.5)
+# ---------------------------------------------------------------- GSPO (docs/algorithms.md#gspo)
 
 def test_gspo_sequence_ratio():
     logp = t([[0.1, 0.3, 5.0], [0.0, 0.0, 0.0]])

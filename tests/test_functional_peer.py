@@ -1,4 +1,4 @@
-"""Worked examples for graftzoo.algos.functional.peer (spec algos_peer §2-4)."""
+"""Worked examples for graftzoo.algos.functional.peer (docs/algorithms.md#hacpo, #sgt, #graft)."""
 import math
 import random
 
@@ -15,7 +15,7 @@ def t(x):
     return torch.tensor(x, dtype=D)
 
 
-# ---------------------------------------------------------------- GRAFT gate (§4.4.5)
+# ---------------------------------------------------------- GRAFT gate (docs/algorithms.md#graft-compatibility-gate)
 
 def test_compatibility_worked_example():
     s, w = F.compatibility_weights(t([-0.70, -0.90, -0.50]), t([-0.60, -0.60, -0.60]))
@@ -37,7 +37,7 @@ def test_peer_computed_advantages_worked_example():
     assert a[1:].tolist() == pytest.approx([-0.35355] * 7, abs=1e-5)
 
 
-# ---------------------------------------------------------------- GRAFT selection (§4.3 steps 2-3)
+# ----------------------------------------------------------- GRAFT selection (docs/algorithms.md#graft-which-groups)
 
 def test_graft_candidates():
     learner = [0, 0, 0, 3, 0, 0]
@@ -98,7 +98,7 @@ def test_random_count_matched_prompts_and_admission():
         F.random_count_matched_admission([True, True], random.Random(0), eligible=[True, False])
 
 
-# ---------------------------------------------------------------- GRAFT minibatch layout (§4.3 step 6)
+# ------------------------------------------------- GRAFT minibatch layout (docs/algorithms.md#graft-peer-last-order)
 
 def test_minibatch_bounds():
     assert F.minibatch_bounds(128, 4) == [(0, 32), (32, 64), (64, 96), (96, 128)]
@@ -124,7 +124,7 @@ def test_separate_minibatches():
     assert F.separate_minibatches(5, 3, 2) == [[0, 1], [2, 3], [4], [5, 6], [7]]
 
 
-# ---------------------------------------------------------------- T2 alignment (§4.4.3)
+# ------------------------------------------------------ T2 alignment (docs/algorithms.md#graft-loss-and-token-ratio)
 
 def test_align_peer_logprobs_hand_example():
     out = F.align_peer_logprobs([(0, 2), (2, 6)], [(0, 3), (3, 6)], [-0.3, -0.6])
@@ -153,7 +153,7 @@ def test_align_preserves_total_logprob_on_random_tokenizations():
         assert sum(out) == pytest.approx(sum(lps))
 
 
-# ---------------------------------------------------------------- HACPO (§2.4)
+# ---------------------------------------------------------------- HACPO (docs/algorithms.md#hacpo)
 
 def test_capability_estimate_window():
     assert F.capability_estimate([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == pytest.approx(0.4)
@@ -217,7 +217,7 @@ def test_cross_sequence_ratio():
     assert s.tolist() == pytest.approx([math.exp(-0.1), math.exp(10)])
 
 
-# ---------------------------------------------------------------- SGT (§3.2)
+# ---------------------------------------------------------------- SGT (docs/algorithms.md#sgt)
 
 def test_sgt_rescue_gates():
     learner, G = [0, 0, 2, 0], [8, 8, 8, 8]

@@ -1,4 +1,4 @@
-"""Worked examples for graftzoo.algos.functional.single (spec algos_single §2-4)."""
+"""Worked examples for graftzoo.algos.functional.single (docs/algorithms.md#hora, #extra, #om-grpo)."""
 import itertools
 import math
 import random
@@ -16,7 +16,7 @@ def t(x):
     return torch.tensor(x, dtype=D)
 
 
-# ---------------------------------------------------------------- HORA (§2.2)
+# ---------------------------------------------------------------- HORA (docs/algorithms.md#hora)
 
 U_VECTORS = {
     (0, 4): [0, 0.166667, 0.285714, 0.375, 0.444444, 0.5],
@@ -79,7 +79,7 @@ def test_hora_greedy_is_optimal_by_brute_force():
         assert F.hora_objective(counts, alloc) == pytest.approx(best, abs=1e-12)
 
 
-# ---------------------------------------------------------------- ExTra novelty (§3.2)
+# ------------------------------------------------------------ ExTra novelty (docs/algorithms.md#extra-novelty-bonus)
 
 def test_novelty_scores_nearest_neighbour_distance():
     mem = t([[1, 0], [0, 1]])
@@ -116,7 +116,7 @@ def test_extra_option_a_scores_and_ema():
     assert s.tolist() == pytest.approx([1 + 0.1 * gamma * 0.4, -1, 1 + 0.1 * gamma * 0.8, -1])
 
 
-# ---------------------------------------------------------------- ExTra prefix regeneration (§3.3)
+# ------------------------------------------ ExTra prefix regeneration (docs/algorithms.md#extra-prefix-regeneration)
 
 def test_hard_prompt_and_most_confident():
     assert F.is_hard_prompt(1, 8) and F.is_hard_prompt(0, 8) and not F.is_hard_prompt(2, 8)
@@ -153,7 +153,7 @@ def test_prefix_scores_and_selection():
     assert idx == 2  # raw argmin would be 0
 
 
-# ---------------------------------------------------------------- OM-GRPO (§4)
+# ---------------------------------------------------------------- OM-GRPO (docs/algorithms.md#om-grpo)
 
 def test_soft_consensus_with_and_without_car():
     answers = ["a", "a", "b", None]

@@ -1,8 +1,8 @@
-"""theta_old log-probs (spec algos_single §0; issue 12): the engine records the log-prob of the distribution it
-actually sampled (renormalised after top-p / top-k), and ``rollout.recompute_old_logp`` replaces the own rollouts'
-log-probs by the training path's (``Policy.logprobs`` through ``score_sequences``) before the exchange and the
-update, so that the first minibatch's ratio is exactly 1 in any precision; ``rollout/logp_diff_max`` is logged on
-every step."""
+"""theta_old log-probs (docs/algorithms.md#notation-and-conventions): the engine records the log-prob of the
+distribution it actually sampled (renormalised after top-p / top-k), and ``rollout.recompute_old_logp`` replaces
+the own rollouts' log-probs by the training path's (``Policy.logprobs`` through ``score_sequences``) before the
+exchange and the update, so that the first minibatch's ratio is exactly 1 in any precision;
+``rollout/logp_diff_max`` is logged on every step."""
 import json
 
 import pandas as pd
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from test_engine import PROMPTS, tiny_policy
 from test_graft import STRONG_PAIR
 
-from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, load_config, with_values
 from graftzoo.training.engine import Engine, HFEngine
 from graftzoo.training.trainer import Trainer, recompute_old_logp, train
 
@@ -49,10 +49,11 @@ def test_top_p_records_the_log_prob_of_the_renormalised_cut_distribution():
 
 def test_auto_resolves_on_unless_the_engine_is_the_fp32_training_model_sampling_uncut():
     pol = tiny_policy()
+    base = load_config(pair="micro", algo="grpo")
 
     def on(eng, policy=pol, **rollout):
         r = {"recompute_old_logp": "auto", "engine": "hf", "top_p": 1.0, "top_k": 0, **rollout}
-        return recompute_old_logp({"rollout": r}, policy, eng)
+        return recompute_old_logp(with_values(base, {f"rollout.{k}": v for k, v in r.items()}), policy, eng)
     assert on(HFEngine(pol)) is False
     assert on(HFEngine(pol, top_p=0.9), top_p=0.9) is True
     assert on(HFEngine(pol, top_k=5), top_k=5) is True

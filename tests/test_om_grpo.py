@@ -223,7 +223,7 @@ def test_contrast_prompts_fit_the_context(micro):
 
 # ---------------------------------------------------------------- label-free guarantees
 
-def test_ttt_trains_on_heldout_prompts_without_reading_gold(micro, monkeypatch):
+def test_ttt_trains_on_heldout_prompts_without_reading_gold(micro):
     cfg = with_values(micro[0], {"task.prompts_per_step": 4})
     held = [Prompt(id=f"h{i}", text=f"{i}+1", gold=f"LEAK-{i}", metadata={"solution": f"{i}+1=LEAK"})
             for i in range(6)]
