@@ -32,7 +32,7 @@ class Spy:
 # rollouts all score the same). It trains normally until such a group appears, then every update is NaN.
 NO_EPS = """
 import torch
-from graftzoo.algos import Learner
+from graftzoo import Learner
 
 
 class NoEps(Learner):

@@ -191,7 +191,7 @@ def test_templates(chat_tokenizer):
     for name in ("qwen_boxed", "r1"):
         assert problem in render_prompt(problem, name) and "\\boxed{}" in render_prompt(problem, name)
     assert {"plain", "chat", "compact", "qwen_boxed", "r1"} <= set(TEMPLATES)
-    # auto (issue 15): the tokenizer's chat template when it has one, else plain
+    # auto: the tokenizer's chat template when it has one, else plain
     assert render_prompt(problem, "auto", chat_tokenizer) == chat and render_prompt(problem, "auto") == plain
 
 

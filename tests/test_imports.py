@@ -63,7 +63,7 @@ print(json.dumps(failed))
 
 
 def _group(name: str) -> str:
-    """The subpackage a module is imported with: graftzoo.core, graftzoo.algos, ..."""
+    """The subpackage a module is imported with: graftzoo.contract, graftzoo.algos, ..."""
     parts = name.split(".")
     return ".".join(parts[:2]) if len(parts) > 1 else name
 
