@@ -1,4 +1,4 @@
-"""The Python API (issue 15): graftzoo.load_config -> graftzoo.train -> RunResult (metrics as a DataFrame) ->
+"""The Python API: graftzoo.load_config -> graftzoo.train -> RunResult (metrics as a DataFrame) ->
 graftzoo.evaluate, as a notebook uses it; and ``import graftzoo`` stays light (no torch) until an API name is used."""
 import json
 import subprocess
@@ -21,11 +21,11 @@ def test_import_graftzoo_is_light_until_the_api_is_used():
 
 
 def test_load_config_takes_override_lists_and_dicts():
-    as_dict = graftzoo.load_config(pair="micro", algo="grpo", overrides={"optim.lr": 3e-5, "run.name": "x1",
-                                                                         "pair.train": ["micro-qwen-char"]})
-    as_list = graftzoo.load_config(pair="micro", algo="grpo",
-                                   overrides=["optim.lr=3e-5", "run.name=x1", "pair.train=[micro-qwen-char]"])
-    assert as_dict == as_list and as_dict["optim"]["lr"] == 3e-5 and as_dict["run"]["name"] == "x1"
+    from_dict = graftzoo.load_config(pair="micro", algo="grpo", overrides={"optim.lr": 3e-5, "run.name": "x1",
+                                                                           "pair.train": ["micro-qwen-char"]})
+    from_list = graftzoo.load_config(pair="micro", algo="grpo",
+                                     overrides=["optim.lr=3e-5", "run.name=x1", "pair.train=[micro-qwen-char]"])
+    assert from_dict == from_list and from_dict.optim.lr == 3e-5 and from_dict.run.name == "x1"
     with pytest.raises(ConfigError, match="rollout.n"):
         graftzoo.load_config(pair="micro", algo="grpo", overrides={"rollout.n": 0})
 

@@ -1,4 +1,4 @@
-"""Transfer-path diagnostics (``run.diagnostics``, graftzoo.training.diagnostics; issue 16) through the real trainer on the
+"""Transfer-path diagnostics (``run.diagnostics``, graftzoo.training.diagnostics) through the real trainer on the
 micro pair: the ``diag/*`` keys, the gradient split of own and peer rows, the log-prob of admitted peer successes
 before and after the update, the update bit-identical with diagnostics on or off, the ray refusal, and GRAFT's
 always-on ``peer/admitted_succ`` / ``peer/admitted_fail`` counts."""
@@ -149,7 +149,7 @@ def test_grad_share():
 def test_ray_backend_refuses_diagnostics():
     with pytest.raises(ConfigError, match=r"^config key 'run.diagnostics' needs run.backend=inprocess"):
         load_config(pair="micro", algo="grpo", overrides=["run.backend=ray", "run.diagnostics=true"])
-    assert load_config(pair="micro", algo="grpo")["run"]["diagnostics"] is False
+    assert load_config(pair="micro", algo="grpo").run.diagnostics is False
 
 
 def test_report_transfer_table_averages_the_logged_steps(graft_runs):

@@ -1,4 +1,4 @@
-"""The regime map (issue 16): a method's ``pairs``, the grid's ``report.map`` and the Δ heat map of the learner."""
+"""The regime map: a method's ``pairs``, the grid's ``report.map`` and the Δ heat map of the learner."""
 import json
 import math
 import re

@@ -4,9 +4,9 @@ import json
 import math
 
 import pytest
-import yaml
 
 from graftzoo.contract.config import load_config
+from graftzoo.training.eval_checkpoints import load_run_config
 from graftzoo.training.tracking import COMPLETION_COLUMNS, Tracker, completion_rows
 from graftzoo.training.trainer import train
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout
@@ -64,8 +64,7 @@ def test_completions_table_and_resume_into_the_same_wandb_run(tmp_path, monkeypa
     assert len(first) == 1
     run_id = first[0].rsplit("-", 1)[-1]
     # tracking.entity: the run's wandb path (entity/project/id) as wandb records it in the offline run's config
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    tracker = Tracker(tmp_path / "entity", cfg)
+    tracker = Tracker(tmp_path / "entity", load_run_config(run_dir))
     try:
         assert tracker.wandb_run.entity == "graftzoo-lab" and tracker.wandb_run.path.startswith("graftzoo-lab/")
     finally:
