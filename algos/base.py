@@ -31,6 +31,7 @@ from graftzoo.algos.functional import (agg_denominator, agg_loss, aux_nll_loss, 
                                        group_advantages, kl_k3,
                                        minibatch_bounds, rloo_advantages, sequence_mean_logp,
                                        sequence_terms_as_tokens)
+from graftzoo.contract import metrics as M
 from graftzoo.contract.batch import MiniBatch, TrainBatch
 from graftzoo.algos.config import LearnerConfig
 from graftzoo.contract.config import LearnerFacts, needs_peer_error
@@ -79,8 +80,8 @@ class StepContext:
         """Sample ``n`` (an int or one count per prompt) responses per prompt."""
         with self.phase("generate"):
             groups = self.engine.generate(prompts, n, prefixes=prefixes)
-        self.add("rollouts/generated", sum(g.n for g in groups))
-        self.add("rollouts/tokens", sum(len(r.token_ids) - r.prefix_len for g in groups for r in g.rollouts))
+        self.add(M.ROLLOUTS_GENERATED, sum(g.n for g in groups))
+        self.add(M.ROLLOUTS_TOKENS, sum(len(r.token_ids) - r.prefix_len for g in groups for r in g.rollouts))
         return groups
 
     def score(self, groups) -> list:
@@ -227,7 +228,7 @@ class Learner:
         if bool(mb.is_aux.any()):
             ell = sequence_mean_logp(logp[mb.is_aux], mb.loss_mask[mb.is_aux])
             loss = loss + aux_nll_loss(ell, mb.weights[mb.is_aux])
-            metrics["loss/aux_nll"] = float(-ell.detach().mean())
+            metrics[M.LOSS_AUX_NLL] = float(-ell.detach().mean())
         if c.entropy_coeff:
             loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg, norm.get("ent"))
         if c.beta_kl > 0:
@@ -236,7 +237,7 @@ class Learner:
             kl = kl_k3(logp, ref)
             kl_term = agg_loss(kl, mb.kl_mask, c.loss_agg, norm.get("kl"))
             loss = loss + c.beta_kl * kl_term
-            metrics["kl"] = float(agg_loss(kl.detach(), mb.kl_mask, c.loss_agg) if norm else kl_term.detach())
+            metrics[M.KL] = float(agg_loss(kl.detach(), mb.kl_mask, c.loss_agg) if norm else kl_term.detach())
         return loss, metrics
 
     @staticmethod
@@ -288,11 +289,13 @@ def token_metrics(info: dict, mask: torch.Tensor, is_peer: torch.Tensor, ent: Op
         d = float(w.sum())
         return float((x * w).sum()) / d if d > 0 else None
 
-    out = {"clip/frac": frac(clipped, m), "clip/frac_own": frac(clipped, own), "clip/frac_peer": frac(clipped, peer),
-           "clip/frac_low": frac(info["clipped_low"].float(), m), "clip/frac_high": frac(info["clipped_high"].float(), m),
-           "ratio/mean": frac(info["ratio"].expand_as(m), m), "tokens/peer_share": frac(peer, m) if m.sum() > 0 else None}
+    out = {M.CLIP_FRAC: frac(clipped, m), M.CLIP_FRAC_OWN: frac(clipped, own), M.CLIP_FRAC_PEER: frac(clipped, peer),
+           M.CLIP_FRAC_LOW: frac(info["clipped_low"].float(), m),
+           M.CLIP_FRAC_HIGH: frac(info["clipped_high"].float(), m),
+           M.RATIO_MEAN: frac(info["ratio"].expand_as(m), m),
+           M.TOKENS_PEER_SHARE: frac(peer, m) if m.sum() > 0 else None}
     if ent is not None:
-        out["entropy"] = frac(ent.detach(), m)
+        out[M.ENTROPY] = frac(ent.detach(), m)
     return out
 
 
@@ -318,7 +321,7 @@ def log_compatibility(ctx: StepContext, rollouts):
 def log_s_stats(ctx: StepContext, s: list):
     """``peer/s_*``: statistics of the compatibility scores s of this step's peer responses."""
     if s:
-        ctx.log("peer/s_mean", statistics.fmean(s))
-        ctx.log("peer/s_median", statistics.median(s))
-        ctx.log("peer/s_min", min(s))
-        ctx.log("peer/s_max", max(s))
+        ctx.log(M.PEER_S_MEAN, statistics.fmean(s))
+        ctx.log(M.PEER_S_MEDIAN, statistics.median(s))
+        ctx.log(M.PEER_S_MIN, min(s))
+        ctx.log(M.PEER_S_MAX, max(s))

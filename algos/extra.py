@@ -36,6 +36,7 @@ from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, 
                                        prefix_entropy_scores, reward_variance_ema, select_prefix)
 from graftzoo.algos.embedders import make_embedder
 from graftzoo.algos.config import ExTraConfig
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Prompt
@@ -79,13 +80,13 @@ class ExTra(Learner):
         for j in range(len(prompts) - k, len(prompts)):
             prompts[j], prefixes[j] = self.queue.popleft()
         groups = ctx.score(ctx.generate(prompts, [ctx.n] * len(prompts), prefixes=prefixes if k else None))
-        ctx.log("extra/guided_prompts", k)
+        ctx.log(M.EXTRA_GUIDED_PROMPTS, k)
         if k:
             guided = [r for g in groups[len(groups) - k:] for r in g.rollouts]
-            ctx.log("extra/guided_acc", sum(r.correct for r in guided) / max(1, len(guided)))
+            ctx.log(M.EXTRA_GUIDED_ACC, sum(r.correct for r in guided) / max(1, len(guided)))
         if active:
             self._mine(ctx, groups)
-        ctx.log("extra/queue_len", len(self.queue))
+        ctx.log(M.EXTRA_QUEUE_LEN, len(self.queue))
         return groups
 
     def _cut_ids(self, policy) -> tuple:
@@ -104,7 +105,7 @@ class ExTra(Learner):
             pooled.setdefault(g.prompt.id, (g.prompt, []))[1].extend(g.rollouts)
         hard = [(p, rs) for p, rs in pooled.values()
                 if rs and is_hard_prompt(sum(r.correct for r in rs), len(rs), c.hard_pass_rate)]
-        ctx.log("extra/hard_prompts", len(hard))
+        ctx.log(M.EXTRA_HARD_PROMPTS, len(hard))
         if not hard:
             return
         newline, fallback = self._cut_ids(ctx.policy)
@@ -137,7 +138,7 @@ class ExTra(Learner):
                                  c.tau)
             self.queue.append((_guided(prompt, stored[k][0]), stored[k][0]))
             queued += 1
-        ctx.log("extra/prefixes_enqueued", queued)
+        ctx.log(M.EXTRA_PREFIXES_ENQUEUED, queued)
 
     # ---- advantages ------------------------------------------------------------------------
     def advantages(self, ctx, groups):
@@ -177,9 +178,9 @@ class ExTra(Learner):
         for g in groups:
             g.advantages = adv[pos:pos + g.n].tolist()
             pos += g.n
-        ctx.log("extra/novelty_warm_frac", warm / len(rows_of))
-        ctx.log("extra/novelty_mean", float(nov[correct].mean()) if bool(correct.any()) else None)
-        ctx.log("extra/bonus_mean", float((c.novelty_alpha * nov * correct).mean()))
+        ctx.log(M.EXTRA_NOVELTY_WARM_FRAC, warm / len(rows_of))
+        ctx.log(M.EXTRA_NOVELTY_MEAN, float(nov[correct].mean()) if bool(correct.any()) else None)
+        ctx.log(M.EXTRA_BONUS_MEAN, float((c.novelty_alpha * nov * correct).mean()))
         return groups
 
     # ---- state -----------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weight
                                        ratio_surrogate, separate_minibatches, sgt_rescue, symmetric_cap)
 from graftzoo.algos.sgt import augment_group
 from graftzoo.algos.config import GRAFTConfig, token_ratio_error
+from graftzoo.contract import metrics as M
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group, Rollout
 
@@ -169,12 +170,12 @@ class GRAFT(Learner):
     def _log(self, ctx: StepContext, flat, s, admit, live, slots, plans):
         scored = [float(v) for v, ok in zip(s.tolist(), live) if ok]
         n_adm = sum(admit)
-        ctx.log("peer/rescued_groups", sum(1 for x in plans if slots[x].source != "own"))
-        ctx.log("peer/admitted", n_adm)
-        ctx.log("peer/rejected", len(flat) - n_adm)
+        ctx.log(M.PEER_RESCUED_GROUPS, sum(1 for x in plans if slots[x].source != "own"))
+        ctx.log(M.PEER_ADMITTED, n_adm)
+        ctx.log(M.PEER_REJECTED, len(flat) - n_adm)
         log_s_stats(ctx, scored)
-        for want, rate, count in ((True, "peer/admit_rate_succ", "peer/admitted_succ"),
-                                  (False, "peer/admit_rate_fail", "peer/admitted_fail")):
+        for want, rate, count in ((True, M.PEER_ADMIT_RATE_SUCC, M.PEER_ADMITTED_SUCC),
+                                  (False, M.PEER_ADMIT_RATE_FAIL, M.PEER_ADMITTED_FAIL)):
             sel = [a for (_, _, r), a in zip(flat, admit) if bool(r.correct) == want]
             ctx.log(rate, sum(sel) / len(sel) if sel else None)
             ctx.log(count, sum(sel))  # admitted grafted responses that are correct / incorrect

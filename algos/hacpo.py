@@ -27,6 +27,7 @@ from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio
                                        stepwise_lower_bound)
 from graftzoo.algos.gspo import GSPO
 from graftzoo.algos.config import HACPOConfig
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
@@ -111,14 +112,14 @@ class HACPO(GSPO):
     @staticmethod
     def _log_exchange(ctx, own, grafted, p_self, p_peer, omega):
         kept = [r for g in grafted for r in g.rollouts if not r.dropped]
-        ctx.log("peer/admitted", len(kept))
-        ctx.log("peer/rejected", sum(g.n for g in grafted) - len(kept))
+        ctx.log(M.PEER_ADMITTED, len(kept))
+        ctx.log(M.PEER_REJECTED, sum(g.n for g in grafted) - len(kept))
         peer_solved = {g.prompt.id for g in grafted if g.num_correct > 0}
-        ctx.log("peer/rescued_groups", sum(1 for g in own if g.all_fail and g.prompt.id in peer_solved))
+        ctx.log(M.PEER_RESCUED_GROUPS, sum(1 for g in own if g.all_fail and g.prompt.id in peer_solved))
         log_compatibility(ctx, kept)
-        ctx.log("hacpo/capability_self", p_self)
-        ctx.log("hacpo/capability_peer", p_peer)
-        ctx.log("hacpo/omega", omega)
+        ctx.log(M.HACPO_CAPABILITY_SELF, p_self)
+        ctx.log(M.HACPO_CAPABILITY_PEER, p_peer)
+        ctx.log(M.HACPO_OMEGA, omega)
 
     # ---- loss: GSPO on self rows, clipped exponential-IS term on cross rows -------------------
     def cross_lower(self, update: int) -> float:
@@ -146,7 +147,7 @@ class HACPO(GSPO):
 
     def loss(self, ctx: StepContext, policy, mb: MiniBatch):
         loss, metrics = super().loss(ctx, policy, mb)
-        metrics["hacpo/cross_lower"] = self.cross_lower(ctx.update)
+        metrics[M.HACPO_CROSS_LOWER] = self.cross_lower(ctx.update)
         return loss, metrics
 
     # ---- state -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import hora_allocate, hora_objective
 from graftzoo.algos.config import HORAConfig
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
@@ -76,13 +77,13 @@ class HORA(Learner):
         if c.posterior_source == "history":
             self._remember(groups)
         sizes = [g.n for g in groups]
-        ctx.log("hora/min_n", min(sizes))
-        ctx.log("hora/max_n", max(sizes))
-        ctx.log("hora/mean_n", sum(sizes) / P)
-        ctx.log("hora/probe_frac", probe / max(1, sum(sizes)))
-        ctx.log("hora/unused_budget", budget - spent)
-        ctx.log("hora/capped_frac", sum(u >= self.cap for u in used) / P)
-        ctx.log("hora/hit_utility", objective)
+        ctx.log(M.HORA_MIN_N, min(sizes))
+        ctx.log(M.HORA_MAX_N, max(sizes))
+        ctx.log(M.HORA_MEAN_N, sum(sizes) / P)
+        ctx.log(M.HORA_PROBE_FRAC, probe / max(1, sum(sizes)))
+        ctx.log(M.HORA_UNUSED_BUDGET, budget - spent)
+        ctx.log(M.HORA_CAPPED_FRAC, sum(u >= self.cap for u in used) / P)
+        ctx.log(M.HORA_HIT_UTILITY, objective)
         return groups
 
     @staticmethod

@@ -26,6 +26,7 @@ from graftzoo.algos.functional import (answer_span_mask, boxed_spans, contrast_p
                                        soft_consensus_rewards)
 from graftzoo.envs.verifier import answer_classes, extract_answer
 from graftzoo.algos.config import OMGRPOConfig
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Prompt
@@ -84,8 +85,8 @@ class OMGRPO(Learner):
             formatted += sum(z is not None for z in own)
             distinct += len({i for i in ids[:g.n] if i is not None}) / max(1, g.n)
         n = max(1, sum(g.n for g in groups))
-        ctx.log("om_grpo/format_rate", formatted / n)
-        ctx.log("om_grpo/answer_diversity", distinct / max(1, len(groups)))
+        ctx.log(M.OM_GRPO_FORMAT_RATE, formatted / n)
+        ctx.log(M.OM_GRPO_ANSWER_DIVERSITY, distinct / max(1, len(groups)))
         return groups
 
     def contrast_answers(self, ctx, groups) -> list:
@@ -102,8 +103,8 @@ class OMGRPO(Learner):
             for (i, j), text in texts.items():
                 asks.append(Prompt(id=f"{g.prompt.id}#car-{i}-{j}", text=text))
                 owner.append(gi)
-        ctx.log("om_grpo/contrast_skipped_groups", skipped)
-        ctx.log("om_grpo/contrast_generated", len(asks))
+        ctx.log(M.OM_GRPO_CONTRAST_SKIPPED_GROUPS, skipped)
+        ctx.log(M.OM_GRPO_CONTRAST_GENERATED, len(asks))
         out = [[] for _ in groups]
         if not asks:
             return out
@@ -112,7 +113,7 @@ class OMGRPO(Learner):
                                            max_new_tokens=c.contrast_max_new_tokens)
         for gi, ag in zip(owner, answered):
             out[gi].append(self.answer(ag.rollouts[0].text) if ag.rollouts else None)
-        ctx.log("om_grpo/contrast_tokens", sum(len(r.token_ids) for ag in answered for r in ag.rollouts))
+        ctx.log(M.OM_GRPO_CONTRAST_TOKENS, sum(len(r.token_ids) for ag in answered for r in ag.rollouts))
         return out
 
     # ---- outcome mask ------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class OMGRPO(Learner):
                 r.kl_mask = list(m) if c.mask_kl else [1.0] * n
                 masked += sum(1 for x in m if x < 1.0)
                 total += n
-        ctx.log("om_grpo/masked_token_frac", masked / max(1, total))
+        ctx.log(M.OM_GRPO_MASKED_TOKEN_FRAC, masked / max(1, total))
 
     # ---- test-time training ---------------------------------------------------------------
     def ttt_prompts(self, ctx, k: int) -> list:

@@ -19,6 +19,7 @@ from typing import Optional
 from graftzoo.algos.base import Learner, StepContext, log_compatibility, require_peer
 from graftzoo.algos.functional import sgt_augment, sgt_rescue
 from graftzoo.algos.config import SGTConfig
+from graftzoo.contract import metrics as M
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
 
@@ -76,9 +77,9 @@ class SGT(Learner):
             out[x].append(Group(lg.prompt, lg.model_id, inj, [0.0] * len(inj), "peer",
                                 [float(c.lam) / len(rescue_set)] * len(inj)))
         log_compatibility(ctx, rescue_set)
-        ctx.log("peer/rescued_groups", rescued)
-        ctx.log("peer/admitted", len(rescue_set))
-        ctx.log("peer/admitted_succ", len(rescue_set))  # SGT transfers verified successes only
-        ctx.log("peer/admitted_fail", 0)
-        ctx.log("peer/rejected", rejected)
+        ctx.log(M.PEER_RESCUED_GROUPS, rescued)
+        ctx.log(M.PEER_ADMITTED, len(rescue_set))
+        ctx.log(M.PEER_ADMITTED_SUCC, len(rescue_set))  # SGT transfers verified successes only
+        ctx.log(M.PEER_ADMITTED_FAIL, 0)
+        ctx.log(M.PEER_REJECTED, rejected)
         return [g for slot in out for g in slot]

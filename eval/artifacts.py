@@ -70,6 +70,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.names import model_slug
 from graftzoo.eval.compute import joint_charge
 
@@ -207,9 +208,9 @@ def append_metrics(run_dir, record: Mapping) -> None:
 def _check_metrics_record(record: Any, where: str) -> None:
     if not isinstance(record, Mapping):
         raise ArtifactError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    if not isinstance(record.get("step"), int) or isinstance(record.get("step"), bool):
+    if not isinstance(record.get(M.STEP), int) or isinstance(record.get(M.STEP), bool):
         raise ArtifactError(f"{where}: key 'step' must be an integer")
-    if not isinstance(record.get("model"), str):
+    if not isinstance(record.get(M.MODEL), str):
         raise ArtifactError(f"{where}: key 'model' must be a string")
 
 
@@ -286,8 +287,8 @@ class RunRecord:
 
     def series(self, model: str, key: str) -> tuple:
         """(steps, values) of metric ``key`` for ``model``, in step order; records lacking it are skipped."""
-        pts = sorted((r["step"], float(r[key])) for r in self.metrics
-                     if r["model"] == model and _is_number(r.get(key)))
+        pts = sorted((r[M.STEP], float(r[key])) for r in self.metrics
+                     if r[M.MODEL] == model and _is_number(r.get(key)))
         return [s for s, _ in pts], [v for _, v in pts]
 
 

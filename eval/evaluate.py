@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig
 from graftzoo.envs.task import HELDOUT, Task, load_benchmark, resolve_benchmarks
 from graftzoo.envs.verifier import VERIFIER_VERSION, verifier_version
@@ -135,10 +136,10 @@ def eval_metrics(payload: dict) -> dict:
     """The ``eval/*`` metrics of a run from a grouped payload (``group_by``): ``eval/avg``,
     ``eval/greedy``, and per group ``eval/avg_<group>`` (when sampled) and ``eval/greedy_<group>``."""
     whole, groups = payload["overall"], payload["benchmarks"]
-    out = {"eval/avg": whole.get("avg"), "eval/greedy": whole.get("greedy")}
+    out = {M.EVAL_AVG: whole.get("avg"), M.EVAL_GREEDY: whole.get("greedy")}
     if whole.get("k", 0) > 0:
-        out.update({f"eval/avg_{g}": rec["avg"] for g, rec in groups.items()})
-    out.update({f"eval/greedy_{g}": rec["greedy"] for g, rec in groups.items() if "greedy" in rec})
+        out.update({M.EVAL_AVG_GROUP.of(group=g): rec["avg"] for g, rec in groups.items()})
+    out.update({M.EVAL_GREEDY_GROUP.of(group=g): rec["greedy"] for g, rec in groups.items() if "greedy" in rec})
     return out
 
 

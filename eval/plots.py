@@ -26,16 +26,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from graftzoo.contract import metrics as M  # noqa: E402
 from graftzoo.eval.artifacts import RunRecord  # noqa: E402
 from graftzoo.eval.metrics import mean_sd_ci  # noqa: E402
 from graftzoo.eval.report import build_table1, method_labels, method_of  # noqa: E402
 
 AXIS_LABELS = {
-    "groups/all_fail": "all-fail groups (fraction)",
-    "peer/solved_all_fail_frac": "all-fail prompts the peer solved (fraction)",
-    "reward/mean": "mean reward",
-    "reward/acc": "reward accuracy (fraction correct)",
-    "eval/avg": "held-out score (avg@k)",
+    M.GROUPS_ALL_FAIL: "all-fail groups (fraction)",
+    M.PEER_SOLVED_ALL_FAIL_FRAC: "all-fail prompts the peer solved (fraction)",
+    M.REWARD_MEAN: "mean reward",
+    M.REWARD_ACC: "reward accuracy (fraction correct)",
+    M.EVAL_AVG: "held-out score (avg@k)",
 }
 FIGURES = ("score_vs_compute.png", "fractions.png", "learning_curve.png")
 
@@ -124,8 +125,8 @@ def plot_score_vs_compute(runs: Sequence[RunRecord], out_png, baseline: str = "G
     return _save(fig, out_png)
 
 
-def plot_fractions(runs: Sequence[RunRecord], out_png, all_fail_key: str = "groups/all_fail",
-                   solved_key: str = "peer/solved_all_fail_frac",
+def plot_fractions(runs: Sequence[RunRecord], out_png, all_fail_key: str = M.GROUPS_ALL_FAIL,
+                   solved_key: str = M.PEER_SOLVED_ALL_FAIL_FRAC,
                    methods: Optional[Sequence[str]] = None, weight: float = 0.6) -> Path:
     """Figure 1 (right): per-step all-fail fraction and peer-solved fraction of all-fail prompts, smoothed
     (``smooth(weight)``) over the faint raw trace; colour = method, line style = model.
@@ -190,7 +191,7 @@ def _curve(per_run: list) -> tuple:
 def _heldout_points(run: RunRecord, model: str) -> dict:
     """{step: held-out score} of a run's evaluations: ``eval/avg`` records (step -1, the evaluation before
     training, is drawn at step 0) and the final eval file when metrics.jsonl lacks it."""
-    steps, values = run.series(model, "eval/avg")
+    steps, values = run.series(model, M.EVAL_AVG)
     pts = {max(st, 0): v for st, v in zip(steps, values)}
     ev = run.evals.get(model)
     if ev is not None and not pts:
@@ -202,7 +203,7 @@ def _heldout_points(run: RunRecord, model: str) -> dict:
     return pts
 
 
-def plot_learning_curve(runs: Sequence[RunRecord], out_png, reward_key: str = "reward/mean") -> Path:
+def plot_learning_curve(runs: Sequence[RunRecord], out_png, reward_key: str = M.REWARD_MEAN) -> Path:
     """Reward (top row) and held-out score (bottom row) against the training step, one column per model,
     one line per method: mean over seeds with a ± sd band (markers where the run evaluated)."""
     labels, colors = method_labels(runs), run_colors(runs)
@@ -232,7 +233,7 @@ def plot_learning_curve(runs: Sequence[RunRecord], out_png, reward_key: str = "r
     for j, model in enumerate(models):
         axes[0][j].set_title(model, fontsize=9)
         axes[0][j].set_ylabel(axis_label(reward_key))
-        axes[1][j].set_ylabel(axis_label("eval/avg"))
+        axes[1][j].set_ylabel(axis_label(M.EVAL_AVG))
         axes[1][j].set_xlabel("training step")
         for ax in axes[:, j]:
             ax.grid(alpha=0.3)

@@ -44,6 +44,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import clip_label, effective_clip
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
@@ -370,8 +371,8 @@ def step_means(runs: Sequence[RunRecord], keys: Sequence[str]) -> list:
     return rows
 
 
-def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own",
-                        peer_key: str = "clip/frac_peer") -> ClipTable:
+def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = M.CLIP_FRAC_OWN,
+                        peer_key: str = M.CLIP_FRAC_PEER) -> ClipTable:
     """Table 9 of the GRAFT paper: fraction of clipped tokens, own vs peer tokens.
 
     Per run and model, the mean over logged steps of each metric; then mean ± sd over seeds.
@@ -383,17 +384,17 @@ def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = "clip/frac_own
 
 TRANSFER_COLUMNS = (
     # (header, metrics.jsonl key): what the peer exchange moved, per step (graftzoo.training.diagnostics; algos' logs)
-    ("grafted groups", "peer/rescued_groups"),
-    ("admitted succ.", "peer/admitted_succ"),
-    ("admitted fail.", "peer/admitted_fail"),
-    ("admit rate succ.", "peer/admit_rate_succ"),
-    ("admit rate fail.", "peer/admit_rate_fail"),
-    ("s median", "peer/s_median"),
-    ("grad share peer", "diag/grad_share_peer"),
-    ("peer succ. logp", "diag/peer_succ_logp_before"),
-    ("Δ peer succ. logp", "diag/peer_succ_logp_delta"),
-    ("own succ. logp", "diag/own_succ_logp_before"),
-    ("Δ own succ. logp", "diag/own_succ_logp_delta"),
+    ("grafted groups", M.PEER_RESCUED_GROUPS),
+    ("admitted succ.", M.PEER_ADMITTED_SUCC),
+    ("admitted fail.", M.PEER_ADMITTED_FAIL),
+    ("admit rate succ.", M.PEER_ADMIT_RATE_SUCC),
+    ("admit rate fail.", M.PEER_ADMIT_RATE_FAIL),
+    ("s median", M.PEER_S_MEDIAN),
+    ("grad share peer", M.DIAG_GRAD_SHARE_PEER),
+    ("peer succ. logp", M.DIAG_PEER_SUCC_LOGP_BEFORE),
+    ("Δ peer succ. logp", M.DIAG_PEER_SUCC_LOGP_DELTA),
+    ("own succ. logp", M.DIAG_OWN_SUCC_LOGP_BEFORE),
+    ("Δ own succ. logp", M.DIAG_OWN_SUCC_LOGP_DELTA),
 )
 
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import ConfigError, RunConfig, as_dict, load_config as _load_config, with_values
 from graftzoo.training.policy import NonFiniteError
 from graftzoo.distributed.backend import RayBackend
@@ -73,9 +74,9 @@ class RunResult:
     def steps(self) -> int:
         """Training steps done: the last step of metrics.jsonl that trained (``time/step`` set; the final
         evaluation's ``eval/*`` row comes after it, at step ``run.steps``), plus one."""
-        if self.metrics.empty or "time/step" not in self.metrics:
+        if self.metrics.empty or M.TIME_STEP not in self.metrics:
             return 0
-        trained = self.metrics.loc[self.metrics["time/step"].notna(), "step"]
+        trained = self.metrics.loc[self.metrics[M.TIME_STEP].notna(), M.STEP]
         return 0 if trained.empty else int(trained.max()) + 1
 
     @classmethod
@@ -84,7 +85,7 @@ class RunResult:
         run = load_run(run_dir)
         metrics = pd.DataFrame(run.metrics)
         if not metrics.empty:
-            metrics = metrics.sort_values(["step", "model"], kind="stable").reset_index(drop=True)
+            metrics = metrics.sort_values([M.STEP, M.MODEL], kind="stable").reset_index(drop=True)
         return cls(run_dir=Path(run_dir), status=run.status, config=run.config, metrics=metrics,
                    scores={m: final_score(run.evals.get(m)) for m in run.models},
                    error=run.summary.get("error"), evals=dict(run.evals))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.types import Origin, Rollout
 
@@ -96,11 +97,11 @@ def localize_groups(policy, groups: list, run: LearnerFacts):
         ng.rollouts = rolls
         out.append(ng)
     score_rollouts(policy, [r for r in todo if not r.dropped])
-    stats = {"xt/responses": len(todo), "xt/dropped": sum(1 for r in todo if r.dropped),
-             "xt/dropped_prompt_overflow": sum(1 for r in todo if r.dropped == "prompt_overflow")}
+    stats = {M.XT_RESPONSES: len(todo), M.XT_DROPPED: sum(1 for r in todo if r.dropped),
+             M.XT_DROPPED_PROMPT_OVERFLOW: sum(1 for r in todo if r.dropped == "prompt_overflow")}
     if same_tok:
-        stats["xt/id_mismatch_rate"] = mismatch / same_tok
+        stats[M.XT_ID_MISMATCH_RATE] = mismatch / same_tok
     if todo:
         peer_tok = sum(r.origin.token_count for r in todo)
-        stats["xt/token_count_ratio"] = sum(r.token_count for r in todo) / peer_tok if peer_tok else None
+        stats[M.XT_TOKEN_COUNT_RATIO] = sum(r.token_count for r in todo) / peer_tok if peer_tok else None
     return out, stats

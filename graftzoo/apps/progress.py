@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Column
 
+from graftzoo.contract import metrics as M
+
 
 def short_model(model_id: str, width: int = 12) -> str:
     """A model id shortened for the bar: the part after the last "/", at most ``width`` characters."""
@@ -22,9 +24,9 @@ def short_model(model_id: str, width: int = 12) -> str:
 def model_info(mets: dict) -> str:
     """One compact text for the metrics of a step: per model ``name r=0.25 af=0.50`` (reward accuracy, all-fail
     fraction), then the tokens/s of all models together."""
-    parts = [f"{short_model(m)} r={v.get('reward/acc') or 0:.2f} af={v.get('groups/all_fail') or 0:.2f}"
+    parts = [f"{short_model(m)} r={v.get(M.REWARD_ACC) or 0:.2f} af={v.get(M.GROUPS_ALL_FAIL) or 0:.2f}"
              for m, v in mets.items()]
-    toks = [v["perf/tokens_per_s"] for v in mets.values() if v.get("perf/tokens_per_s") is not None]
+    toks = [v[M.PERF_TOKENS_PER_S] for v in mets.values() if v.get(M.PERF_TOKENS_PER_S) is not None]
     return " | ".join(parts + ([f"{sum(toks):.0f} tok/s"] if toks else []))
 
 

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig
 from graftzoo.training.engine import Engine
 from graftzoo.training.models import check_context, load_tokenizer_of, model_stop, model_template, split_spec
@@ -217,14 +218,14 @@ class RemotePolicy(Policy):
                 ctx.meter.add(self.model_id, k, wall, cpu, self.group.gpus * wall / 3600.0)
         for k, v in res[0]["metrics"].items():
             ctx.log(k, v)
-        ctx.log("perf/peak_mem_gb", max(r["peak_mem_gb"] for r in res))  # the group's largest rank
+        ctx.log(M.PERF_PEAK_MEM_GB, max(r["peak_mem_gb"] for r in res))  # the group's largest rank
         out = []
         for u in range(len(mbs)):
             parts = [r["minibatches"][u] for r in res]
             records = [rec for p in parts for rec in p["records"]]
             met = mean_metrics([m for _, m in records], [w for w, _ in records])
-            met["grad_norm"] = parts[0]["grad_norm"]
-            met["loss"] = sum(p["total"] for p in parts)
+            met[M.GRAD_NORM] = parts[0]["grad_norm"]
+            met[M.LOSS] = sum(p["total"] for p in parts)
             out.append(met)
         self._lr = float(res[0]["lr"])
         return out

@@ -1,6 +1,7 @@
-"""Opt-in diagnostics of the transfer path (``run.diagnostics: true``): what a step's peer-source rows do to the
-learner, for chasing a peer exchange that does not help. Generic: they read the step's ``TrainBatch`` (each
-row's role, weight, advantage and its rollout's correctness), never the algorithm's name.
+"""Diagnostics of a step: the complementarity of a pair (always, ``complementarity``) and the opt-in diagnostics of
+the transfer path (``run.diagnostics: true``): what a step's peer-source rows do to the learner, for chasing a peer
+exchange that does not help. Generic: they read the step's ``TrainBatch`` (each row's role, weight, advantage and
+its rollout's correctness), never the algorithm's name.
 
 Per model and step (keys ``diag/*`` of ``metrics.jsonl``, absent when off):
 
@@ -16,6 +17,11 @@ None where there are no such rows. The trainer calls ``before_update`` before ``
 after it; neither changes what the update sees (no gradients left behind, the RNG state restored, the batch's rows
 untouched), so a run trains bit-identically with diagnostics on or off. In-process models only (``run.backend:
 ray`` keeps the model in its worker ranks and is refused at load).
+
+Always on, for every co-trained pair or peer exchange (the trainer calls it): ``complementarity``
+(``peer/solved_all_fail_frac``, ``peer/mixed_on_all_fail_frac``, ``peer/all_fail_count``), what the peer knows of
+the learner's all-fail prompts.
+The names, units and meanings of every metric: graftzoo/contract/metrics.py (docs/metrics.md).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ from typing import Optional
 
 import torch
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.batch import TrainBatch
 from graftzoo.training.update import minibatch_old_logp
 
@@ -101,8 +108,8 @@ def grad_norm_split(ctx, policy, learner, batch: TrainBatch, schedule: list, bud
     finally:
         policy.zero_grad()
         ctx.update = was_update
-    return {"diag/grad_norm_own": norms["own"], "diag/grad_norm_peer": norms["peer"],
-            "diag/grad_share_peer": grad_share(norms["own"], norms["peer"])}
+    return {M.DIAG_GRAD_NORM_OWN: norms["own"], M.DIAG_GRAD_NORM_PEER: norms["peer"],
+            M.DIAG_GRAD_SHARE_PEER: grad_share(norms["own"], norms["peer"])}
 
 
 def success_rows(batch: TrainBatch) -> dict:
@@ -136,7 +143,7 @@ def before_update(ctx, policy, learner, batch: TrainBatch, schedule: list, budge
     and ``diag/{own,peer}_succ_logp_before`` (``success_rows``, ``mean_response_logp``)."""
     out = grad_norm_split(ctx, policy, learner, batch, schedule, budget, recompute)
     for s, rows in success_rows(batch).items():
-        out[f"diag/{s}_succ_logp_before"] = mean_response_logp(policy, rows)
+        out[M.SUCC_LOGP[s, "before"]] = mean_response_logp(policy, rows)
     return out
 
 
@@ -146,7 +153,21 @@ def after_update(policy, batch: TrainBatch, before: dict) -> dict:
     out = dict(before)
     for s, rows in success_rows(batch).items():
         after = mean_response_logp(policy, rows)
-        was = before.get(f"diag/{s}_succ_logp_before")
-        out[f"diag/{s}_succ_logp_after"] = after
-        out[f"diag/{s}_succ_logp_delta"] = None if after is None or was is None else after - was
+        was = before.get(M.SUCC_LOGP[s, "before"])
+        out[M.SUCC_LOGP[s, "after"]] = after
+        out[M.SUCC_LOGP[s, "delta"]] = None if after is None or was is None else after - was
     return out
+
+
+def complementarity(groups, peer: dict) -> dict:
+    """What the peer knows of the learner's all-fail prompts (Fig. 1 right): among ``groups`` (the learner's own
+    groups of the step) those with no correct response, the fraction whose prompt the peer solved at least once
+    (``peer``: prompt id -> the peer's Group) and the fraction where the peer's group is mixed, and their count;
+    the fractions are None without all-fail groups. Pure: reads the groups, changes nothing."""
+    dead = [g for g in groups if g.all_fail]
+    if not dead:
+        return {M.PEER_SOLVED_ALL_FAIL_FRAC: None, M.PEER_MIXED_ON_ALL_FAIL_FRAC: None, M.PEER_ALL_FAIL_COUNT: 0}
+    solved = sum(1 for g in dead if g.prompt.id in peer and peer[g.prompt.id].num_correct > 0)
+    mixed = sum(1 for g in dead if g.prompt.id in peer and peer[g.prompt.id].mixed)
+    return {M.PEER_SOLVED_ALL_FAIL_FRAC: solved / len(dead), M.PEER_MIXED_ON_ALL_FAIL_FRAC: mixed / len(dead),
+            M.PEER_ALL_FAIL_COUNT: len(dead)}

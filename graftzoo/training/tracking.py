@@ -20,26 +20,10 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.functional import compatibility_score
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig, as_dict
 
-METRICS = [
-    # outcomes
-    "reward/mean", "reward/acc", "groups/all_fail", "groups/all_success", "groups/mixed", "groups/count",
-    # peer exchange (paper Fig. 1 right, Table 9)
-    "peer/solved_all_fail_frac", "peer/mixed_on_all_fail_frac", "peer/rescued_groups", "peer/admitted",
-    "peer/admitted_succ", "peer/admitted_fail", "peer/rejected", "peer/s_mean", "peer/s_median", "peer/s_min",
-    "peer/s_max", "tokens/peer_share",
-    "clip/frac", "clip/frac_own", "clip/frac_peer", "clip/frac_low", "clip/frac_high",
-    # optimisation
-    "loss", "grad_norm", "lr", "entropy", "kl", "ratio/mean",
-    # theta_old: max |decoding log-prob - training-path log-prob| over own response tokens (engine/trainer mismatch)
-    "rollout/logp_diff_max",
-    # verifier calls that ran out of time (per call or the batch budget): such responses score as wrong
-    "verifier/timeouts",
-    # responses and throughput
-    "response/len_mean", "response/trunc_rate", "perf/tokens_per_s", "rollouts/generated",
-    "time/generate", "time/score", "time/logprob", "time/exchange", "time/update", "time/step",
-]
+METRICS = list(M.EVERY_RECORD)  # the fixed vocabulary (graftzoo.contract.metrics: names, units, meanings)
 
 
 def _clean(v):
@@ -104,14 +88,14 @@ class Tracker:
         return self.wandb_run.id if self.wandb_run else None
 
     def log(self, step: int, model: str, metrics: dict):
-        rec = {"step": step, "model": model}
+        rec = {M.STEP: step, M.MODEL: model}
         rec.update({k: None for k in METRICS})
         rec.update({k: _clean(v) for k, v in metrics.items()})
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
         if self.wandb_run is not None:
-            self.wandb_run.log({f"{model}/{k}": v for k, v in rec.items()
-                                if k not in ("step", "model") and isinstance(v, (int, float))}, step=step)
+            self.wandb_run.log({M.wandb_key(model, k): v for k, v in rec.items()
+                                if k not in (M.STEP, M.MODEL) and isinstance(v, (int, float))}, step=step)
 
     def log_completions(self, step: int, model: str, slots):
         """Log ``model``'s completions table of ``step`` (``completion_rows``) to wandb when the step is on the
@@ -121,7 +105,7 @@ class Tracker:
         import wandb
         table = wandb.Table(columns=COMPLETION_COLUMNS,
                             data=completion_rows(step, model, slots, self.completions_rows))
-        self.wandb_run.log({f"{model}/completions": table}, step=step)
+        self.wandb_run.log({M.COMPLETIONS.of(model=model): table}, step=step)
         return table
 
     def truncate_after(self, step: int):
@@ -147,7 +131,7 @@ class Tracker:
                             self.path, i + 1, len(line))
                 continue
             records.append((rec, line))
-        keep = [line for rec, line in records if rec.get("step", -1) <= step]
+        keep = [line for rec, line in records if rec.get(M.STEP, -1) <= step]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, self.path)

@@ -23,6 +23,7 @@ import torch
 from graftzoo.algos.base import StepContext
 from graftzoo.training.checkpoint import load_checkpoint, one_line, prepare_resume, save_checkpoint
 from graftzoo.training import diagnostics
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, with_values
 from graftzoo.training.policy import NonFiniteError
 from graftzoo.training.preemption import Interrupted, StopRequest
@@ -183,7 +184,7 @@ class Trainer:
             self.engines[m].seed(derive_seed(self.seed, step, m, "generate"))  # where the engine samples
             gs = self.learners[m].collect(ctx, prompts)
             with ctx.phase("logprob"):  # theta_old through the training path (docs/algorithms.md#notation-and-conventions)
-                ctx.log("rollout/logp_diff_max", old_logp_pass(self.policies[m], gs, recompute[m]))
+                ctx.log(M.ROLLOUT_LOGP_DIFF_MAX, old_logp_pass(self.policies[m], gs, recompute[m]))
             gs = self.learners[m].advantages(ctx, gs)
             groups[m] = gs
             if self.store is not None:
@@ -196,10 +197,10 @@ class Trainer:
             t = time.perf_counter()
             peer = self.peers.groups(prompts, step, epoch, m) if self.peers is not None else None
             if peer is not None:
-                ctx.metrics.update(complementarity(groups[m], peer))
+                ctx.metrics.update(diagnostics.complementarity(groups[m], peer))
             elif len(self.model_ids) == 2:  # co-trained without exchange: still measure complementarity (Fig. 1 right)
                 other = groups[self.model_ids[1 - self.model_ids.index(m)]]
-                ctx.metrics.update(complementarity(groups[m], {g.prompt.id: g for g in other}))
+                ctx.metrics.update(diagnostics.complementarity(groups[m], {g.prompt.id: g for g in other}))
             slots = self.learners[m].exchange(ctx, groups[m], peer)
             self.step_slots[m] = slots  # what the step trains on, for the completions table (Tracker)
             batches[m] = self.learners[m].build_batch(ctx, slots)
@@ -233,18 +234,18 @@ class Trainer:
             met.update(mean_metrics(upd))
             met.update(ctx.metrics)
             met.update(diag or {})
-            met["lr"] = pol.lr
-            met["time/generate"] = dt.get("generate", 0.0)
-            met["time/score"] = dt.get("score", 0.0)
-            met["time/logprob"] = dt.get("logprob", 0.0)
-            met["time/update"] = dt.get("update", 0.0)
-            met["time/exchange"] = xtime[m]
-            met["time/weight_sync"] = sync_s
-            met["batch/tokens"] = sum(len(r.prompt_ids) + len(r.response_ids) for r in batches[m].rows)
-            toks = ctx.metrics.get("rollouts/tokens", 0)
-            met["perf/tokens_per_s"] = toks / met["time/generate"] if met["time/generate"] > 0 else None
-            met["time/step"] = time.perf_counter() - t0
-            met["epoch"] = epoch
+            met[M.LR] = pol.lr
+            met[M.TIME_GENERATE] = dt.get("generate", 0.0)
+            met[M.TIME_SCORE] = dt.get("score", 0.0)
+            met[M.TIME_LOGPROB] = dt.get("logprob", 0.0)
+            met[M.TIME_UPDATE] = dt.get("update", 0.0)
+            met[M.TIME_EXCHANGE] = xtime[m]
+            met[M.TIME_WEIGHT_SYNC] = sync_s
+            met[M.BATCH_TOKENS] = sum(len(r.prompt_ids) + len(r.response_ids) for r in batches[m].rows)
+            toks = ctx.metrics.get(M.ROLLOUTS_TOKENS, 0)
+            met[M.PERF_TOKENS_PER_S] = toks / met[M.TIME_GENERATE] if met[M.TIME_GENERATE] > 0 else None
+            met[M.TIME_STEP] = time.perf_counter() - t0
+            met[M.EPOCH] = epoch
             out[m] = met
         return out
 
@@ -447,27 +448,16 @@ def outcome_metrics(groups) -> dict:
     n = max(1, len(groups))
     lens = [len(r.token_ids) - r.prefix_len for r in rolls]
     return {
-        "reward/mean": statistics.fmean(r.reward for r in rolls) if rolls else None,
-        "reward/acc": statistics.fmean(float(r.correct) for r in rolls) if rolls else None,
-        "groups/count": len(groups),
-        "groups/all_fail": sum(g.all_fail for g in groups) / n,
-        "groups/all_success": sum(g.all_success for g in groups) / n,
-        "groups/mixed": sum(g.mixed for g in groups) / n,
-        "response/len_mean": statistics.fmean(lens) if lens else None,
-        "response/trunc_rate": statistics.fmean(float(r.finish_reason == "length") for r in rolls) if rolls else None,
-        "verifier/timeouts": sum(r.status == "timeout" for r in rolls),
+        M.REWARD_MEAN: statistics.fmean(r.reward for r in rolls) if rolls else None,
+        M.REWARD_ACC: statistics.fmean(float(r.correct) for r in rolls) if rolls else None,
+        M.GROUPS_COUNT: len(groups),
+        M.GROUPS_ALL_FAIL: sum(g.all_fail for g in groups) / n,
+        M.GROUPS_ALL_SUCCESS: sum(g.all_success for g in groups) / n,
+        M.GROUPS_MIXED: sum(g.mixed for g in groups) / n,
+        M.RESPONSE_LEN_MEAN: statistics.fmean(lens) if lens else None,
+        M.RESPONSE_TRUNC_RATE: statistics.fmean(float(r.finish_reason == "length") for r in rolls) if rolls else None,
+        M.VERIFIER_TIMEOUTS: sum(r.status == "timeout" for r in rolls),
     }
-
-
-def complementarity(groups, peer: dict) -> dict:
-    """Fraction of the learner's all-fail prompts that the peer solved / where its group is mixed (Fig. 1 right)."""
-    dead = [g for g in groups if g.all_fail]
-    if not dead:
-        return {"peer/solved_all_fail_frac": None, "peer/mixed_on_all_fail_frac": None, "peer/all_fail_count": 0}
-    solved = sum(1 for g in dead if g.prompt.id in peer and peer[g.prompt.id].num_correct > 0)
-    mixed = sum(1 for g in dead if g.prompt.id in peer and peer[g.prompt.id].mixed)
-    return {"peer/solved_all_fail_frac": solved / len(dead), "peer/mixed_on_all_fail_frac": mixed / len(dead),
-            "peer/all_fail_count": len(dead)}
 
 
 # run.backend -> a factory of the object that builds and holds the models (``build``, ``close``): the in-process one

@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.errors import NonFiniteError
 
 
@@ -71,11 +72,11 @@ def finish_minibatch(policy, total: float, records: list, where: str) -> dict:
     """The optimizer step after ``accumulate_minibatch``; the minibatch's metrics."""
     met = mean_metrics([r for _, r in records], [w for w, _ in records])
     try:
-        met["grad_norm"] = policy.apply_gradients(total, where)
+        met[M.GRAD_NORM] = policy.apply_gradients(total, where)
     except NonFiniteError as e:
         e.metrics = {**met, **e.metrics}
         raise
-    met["loss"] = total
+    met[M.LOSS] = total
     return met
 
 
