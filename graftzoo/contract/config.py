@@ -692,25 +692,11 @@ def clip_label(clip: dict | None) -> str:
 
 
 def effective_clip(cfg: RunConfig | dict) -> dict:
-    """The clip a run's learner trains with (its section's ``effective_clip``). Plain data (a run's saved
-    ``config.yaml``) is validated first; one saved before the clip moved to ``optim.clip`` is read from its
-    ``algo.eps_*`` keys (``legacy_clip``)."""
+    """The clip a run's learner trains with (its section's ``effective_clip``); plain data (a run's saved
+    ``config.yaml``) is validated first."""
     if isinstance(cfg, dict):
-        cfg = validate(legacy_clip(cfg))
+        cfg = validate(cfg)
     return cfg.algo.effective_clip(LearnerFacts.of(cfg))
-
-
-def legacy_clip(raw: dict) -> dict:
-    """A saved run config whose clip is still in ``algo.eps_low`` / ``eps_high`` / ``dual_clip_c`` (before
-    ``optim.clip``), with those keys moved to ``optim.clip`` (a sequence-ratio learner's to ``algo.seq_clip``)."""
-    algo = dict(raw.get("algo") or {})
-    fields = get_config(algo["name"]).model_fields if algo.get("name") else {}
-    legacy = {k: algo.pop(k) for k in CLIP_KEYS if k in algo and k not in fields}
-    if not legacy:
-        return raw
-    if "seq_clip" in fields and "self_clip" not in fields and "seq_clip" not in algo:
-        algo["seq_clip"] = [legacy.get("eps_low", 0.2), legacy.get("eps_high", 0.2)]
-    return {**raw, "algo": algo, "optim": {**(raw.get("optim") or {}), "clip": legacy}}
 
 
 def config_keys(algos=()) -> list:
