@@ -54,10 +54,10 @@ def main():
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = yaml.safe_load(Path(args.config).read_text())
+    pair = yaml.safe_load(Path(args.config).read_text())  # the pair file as plain data
     specs = [TinyModelSpec.from_dict({k: v for k, v in m.items() if k not in ("template", "max_new_tokens", "lr")})
-             for m in cfg["models"]]
-    task = cfg["task"]
+             for m in pair["models"]]
+    task = pair["task"]
     skills = [k for k, v in task["mix"].items() if v > 0]
 
     t0 = time.perf_counter()

@@ -46,6 +46,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
 from transformers.trainer_callback import PrinterCallback
 
 from graftzoo.algos.base import StepContext
+from graftzoo.contract.config import LearnerFacts, OptimSection
 from graftzoo.training.engine import HFEngine
 from graftzoo.training.policy import Policy
 from graftzoo.contract.registry import get_algo
@@ -126,15 +127,14 @@ class Ours:
         if "verbatim" not in TEMPLATES:
             register_template("verbatim")(lambda problem, tokenizer=None: problem)
         self.policy = Policy("bench-qwen2", model, tok, template="verbatim",
-                             optim={"lr": LR, "grad_clip": GRAD_CLIP, "weight_decay": 0.0}, temperature=1.0)
+                             optim=OptimSection(lr=LR, grad_clip=GRAD_CLIP, weight_decay=0.0), temperature=1.0)
         self.engine = HFEngine(self.policy, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=NEW_TOKENS,
                                min_new_tokens=NEW_TOKENS)
         algo = get_algo("grpo")
-        self.learner = algo(algo.Config(), {})
-        self.cfg = {"rollout": {"n": GENERATIONS, "max_new_tokens": NEW_TOKENS},
-                    "optim": {"minibatches": 1, "epochs": 1}}
+        self.run = LearnerFacts(n=GENERATIONS, max_new_tokens=NEW_TOKENS, minibatches=1, epochs=1)
+        self.learner = algo(algo.Config(), self.run)
         self.env = RewardEnv()
-        self.make_ctx = lambda step: StepContext(step=step, epoch=0, cfg=self.cfg, policy=self.policy,
+        self.make_ctx = lambda step: StepContext(step=step, epoch=0, run=self.run, policy=self.policy,
                                                  engine=self.engine, env=self.env)
         self.step_no = 0
         self.phases: dict = {"generate+score": [], "advantages+batch": [], "forward+loss": [], "backward+optim": []}

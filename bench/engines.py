@@ -44,7 +44,7 @@ def random_policy(name: str) -> Policy:
 
 def micro_policy() -> Policy:
     cfg = load_config(pair="micro", algo="grpo", overrides=["run.track=false"])
-    pol = build_policy(cfg["pair"]["models"][0], cfg)
+    pol = build_policy(cfg.pair.models[0], cfg)
     pol.model.eval()
     return pol
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/gpu_check.sh — the scale-out path on a GPU machine in one call of at most 10 minutes (issue 14).
+# bench/gpu_check.sh — the scale-out path on a GPU machine in one call of at most 10 minutes.
 #
 # No model hub is reachable there either, so it builds two random models of realistic shape locally (Qwen2 bodies of
 # ~0.5B and ~1.5B parameters: hidden 896 x 24 layers and 1536 x 28 layers; a character vocabulary, so the

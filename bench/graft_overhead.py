@@ -57,8 +57,8 @@ def main():
                     exchange.append(sum(m["time/exchange"] for m in mets.values()))
     kept = slice(args.skip, None)
     ratios = [b / a for a, b in zip(times["grpo"][kept], times["graft"][kept])]
-    print(f"pair {pair} ({', '.join(runs['graft'].model_ids)}), {cfg['task']['prompts_per_step']} prompts x "
-          f"n={cfg['rollout']['n']}, optim.minibatches={cfg['optim']['minibatches']}, "
+    print(f"pair {pair} ({', '.join(runs['graft'].model_ids)}), {cfg.task.prompts_per_step} prompts x "
+          f"n={cfg.rollout.n}, optim.minibatches={cfg.optim.minibatches}, "
           f"{args.steps - args.skip} timed steps each (of {args.steps}), alternating")
     for algo in runs:
         print(f"  {algo:5s} s/step: median {statistics.median(times[algo][kept]):.3f}  "

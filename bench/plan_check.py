@@ -22,6 +22,7 @@ import torch
 torch.set_num_threads(1)
 from graftzoo.apps.plan import activation_bytes, architecture
 from graftzoo.training import update as T
+from graftzoo.training.trainer import Trainer
 from graftzoo.contract.config import load_config
 
 seen = []
@@ -49,16 +50,16 @@ with tempfile.TemporaryDirectory() as out:
     cfg = load_config(pair="tiny", algo="grpo", overrides=[
         "run.track=false", "run.progress=false", f"run.out_dir={out}", "pair.train=[tiny-qwen-char]",
         "optim.minibatches=1", "algo.entropy_coeff=0.01", *sys.argv[1:]])
-    tr = T.Trainer(cfg)
+    tr = Trainer(cfg)
     tr.train_step(0)
     seen.clear()
     tr.train_step(1)
     tr.close()
-spec = cfg["pair"]["models"][0]
+spec = cfg.pair.models[0]
 a = architecture(spec)
 n = sum(p.numel() for p in tr.policies["tiny-qwen-char"].model.parameters())
 measured_b, tokens = max(seen)
-est = activation_bytes(a, tokens, 4, bool(cfg["model"]["gradient_checkpointing"]))
+est = activation_bytes(a, tokens, 4, bool(cfg.model.gradient_checkpointing))
 print(json.dumps({"settings": sys.argv[1:], "tokens": tokens, "measured_mib": measured_b / 2**20,
                   "estimate_mib": est / 2**20}))
 """
