@@ -1,4 +1,4 @@
-"""Faults a new user meets, driven through the ``graftzoo`` command in real subprocesses (issue 11): a run directory
+"""Faults a new user meets, driven through the ``graftzoo`` command in real subprocesses: a run directory
 belongs to one run, a changed config is refused on resume, a diverging run fails loudly, signals stop a run cleanly
 and a rerun resumes it exactly, checkpoints load safely and survive corruption, and every anticipated error is one
 line naming its culprit (no traceback)."""

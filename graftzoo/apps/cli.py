@@ -53,9 +53,10 @@ class Main(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except KeyboardInterrupt:
-            click.echo("Error: interrupted", err=True)
-            ctx.exit(130)
+        except KeyboardInterrupt as e:  # the trainer's Interrupted is one: its line and 128 + signal (143, 130)
+            code = getattr(e, "exit_code", None)
+            click.echo(f"Error: {e}" if code else "Error: interrupted", err=True)
+            ctx.exit(code or 130)
         except Exception as e:
             interrupted = anticipated([("graftzoo.training.preemption", "Interrupted")])
             if interrupted and isinstance(e, interrupted):
