@@ -1,4 +1,4 @@
-"""A regular install works like the editable one (issue 15): a wheel of the project, installed into a fresh virtual
+"""A regular install works like the editable one: a wheel of the project, installed into a fresh virtual
 environment and run from another directory, finds its configs, presets, grids, demo plans and bundled data inside
 the package (importlib.resources), not in the source tree; `graftzoo demo --quick` runs end to end from it.
 
@@ -115,8 +115,8 @@ print(json.dumps({"file": graftzoo.__file__, "envs": graftzoo.envs.__file__, "co
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     run_dir = work / "runs" / "grpo-n8-micro-s0"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "done"
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert cfg["run"]["variant"] == "GRPO (n=8)" and cfg["rollout"]["n"] == 2 and cfg["algo"]["name"] == "grpo"
+    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert raw["run"]["variant"] == "GRPO (n=8)" and raw["rollout"]["n"] == 2 and raw["algo"]["name"] == "grpo"
 
 
 def test_named_configs_come_from_the_package_and_a_local_configs_folder_comes_first(tmp_path, monkeypatch):
@@ -127,7 +127,7 @@ def test_named_configs_come_from_the_package_and_a_local_configs_folder_comes_fi
         assert config_mod.find_config("grids", form) == packaged / "grids" / "tiny_table1.yaml", form
     assert config_mod.find_config("grids", "elsewhere/tiny_table1.yaml") is None
     assert config_mod.find_config("demo", "demo") == packaged / "demo" / "demo.yaml"
-    assert config_mod.load_config(pair="configs/pairs/micro.yaml", algo="grpo")["pair"]["name"] == "micro"
+    assert config_mod.load_config(pair="configs/pairs/micro.yaml", algo="grpo").pair.name == "micro"
     with pytest.raises(config_mod.ConfigError, match=r"unknown pair 'nope'.*known: \[.*'micro'"):
         config_mod.load_config(pair="nope", algo="grpo")
 
@@ -135,8 +135,8 @@ def test_named_configs_come_from_the_package_and_a_local_configs_folder_comes_fi
     mine.mkdir(parents=True)
     (mine / "grpo_n8.yaml").write_text("algo: {name: grpo}\nrollout: {n: 4}\n")
     (mine / "grpo_n4.yaml").write_text("algo: {name: grpo}\nrollout: {n: 4}\nrun: {variant: GRPO (n=4)}\n")
-    assert config_mod.load_config(pair="micro", algo="grpo_n8")["rollout"]["n"] == 4
-    assert config_mod.load_config(pair="micro", algo="grpo_n16")["rollout"]["n"] == 16
+    assert config_mod.load_config(pair="micro", algo="grpo_n8").rollout.n == 4
+    assert config_mod.load_config(pair="micro", algo="grpo_n16").rollout.n == 16
     presets = {name: (source, sets) for name, source, sets in config_mod.algo_presets()}
     assert presets["grpo_n4"] == ("preset:./configs", ["algo.name=grpo", "rollout.n=4", 'run.variant="GRPO (n=4)"'])
     assert presets["grpo_n8"][0] == "preset:./configs" and presets["grpo_n16"][0] == "preset"
