@@ -14,6 +14,7 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from graftzoo.training.eval_checkpoints import load_run_config
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Prompt
 from graftzoo.peers.store import TrajectoryStore
@@ -42,12 +43,12 @@ def test_readme_walkthrough_trains_your_model_on_your_data_and_exports_it(tmp_pa
     runs = {name: tmp_path / "runs" / name for name in ("grpo-mine-my-s0", "grpo-mine-my_hf-s0")}
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(runs)
     for name, run in runs.items():
-        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        cfg = load_run_config(run)
         assert json.loads((run / "summary.json").read_text())["status"] == "done", name
-        assert cfg["task"]["env"] == "graftzoo/MathReasoning-v0" and cfg["model"]["lora"] is None
-        assert cfg["pair"]["models"][0]["lora"]["r"] == 8
+        assert cfg.task.env == "graftzoo/MathReasoning-v0" and cfg.model.lora is None
+        assert cfg.pair.models[0]["lora"]["r"] == 8
         # the model's own chat template renders the prompt (template: auto)
-        pol = build_policy(cfg["pair"]["models"][0], cfg)
+        pol = build_policy(cfg.pair.models[0], cfg)
         assert pol.template == "chat" and pol.render(Prompt(id="x", text="1+2")).startswith("<|user|>1+2")
         # only the adapters are checkpointed
         ckpt = torch.load(sorted((run / "checkpoints").glob("step_*"))[-1] / "my-model.pt", weights_only=True)

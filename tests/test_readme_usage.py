@@ -14,7 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
-from graftzoo.contract.config import load_config
+from graftzoo.contract.config import as_dict, load_config
 from graftzoo.training.rundir import RunDirUsageError, check_resume_config, default_run_name
 from graftzoo.eval.artifacts import write_config
 
@@ -106,7 +106,7 @@ def test_resuming_under_another_config_is_refused(tmp_path, change):
     """A run directory resumed under a config that trains something else (other models, another peer, ...) is
     refused, naming the keys; run length, cadence, logging and labels stay free to change."""
     base = ["peer.source=online"]
-    write_config(tmp_path, load_config(pair="micro", algo="graft", overrides=base))
+    write_config(tmp_path, as_dict(load_config(pair="micro", algo="graft", overrides=base)))
     free = ["run.steps=50", "run.save_every=1", "run.track=false", "run.variant=X", "eval.size=4", "run.name=other"]
     assert check_resume_config(tmp_path, load_config(pair="micro", algo="graft", overrides=base + free)) == {}
     with pytest.raises(RunDirUsageError) as e:
