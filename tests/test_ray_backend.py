@@ -1,4 +1,4 @@
-"""``graftzoo train --backend ray`` (issue 14): each model in its own group of Ray workers, FSDP2 over a group's
+"""``graftzoo train --backend ray``: each model in its own group of Ray workers, FSDP2 over a group's
 ranks (gloo), sharded checkpoints, driven through the ``graftzoo`` command in real processes.
 
 Every Ray run here starts its own private cluster on 127.0.0.1 inside a loopback-only network and PID namespace
@@ -106,7 +106,7 @@ def ray_run(tmp_path_factory):
 
 
 def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
-    """(1) and (2) of issue 14: the same seeded metrics as one process, for a model in a group of 1 (to 1e-6:
+    """The same seeded metrics as one process, for a model in a group of 1 (to 1e-6:
     the same floating-point operations in another process) and a model sharded by FSDP2 over 2 gloo ranks (loss to
     1e-5: the ranks' gradients are summed in another order)."""
     _, _, run = ray_run
@@ -128,7 +128,7 @@ def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
     assert {f"{B}.dcp/__0_0.distcp", f"{B}.dcp/__1_0.distcp", f"{B}.dcp/.metadata"} <= set(files)
     assert not any(f.startswith(A + ".dcp") for f in files)       # a group of one saves whole tensors
     # one process (graftzoo eval) reads the shards without a process group: the weights one process trained
-    spec = next(s for s in cfg["pair"]["models"] if s["id"] == B)
+    spec = next(s for s in cfg.pair.models if s["id"] == B)
     sharded, whole = build_policy(spec, cfg), build_policy(spec, cfg)
     load_weights(sharded, ck)
     load_weights(whole, latest_checkpoint(ref_dir))
@@ -143,7 +143,7 @@ def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
 
 
 def test_kill_9_of_the_driver_then_the_same_command_resumes_exactly(ray_run):
-    """(4): the driver killed (SIGKILL) after its step-1 checkpoint; rerunning the command resumes from it (the
+    """The driver killed (SIGKILL) after its step-1 checkpoint; rerunning the command resumes from it (the
     sharded model through DCP) and ends where the uninterrupted run ended."""
     tmp, pair, full = ray_run
     out = tmp / "killed"
@@ -228,8 +228,8 @@ def test_grid_cells_as_ray_tasks_with_dependencies_then_skipped(tmp_path):
         assert json.loads((out / name / "summary.json").read_text())["status"] == "done"
     first_done = next(i for i, x in enumerate(lines) if x.startswith("[done] grpo-micro-s0"))
     assert next(i for i, x in enumerate(lines) if x.startswith("[new] grpo-stored-peer-micro-s0")) > first_done
-    ray_cfg = yaml.safe_load((out / "rloo-on-ray-micro-s0" / "config.yaml").read_text())
-    assert ray_cfg["run"]["backend"] == "ray" and ray_cfg["ray"]["address"].startswith("127.0.0.1:")
+    raw = yaml.safe_load((out / "rloo-on-ray-micro-s0" / "config.yaml").read_text())
+    assert raw["run"]["backend"] == "ray" and raw["ray"]["address"].startswith("127.0.0.1:")
     stored = json.loads((out / names[2] / "summary.json").read_text())
     assert stored["peer_source"] == "stored"
     plan = subprocess.run([*cmd, "--dry-run"], env=ENV, capture_output=True, text=True, timeout=120)
