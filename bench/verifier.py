@@ -11,7 +11,8 @@ Compared in one run, interleaved per round, on the same pairs:
   single    graftzoo verify(response, gold), one call per pair
   batch     graftzoo verify_batch over one step (prompts x group) at a time
 Every pass starts fresh and is first warmed on one step of other problems: plain in a new
-process, graftzoo with a new worker pool (all of its workers started) and empty caches.
+process, graftzoo with a new worker pool (all of its workers started and their parser warm-up
+done, as it is once a trainer has loaded its model) and empty caches.
 
 Run: python bench/verifier.py [--prompts 64 --group 8 --steps 3 --rounds 2 --workers 2]
 """
@@ -126,7 +127,7 @@ def run_plain(warm, steps) -> tuple[float, float, list[float], list[bool]]:
 
 def fresh_pool(warm, workers: int) -> None:
     V.configure_pool(workers)
-    verify_pool.wait_ready()  # every worker started (else one may still be starting in the timed steps)
+    verify_pool.wait_ready()  # every worker started and warm (else one may still be starting in the timed steps)
     for step in warm:  # and warmed on other problems, outside the timing
         V.verify_batch([r for r, _ in step], [g for _, g in step])
     V.clear_caches()
@@ -185,6 +186,8 @@ def main() -> None:
     t = time.perf_counter()
     V.verify("\\boxed{\\sqrt{3}}", "\\sqrt{2}")  # starts the workers and waits for one to be ready
     print(f"first call on a new pool (worker start-up): {time.perf_counter() - t:.2f} s")
+    verify_pool.wait_ready()
+    print(f"every worker warm (parser warm-up in the background): {time.perf_counter() - t:.2f} s")
     print(f"{'round':>5} {'mode':>7} {'pairs/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'CPU ms/pair':>11}"
           f"  {'speed-up':>8}  {'CPU ratio':>9}")
     for rnd in range(args.rounds):

@@ -87,6 +87,8 @@ def _closing_brace(text: str, open_idx: int) -> int | None:
 
 def braces_balanced(s: str) -> bool:
     """True when every unescaped brace of ``s`` is matched and nesting stays within the limit."""
+    if "{" not in s and "}" not in s:
+        return True
     depth, i = 0, 0
     while i < len(s):
         ch = s[i]

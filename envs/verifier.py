@@ -18,7 +18,7 @@ Per (response, gold):
      included: a pair that timed out is not tried again under the same or a shorter timeout);
   5. otherwise run math-verify's ``verify`` with those options in a bounded pool of worker
      processes with a hard wall-clock kill per call and, optionally, a time budget per batch
-     (``graftzoo.envs.verify_pool``). The workers never import the caller's ``__main__``: any script
+     (``graftzoo.envs.verify_pool``); a batch's unboxed texts and answers go in one pool run. The workers never import the caller's ``__main__``: any script
      may call the verifier, with or without an ``if __name__ == "__main__":`` guard.
 
 ``reward_fn`` wraps the same pipeline as a reward function with TRL's ``reward_funcs`` signature.
@@ -28,13 +28,12 @@ from __future__ import annotations
 import math
 import re
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, fields
 from fractions import Fraction
 from importlib.metadata import version
 
-from graftzoo.envs.extract import (MAX_ANSWER_CHARS, _ALTERNATIVES, braces_balanced, extract_answer,
+from graftzoo.envs.extract import (MAX_ANSWER_CHARS, _ALTERNATIVES, Located, braces_balanced, extract_answer,
                                    fallback_answer, locate_answer)
 from graftzoo.envs.verify_pool import DEFAULT_WORKERS, EXPIRED, close_pool, configure_pool, run_tasks, start_pool
 
@@ -229,19 +228,20 @@ class _LRU:
 _VERDICTS = _LRU(VERDICT_CACHE_SIZE)
 
 
-def _cached(key, timeout: float) -> tuple[str, bool] | None:
-    """(status, verdict) cached for ``key``; a timeout counts only for a timeout no longer than the
-    one it happened under (with more time the call may finish)."""
+def _cached(key, timeout: float) -> tuple | None:
+    """The outcome cached for ``key``: (status, verdict), and for an unboxed text also the answer
+    math-verify read in it. A timeout counts only for a timeout no longer than the one it happened
+    under (with more time the call may finish)."""
     hit = _VERDICTS.get(key)
-    if hit is None or (hit[0] == "timeout" and timeout > hit[2]):
+    if hit is None or (hit[0][0] == "timeout" and timeout > hit[1]):
         return None
-    return hit[0], hit[1]
+    return hit[0]
 
 
-def _store(key, status: str, verdict: bool, timeout: float) -> None:
-    """Cache a verdict of math-verify (a call that ran out of budget, ``EXPIRED``, is not one)."""
-    if status != EXPIRED:
-        _VERDICTS.put(key, (status, verdict, timeout))
+def _store(key, outcome: tuple, timeout: float) -> None:
+    """Cache an outcome of math-verify (a call that ran out of budget, ``EXPIRED``, is not one)."""
+    if outcome[0] != EXPIRED:
+        _VERDICTS.put(key, (tuple(outcome), timeout))
 
 
 def clear_caches() -> None:
@@ -266,25 +266,41 @@ def _pred_key(parts: tuple) -> str | tuple:
     return normalized[0] if len(normalized) == 1 else normalized
 
 
-def _read_texts(located, golds, timeout: float, budget: float | None, opts: VerifierOptions) -> dict:
-    """{(gold, text): (status, verdict, answer)} for the unboxed texts: math-verify's own extraction
-    of the answer and its verdict against the gold, computed in a worker and cached."""
-    out, todo = {}, []
-    for loc, gold in zip(located, golds):
-        if loc.kind == "text" and loc.status == "ok":
-            key = ("text", normalize_answer(gold), loc.text, opts)
-            hit = _VERDICTS.get(key)
-            if hit is not None and not (hit[0][0] == "timeout" and timeout > hit[1]):
-                out[(key[1], loc.text)] = hit[0]
-            elif key not in todo:
-                todo.append(key)
-    if todo:
-        for key, outcome in zip(todo, run_tasks([(k, ref, text, o.items()) for k, ref, text, o in todo], timeout, budget)):
-            status, verdict, answer = (tuple(outcome) + (None,))[:3]
-            if status != EXPIRED:
-                _VERDICTS.put(key, ((status, verdict, answer), timeout))
-            out[(key[1], key[2])] = ("timeout" if status == EXPIRED else status, verdict, answer)
-    return out
+def _result(kind: str, outcome: tuple, extracted: str | None) -> VerifyResult:
+    """The verdict of one math-verify outcome. For a located answer (``kind`` "verify") the outcome
+    is (status, verdict); for an unboxed text (``kind`` "text") it is (status, verdict, the answer
+    math-verify read), and an answer read there that is over the length limit or offers
+    alternatives ("12 or 15") is not paid. ``EXPIRED`` is reported as "timeout"."""
+    status, correct, answer = (tuple(outcome) + (None,))[:3]
+    status = "timeout" if status == EXPIRED else status
+    if kind != "text":
+        return VerifyResult(correct, extracted, status)
+    if status == "ok" and _ALTERNATIVES.search(answer):
+        return VerifyResult(False, answer, "multiple_answers")
+    if status == "ok" and len(answer) > MAX_ANSWER_CHARS:
+        return VerifyResult(False, answer, "unparsable")
+    return VerifyResult(bool(correct) and status == "ok", answer, status)
+
+
+def _decide(loc: Located, ref: str, opts: VerifierOptions) -> VerifyResult | tuple:
+    """The verdict of a located answer against the normalized gold ``ref`` when the caller can give
+    it (no answer, a hedge, a limit, the fast exact path), else (the key of the math-verify call
+    that decides it, the extracted answer): the unboxed text, or the boxed answer(s)."""
+    parts, status = loc.parts, loc.status
+    if loc.kind == "text" and status == "ok":
+        return ("text", ref, loc.text, opts), None
+    if loc.kind == "text":
+        parts = (fallback_answer(loc.text),) if loc.text and fallback_answer(loc.text) else ()
+    extracted = ", ".join(parts) if parts else None
+    if status == "ok" and any(len(p) > MAX_ANSWER_CHARS or not braces_balanced(p) for p in parts):
+        extracted, status = None, "unparsable"
+    if status != "ok":
+        return VerifyResult(False, extracted, status)
+    pred = _pred_key(parts)
+    fast = _fast_verdict(pred, ref, opts) if isinstance(pred, str) else None
+    if fast is not None:
+        return VerifyResult(fast, extracted, "ok")
+    return ("verify", ref, pred, opts), extracted
 
 
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0,
@@ -308,45 +324,29 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
         for name, value in (("responses", response), ("golds", gold)):
             if not isinstance(value, str):
                 raise TypeError(f"verify_batch: {name}[{i}] must be str, got {type(value).__name__}")
-    end = None if budget is None else time.monotonic() + budget
-    located = [locate_answer(r) for r in responses]
-    texts = _read_texts(located, golds, timeout, budget, opts) if any(loc.kind == "text" for loc in located) else {}
+    refs = {gold: normalize_answer(gold) for gold in set(golds)}
     results: list[VerifyResult | None] = [None] * len(responses)
-    pending: dict[tuple, list[tuple[int, str]]] = {}
-    for i, (loc, gold) in enumerate(zip(located, golds)):
-        parts, status = loc.parts, loc.status
-        if loc.kind == "text" and status == "ok":
-            status, correct, answer = texts[(normalize_answer(gold), loc.text)]
-            results[i] = VerifyResult(bool(correct) and status == "ok", answer, status)
-            if status == "ok" and (len(answer) > MAX_ANSWER_CHARS or _ALTERNATIVES.search(answer)):
-                results[i] = VerifyResult(False, answer, "multiple_answers" if _ALTERNATIVES.search(answer)
-                                          else "unparsable")
+    decided: dict[tuple, VerifyResult | tuple] = {}  # a group repeats its answers: each is decided once
+    pending: dict[tuple, list[tuple[int, str | None]]] = {}
+    for i, (loc, gold) in enumerate(zip(map(locate_answer, responses), golds)):
+        d = decided.get((loc, gold))
+        if d is None:
+            d = decided[(loc, gold)] = _decide(loc, refs[gold], opts)
+        if isinstance(d, VerifyResult):
+            results[i] = d
             continue
-        if loc.kind == "text":
-            parts = (fallback_answer(loc.text),) if loc.text and fallback_answer(loc.text) else ()
-        extracted = ", ".join(parts) if parts else None
-        if status == "ok" and any(len(p) > MAX_ANSWER_CHARS or not braces_balanced(p) for p in parts):
-            extracted, status = None, "unparsable"
-        if status != "ok":
-            results[i] = VerifyResult(False, extracted, status)
-            continue
-        pred, ref = _pred_key(parts), normalize_answer(gold)
-        fast = _fast_verdict(pred, ref, opts) if isinstance(pred, str) else None
-        key = ("verify", ref, pred, opts)
-        cached = ("ok", fast) if fast is not None else _cached(key, timeout)
+        key, extracted = d
+        cached = _cached(key, timeout)
         if cached is not None:
-            results[i] = VerifyResult(cached[1], extracted, cached[0])
+            results[i] = _result(key[0], cached, extracted)
         else:
             pending.setdefault(key, []).append((i, extracted))
     if pending:
-        keys = list(pending)
-        left = None if end is None else max(1e-3, end - time.monotonic())
-        outcomes = run_tasks([("verify", ref, pred, o.items()) for _, ref, pred, o in keys], timeout, left)
-        for key, (status, correct) in zip(keys, outcomes):
-            _store(key, status, correct, timeout)
-            status = "timeout" if status == EXPIRED else status
+        keys, items = list(pending), opts.items()
+        for key, outcome in zip(keys, run_tasks([(kind, ref, b, items) for kind, ref, b, _ in keys], timeout, budget)):
+            _store(key, outcome, timeout)
             for i, extracted in pending[key]:
-                results[i] = VerifyResult(correct, extracted, status)
+                results[i] = _result(key[0], outcome, extracted)
     return results
 
 
@@ -376,7 +376,7 @@ def answers_equivalent(a: str, b: str, *, timeout: float = 1.0, options: Verifie
     cached = _cached(key, timeout)
     if cached is None:
         cached = run_tasks([("equiv", x, y, opts.items())], timeout)[0]
-        _store(key, *cached, timeout)
+        _store(key, cached, timeout)
     status, same = cached
     return same if status == "ok" else None
 

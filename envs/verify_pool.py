@@ -3,18 +3,21 @@
 cache could not answer; ``graftzoo.envs.verify_worker`` is what runs inside a worker).
 
 Each call has a soft timer inside the worker and a hard wall-clock kill in the caller; a killed
-or dead worker is replaced and the call gets status "timeout". A batch sends each distinct pair
-once and keeps the answers of one gold on the worker that parsed that gold. A batch may also have
-a time budget: when it is spent, the calls not yet started and the ones still running get status
-``EXPIRED`` (the verifier reports them as "timeout" but does not cache them: they never had their
-full time).
+or dead worker is replaced and the call gets status "timeout" (the calls waiting behind it in its
+pipe run on another worker). A batch is one pool run: it sends each distinct pair once, keeps the
+answers of one gold on the worker that parsed that gold, and keeps ``PIPELINE_DEPTH`` calls in each
+worker's pipe, so that a worker starts its next call without waiting for the caller to be
+scheduled. A batch may also have a time budget: when it is spent, the calls not yet started and the
+ones still running get status ``EXPIRED`` (the verifier reports them as "timeout" but does not cache
+them: they never had their full time).
 
 Workers are fresh interpreters that run ``verify_worker.py`` by path and talk over a socket pair
 (``subprocess`` with ``pass_fds``; no multiprocessing start method): they never import the
 caller's ``__main__``, so the verifier works from any script (unguarded, ``python -m``,
 ``python -c``, a heredoc on stdin), and they import math-verify but none of graftzoo's packages.
-A new worker needs about 2 s of CPU (interpreter, math-verify import, warm-up) while the others
-carry on. Workers die with the caller: they exit at end of file on their pipe, on Linux the
+A new worker needs about 2 s of CPU (interpreter, math-verify import, first-use costs) before it
+says ``READY`` and takes calls, while the others carry on; it then warms its parser (``WARM`` when
+done, about 1 s, cut short by the first call it gets). Workers die with the caller: they exit at end of file on their pipe, on Linux the
 kernel kills them when the caller exits (PR_SET_PDEATHSIG, for workers started from the main
 thread), and ``close_pool`` runs at exit. The pool starts on first use, or earlier with
 ``start_pool``: the environments and ``reward_fn`` call it when they are built, so the workers
@@ -45,6 +48,8 @@ DEFAULT_WORKERS = 2
 STARTUP_TIMEOUT_S = 120.0
 MAX_FAILED_STARTS = 3
 SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself first; the hard kill is the backstop
+PIPELINE_DEPTH = 2  # tasks sent to a worker ahead: the next one waits in its pipe, not on the caller
+READY, WARM = "ready", "warm"  # a worker's messages after its start-up and after its parser warm-up
 EXPIRED = "expired"  # status of a call cut short or never started because the batch's budget ran out
 WORKER_SCRIPT = os.path.abspath(verify_worker.__file__)
 STDERR_TAIL_CHARS = 2000
@@ -73,7 +78,8 @@ class _Worker:
             theirs.close()
         self.conn = multiprocessing.connection.Connection(mine.detach())
         self.ready = False
-        self.task: int | None = None
+        self.warm = False
+        self.tasks: deque[int] = deque()  # sent to it, in order: the first one is running
         self.cut = False  # the running task's limit was cut by the batch budget
         self.deadline = time.monotonic() + STARTUP_TIMEOUT_S
 
@@ -106,9 +112,13 @@ class _Schedule:
             self._groups.setdefault(task[1], deque()).append(i)
         self._owner: dict[str, int] = {}
         self._current: dict[int, str] = {}
+        self._left = len(tasks)
 
     def __bool__(self) -> bool:
-        return bool(self._groups)
+        return self._left > 0
+
+    def __len__(self) -> int:
+        return self._left
 
     def take(self, slot: int) -> int:
         key = self._current.get(slot)
@@ -117,6 +127,7 @@ class _Schedule:
             self._owner[key], self._current[slot] = slot, key
         group = self._groups[key]
         i = group.popleft()
+        self._left -= 1
         if not group:
             del self._groups[key]
             self._owner.pop(key, None)
@@ -124,11 +135,13 @@ class _Schedule:
 
     def put_back(self, i: int) -> None:
         self._groups.setdefault(self._tasks[i][1], deque()).appendleft(i)
+        self._left += 1
 
     def drain(self) -> list[int]:
         """Every task not taken yet (the schedule is empty afterwards)."""
         left = [i for group in self._groups.values() for i in group]
         self._groups.clear()
+        self._left = 0
         return left
 
 
@@ -151,7 +164,9 @@ class _Pool:
             budget: float | None = None) -> list[tuple[str, bool]]:
         """Run tasks on free workers; return (status, verdict) per task, in order. Each call may take
         ``timeout`` seconds; all of them together ``budget`` seconds (None: no limit), after which
-        unfinished calls get status ``EXPIRED``."""
+        unfinished calls get status ``EXPIRED``. Each worker has up to ``PIPELINE_DEPTH`` tasks in
+        its pipe, so that it starts the next one as soon as it answers; a task's hard deadline
+        counts from the moment the worker is seen to start it, never earlier."""
         with self._lock:
             if not self._workers:
                 raise RuntimeError("graftzoo verifier: the worker pool was closed during this call")
@@ -159,23 +174,14 @@ class _Pool:
             queue = _Schedule(tasks)
             ws = self._workers
             end = math.inf if budget is None else time.monotonic() + budget
-            while queue or any(w.task is not None for w in ws):
+            while queue or any(w.tasks for w in ws):
                 now = time.monotonic()
                 if now >= end:
                     self._expire(queue, results)
                     break
-                for k, w in enumerate(ws):
-                    if w.ready and w.task is None and queue:
-                        i = queue.take(k)
-                        limit = min(timeout, end - now)
-                        try:
-                            w.conn.send((tasks[i], SOFT_TIMEOUT_FRACTION * limit))
-                        except OSError:  # died while idle: retry the task on a fresh worker
-                            queue.put_back(i)
-                            ws[k] = self._replace(w)
-                            continue
-                        w.task, w.deadline, w.cut = i, now + limit, limit < timeout
-                waiting = [w for w in ws if not w.ready or w.task is not None]
+                for k in range(len(ws)):
+                    self._feed(k, tasks, queue, results, timeout, end, now)
+                waiting = [w for w in ws if not w.ready or w.tasks]
                 wait_s = max(0.0, min([w.deadline for w in waiting] + [end]) - now)
                 readable = multiprocessing.connection.wait([w.conn for w in waiting], timeout=wait_s)
                 for k, w in enumerate(ws):
@@ -184,42 +190,81 @@ class _Pool:
                     if w.conn in readable:
                         msg = self._receive(k)
                         if msg is None:
-                            if w.task is not None:
-                                log.warning("verifier worker died (exit code %s); replaced. Its output ended with:\n%s",
-                                            w.proc.returncode, w.tail)
-                                results[w.task] = ("unparsable", False)
-                        elif msg != "ready":
-                            results[w.task] = (EXPIRED, False) if msg[0] == "timeout" and w.cut else msg
-                            w.task = None
+                            self._requeue(w, queue, results, ("unparsable", False))
+                        elif msg not in (READY, WARM):
+                            results[w.tasks.popleft()] = (EXPIRED, False) if msg[0] == "timeout" and w.cut else msg
+                            if w.tasks:
+                                self._start_clock(w, timeout, end, time.monotonic())
                     elif time.monotonic() >= w.deadline:
                         ws[k] = self._replace(w)
-                        if w.task is not None:
-                            results[w.task] = (EXPIRED if w.cut else "timeout", False)
+                        self._requeue(w, queue, results, (EXPIRED if w.cut else "timeout", False))
             return results
 
+    def _feed(self, k: int, tasks: list, queue: _Schedule, results: list, timeout: float, end: float,
+              now: float) -> None:
+        """Send worker ``k`` a task when it is ready and idle, and more, up to ``PIPELINE_DEPTH``, while
+        the queue holds a task for every worker (near the end of a run a task waiting in one
+        worker's pipe could not move to another that is idle)."""
+        w = self._workers[k]
+        while w.ready and queue and (not w.tasks or len(w.tasks) < PIPELINE_DEPTH and len(queue) >= len(self._workers)):
+            i = queue.take(k)
+            limit = min(timeout, end - now)
+            try:
+                w.conn.send((tasks[i], SOFT_TIMEOUT_FRACTION * limit))
+            except OSError:  # it died: retry the task on a fresh worker
+                queue.put_back(i)
+                self._workers[k] = self._replace(w)
+                self._requeue(w, queue, results, ("unparsable", False))
+                return
+            w.tasks.append(i)
+            if len(w.tasks) == 1:
+                self._start_clock(w, timeout, end, now)
+
+    @staticmethod
+    def _start_clock(w: _Worker, timeout: float, end: float, now: float) -> None:
+        """The first task in ``w``'s pipe starts now: its hard deadline, cut to the batch's end."""
+        limit = min(timeout, end - now)
+        w.deadline, w.cut = now + limit, limit < timeout
+
+    @staticmethod
+    def _requeue(w: _Worker, queue: _Schedule, results: list, outcome: tuple) -> None:
+        """``w`` was killed or died: its running task gets ``outcome``, the ones still waiting in its
+        pipe go back to the front of the queue."""
+        if not w.tasks:
+            return
+        if outcome[0] == "unparsable":
+            log.warning("verifier worker died (exit code %s); replaced. Its output ended with:\n%s",
+                        w.proc.returncode, w.tail)
+        results[w.tasks.popleft()] = outcome
+        while w.tasks:
+            queue.put_back(w.tasks.pop())
+
     def _receive(self, k: int):
-        """The next message of worker ``k``: "ready" (its first; it is marked ready) or a task's answer; None when
-        the worker died (it is replaced)."""
+        """The next message of worker ``k``: ``READY`` (its first; it is marked ready), ``WARM`` (its
+        parser warm-up is over) or a task's answer; None when the worker died (it is replaced)."""
         w = self._workers[k]
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
             self._workers[k] = self._replace(w)
             return None
-        if msg == "ready":
-            w.ready, self._failed_starts = True, 0
+        if msg == READY:
+            w.ready = True
+        elif msg == WARM:
+            w.warm, self._failed_starts = True, 0
         return msg
 
     def wait_ready(self) -> None:
-        """Block until every worker has finished its start-up (one that dies or hangs is replaced)."""
+        """Block until every worker has finished its start-up and its parser warm-up (one that dies
+        or hangs is replaced)."""
         with self._lock:
             ws = self._workers
-            while any(not w.ready for w in ws):
-                waiting = [w for w in ws if not w.ready]
+            while any(not w.warm for w in ws):
+                waiting = [w for w in ws if not w.warm]
                 wait_s = max(0.0, min(w.deadline for w in waiting) - time.monotonic())
                 readable = multiprocessing.connection.wait([w.conn for w in waiting], timeout=wait_s)
                 for k, w in enumerate(ws):
-                    if w.ready:
+                    if w.warm:
                         continue
                     if w.conn in readable:
                         self._receive(k)
@@ -231,15 +276,16 @@ class _Pool:
         for i in queue.drain():
             results[i] = (EXPIRED, False)
         for k, w in enumerate(self._workers):
-            if w.task is not None:
-                results[w.task] = (EXPIRED, False)
+            if w.tasks:
+                for i in w.tasks:
+                    results[i] = (EXPIRED, False)
                 self._workers[k] = self._replace(w)
 
     def _replace(self, w: _Worker) -> _Worker:
         """Kill ``w`` (hung, dead or cut off) and start a fresh worker in its place; raise when
         workers keep dying (or hanging) before they are ready."""
         w.kill()
-        if not w.ready:
+        if not w.warm and not w.tasks:  # it died or hung before its warm-up was over
             self._failed_starts += 1
             hung = w.proc.returncode == -signal.SIGKILL and time.monotonic() >= w.deadline
             why = f"did not start within {STARTUP_TIMEOUT_S:.0f} s" if hung else \

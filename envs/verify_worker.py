@@ -10,20 +10,26 @@ A worker is a fresh interpreter running this file by path::
 so it imports neither the caller's ``__main__`` (any script works: unguarded, ``python -m``,
 ``python -c``, a heredoc on stdin) nor the graftzoo packages (torch, gymnasium): only math-verify.
 FD is its end of a socket pair, spoken through ``multiprocessing.connection.Connection``: it sends
-"ready" after its warm-up, then answers each ``(task, soft_timeout)`` with ``(status, verdict)``,
-and exits at end of file (the parent closed its end or died). With DEATHSIG=1 (Linux) the kernel
-also kills it when the parent exits, even in the middle of a call.
+"ready" after math-verify's first-use costs are paid and "warm" after its parser warm-up (which
+stops at the first task), answers each ``(task, soft_timeout)`` with ``(status, verdict)``, in
+order (the caller may send the next task before the answer), and exits at end of file (the parent
+closed its end or died). With DEATHSIG=1 (Linux) the kernel also kills it when the parent exits,
+even in the middle of a call.
 
 Workers keep LRU caches of parsed gold and predicted answers, parse with two-stage (SLL, then LL)
 ANTLR prediction (same results, about 2x faster) with remembered full-context predictions and
-numbers built without sympy's string parser (same results, about 2x faster again), skip sympy's ``simplify`` when a difference is
-provably nonzero (same verdicts, ``quick_symbolic_eq``), and pay math-verify's first-use costs
-before they take calls. math-verify is imported inside the functions: the caller's process never needs it.
+numbers built without sympy's string parser (same results, about 2x faster again), keep 8,192
+parsed LaTeX strings instead of math-verify's 20 (golds, boxed answers and answers read in prose
+share them), skip sympy's ``simplify`` when a difference is provably nonzero (same verdicts,
+``quick_symbolic_eq``), pay math-verify's first-use costs before they take calls and build
+ANTLR's prediction DFA on MATH-like answers while they wait for their first one. math-verify is
+imported inside the functions: the caller's process never needs it.
 """
 from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import logging
 import os
 import re
@@ -36,7 +42,7 @@ from types import MethodType
 if __name__ == "__main__" and not getattr(sys.flags, "safe_path", False):
     del sys.path[0]  # run by path: this package folder (datasets.py, ...) must not shadow installed modules
 
-__all__ = ["quick_symbolic_eq", "two_stage_latex2sympy", "worker_main"]
+__all__ = ["number_from_string", "quick_symbolic_eq", "two_stage_latex2sympy", "worker_main"]
 
 PR_SET_PDEATHSIG = 1
 
@@ -300,6 +306,34 @@ def _install_two_stage_parser() -> None:
         log.warning("verifier: two-stage LaTeX parsing unavailable (%s); using math-verify as is", e)
 
 
+LATEX_PARSE_CACHE_SIZE = 8192  # math-verify keeps 20 parsed LaTeX strings; a worker keeps this many
+
+
+# What plain_number builds, without commas or leading zeros: an integer or a decimal literal.
+_NUMBER_LITERAL = re.compile(r"0|[1-9][0-9]{0,99}|(?:0|[1-9][0-9]{0,49})\.[0-9]{1,50}")
+
+
+def number_from_string(text: str):
+    """A drop-in for ``sympy.Number(text)`` as math-verify's expression path calls it (on a number it
+    read in prose, commas and leading zeros removed): an integer or decimal literal without leading
+    zeros is built by ``plain_number`` (the same ``Integer``/``Float``, without sympy's string
+    parser); any other text goes to ``sympy.Number`` itself."""
+    from sympy import Number
+    return plain_number(text) if _NUMBER_LITERAL.fullmatch(text) else Number(text)
+
+
+def _install_parse_caches() -> None:
+    """Make math-verify remember more parsed LaTeX strings (its ``parse_latex_cached`` is a pure
+    function of the string: a bigger cache changes no result; a batch's golds, boxed answers and the
+    answers read in prose share it) and read plain numbers in prose with ``number_from_string``
+    (in worker processes only)."""
+    import math_verify.parser
+    cached = math_verify.parser.parse_latex_cached
+    if cached.cache_info().maxsize != LATEX_PARSE_CACHE_SIZE:
+        math_verify.parser.parse_latex_cached = lru_cache(maxsize=LATEX_PARSE_CACHE_SIZE)(cached.__wrapped__)
+    math_verify.parser.Number = number_from_string
+
+
 NONZERO_TOL = 1e-6  # a constant whose 15-digit value is this far from 0 is not zero
 
 
@@ -354,9 +388,7 @@ _WARMUP = (("\\frac{\\sqrt{2}}{2}", "\\sqrt{3}"), ("(1,2]", "[1,2)"), ("(1,-2)",
            ("x^2+2x-1", "(x+1)^2"), ("\\begin{pmatrix}1\\\\2\\end{pmatrix}", "6+9i"), ("10^\\circ", "50\\%"),
            ("\\text{(C)}", "y=2x+3"))
 # Answers of the most common shapes in MATH's training split (digits and letters aside), parsed
-# once more: ANTLR builds its prediction DFA as inputs need it, and a cold DFA makes a worker's
-# first parse of each shape several times slower. Parsing these (~0.5 s) makes a fresh worker's
-# first steps of MATH-like answers 10-15% cheaper.
+# first by ``_warm_parser``.
 _WARMUP_ANSWERS = (
     "0", "-7", "-\\frac{5}{2}", "\\frac14", "\\frac 92", "\\frac{29}4", ".3", "1,000,000", "1:4", "73^\\circ",
     "50^{\\circ}", "17\\%", "2\\sqrt{41}", "10\\sqrt3", "63\\pi", "\\frac{\\pi}{6}", "\\frac{35}{2}\\pi",
@@ -369,15 +401,45 @@ _WARMUP_ANSWERS = (
 
 _WARMUP_TEXTS = ("The answer is $\\frac{1}{2}$.", "So the total is 7,425,000 dollars.", "#### 1,000", "x = 3")
 
+TRAINING_ANSWERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "math_train.jsonl")
+PARSER_WARMUP_ANSWERS = 1000  # of the training split, spread over it: ~1 s of parsing
+
 
 def _warm_up() -> None:
     """Pay math-verify's first-use costs (imports, grammar, regexes, sympy caches) before taking calls."""
     for gold, pred in _WARMUP:
         _evaluate("verify", gold, pred)
-    for answer in _WARMUP_ANSWERS:
-        _parse(answer)
     for text in _WARMUP_TEXTS:
         extract_text(text)
+
+
+def _training_answers(n: int) -> list[str]:
+    """``n`` answers spread evenly over the packaged MATH training split; none if it is missing."""
+    try:
+        with open(TRAINING_ANSWERS, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+        return [str(json.loads(line)["answer"]) for line in lines[::max(1, len(lines) // max(1, n))][:n]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def _warm_parser(conn) -> None:
+    """Build ANTLR's prediction DFA for common answer shapes: parse ``_WARMUP_ANSWERS`` and
+    ``PARSER_WARMUP_ANSWERS`` answers of MATH's training split, one at a time, and stop as soon as
+    a task is waiting. The DFA grows as inputs need it and a cold one makes a worker's first parse
+    of each shape several times slower; this runs after "ready", so it never delays a call by more
+    than one parse. It leaves no parsed answer in math-verify's cache: only the DFA stays warm."""
+    import math_verify.parser
+    for answer in _WARMUP_ANSWERS + tuple(_training_answers(PARSER_WARMUP_ANSWERS)):
+        try:
+            if conn.poll():
+                break
+            _parse(answer)
+        except (EOFError, OSError):  # the parent is gone: the task loop ends at end of file
+            break
+        except Exception:  # an answer math-verify cannot read warms the DFA all the same
+            pass
+    math_verify.parser.parse_latex_cached.cache_clear()
 
 
 def _limit_memory() -> None:
@@ -406,18 +468,23 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def worker_main(conn) -> None:
-    """Worker loop: receive (task, soft_timeout), answer (status, verdict); exit on EOF."""
+    """Start up ("ready"), warm the parser until a task arrives ("warm"), then the loop: receive
+    (task, soft_timeout), answer (status, verdict); exit on EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the caller, which closes the pool
     signal.signal(signal.SIGALRM, _on_alarm)
     for name in ("math_verify", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     _install_two_stage_parser()  # imports math-verify, before the memory cap is measured
     _install_quick_symbolic_eq()
+    _install_parse_caches()
     _limit_memory()
     _warm_up()
     gc.collect()
     gc.freeze()  # start-up's objects (modules, grammar, DFA, sympy caches) leave the collector's scans: ~10% less CPU
     conn.send("ready")
+    _warm_parser(conn)
+    gc.freeze()  # and the DFA built since
+    conn.send("warm")
     while True:
         try:
             task, soft = conn.recv()

@@ -275,6 +275,42 @@ def test_plain_number_matches_sympy_number():
     assert sum(W.plain_number(t) is not None for t in texts) > 100  # the comparison covered the fast path
 
 
+def test_number_from_string_matches_sympy_number():
+    """math-verify's expression path (numbers read in prose) calls ``sympy.Number(text)``; the
+    workers' drop-in builds exactly the same object (type, value and precision)."""
+    from sympy import Number, srepr
+
+    def outcome(make, text):
+        try:
+            return srepr(make(text)), getattr(make(text), "_prec", None)
+        except Exception as e:
+            return f"error: {type(e).__name__}"
+
+    rng = random.Random(4)
+    texts = NUMBER_TEXTS + ["".join(rng.choice("0123456789.,") for _ in range(rng.randint(1, 40))) for _ in range(300)]
+    texts += [str(rng.randint(1, 10 ** rng.randint(1, 30))) + rng.choice(["", "." + str(rng.randint(0, 10 ** 20))])
+              for _ in range(300)]
+    assert [outcome(Number, t) for t in texts] == [outcome(W.number_from_string, t) for t in texts]
+    assert sum(W._NUMBER_LITERAL.fullmatch(t) is not None for t in texts) > 300  # the comparison covered the fast path
+
+
+def test_parse_caches_change_no_parse():
+    """The bigger LaTeX parse cache and the number drop-in leave math-verify's reading of prose as it is."""
+    import math_verify.parser as P
+    from math_verify import parse
+    texts = ["The answer is $\\frac{1}{2}$.", "So the total is 7,425,000 dollars.", "#### 1,000", "x = 3", "0.50",
+             "It costs 12.5 dollars", "First, 97 \\cdot 9 = 829.\nThen we continue", "$x^2+1$ and then $3$"]
+    before = [str(parse(t)) for t in texts]
+    cached, number = P.parse_latex_cached, P.Number
+    try:
+        W._install_parse_caches()
+        assert P.parse_latex_cached.cache_info().maxsize == W.LATEX_PARSE_CACHE_SIZE
+        assert [str(parse(t)) for t in texts] == before
+        assert [str(parse(t)) for t in texts] == before  # from the cache
+    finally:
+        P.parse_latex_cached, P.Number = cached, number
+
+
 def _math500_answers_and_powers() -> list[str]:
     """MATH500's answers, powers of letters in many contexts (where SLL fails and LL predicts with
     full context), malformed inputs and numbers."""
@@ -499,9 +535,57 @@ def test_wait_ready_starts_every_worker():
     V.configure_pool(2)
     P.wait_ready()
     workers = P._pool()._workers
-    assert len(workers) == 2 and all(w.ready and w.proc.poll() is None for w in workers)
+    assert len(workers) == 2 and all(w.ready and w.warm and w.proc.poll() is None for w in workers)
     assert V.verify("\\boxed{\\sqrt{3}}", "\\sqrt{2}") == V.VerifyResult(False, "\\sqrt{3}", "ok")
     V.configure_pool(V.DEFAULT_WORKERS)
+
+
+def test_worker_dying_in_its_warm_up_is_a_failed_start(tmp_path, monkeypatch):
+    """A worker that says "ready" and then dies before its parser warm-up is over counts as a failed
+    start: ``wait_ready`` gives up after ``MAX_FAILED_STARTS`` of them instead of waiting forever."""
+    script = tmp_path / "worker.py"
+    script.write_text("import sys\nfrom multiprocessing.connection import Connection\n"
+                      "Connection(int(sys.argv[1])).send('ready')\nsys.exit(3)\n")
+    monkeypatch.setattr(P, "WORKER_SCRIPT", str(script))
+    V.configure_pool(1)
+    try:
+        with pytest.raises(RuntimeError, match="failed to start"):
+            P.wait_ready()
+    finally:
+        monkeypatch.undo()
+        V.configure_pool(V.DEFAULT_WORKERS)
+
+
+HUNG = "\\boxed{9^{9^{9^9}}}"
+
+
+def test_task_waiting_behind_a_hung_one_is_retried(monkeypatch):
+    """With one worker, the second task waits in its pipe behind a call that hangs; when the hard kill
+    replaces the worker, that task runs on the new one and gets its own verdict."""
+    V.configure_pool(1)
+    try:
+        P.wait_ready()
+        monkeypatch.setattr(P, "SOFT_TIMEOUT_FRACTION", 20.0)  # only the hard kill stops the hung call
+        out = V.verify_batch([HUNG, "\\boxed{\\sqrt{144}}"], ["12", "12"], timeout=0.5)
+        assert out == [V.VerifyResult(False, "9^{9^{9^9}}", "timeout"), V.VerifyResult(True, "\\sqrt{144}", "ok")]
+    finally:
+        V.configure_pool(V.DEFAULT_WORKERS)
+
+
+def test_budget_expires_running_and_waiting_tasks_uncached(monkeypatch):
+    """When the batch's budget is spent, the running call and the one waiting in the worker's pipe
+    both get "timeout"; neither is cached, so a later call computes the waiting one."""
+    V.configure_pool(1)
+    try:
+        P.wait_ready()
+        monkeypatch.setattr(P, "SOFT_TIMEOUT_FRACTION", 20.0)  # the hung call runs until the budget is spent
+        t0 = time.monotonic()
+        out = V.verify_batch([HUNG, "\\boxed{\\sqrt{144}}"], ["12", "12"], timeout=5.0, budget=0.5)
+        assert time.monotonic() - t0 < 2.0
+        assert [r.status for r in out] == ["timeout", "timeout"]
+        assert V.verify("\\boxed{\\sqrt{144}}", "12") == V.VerifyResult(True, "\\sqrt{144}", "ok")
+    finally:
+        V.configure_pool(V.DEFAULT_WORKERS)
 
 
 def test_version_is_recorded():
