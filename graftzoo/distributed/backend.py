@@ -319,7 +319,7 @@ class RayBackend:
         specs = [s for s in specs if s["id"] in train_ids]
         toks = {s["id"]: load_tokenizer_of(s) for s in specs}  # a tiny model is warmed up here, once
         workers = sum(workers_of(s, cfg) for s in specs)
-        self.started = connect(cfg, workers)
+        self.started = connect(cfg.ray, workers)
         policies, engines = {}, {}
         for s in specs:  # one at a time: close() ends the groups built when a later one fails
             self.groups[s["id"]] = group = WorkerGroup(s["id"], s, cfg, seed)

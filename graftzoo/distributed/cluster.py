@@ -13,7 +13,7 @@ import secrets
 import socket
 import sys
 
-from graftzoo.contract.config import RunConfig
+from graftzoo.contract.config import RaySection
 from graftzoo.distributed.errors import RayStartError
 
 LOOPBACK = "127.0.0.1"
@@ -38,11 +38,11 @@ def refresh_ray_config() -> None:
     AuthenticationTokenLoader.instance().reset_cache()
 
 
-def connect(cfg: RunConfig, workers: int) -> bool:
+def connect(ray_cfg: RaySection, workers: int) -> bool:
     """Connect this process to Ray for a run: the cluster at ``ray.address``, or a private one started on
     127.0.0.1 with ``ray.num_cpus`` logical CPUs (default: enough for ``workers`` workers). Returns whether this
     process started it (and must shut it down: ``disconnect``). A process already connected keeps its cluster."""
-    address = cfg.ray.address
+    address = ray_cfg.address
     imported = "ray" in sys.modules  # e.g. by vLLM, which imports Ray when it is installed
     ray_env(local=address is None)
     import ray
@@ -52,8 +52,8 @@ def connect(cfg: RunConfig, workers: int) -> bool:
         return False
     try:
         if address is None:
-            need = int(-(-workers * float(cfg.ray.cpus_per_worker) // 1))
-            cpus = int(cfg.ray.num_cpus or max(os.cpu_count() or 1, need))
+            need = int(-(-workers * float(ray_cfg.cpus_per_worker) // 1))
+            cpus = int(ray_cfg.num_cpus or max(os.cpu_count() or 1, need))
             ray.init(address="local", _node_ip_address=LOOPBACK, num_cpus=cpus, include_dashboard=False,
                      configure_logging=False, log_to_driver=True)
         else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from graftzoo.contract.config import RunConfig
+from graftzoo.contract.config import RaySection, RunConfig
 from graftzoo.apps.grid.model import Cell
 from graftzoo.apps.grid.run import run_cell_subprocess
 from graftzoo.distributed.backend import workers_of
@@ -44,8 +44,7 @@ class RayCells:
         cfgs = [c.config() for c in cells]
         self.address = address
         need = max([1, *(cell_resources(c)["num_cpus"] + cluster_workers(c) for c in cfgs)])
-        base = {"ray": {"address": address, "num_cpus": None, "cpus_per_worker": 1}}
-        self.started = connect(base, need)
+        self.started = connect(RaySection(address=address), need)
         import ray
         self.gcs = ray.get_runtime_context().gcs_address
 
