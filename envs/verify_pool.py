@@ -17,8 +17,8 @@ caller's ``__main__``, so the verifier works from any script (unguarded, ``pytho
 ``python -c``, a heredoc on stdin), and they import math-verify but none of graftzoo's packages.
 A new worker needs about 2 s of CPU (interpreter, math-verify import, first-use costs) before it
 says ``READY`` and takes calls, while the others carry on; it then warms its parser (``WARM`` when
-done, about 1 s, cut short by the first call it gets). Workers die with the caller: they exit at end of file on their pipe, on Linux the
-kernel kills them when the caller exits (PR_SET_PDEATHSIG, for workers started from the main
+done, about 1 s, cut short by the first call it gets). Workers die with the caller: they exit at
+end of file on their pipe, on Linux the kernel kills them when the caller exits (PR_SET_PDEATHSIG, for workers started from the main
 thread), and ``close_pool`` runs at exit. The pool starts on first use, or earlier with
 ``start_pool``: the environments and ``reward_fn`` call it when they are built, so the workers
 import and warm math-verify in the background while the caller loads its model, and the first
