@@ -342,8 +342,13 @@ atexit.register(close_pool)
 def start_pool() -> None:
     """Start the worker processes now if they are not running, without waiting for them: each one
     imports math-verify and warms its parser in the background (a few seconds of CPU), so that
-    the first call finds them ready."""
-    _pool()
+    the first call finds them ready. Best effort: a start that fails here (no permission to run the
+    interpreter, no processes left) is left to the first call, which starts the pool and reports why;
+    building an environment never fails on it."""
+    try:
+        _pool()
+    except OSError:
+        return
 
 
 def wait_ready() -> None:
