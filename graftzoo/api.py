@@ -23,8 +23,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from graftzoo.contract import metrics as M
-from graftzoo.contract.config import ConfigError, RunConfig, as_dict, load_config as _load_config, with_values
-from graftzoo.training.policy import NonFiniteError
+from graftzoo.contract.config import ConfigError, RunConfig, load_config as _load_config, with_values
+from graftzoo.contract.errors import NonFiniteError
 from graftzoo.distributed.backend import RayBackend
 from graftzoo.training.export import export_run
 from graftzoo.training.trainer import register_backend, train as train_run

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from graftzoo.contract.config import load_config
-from graftzoo.training.policy import NonFiniteError
+from graftzoo.contract.errors import NonFiniteError
 from graftzoo.training.preemption import Interrupted
 from graftzoo.contract.registry import get_algo
 from graftzoo.training import models as models_module

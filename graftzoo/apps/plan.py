@@ -31,8 +31,7 @@ from dataclasses import dataclass
 import click
 from transformers import AutoConfig
 
-from graftzoo.contract.config import RunConfig
-from graftzoo.contract.config import ConfigError, load_config
+from graftzoo.contract.config import ConfigError, RunConfig, load_config, trained_ids
 from graftzoo.training.models import resolve_precision, tiny_spec
 from graftzoo.tiny.build import tiny_config
 
@@ -128,7 +127,7 @@ def plan(cfg: RunConfig, gpu_gb: float = 80.0) -> list[dict]:
     seq_len = int(r.max_prompt_tokens) + int(r.max_new_tokens)
     sequences = int(t.prompts_per_step) * int(r.n)
     micro = o.max_tokens_per_micro or max(1, sequences // int(o.minibatches)) * seq_len
-    train_ids = cfg.pair.train or [s["id"] for s in cfg.pair.models]
+    train_ids = trained_ids(cfg)
     out = []
     for spec in cfg.pair.models:
         if spec["id"] not in train_ids:

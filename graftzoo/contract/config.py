@@ -23,7 +23,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Optional, Union
+from typing import Annotated, ClassVar, Literal, Optional, Union
 
 import yaml
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
@@ -663,21 +663,9 @@ def with_values(cfg, values: dict):
     return cfg.model_copy(update=update)
 
 
-def model_value(cfg: RunConfig, spec: dict, name: str):
-    """A per-model key: the ``pair.models`` entry's own value, else the run key it overrides (``ModelKeys``)."""
-    if name in spec:
-        return spec[name]
-    run_key = {"template": cfg.pair.template, "stop": cfg.rollout.stop, "max_new_tokens": cfg.rollout.max_new_tokens,
-               "lr": cfg.optim.lr, "device": cfg.run.device, "num_workers": cfg.ray.num_workers,
-               "gradient_checkpointing": cfg.model.gradient_checkpointing,
-               "lora": cfg.model.lora.model_dump() if cfg.model.lora else None}
-    return run_key[name]
-
-
 def trained_ids(cfg: RunConfig) -> list:
-    """The ids of the models the run trains (``pair.train``, else every model), in pair order."""
-    ids = [s["id"] for s in cfg.pair.models]
-    return [m for m in ids if m in (cfg.pair.train or ids)]
+    """The ids of the models the run trains: ``pair.train`` as given, else every model in pair order."""
+    return list(cfg.pair.train or [s["id"] for s in cfg.pair.models])
 
 
 def clip_label(clip: dict | None) -> str:

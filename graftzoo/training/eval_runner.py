@@ -111,4 +111,4 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
             engine.close()
 
 
-__all__ = ["CLI_EVAL_DIR", "cli_eval_folder", "eval_request", "evaluate_checkpoint", "load_run_config", "trained_specs"]
+__all__ = ["CLI_EVAL_DIR", "cli_eval_folder", "evaluate_checkpoint"]

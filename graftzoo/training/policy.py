@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from graftzoo.training import lora as lora_mod
 from graftzoo.contract.batch import micro_split, pad_pairs
-from graftzoo.contract.errors import NonFiniteError  # noqa: F401 - raised here, imported from here by callers
+from graftzoo.contract.errors import NonFiniteError
 from graftzoo.contract.types import Prompt
 from graftzoo.training.update import update_policy
 from graftzoo.training.fsdp import full_model_state, load_full, load_sharded, save_sharded

@@ -24,8 +24,8 @@ from graftzoo.algos.base import StepContext
 from graftzoo.training.checkpoint import load_checkpoint, one_line, prepare_resume, save_checkpoint
 from graftzoo.training import diagnostics
 from graftzoo.contract import metrics as M
-from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, with_values
-from graftzoo.training.policy import NonFiniteError
+from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_ids, with_values
+from graftzoo.contract.errors import NonFiniteError
 from graftzoo.training.preemption import Interrupted, StopRequest
 from graftzoo.training.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, default_run_name,
                                   holds_run, move_aside)
@@ -88,7 +88,7 @@ class Trainer:
         self.progress = progress
 
         specs = cfg.pair.models  # ids unique and pair.train known: checked by load_config (check_run)
-        train_ids = cfg.pair.train or [s["id"] for s in specs]
+        train_ids = trained_ids(cfg)
         self.model_ids = list(train_ids)
         self.config_changes: dict = {}
         self.task = Task(cfg).check()  # the datasets a run trains, evaluates and selects on: before anything else

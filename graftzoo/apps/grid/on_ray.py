@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from graftzoo.contract.config import RaySection, RunConfig
+from graftzoo.contract.config import RaySection, RunConfig, trained_ids
 from graftzoo.apps.grid.model import Cell
 from graftzoo.apps.grid.run import run_cell_subprocess
 from graftzoo.distributed.backend import workers_of
@@ -23,7 +23,7 @@ def cell_resources(cfg: RunConfig) -> dict:
     """The Ray resources of a cell's launcher task, from its run config."""
     if cfg.run.backend == "ray":
         return {"num_cpus": 0, "num_gpus": 0}
-    train = cfg.pair.train or [s["id"] for s in cfg.pair.models]
+    train = trained_ids(cfg)
     cuda = [s for s in cfg.pair.models
             if s["id"] in train and str(s.get("device", cfg.run.device)).startswith("cuda")]
     return {"num_cpus": int(cfg.run.threads), "num_gpus": len(cuda)}
@@ -33,7 +33,7 @@ def cluster_workers(cfg: RunConfig) -> int:
     """Workers a cell's Ray groups start (0 for an in-process cell): sizes the private cluster."""
     if cfg.run.backend != "ray":
         return 0
-    train = cfg.pair.train or [s["id"] for s in cfg.pair.models]
+    train = trained_ids(cfg)
     return sum(workers_of(s, cfg) for s in cfg.pair.models if s["id"] in train)
 
 
