@@ -100,6 +100,21 @@ class _Worker:
         self.output.close()
 
 
+_RELATION = ("=", "<", ">", "\\le", "\\ge", "\\ne")
+
+
+def _cost(task: tuple) -> int:
+    """A rough rank of a task's cost: a comparison of relations (sympy ``solve``, tens of
+    milliseconds) first, then the length of the answers to parse; reading an answer in prose
+    (``"text"``, well under a millisecond) last."""
+    kind, a, b = task[0], task[1], task[2]
+    if kind == "text":
+        return 0
+    texts = [t for t in (a,) + (b if isinstance(b, tuple) else (b,)) if isinstance(t, str)]
+    relation = any(r in t for t in texts for r in _RELATION)
+    return (1_000_000 if relation else 0) + sum(len(t) for t in texts)
+
+
 class _Schedule:
     """Task order for one pool run: tasks are grouped by their first answer (the gold), and a
     worker keeps taking tasks of the gold it already parsed, then claims an unclaimed gold, and
@@ -107,9 +122,12 @@ class _Schedule:
 
     def __init__(self, tasks: list[tuple]):
         self._tasks = tasks
-        self._groups: dict[str, deque[int]] = {}
+        groups: dict[str, deque[int]] = {}
         for i, task in enumerate(tasks):
-            self._groups.setdefault(task[1], deque()).append(i)
+            groups.setdefault(task[1], deque()).append(i)
+        # the costliest golds are claimed first (longest job first), so that a slow comparison does
+        # not start last and leave the other workers idle at the end of the run
+        self._groups = dict(sorted(groups.items(), key=lambda kv: -max(_cost(tasks[i]) for i in kv[1])))
         self._owner: dict[str, int] = {}
         self._current: dict[int, str] = {}
         self._left = len(tasks)

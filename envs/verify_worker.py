@@ -42,7 +42,7 @@ from types import MethodType
 if __name__ == "__main__" and not getattr(sys.flags, "safe_path", False):
     del sys.path[0]  # run by path: this package folder (datasets.py, ...) must not shadow installed modules
 
-__all__ = ["number_from_string", "quick_symbolic_eq", "two_stage_latex2sympy", "worker_main"]
+__all__ = ["number_from_string", "quick_symbolic_eq", "remembered_solve", "two_stage_latex2sympy", "worker_main"]
 
 PR_SET_PDEATHSIG = 1
 
@@ -382,6 +382,38 @@ def _install_quick_symbolic_eq() -> None:
         math_verify.grader.sympy_symbolic_eq = quick_symbolic_eq(math_verify.grader.sympy_symbolic_eq)
 
 
+SOLVE_CACHE_SIZE = 1024
+
+
+def remembered_solve(solve):
+    """A drop-in for sympy's ``solve(relation, symbols)`` as math-verify's relation comparison calls
+    it, remembering the last ``SOLVE_CACHE_SIZE`` results: a gold relation (``y=2x+3``) is solved
+    once, not once per answer it is compared with (10-60 ms each). ``solve`` is deterministic, so
+    verdicts are unchanged; a call that raises (or is interrupted) is not remembered."""
+    @lru_cache(maxsize=SOLVE_CACHE_SIZE)
+    def remembered(expr, symbols):
+        return solve(expr, set(symbols))
+
+    def cached(expr, symbols, *args, **kwargs):
+        if args or kwargs:
+            return solve(expr, symbols, *args, **kwargs)
+        try:
+            result = remembered(expr, frozenset(symbols))
+        except TypeError:  # an unhashable argument: solve it as it is
+            return solve(expr, symbols)
+        return [dict(r) if isinstance(r, dict) else r for r in result]
+
+    cached.original = solve
+    return cached
+
+
+def _install_solve_cache() -> None:
+    """Make math-verify's grader use ``remembered_solve`` (in worker processes only)."""
+    import math_verify.grader
+    if not hasattr(math_verify.grader.solve, "original"):
+        math_verify.grader.solve = remembered_solve(math_verify.grader.solve)
+
+
 # One pair per common answer shape; evaluating them once in a new worker pays math-verify's
 # first-use costs (grammar and sympy initialisation, ~1 s) before the worker takes timed calls.
 _WARMUP = (("\\frac{\\sqrt{2}}{2}", "\\sqrt{3}"), ("(1,2]", "[1,2)"), ("(1,-2)", "(-\\infty,2)\\cup(3,\\infty)"),
@@ -476,6 +508,7 @@ def worker_main(conn) -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     _install_two_stage_parser()  # imports math-verify, before the memory cap is measured
     _install_quick_symbolic_eq()
+    _install_solve_cache()
     _install_parse_caches()
     _limit_memory()
     _warm_up()

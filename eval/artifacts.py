@@ -35,8 +35,8 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
 
     Required: ``model`` (str), ``step`` (int), ``benchmarks`` (non-empty mapping), and a numeric
     ``avg`` per benchmark. ``avg`` is avg@k over the benchmark's items for this run;
-    ``per_seed_run`` holds that score for each evaluation sampling seed, and ``sd``/``ci``
-    describe those. The report's ± is a different spread: across training seeds (runs).
+    ``per_seed_run`` holds that score for each evaluation sampling seed and ``sd`` is its sample
+    sd; ``ci`` is the bootstrap interval over the benchmark's items (``ci_method``). The report's ± is a different spread: across training seeds (runs).
     The trainer's final evaluation (of the held-out split) has one ``benchmarks`` entry per group
     of prompts (the arithmetic skill, else the prompt's source: ``add``, ``mul``, ...) and the
     whole split under ``overall``; ``graftzoo eval`` has one entry per benchmark it was asked for.

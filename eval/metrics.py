@@ -1,4 +1,5 @@
-"""Evaluation metrics: unbiased pass@k, avg@k, maj@k and t confidence intervals (docs/algorithms.md#evaluation-metrics).
+"""Evaluation metrics: unbiased pass@k, avg@k, maj@k, t intervals (over seeds) and bootstrap
+intervals of accuracies (over prompts) (docs/algorithms.md#evaluation-metrics).
 
 Pure Python (no scipy): the Student-t quantile comes from the regularized incomplete beta function,
 evaluated by its continued fraction and inverted by bisection.
@@ -6,6 +7,7 @@ evaluated by its continued fraction and inverted by bisection.
 from __future__ import annotations
 
 import math
+import random
 from typing import Hashable, Optional, Sequence
 
 
@@ -157,4 +159,29 @@ def mean_sd_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
     return mean, sd, mean - half, mean + half
 
 
-__all__ = ["pass_at_k", "mean_pass_at_k", "avg_at_k", "maj_at_k", "betainc", "t_cdf", "t_quantile", "mean_sd_ci"]
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (docs/algorithms.md#evaluation-metrics):
+    draw ``len(values)`` values with replacement ``resamples`` times (``random.Random(seed)``, so
+    the interval is reproducible), take the mean of each draw, and return the ``(1-level)/2`` and
+    ``(1+level)/2`` quantiles of those means. Every draw's mean lies between the smallest and the
+    largest value, so an interval of accuracies (per-prompt accuracies in [0, 1]) stays in [0, 1]."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("bootstrap_ci: no values")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"bootstrap_ci: level={level} outside (0, 1)")
+    if resamples < 1:
+        raise ValueError(f"bootstrap_ci: resamples={resamples} must be >= 1")
+    rng, n = random.Random(seed), len(vals)
+    means = sorted(math.fsum(rng.choices(vals, k=n)) / n for _ in range(resamples))
+    lo = means[int(math.floor((1.0 - level) / 2.0 * (resamples - 1)))]
+    hi = means[int(math.ceil((1.0 + level) / 2.0 * (resamples - 1)))]
+    return max(lo, min(vals)), min(hi, max(vals))
+
+
+__all__ = ["pass_at_k", "mean_pass_at_k", "avg_at_k", "maj_at_k", "betainc", "t_cdf", "t_quantile", "mean_sd_ci",
+           "bootstrap_ci"]

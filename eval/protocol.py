@@ -16,7 +16,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from graftzoo.eval.metrics import mean_sd_ci, pass_at_k
+from graftzoo.eval.metrics import BOOTSTRAP_RESAMPLES, bootstrap_ci, mean_sd_ci, pass_at_k
+
+CI_METHOD = f"95% percentile bootstrap over prompts ({BOOTSTRAP_RESAMPLES} resamples)"
 
 
 def sample_seed(seed: int, run: int, j: int) -> int:
@@ -66,7 +68,10 @@ def summarize(correct: Sequence) -> dict:
     - ``avg``: avg@k over every sample of every run (= the mean of the runs' avg@k);
     - ``per_seed_run``: one score per evaluation run (its avg@k) when there are several runs; with
       a single run, one score per sample seed j (its avg@1); ``spread_over`` says which;
-    - ``sd`` / ``ci``: sample sd and 95% t-interval of ``per_seed_run`` (None with one value);
+    - ``sd``: sample sd of ``per_seed_run`` (None with one value);
+    - ``ci``: 95% percentile bootstrap interval of avg@k over the items (each item's accuracy over
+      its samples, items drawn with replacement; ``bootstrap_ci``), inside [0, 1]; None with one
+      item; ``ci_method`` says so;
     - ``pass_at_k``: unbiased pass@k over the n = runs*k samples of each item, for k in {1, k, n}.
     """
     runs = len(correct)
@@ -78,11 +83,12 @@ def summarize(correct: Sequence) -> dict:
         per_seed = [sum(map(sum, run)) / (k * items) for run in correct]
     else:
         per_seed = [sum(sample) / items for sample in correct[0]]
-    mean, sd, lo, hi = mean_sd_ci(per_seed)
+    _, sd, _, _ = mean_sd_ci(per_seed)
     n = runs * k
     counts = _item_counts(correct)
+    ci = list(bootstrap_ci([c / n for c in counts])) if items > 1 else None
     return {"avg": sum(counts) / (n * items), "sd": _nan_to_none(sd),
-            "ci": None if math.isnan(lo) else [lo, hi], "per_seed_run": per_seed,
+            "ci": ci, "ci_method": CI_METHOD, "per_seed_run": per_seed,
             "spread_over": "runs" if runs > 1 else "samples", "k": k, "seeds": runs, "n_items": items,
             "pass_at_k": {str(kk): sum(pass_at_k(n, c, kk) for c in counts) / items for kk in sorted({1, k, n})}}
 
@@ -137,7 +143,8 @@ def score_benchmark(policy, engine, bench, k: int, *, seeds: int = 1, greedy: bo
         corr = greedy_correctness(engine, env, prompts, max_new_tokens)
         rec["greedy"] = sum(corr) / len(corr)
         if k == 0:
-            rec.update({"avg": rec["greedy"], "sd": None, "ci": None, "per_seed_run": [rec["greedy"]],
+            rec.update({"avg": rec["greedy"], "sd": None, "per_seed_run": [rec["greedy"]], "ci_method": CI_METHOD,
+                        "ci": list(bootstrap_ci([float(c) for c in corr])) if len(corr) > 1 else None,
                         "k": 0, "seeds": 0, "n_items": len(prompts), "pass_at_k": {"1": rec["greedy"]}})
     if not rec:
         raise ValueError("nothing to evaluate: k = 0 and greedy is off")

@@ -18,7 +18,7 @@ from graftzoo.training import selection
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config
 from graftzoo.training.models import make_eval_engine
 from graftzoo.eval.artifacts import load_run, validate_eval
-from graftzoo.eval.metrics import pass_at_k
+from graftzoo.eval.metrics import bootstrap_ci, pass_at_k
 from graftzoo.eval.protocol import summarize
 from graftzoo.training.trainer import train
 
@@ -45,9 +45,25 @@ def test_summarize_protocol():
     s = summarize([[[True], [True], [False], [False], [False]], [[True], [False], [False], [False], [False]]])
     assert s["pass_at_k"]["5"] == pytest.approx(0.916667, abs=1e-6) == pass_at_k(10, 3, 5)
     assert s["per_seed_run"] == pytest.approx([0.4, 0.2]) and s["spread_over"] == "runs"
-    assert s["ci"][0] < s["avg"] < s["ci"][1]
+    assert s["ci"] is None  # one item: no interval over items
     s = summarize([[[True, False]]])
-    assert s["sd"] is None and s["ci"] is None
+    assert s["sd"] is None and s["ci"] == [0.0, 1.0]
+
+
+def test_accuracy_interval_stays_in_0_1():
+    """k = 4 samples of 4 problems, one sample right: a t-interval over the 4 sample seeds would be
+    [-13.7%, 26.2%]; the bootstrap over problems is the worked example of docs/algorithms.md#evaluation-metrics."""
+    one_right = [[[j == 0 and i == 3 for i in range(4)] for j in range(4)]]
+    s = summarize(one_right)
+    assert s["avg"] == pytest.approx(0.0625)
+    assert s["ci"] == pytest.approx([0.0, 0.1875]) and "bootstrap over prompts" in s["ci_method"]
+    assert bootstrap_ci([0, 0, 0, 0.25]) == pytest.approx((0.0, 0.1875))
+    assert bootstrap_ci([1.0] * 5) == (1.0, 1.0) and bootstrap_ci([0.0] * 5) == (0.0, 0.0)
+    vals = [i % 3 / 2 for i in range(50)]
+    lo, hi = bootstrap_ci(vals)
+    assert 0 <= lo < sum(vals) / 50 < hi <= 1 and bootstrap_ci(vals) == (lo, hi)  # reproducible
+    with pytest.raises(ValueError, match="no values"):
+        bootstrap_ci([])
 
 
 def test_resolve_benchmarks():
@@ -74,6 +90,7 @@ def test_cli_eval_artifact_fields(run_dir):
             assert rec["k"] == 2 and rec["n_items"] == 3 and rec["limit"] == 3 and len(rec["per_seed_run"]) == 2
             assert set(rec["pass_at_k"]) == {"1", "2"} and 0 <= rec["avg"] <= 1 and "greedy" in rec
             assert rec["pass_at_k"]["1"] == pytest.approx(rec["avg"])
+            assert 0 <= rec["ci"][0] <= rec["avg"] <= rec["ci"][1] <= 1 and "bootstrap" in rec["ci_method"]
         assert payload["dataset_hashes"]["math500"] == load_dataset("math500").hash
         assert payload["verifier"] == VERIFIER_VERSION and payload["engine"] == "hf"
         samp = payload["sampling"]

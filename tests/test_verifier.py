@@ -226,6 +226,49 @@ def test_quick_symbolic_eq_agrees_with_math_verify(monkeypatch):
     assert sum(v == ("ok", True) for v in got) > 10
 
 
+RELATION_CASES = [  # (gold, pred): one gold relation against several answers, as in a group
+    ("y=2x+3", "y=2x+1"), ("y=2x+3", "2x+3=y"), ("y=2x+3", "y-2x=3"), ("y=2x+3", "x=2y+3"),
+    ("5x-7y+11z+4=0", "5x-7y+z+4=0"), ("5x-7y+11z+4=0", "-5x+7y-11z-4=0"), ("x^2=1", "(x^2-1)^2=0"),
+    ("x^2=1", "x=1"), ("x<3", "3>x"), ("x<3", "x\le 3"), ("x\ge 2", "2\le x"),
+]
+
+
+def test_remembered_solve_changes_no_verdict(monkeypatch):
+    """The workers' memo of sympy ``solve`` (``remembered_solve``) gives the verdicts math-verify
+    gives without it, and a gold relation compared with several answers is solved once."""
+    original = math_verify.grader.solve
+    assert not hasattr(original, "original")
+
+    def verdicts():
+        W._parse_gold.cache_clear()
+        W._parse_pred.cache_clear()
+        return [W._evaluate("verify", g, p) for g, p in RELATION_CASES]
+
+    expected = verdicts()
+    calls = []
+
+    def counting(expr, symbols, *args, **kwargs):
+        calls.append(expr)
+        return original(expr, symbols, *args, **kwargs)
+
+    monkeypatch.setattr(math_verify.grader, "solve", W.remembered_solve(counting))
+    assert verdicts() == expected
+    assert ("ok", True) in expected and ("ok", False) in expected
+    gold = math_verify.parse("$y=2x+3$")[0]
+    assert 0 < calls.count(gold) <= 1, calls  # solved once for its several answers
+
+
+def test_schedule_claims_relations_first():
+    """A pool run hands out the costliest golds first (a relation, then long answers; prose last),
+    so a slow comparison does not start at the end of the run."""
+    tasks = [("text", "3", "The answer is $3$.", ()), ("verify", "3", "4", ()),
+             ("verify", "\\frac{1+\\sqrt{5}}{2}", "\\frac{1+\\sqrt{6}}{2}", ()), ("verify", "y=2x+3", "y=2x+1", ())]
+    queue = P._Schedule(tasks)
+    order = [queue.take(0) for _ in range(len(tasks))]
+    assert order[:2] == [3, 2], order
+    assert set(order[2:]) == {0, 1}
+
+
 # ---------------------------------------------------------------- equivalence (math-verify)
 
 
