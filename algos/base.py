@@ -214,30 +214,31 @@ class Learner:
         return Surrogate(tok, info)
 
     def loss(self, ctx: StepContext, policy, mb: MiniBatch):
-        """Policy gradient (own + peer rows, per-sequence weights) + aux NLL (aux rows) - entropy bonus + KL."""
+        """Policy gradient (own + peer rows, per-sequence weights) + aux NLL (aux rows) - entropy bonus + KL. The
+        policy, entropy and KL terms share one normaliser, the policy term's (docs/algorithms.md#loss-aggregation):
+        the KL sums over its own tokens (``kl_mask``) and divides as the policy term does."""
         c = self.cfg
         logp, ent = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True,
                                     entropy_grad=bool(c.entropy_coeff))
         pg = self.surrogate(ctx, logp, mb)
         tok = sequence_terms_as_tokens(pg.token_loss, pg.seq_loss, pg.seq_rows)
         mask = self.pg_mask(mb)
-        norm = mb.norm or {}  # a micro-batch: its minibatch's denominators, so the micro losses add up exactly
-        pg_den = norm["pg"] if mb.norm is not None else self.agg_normalizer(ctx, mb)
-        loss = agg_loss(tok * mb.weights.unsqueeze(1), mask, c.loss_agg, pg_den)
+        # a micro-batch: its minibatch's denominator, so the micro losses add up exactly
+        den = mb.norm["pg"] if mb.norm is not None else self.agg_normalizer(ctx, mb)
+        loss = agg_loss(tok * mb.weights.unsqueeze(1), mask, c.loss_agg, den)
         metrics = token_metrics(pg.info, mask, mb.is_peer, ent)
         if bool(mb.is_aux.any()):
             ell = sequence_mean_logp(logp[mb.is_aux], mb.loss_mask[mb.is_aux])
             loss = loss + aux_nll_loss(ell, mb.weights[mb.is_aux])
             metrics[M.LOSS_AUX_NLL] = float(-ell.detach().mean())
         if c.entropy_coeff:
-            loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg, norm.get("ent"))
+            loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg, den)
         if c.beta_kl > 0:
             with torch.no_grad():
                 ref, _ = ctx.ref_policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
             kl = kl_k3(logp, ref)
-            kl_term = agg_loss(kl, mb.kl_mask, c.loss_agg, norm.get("kl"))
-            loss = loss + c.beta_kl * kl_term
-            metrics[M.KL] = float(agg_loss(kl.detach(), mb.kl_mask, c.loss_agg) if norm else kl_term.detach())
+            loss = loss + c.beta_kl * agg_loss(kl, mb.kl_mask, c.loss_agg, den, den_mask=mask)
+            metrics[M.KL] = float(agg_loss(kl.detach(), mb.kl_mask, c.loss_agg))  # the mean over the KL tokens
         return loss, metrics
 
     @staticmethod
@@ -251,12 +252,10 @@ class Learner:
         return None
 
     def norms(self, ctx: StepContext, mb: MiniBatch) -> dict:
-        """The denominators of ``loss``'s aggregated terms over a whole minibatch (``agg_denominator``), which each
-        of its micro-batches divides by (``optim.max_tokens_per_micro``): policy gradient (``pg``), entropy
-        (``ent``), KL (``kl``). A learner that aggregates other terms in ``loss`` adds theirs."""
-        mode, mask = self.cfg.loss_agg, self.pg_mask(mb)
-        return {"pg": agg_denominator(mask, mode, self.agg_normalizer(ctx, mb)), "ent": agg_denominator(mask, mode),
-                "kl": agg_denominator(mb.kl_mask, mode)}
+        """The denominator of ``loss``'s aggregated terms over a whole minibatch (``agg_denominator``), which each
+        of its micro-batches divides by (``optim.max_tokens_per_micro``): ``pg``, shared by the policy-gradient,
+        entropy and KL terms. A learner that aggregates other terms in ``loss`` adds theirs."""
+        return {"pg": agg_denominator(self.pg_mask(mb), self.cfg.loss_agg, self.agg_normalizer(ctx, mb))}
 
     # ---- state (for checkpoints) ------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -13,7 +13,8 @@ from typing import Annotated, ClassVar, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from graftzoo.contract.config import AlgoSection, LearnerFacts
+from graftzoo.contract.config import (MAX_BATCH, MAX_N, MAX_PROMPTS, MAX_STEPS, MAX_TEMPERATURE, MAX_TOKENS,
+                                      AlgoSection, LearnerFacts)
 from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.registry import register_config
 from graftzoo.contract.schema import Int, key
@@ -24,6 +25,10 @@ SGTGate = Literal["all_fail", "threshold"]
 ContrastTemplate = Literal["spec", "compact"]
 EMBEDDERS = ("hashed_ngrams", "policy_hidden")   # the builtin ExTra embedders (graftzoo.algos.embedders)
 Clip = Annotated[list[float], Field(min_length=2, max_length=2)]
+
+
+GROUP_WHY = ("its advantage compares the responses of a prompt with each other: a group of one response, or of "
+             "identical ones, gets advantage 0 and the update is 0")
 
 
 def clip_pair(key_name: str, value) -> list:
@@ -42,12 +47,16 @@ class LearnerConfig(AlgoSection):
 
     estimator: Estimator = key("grpo", "advantage estimator")
     std_normalize: bool = key(True, "divide group advantages by the group's std (false = Dr.GRPO)")
-    adv_eps: float = key(1e-6, "epsilon of the std normalisation", ge=0)
+    adv_eps: float = key(1e-6, "epsilon of the std normalisation", ge=0, le=1)
     loss_agg: LossAgg = key("token-mean", "loss aggregation (docs/algorithms.md#loss-aggregation)")
     beta_kl: float = key(0.0, "k3 KL to the initial policy, own tokens only", ge=0)
     entropy_coeff: float = key(0.0, "entropy bonus coefficient")
     mask_truncated: bool = key(False, "zero the loss of responses that hit max length (DAPO overlong filter)")
     drop_dead_groups: bool = key(False, "drop zero-advantage groups from the loss denominator")
+
+    def group_needed(self, run: LearnerFacts) -> Optional[str]:
+        """The base learner (GRPO and every learner built on its advantage) compares a prompt's responses."""
+        return GROUP_WHY
 
 
 @register_config("dr_grpo")
@@ -68,9 +77,10 @@ class DAPOConfig(LearnerConfig):
     """DAPO (docs/algorithms.md#dapo). Its clip-higher (0.28, dual clip 10) is the preset configs/algos/dapo.yaml,
     which sets the shared ``optim.clip``: never a private default that a comparison would silently inherit."""
     dynamic_sampling: bool = key(True, "refill the batch with prompts whose group is mixed")
-    max_gen_batches: Int = key(10, "generation batches per step before giving up (<= 0: unlimited)")
+    max_gen_batches: Int = key(10, "generation batches per step before giving up (0: unlimited)", ge=0,
+                                le=10_000)
     on_shortfall: Literal["keep", "error"] = key("keep", "keep (train on what was found) | error (verl raises)")
-    overlong_cache_len: Int = key(0, "soft overlong buffer in tokens (0 = shaping off)", ge=0)
+    overlong_cache_len: Int = key(0, "soft overlong buffer in tokens (0 = shaping off)", ge=0, le=MAX_TOKENS)
     overlong_penalty: float = key(1.0, "overlong penalty at the hard limit")
 
 
@@ -101,8 +111,8 @@ class HACPOConfig(GSPOConfig):
 
     alpha: float = key(1.0, "exponential importance-sampling power", ge=0)
     cross_clip_lower: float = key(0.8, "cross clip floor 1 - delta at update 0", gt=0, le=1)
-    cross_clip_step: float = key(0.025, "floor increase per optimizer update (delta_step)", ge=0)
-    capability_window: Int = key(5, "K, steps of the capability estimate", ge=1)
+    cross_clip_step: float = key(0.025, "floor increase per optimizer update (delta_step)", ge=0, le=1)
+    capability_window: Int = key(5, "K, steps of the capability estimate", ge=1, le=MAX_STEPS)
     ratio_clamp: list = key(lambda: [0.1, 10.0], "clamp of the cross-sample ratio [low <= 1, high >= 1]")
     self_clip: list = key(lambda: [3e-4, 4e-4], "GSPO clip of self samples [eps_low, eps_high]")
     uniform_reward_guard: bool = key(True, "the reference code's guard of uniform-reward groups")
@@ -131,6 +141,10 @@ class HACPOConfig(GSPOConfig):
         data.update(self_clip=self_clip, seq_clip=list(self_clip), ratio_clamp=[float(x) for x in clamp])
         return data
 
+    def group_needed(self, run: LearnerFacts) -> Optional[str]:
+        """None: the advantage is over the pooled own + peer responses of a prompt, which differ between the models."""
+        return None
+
     def check(self, run: LearnerFacts) -> None:
         if self.estimator != "grpo" or not self.std_normalize:
             raise ConfigError("HACPO's advantage is its own capability-aware form (docs/algorithms.md#hacpo): "
@@ -145,11 +159,13 @@ class HACPOConfig(GSPOConfig):
 @register_config("hora")
 class HORAConfig(LearnerConfig):
     """HORA (docs/algorithms.md#hora): a probe, then extra rollouts where the posterior says they help most."""
-    n0: Optional[Int] = key(None, "rollouts per prompt before allocation (null: max(2, rollout.n // 2))")
-    cap: Optional[Int] = key(None, "most extra rollouts per prompt, m_max (null: 3 * rollout.n)", ge=0)
+    n0: Optional[Int] = key(None, "rollouts per prompt before allocation (null: max(2, rollout.n // 2))", ge=1,
+                             le=MAX_N)
+    cap: Optional[Int] = key(None, "most extra rollouts per prompt, m_max (null: 3 * rollout.n)", ge=0,
+                              le=3 * MAX_N)
     a0: float = key(1.0, "Beta prior of every prompt's success rate", gt=0)
     b0: float = key(1.0, "Beta prior of every prompt's failure rate", gt=0)
-    rounds: Int = key(1, "allocation rounds after the probe (posteriors refreshed)", ge=1)
+    rounds: Int = key(1, "allocation rounds after the probe (posteriors refreshed)", ge=1, le=MAX_N)
     posterior_source: Literal["probe", "history"] = key("probe", "what the posterior is built from")
     history_decay: float = key(1.0, "history: old counts are multiplied by this at every visit", gt=0, le=1)
     skip_saturated: bool = key(False, "give no extra rollouts to prompts with only successes so far")
@@ -173,22 +189,28 @@ class ExTraConfig(LearnerConfig):
     shared optim.clip)."""
     novelty_alpha: float = key(0.1, "novelty bonus weight alpha (paper runs; the released script uses 0.01)")
     novelty_mode: Literal["after_norm", "before_norm"] = key("after_norm", "where the bonus enters the advantage")
-    novelty_lambda: float = key(1.0, "before_norm: gamma = exp(-lambda * reward-variance EMA)")
-    variance_momentum: float = key(0.1, "before_norm: EMA momentum")
-    memory_size: Int = key(16, "rollout embeddings kept per prompt (>= rollout.n)")
-    memory_prompts: Int = key(100_000, "prompts with memories (least recently seen dropped beyond)", ge=1)
+    novelty_lambda: float = key(1.0, "before_norm: gamma = exp(-lambda * reward-variance EMA)", ge=0)
+    variance_momentum: float = key(0.1, "before_norm: EMA momentum", ge=0, le=1)
+    memory_size: Int = key(16, "rollout embeddings kept per prompt (>= rollout.n)", ge=1, le=100 * MAX_N)
+    memory_prompts: Int = key(100_000, "prompts with memories (least recently seen dropped beyond)", ge=1,
+                               le=10 * MAX_PROMPTS)
     embedder: str = key("hashed_ngrams", "hashed_ngrams | policy_hidden | local sentence-transformers dir")
-    embed_tokens: Int = key(512, "embed the last N response tokens", ge=1)
+    embed_tokens: Int = key(512, "embed the last N response tokens", ge=1, le=MAX_TOKENS)
     prefix_regen: bool = key(True, "regenerate from prefixes of hard prompts' rollouts")
-    regen_warmup_steps: Int = key(30, "mining and regeneration start after this many steps")
-    hard_pass_rate: Optional[float] = key(None, "hard iff pass rate <= this (null: 1/G)")
+    regen_warmup_steps: Int = key(30, "mining and regeneration start after this many steps", ge=0, le=MAX_STEPS)
+    hard_pass_rate: Optional[float] = key(None, "hard iff pass rate <= this (null: 1/G)", ge=0, le=1)
     fallback_cut_chars: str = key("", "no newline: cut after these tokens (\"\" = no prefix)")
-    prefix_min_gap: Int = key(32, "tokens between kept cut points", ge=1)
-    max_prefixes: Int = key(15, "cut points per rollout", ge=1)
-    prefix_memory: Int = key(128, "prefixes kept per prompt", ge=1)
-    tau: float = key(0.1, "smoothing temperature of the prefix selection")
-    regen_batch_size: Int = key(16, "guided prompts per step (they replace the batch's last rows)", ge=0)
-    queue_size: Int = key(512, "guided prompts waiting (most recent kept)", ge=1)
+    prefix_min_gap: Int = key(32, "tokens between kept cut points", ge=1, le=MAX_TOKENS)
+    max_prefixes: Int = key(15, "cut points per rollout", ge=1, le=MAX_TOKENS)
+    prefix_memory: Int = key(128, "prefixes kept per prompt", ge=1, le=100 * MAX_N)
+    tau: float = key(0.1, "smoothing temperature of the prefix selection", gt=0, le=MAX_TEMPERATURE)
+    regen_batch_size: Int = key(16, "guided prompts per step (they replace the batch's last rows)", ge=0,
+                                 le=MAX_BATCH)
+    queue_size: Int = key(512, "guided prompts waiting (most recent kept)", ge=1, le=MAX_PROMPTS)
+
+    def group_needed(self, run: LearnerFacts) -> Optional[str]:
+        return ("its advantage is GRPO's group advantage, 0 for a group of one response or of identical ones; only "
+                "the novelty bonus of revisited prompts would remain")
 
     def check(self, run: LearnerFacts) -> None:
         if self.estimator != "grpo" or not self.std_normalize:
@@ -213,9 +235,10 @@ class OMGRPOConfig(LearnerConfig):
     answer_format: Literal["boxed", "any"] = key("boxed", "boxed | any (the verifier's extractor, e.g. after '=')")
     format_weight: float = key(1.0, "weight of the format reward")
     contrast: bool = key(True, "contrast-augmented reward")
-    contrast_max_new_tokens: Int = key(64, "response limit of the contrast judgement", ge=1)
+    contrast_max_new_tokens: Int = key(64, "response limit of the contrast judgement", ge=1, le=MAX_TOKENS)
     contrast_template: ContrastTemplate = key("spec", "the judgement prompt: spec wording | compact (tiny models)")
-    contrast_temperature: float = key(1.0, "sampling temperature of the contrast judgement")
+    contrast_temperature: float = key(1.0, "sampling temperature of the contrast judgement", gt=0,
+                                      le=MAX_TEMPERATURE)
     ttt: bool = key(False, "test-time training on the held-out evaluation prompts")
 
     def check(self, run: LearnerFacts) -> None:
@@ -232,9 +255,21 @@ class SGTConfig(LearnerConfig):
 
     gate: SGTGate = key("all_fail", "which learner groups are rescued")
     tau: float = key(0.0, "threshold gate: rescue when c_L / G <= tau", ge=0, lt=1)
-    k_inj: Int = key(1, "rescue responses per prompt, at most", ge=1)
+    k_inj: Int = key(1, "rescue responses per prompt, at most", ge=1, le=MAX_N)
     mode: Literal["augment", "aux_nll"] = key("augment", "augment the group | an auxiliary NLL term")
     lam: float = key(1.0, "aux_nll weight")
+
+    def group_needed(self, run: LearnerFacts) -> Optional[str]:
+        """augment: a rescued success joins the learner's group, whose advantages are recomputed (a group of one gets
+        0; identical responses still learn from a rescue); aux_nll: the NLL of the rescued successes learns alone."""
+        if self.mode == "aux_nll" and self.lam != 0:
+            return None
+        if self.mode == "aux_nll":
+            return GROUP_WHY + " (and algo.lam=0 turns the rescue NLL off)"
+        if run.n < 2:
+            return ("rescued peer successes join the learner's group and its advantages are recomputed there: a group "
+                    "of one response gets advantage 0 and the update is 0")
+        return None
 
 
 def token_ratio_error(where: str) -> ConfigError:
@@ -262,7 +297,15 @@ class GRAFTConfig(LearnerConfig):
     peer_position: Literal["last", "first", "uniform"] = key("last", "where grafted groups go in the minibatches")
     peer_minibatches: Literal["replace_slots", "separate"] = key("replace_slots", "grafted groups in slots | apart")
     renorm_adv_after_gate: bool = key(False, "recompute advantages over the admitted responses")
-    k_inj: Int = key(1, "select=sgt_rescue: SGT's k_inj (augmentation, all-success peer)", ge=1)
+    k_inj: Int = key(1, "select=sgt_rescue: SGT's k_inj, peer successes per rescued prompt, at most", ge=1, le=MAX_N)
+
+    def group_needed(self, run: LearnerFacts) -> Optional[str]:
+        """A stored peer's groups may be larger and keep their advantages; an online peer samples as the learner.
+        ``sgt_rescue`` injects an all-success peer group's successes into identical failures (n >= 2 learns)."""
+        if run.peer_source in ("stored", "mixed") or (self.select == "sgt_rescue" and run.n >= 2):
+            return None
+        return ("its own advantage compares a prompt's responses, and it grafts only mixed peer groups, which an "
+                "online peer sampling as the learner never has: every advantage is 0 and the update is 0")
 
     def check(self, run: LearnerFacts) -> None:
         if self.peer_position == "uniform" and self.peer_minibatches == "separate":

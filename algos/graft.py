@@ -7,10 +7,10 @@ Per step, for each learner (all decisions under theta_old, before any update):
    the sourced "balanced exchange", with no cap. ``select=random_count_matched`` replaces as many prompts,
    drawn at random ("Count-matched random prompt selection", docs/algorithms.md#graft-ablations). ``select=sgt_rescue`` is "w/o balanced
    exchange", the same configuration as "SGT + GRAFT how" (docs/algorithms.md#graft-ablations): SGT's rescue set (learner all-fail, peer
-   has a verified success), only the peer's successes are transferred; from a mixed peer group they keep
-   their peer advantages, from an all-success peer group (zero peer advantage) up to ``k_inj`` of them (SGT's
-   ``algo.k_inj``) are injected into the learner's group, whose GRPO advantages are recomputed (the docs/algorithms.md#sgt
-   augmentation, as plain SGT does).
+   has a verified success), only the peer's successes are transferred, at most ``k_inj`` (SGT's ``algo.k_inj``)
+   per prompt, drawn at random; from a mixed peer group they keep their peer advantages, from an all-success peer
+   group (zero peer advantage) they are injected into the learner's group, whose GRPO advantages are recomputed
+   (the docs/algorithms.md#sgt augmentation, as plain SGT does).
    EXTENSIONS, not in the sourced method and off by default (``balance=none``, ``max_peer_frac=1``):
    ``balance=cap_pvar`` caps the replaced prompts at ``floor(max_peer_frac * |B_t|)``, ranked by the peer's
    outcome balance ``p(1-p)``; ``balance=symmetric`` caps both directions at ``min(|C^A|, |C^B|, cap)``.
@@ -117,16 +117,13 @@ class GRAFT(Learner):
         pc = [None if p is None else p.num_correct for p in pgs]
         pG = [0 if p is None else p.n for p in pgs]
         if c.select == "sgt_rescue":
-            # mixed peer group: its successes with their peer advantages; all-success peer group (zero peer
-            # advantage): SGT's rescue draw of up to k_inj successes, injected by augmentation (docs/algorithms.md#sgt)
-            succ = [None if p is None or not g.all_fail else [i for i, r in enumerate(p.rollouts) if r.correct]
-                    for g, p in zip(groups, pgs)]
+            # SGT's rescue set (docs/algorithms.md#sgt): up to k_inj of the peer's successes per prompt, drawn at
+            # random, from a mixed peer group as from an all-success one; from a mixed group they keep their peer
+            # advantages, from an all-success group (zero peer advantage) they are injected by augmentation
+            succ = [None if p is None else [i for i, r in enumerate(p.rollouts) if r.correct] for p in pgs]
             k_inj = min([int(c.k_inj), *lG])  # never more than a learner group's failures
-            inject = sgt_rescue(lc, lG, [s if s and len(s) == p.n else None for s, p in zip(succ, pgs)], ctx.rng,
-                                k_inj)
-            plans = {x: (s, "replace") for x, s in enumerate(succ) if s and len(s) < pgs[x].n}
-            plans.update({x: (idx, "augment") for x, idx in inject.items()})
-            return dict(sorted(plans.items()))
+            rescue = sgt_rescue(lc, lG, succ, ctx.rng, k_inj)
+            return {x: (idx, "augment" if len(succ[x]) == pgs[x].n else "replace") for x, idx in rescue.items()}
         cands = graft_candidates(lc, pc, lG, pG)
         p = [0.0 if n is None or G == 0 else n / G for n, G in zip(pc, pG)]
         if c.balance == "none":

@@ -31,6 +31,7 @@ each other and from what the sampler trains on.
 """
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -46,6 +47,8 @@ from graftzoo.envs.datasets import (BENCHMARKS, FILE_SUFFIXES, MathDataset, Miss
                                      load_dataset)
 from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv
 from graftzoo.envs.templates import TEMPLATES
+
+log = logging.getLogger(__name__)
 
 HELDOUT = "heldout"
 DEFAULT_VAL_SIZE = 64
@@ -202,6 +205,7 @@ class Task:
             held = config_error("eval.dataset", ev.dataset, lambda: self.heldout())
             if not held.prompts:
                 raise ConfigError(f"config key 'eval.dataset' ({ev.dataset!r}): the held-out split is empty")
+            self._warn_small_heldout(len(held.prompts))
         for bench in benchmarks:
             if bench != HELDOUT:
                 config_error("eval.benchmarks", bench, lambda: load_dataset(bench))
@@ -213,6 +217,23 @@ class Task:
                                   f"would pick checkpoints on it; give a validation set or set "
                                   f"eval.allow_test_selection: true")
         return self
+
+    def _warn_small_heldout(self, n: int) -> None:
+        """One warning when the held-out split came out smaller than ``eval.min_heldout`` and than ``eval.size``
+        asks for (a small file's tenth, a small eval.dataset): each prompt moves its score by 100/n points."""
+        ev = self.eval
+        if n >= ev.min_heldout or (ev.size is not None and n >= ev.size):
+            return
+        if ev.dataset:
+            source = f"all of eval.dataset {ev.dataset!r}"
+        elif self._heldout_indices():
+            train = self.train_env.dataset
+            source = f"a tenth of the {len(train)} of {train.name!r}, which has no test split"
+        else:
+            source = f"the test split of {self.heldout().dataset!r}"
+        asked = f" and eval.size={ev.size}" if ev.size is not None else ""
+        log.warning("held-out split: %d prompts (%s), fewer than eval.min_heldout=%d%s: one prompt moves its score by "
+                    "%.0f points; give eval.dataset or more data", n, source, ev.min_heldout, asked, 100 / n)
 
     # ---- the training task -----------------------------------------------------------------
     @cached_property

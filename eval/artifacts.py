@@ -18,7 +18,8 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
 
     ``step`` (int) and ``model`` (str) are required; all other keys are metric names with
     numeric values or null (the fixed vocabulary of docs/architecture.md). A final line
-    without its newline that does not parse is a torn write of a killed run and is ignored.
+    without its newline that does not parse is a torn write of a killed run: it is left out, with a
+    warning naming the file and line.
 
 ``run_dir/eval/<model file name>.json``
     Final evaluation of one model (``write_eval``, by the trainer's final evaluation); a grid's own
@@ -61,6 +62,7 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
@@ -73,6 +75,8 @@ import yaml
 from graftzoo.contract import metrics as M
 from graftzoo.contract.names import model_slug
 from graftzoo.eval.compute import joint_charge
+
+log = logging.getLogger("graftzoo")
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -300,6 +304,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _read_metrics(path: Path) -> list:
+    """The records of a metrics.jsonl; a torn last line (see module docstring) is dropped and said."""
     records = []
     lines = path.read_text(encoding="utf-8").split("\n")
     for lineno, line in enumerate(lines, 1):
@@ -310,6 +315,8 @@ def _read_metrics(path: Path) -> list:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             if lineno == len(lines):   # no newline after it: a torn write, see module docstring
+                log.warning("%s: dropped a torn last line (%d characters), the write of a killed run; the %d "
+                            "records before it are used", where, len(line), len(records))
                 break
             raise ArtifactError(f"{where}: invalid JSON ({e.msg})") from None
         _check_metrics_record(rec, where)

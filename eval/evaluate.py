@@ -8,18 +8,38 @@ trainer's own evaluation, and the one place eval result files are written from.
   ``graftzoo.eval.protocol.score_benchmark``. ``group_by`` (one benchmark) reports its groups of
   prompts as the benchmarks and the whole set as ``overall``: the trainer's layout, whose
   ``eval_metrics`` are the ``eval/*`` metrics of a run.
-- ``evaluate_and_write``: the same, written with ``graftzoo.eval.artifacts.write_eval``.
+- ``evaluate_and_write``: the same, written with ``graftzoo.eval.artifacts.write_eval``; its folder is checked
+  to be writable (``check_writable``) before anything is scored, so that no score is computed only to be lost.
 """
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Callable, Optional
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig
 from graftzoo.envs.task import HELDOUT, Task, load_benchmark, resolve_benchmarks
 from graftzoo.envs.verifier import VERIFIER_VERSION, verifier_version
-from graftzoo.eval.artifacts import write_eval
+from graftzoo.eval.artifacts import EVAL_DIR, write_eval
 from graftzoo.eval.protocol import score_benchmark
+
+
+def check_writable(folder, hint: str = "") -> Path:
+    """Create ``folder`` (and its parents) and write a file in it, before anything expensive is computed for it; an
+    ``OSError`` naming the folder (plus ``hint``: where else to write) when that fails."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise OSError(e.errno, f"cannot write results there ({why}){'; ' + hint if hint else ''}",
+                      str(e.filename or folder)) from None
+    return folder
 
 
 def eval_top_p(cfg: RunConfig) -> float:
@@ -126,7 +146,8 @@ def evaluate_and_write(policy, engine, request: dict, run_dir, *, folder=None, t
                        step: int = 0, group_by: Optional[str] = None, extra: Optional[dict] = None,
                        log: Optional[Callable[[str], None]] = None) -> tuple:
     """(payload, path): ``evaluate_benchmarks`` plus the ``extra`` fields, written as the model's
-    eval file in ``run_dir/eval/`` (or ``folder``)."""
+    eval file in ``run_dir/eval/`` (or ``folder``), whose writability is checked first."""
+    check_writable(folder if folder is not None else Path(run_dir) / EVAL_DIR)
     payload = evaluate_benchmarks(policy, engine, request, task=task, step=step, group_by=group_by, log=log)
     payload.update(extra or {})
     return payload, write_eval(run_dir, payload["model"], payload, folder=folder)

@@ -29,7 +29,13 @@ the first run in path order: ``method_labels``). When every score of the table i
 (``Table.all_zero``; the legend says so once).
 
 Runs are compared like with like (``check_comparable``): runs that differ in ``COMPARABLE_KEYS`` (training steps, eval
-k, eval set) are refused in one line naming the runs and keys, unless allowed.
+k, eval set) are refused in one line naming the runs and keys, unless allowed. Runs on different tasks (``task_label``:
+the training dataset, or the procedural env with its mix) are tabulated in separate blocks, the task in the block
+title. Within a block, a row whose ``ROW_KEYS`` settings (rollout budget, clip, and the allowed ``COMPARABLE_KEYS``)
+differ from the baseline row's (else from most rows') has them in ``Row.differs`` (the "Differs" column), and
+``Table.warnings`` says so in one line per key; a key the row sets by design is left out (``Row.by_design``: its label
+states it, "GRPO (n=16)"; its algorithm clips with its own key; or the caller's ``design``: a grid method's preset
+keys and ``clip: own``).
 
 Aliases (``aliases={label: method}``): one configuration that the paper reports under two labels
 (GRAFT's "SGT + GRAFT how" is its "w/o balanced exchange"). The method's row is shown a second time
@@ -41,11 +47,13 @@ import csv
 import dataclasses
 import fnmatch
 import io
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from graftzoo.contract import metrics as M
-from graftzoo.contract.config import clip_label, effective_clip
+from graftzoo.contract.config import LearnerFacts, clip_label, validate
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
 from graftzoo.eval.metrics import mean_sd_ci
@@ -88,6 +96,9 @@ class Row:
     compute_amortized: Optional[dict] = None
     same_as: Optional[str] = None       # an alias row: the row of this method, under a second label
     clip: str = DASH                    # the clip its runs trained with (``clip_label``), e.g. "0.2/0.2"
+    settings: dict = field(default_factory=dict)   # ROW_KEYS key -> its runs' value(s) as text
+    by_design: set = field(default_factory=set)    # ROW_KEYS (and "task") the row sets by design: not compared
+    differs: dict = field(default_factory=dict)    # ROW_KEYS key -> the reference's value it differs from
 
 
 @dataclass
@@ -95,10 +106,14 @@ class Block:
     model: str
     peer: Optional[str]
     rows: list
+    task: str = DASH                    # what its runs train on (``task_label``)
+    show_task: bool = False             # the table spans several tasks: the title names it
+    reference: Optional[str] = None     # the row ``Row.differs`` compares with (the baseline); None: most rows
 
     @property
     def title(self) -> str:
-        return self.model if self.peer is None else f"{self.model} (peer: {self.peer})"
+        title = self.model if self.peer is None else f"{self.model} (peer: {self.peer})"
+        return f"{title} on {self.task}" if self.show_task else title
 
 
 @dataclass
@@ -109,6 +124,7 @@ class Table:
     budgets: tuple
     digits: int = 1
     all_zero: bool = False              # every score is 0: no bold, Δ or marks
+    warnings: list = field(default_factory=list)   # one line per setting in which rows differ (not like for like)
 
 
 @dataclass
@@ -137,6 +153,15 @@ COMPARABLE_KEYS = ("run.steps", "run.epochs", "eval.k", "eval.dataset", "eval.si
 """Config keys every run of one table must share (``check_comparable``)."""
 
 
+ROW_KEYS = ("rollout.n", "task.prompts_per_step", "clip") + COMPARABLE_KEYS
+"""Settings the rows of one block are compared on (``Row.differs``): the rollout budget (responses per prompt, prompts
+per step), the effective clip (``clip``, as ``clip_label`` writes it) and the ``COMPARABLE_KEYS`` a report was allowed
+to mix."""
+
+TASK_KEYS = ("task.dataset", "task.split", "task.env", "task.mix", "task.difficulty", "task.size")
+"""What a run trains on (``task_label``); runs on different tasks are tabulated in separate blocks."""
+
+
 def _config_value(config: dict, dotted: str):
     node = config
     for part in dotted.split("."):
@@ -144,6 +169,62 @@ def _config_value(config: dict, dotted: str):
             return None
         node = node.get(part)
     return node
+
+
+def task_label(config: dict) -> str:
+    """What a run trains on, in a few words: ``task.dataset`` (with ``task.split`` when it is not train), else the
+    procedural env with its mix, difficulty and size (``graftzoo/Arithmetic-v0 (add:1 mul:1; difficulty 2)``)."""
+    task = config.get("task") or {}
+    if task.get("dataset"):
+        split = task.get("split")
+        return str(task["dataset"]) + (f"[{split}]" if split not in (None, "train") else "")
+    env = task.get("env")
+    env = "graftzoo/Arithmetic-v0" if env == "auto" else str(env or DASH)   # auto: as the config resolves it
+
+    def words(value) -> str:
+        if isinstance(value, dict):
+            return " ".join(f"{k}:{v:g}" if isinstance(v, (int, float)) else f"{k}:{v}" for k, v in value.items())
+        return str(value)
+
+    parts = [words(task["mix"])] if task.get("mix") else []
+    parts += [f"difficulty {words(task['difficulty'])}"] if task.get("difficulty") else []
+    parts += [f"size {task['size']}"] if task.get("size") else []
+    return f"{env} ({'; '.join(parts)})" if parts else env
+
+
+def design_keys(dotted) -> set:
+    """The ``ROW_KEYS`` (and "task") that config keys set by design define, e.g. the keys of a grid method's preset
+    (``optim.clip.*`` and an algorithm's own clip key define "clip"; ``TASK_KEYS`` define "task")."""
+    out = set()
+    for k in dotted:
+        if k in ROW_KEYS:
+            out.add(k)
+        elif k.startswith("optim.clip") or k in ("algo.seq_clip", "algo.self_clip"):
+            out.add("clip")
+        elif any(k == t or k.startswith(t + ".") for t in TASK_KEYS):
+            out.add("task")
+    return out
+
+
+def _label_states(label: str, key: str, value: str) -> bool:
+    """Whether a method label states the row's value of ``key``: "GRPO (n=16)" (and the default "grpo (n=16)")
+    states rollout.n 16."""
+    return key == "rollout.n" and re.search(rf"(?<![\w.])n\s*=\s*{re.escape(value)}(?!\d)", label) is not None
+
+
+def _run_clip(run: RunRecord) -> tuple:
+    """(``clip_label`` of the run's effective clip, whether its algorithm clips with its own key rather than
+    ``optim.clip``: GSPO's sequence clip, HACPO's self clip); ("?", False) where it cannot be resolved."""
+    try:
+        cfg = validate(run.config)
+        clip = cfg.algo.effective_clip(LearnerFacts.of(cfg))
+    except (ValueError, KeyError, TypeError, RuntimeError):  # ConfigError, RegistryError: an unknown algorithm
+        return "?", False
+    return clip_label(clip), clip != {**cfg.optim.clip.model_dump(), "ratio": "token"}
+
+
+def _setting_text(value) -> str:
+    return DASH if value is None else str(value)
 
 
 def check_comparable(runs: Sequence[RunRecord], allow: Sequence[str] = ()) -> None:
@@ -178,15 +259,37 @@ def method_of(run: RunRecord, labels: dict) -> str:
     return labels.get(run.variant.casefold(), run.variant)
 
 
+def default_baseline(runs: Sequence[RunRecord]) -> Optional[str]:
+    """The baseline when none is named: of the GRPO rows (single-model runs of the algorithm ``grpo``, its presets
+    included), the one with the most seeds, then the smallest rollout budget, then the first label; None when the
+    runs have no GRPO row."""
+    labels = method_labels(runs)
+    seeds: dict = {}
+    for run in runs:
+        if run.status != "failed" and run.summary.get("algo") == "grpo" and run.evals and all(
+                run.peers[m] is None for m in run.evals):
+            seeds.setdefault((method_of(run, labels), run.rollout_n), set()).add(run.seed)
+    if not seeds:
+        return None
+    (label, _), _ = min(seeds.items(), key=lambda kv: (-len(kv[1]), kv[0][1], kv[0][0]))
+    return label
+
+
+def row_labels(runs: Sequence[RunRecord]) -> list:
+    """The method labels of the table's rows (the runs that are tabulated: not failed, with an eval file)."""
+    labels = method_labels(runs)
+    return sorted({method_of(r, labels) for r in runs if r.status != "failed" and r.evals})
+
+
 def _group(runs: Sequence[RunRecord]) -> dict:
-    """(model, peer, method) -> list of (run, model); duplicate seeds are an error."""
+    """(model, peer, method, task) -> list of (run, model); duplicate seeds are an error."""
     groups: dict = {}
     labels = method_labels(runs)
     for run in runs:
         if run.status == "failed":
             continue
         for model in run.evals:
-            key = (model, run.peers[model], method_of(run, labels))
+            key = (model, run.peers[model], method_of(run, labels), task_label(run.config))
             for other, _ in groups.get(key, []):
                 if other.seed == run.seed:
                     raise ValueError(f"two runs of {key[2]!r} for model {model!r} "
@@ -226,23 +329,58 @@ def _make_row(method: str, members: list, benchmarks: list) -> Row:
               for b, v in per_bench.items()}
     charged, amortized = zip(*(_charges(run, model) for run, model in members))
     first_run, model = members[0]
+    clips = [_run_clip(run) for run, _ in members]
+    settings = {k: "; ".join(dict.fromkeys(_setting_text(_config_value(r.config, k)) for r, _ in members))
+                for k in ROW_KEYS if k != "clip"}
+    settings["clip"] = "; ".join(dict.fromkeys(text for text, _ in clips))  # differing clips are all shown
+    by_design = {k for k, v in settings.items() if _label_states(method, k, v)}
+    by_design |= {"clip"} if all(own for _, own in clips) else set()
     return Row(method=method, budget=budgets.pop(), baseline=first_run.peers[model] is None,
                seeds=[r.seed for r, _ in members], runs=[str(r.path) for r, _ in members],
                scores=scores, avg=_stat(per_seed_avg) if complete else Stat(None, None, 0),
                compute=_mean_dicts(list(charged)), compute_amortized=_mean_dicts(list(amortized)),
-               clip=_clip_text(members))
+               clip=settings["clip"], settings=settings, by_design=by_design)
 
 
-def _clip_text(members: list) -> str:
-    """The clip of a row's runs (``effective_clip`` of each run config; "?" where it cannot be resolved);
-    differing clips are all shown, joined by "; "."""
-    texts = []
-    for run, _ in members:
-        try:
-            texts.append(clip_label(effective_clip(run.config)))
-        except (ValueError, KeyError, TypeError, RuntimeError):  # ConfigError, RegistryError: an unknown algorithm
-            texts.append("?")
-    return "; ".join(dict.fromkeys(texts))
+def _compare(block: Block, baseline: str) -> None:
+    """``Row.differs``: each ``ROW_KEYS`` setting in which a row differs from the block's baseline row (else from
+    the value most of its rows share), unless the row sets that key by design (``Row.by_design``); a clip that
+    cannot be resolved ("?") is not compared."""
+    base = next((r for r in block.rows if r.method == baseline), None)
+    block.reference = base.method if base is not None else None
+    for key in ROW_KEYS:
+        ref = base.settings[key] if base is not None else Counter(
+            r.settings[key] for r in block.rows).most_common(1)[0][0]
+        for r in block.rows:
+            value = r.settings[key]
+            if r is not base and value != ref and key not in r.by_design and "?" not in (ref, value):
+                r.differs[key] = ref
+
+
+def _warnings(blocks: list, design: dict) -> list:
+    """One line per setting in which rows differ (``Row.differs``), naming the rows and values, and one line when
+    the rows train on several tasks (a row whose task is its point, ``design``, left out)."""
+    by_key: dict = {}
+    for b in blocks:
+        for r in b.rows:
+            if r.same_as is None:   # an alias row repeats another row
+                for key, ref in r.differs.items():
+                    rows, refs = by_key.setdefault(key, ({}, {}))
+                    rows.setdefault(r.method, r.settings[key])
+                    refs.setdefault(b.reference or "most rows", ref)
+    lines = [f"not like for like: rows differ in {key}: " + ", ".join(f"{m} {v}" for m, v in rows.items())
+             + " vs " + ", ".join(f"{m} {v}" for m, v in refs.items()) + " (the Differs column of Table 1)"
+             for key, (rows, refs) in sorted(by_key.items(), key=lambda kv: ROW_KEYS.index(kv[0]))]
+    tasks: dict = {}
+    for b in blocks:
+        methods = tasks.setdefault(b.task, [])
+        methods += [r.method for r in b.rows if r.same_as is None and r.method not in methods
+                    and "task" not in design.get(r.method, ())]
+    tasks = {t: m for t, m in tasks.items() if m}
+    if len(tasks) > 1:
+        lines.append(f"not like for like: rows train on {len(tasks)} tasks, tabulated in one block each: "
+                     + "; ".join(f"{t} ({', '.join(m)})" for t, m in tasks.items()))
+    return lines
 
 
 def _order(rows: list, methods: Optional[Sequence[str]]) -> list:
@@ -284,13 +422,14 @@ def _decorate(block: Block, baseline: str, budgets: tuple) -> None:
 def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
                  budgets: tuple = (16, 32), benchmarks: Optional[Sequence[str]] = None,
                  methods: Optional[Sequence[str]] = None, digits: int = 1,
-                 aliases: Optional[dict] = None) -> Table:
+                 aliases: Optional[dict] = None, design: Optional[dict] = None) -> Table:
     """Table 1 of the GRAFT paper from loaded runs (layout and marks: module docstring).
 
     ``budgets`` are the (†, ‡) budget tiers; ``benchmarks`` fixes the column order (default: order
     of first appearance); ``methods`` puts those rows first in that order (default: baselines by
     budget then name, then the other methods by budget then name); ``aliases`` ({alias label: method})
-    repeat a method's row under a second label.
+    repeat a method's row under a second label; ``design`` ({method label: ``ROW_KEYS`` / "task"}) names the
+    settings a row differs in by design (``design_keys``), left out of ``Row.differs`` and the warnings.
     """
     if len(budgets) != 2 or budgets[0] >= budgets[1]:
         raise ValueError(f"budgets must be two increasing tiers for (†, ‡), got {budgets}")
@@ -301,26 +440,33 @@ def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
     baseline = labels.get(baseline.casefold(), baseline)
     methods = [labels.get(m.casefold(), m) for m in methods or []]
     aliases = {a: labels.get(t.casefold(), t) for a, t in (aliases or {}).items()}
+    design = {labels.get(m.casefold(), m): set(keys) for m, keys in (design or {}).items()}
     if benchmarks is None:
         benchmarks = []
         for run in runs:
             for ev in run.evals.values():
                 benchmarks += [b for b in ev["benchmarks"] if b not in benchmarks]
     benchmarks = list(benchmarks)
+    tasks = sorted({t for *_, t in groups})
     blocks = []
-    for model in sorted({m for m, _, _ in groups}):
-        peers = sorted({p for m, p, _ in groups if m == model and p is not None}) or [None]
-        for peer in peers:
-            rows = [_make_row(meth, mem, benchmarks) for (m, p, meth), mem in groups.items()
-                    if m == model and (p is None or p == peer)]
-            block = Block(model=model, peer=peer, rows=_order(rows, methods))
+    for model in sorted({m for m, *_ in groups}):
+        peers = sorted({p for m, p, *_ in groups if m == model and p is not None}) or [None]
+        for peer, task in ((p, t) for p in peers for t in tasks):
+            rows = [_make_row(meth, mem, benchmarks) for (m, p, meth, t), mem in groups.items()
+                    if m == model and (p is None or p == peer) and t == task]
+            if not rows:
+                continue
+            block = Block(model=model, peer=peer, rows=_order(rows, methods), task=task, show_task=len(tasks) > 1)
             labels = [r.method for r in block.rows]
             if len(set(labels)) != len(labels):
                 clash = sorted({x for x in labels if labels.count(x) > 1})
                 raise ValueError(f"block {block.title!r}: method label(s) {clash} used by both a "
                                  f"single-model run and a run with a peer; give them distinct "
                                  f"run.variant labels")
+            for r in block.rows:
+                r.by_design |= design.get(r.method, set())
             _decorate(block, baseline, tuple(budgets))
+            _compare(block, baseline)
             copies = [dataclasses.replace(r, method=alias, same_as=r.method)
                       for alias, target in (aliases or {}).items() for r in block.rows if r.method == target]
             if any(r.method == c.method for c in copies for r in block.rows):
@@ -339,19 +485,21 @@ def build_table1(runs: Sequence[RunRecord], baseline: str = "GRPO (n=8)",
             for r in b.rows:
                 r.bold, r.mark, r.delta = False, "", None
     return Table(benchmarks=benchmarks, blocks=blocks, baseline=baseline,
-                 budgets=tuple(budgets), digits=digits, all_zero=all_zero)
+                 budgets=tuple(budgets), digits=digits, all_zero=all_zero, warnings=_warnings(blocks, design))
 
 
 def step_means(runs: Sequence[RunRecord], keys: Sequence[str]) -> list:
     """Per (method, model, peer), sorted by model then method: ``(method, model, peer, seeds, stats)`` where
     ``stats[j]`` is the mean ± sd over seeds of each run's mean over its logged steps of ``keys[j]`` (steps where it is
     None left out; a ``Stat`` without values when a seed lacks it). Groups where no key was logged are left out;
-    failed runs skipped."""
+    failed runs skipped. Runs on several tasks: the method is shown with its task (``"GRPO (n=8) on a.jsonl"``)."""
     groups: dict = {}
     labels = method_labels(runs)
+    several = len({task_label(r.config) for r in runs if r.status != "failed"}) > 1
     for run in runs:
         if run.status == "failed":
             continue
+        method = method_of(run, labels) + (f" on {task_label(run.config)}" if several else "")
         for model in run.models:
             vals = []
             for key in keys:
@@ -359,7 +507,7 @@ def step_means(runs: Sequence[RunRecord], keys: Sequence[str]) -> list:
                 vals.append(sum(v) / len(v) if v else None)
             if all(v is None for v in vals):
                 continue
-            groups.setdefault((method_of(run, labels), model, run.peers[model]), []).append((run.seed, vals))
+            groups.setdefault((method, model, run.peers[model]), []).append((run.seed, vals))
     rows = []
     for (method, model, peer), items in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         items.sort(key=lambda sv: sv[0])
@@ -442,20 +590,31 @@ def _fmt_delta(delta: Optional[float], digits: int) -> str:
     return DASH if delta is None else f"{delta * 100:+.{digits}f}"
 
 
+def _differs(table: Table) -> bool:
+    return any(r.differs for b in table.blocks for r in b.rows)
+
+
+def _differs_text(row: Row) -> str:
+    """The Differs cell: ``rollout.n 4 vs 8; run.steps 2 vs 1`` (the row's value vs the reference's)."""
+    return "; ".join(f"{k} {row.settings[k]} vs {ref}" for k, ref in row.differs.items())
+
+
 def _legend(table: Table) -> str:
     lo, hi = table.budgets
+    notes = "".join(f" {a} = {m} (the same runs)." for a, m in
+                    dict.fromkeys((r.method, r.same_as) for b in table.blocks for r in b.rows if r.same_as))
+    if _differs(table):
+        notes += (f" Differs: settings in which the row's runs differ from the block's {table.baseline} row (else "
+                  f"from most of its rows): not like for like; a key the row's label, preset or algorithm sets by "
+                  f"design is not listed.")
     if table.all_zero:
         return ("Scores are avg@k x100, mean ± sd over training seeds. All scores are 0: no method is best, "
-                "no Δ and no marks."
-                + "".join(f" {a} = {m} (the same runs)." for a, m in
-                          dict.fromkeys((r.method, r.same_as) for b in table.blocks for r in b.rows if r.same_as)))
+                "no Δ and no marks." + notes)
     return (f"Scores are avg@k x100, mean ± sd over training seeds. Δ = Avg − {table.baseline}. "
             f"Bold: best Avg among methods with the same rollout budget n. "
             f"Clip: eps_low/eps_high of the ratio clip (c: dual clip; seq: a sequence ratio). "
             f"†: beats every single-model baseline with n ≤ {lo}; "
-            f"‡: beats every single-model baseline with n ≤ {hi}."
-            + "".join(f" {a} = {m} (the same runs)." for a, m in
-                      dict.fromkeys((r.method, r.same_as) for b in table.blocks for r in b.rows if r.same_as)))
+            f"‡: beats every single-model baseline with n ≤ {hi}." + notes)
 
 
 def _clip_header() -> list:
@@ -482,7 +641,8 @@ def to_markdown(table) -> str:
         lines += [_md_row(_clip_cells(r, table.digits)) for r in table.rows]
         return "\n".join(lines) + "\n"
     d = table.digits
-    header = ["Method", "n"] + table.benchmarks + ["Avg", "Δ", "Clip"]
+    differs = _differs(table)
+    header = ["Method", "n"] + table.benchmarks + ["Avg", "Δ", "Clip"] + (["Differs"] if differs else [])
     out = []
     for block in table.blocks:
         out += [f"**{block.title}**", "", _md_row(header), _md_row(["---"] * len(header))]
@@ -492,7 +652,8 @@ def to_markdown(table) -> str:
                 avg = f"**{avg}**"
             out.append(_md_row([r.method, str(r.budget)]
                                + [_fmt(r.scores[b], d) for b in table.benchmarks]
-                               + [avg + r.mark, _fmt_delta(r.delta, d), r.clip]))
+                               + [avg + r.mark, _fmt_delta(r.delta, d), r.clip]
+                               + ([_differs_text(r)] if differs else [])))
         out.append("")
     out.append(_legend(table))
     return "\n".join(out) + "\n"
@@ -510,7 +671,7 @@ def flat_rows(table) -> tuple:
                  _round(r.own.mean, 2), _round(r.own.sd, 2),
                  _round(r.peer_tokens.mean, 2), _round(r.peer_tokens.sd, 2)] for r in table.rows]
         return header, rows
-    header = ["block", "model", "peer", "method", "budget", "clip", "baseline", "n_seeds", "seeds"]
+    header = ["block", "model", "peer", "task", "method", "budget", "clip", "differs", "baseline", "n_seeds", "seeds"]
     for b in table.benchmarks:
         header += [f"{b}_mean", f"{b}_sd"]
     header += ["avg_mean", "avg_sd", "delta", "best_in_budget", "mark"]
@@ -519,8 +680,8 @@ def flat_rows(table) -> tuple:
     rows = []
     for block in table.blocks:
         for r in block.rows:
-            row = [block.title, block.model, block.peer, r.method, r.budget, r.clip, r.baseline,
-                   len(r.seeds), " ".join(str(s) for s in r.seeds)]
+            row = [block.title, block.model, block.peer, block.task, r.method, r.budget, r.clip, _differs_text(r),
+                   r.baseline, len(r.seeds), " ".join(str(s) for s in r.seeds)]
             for b in table.benchmarks:
                 row += [_round(r.scores[b].mean, 2), _round(r.scores[b].sd, 2)]
             row += [_round(r.avg.mean, 2), _round(r.avg.sd, 2), _round(r.delta, 2), r.bold, r.mark]
@@ -564,11 +725,12 @@ def to_latex(table) -> str:
                   for r in table.rows]
         return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
     d = table.digits
-    ncol = 5 + len(table.benchmarks)
+    differs = _differs(table)
+    ncol = 5 + len(table.benchmarks) + differs
     tex_marks = {"": "", "†": r"$^\dagger$", "‡": r"$^\ddagger$"}
-    lines = [rf"\begin{{tabular}}{{lr{'c' * (len(table.benchmarks) + 1)}rl}}", r"\toprule",
+    lines = [rf"\begin{{tabular}}{{lr{'c' * (len(table.benchmarks) + 1)}rl{'l' * differs}}}", r"\toprule",
              " & ".join(["Method", "$n$"] + [_tex(b) for b in table.benchmarks]
-                        + ["Avg", r"$\Delta$", "Clip"]) + r" \\"]
+                        + ["Avg", r"$\Delta$", "Clip"] + (["Differs"] if differs else [])) + r" \\"]
     for block in table.blocks:
         lines += [r"\midrule", rf"\multicolumn{{{ncol}}}{{l}}{{\textit{{{_tex(block.title)}}}}} \\",
                   r"\midrule"]
@@ -578,7 +740,8 @@ def to_latex(table) -> str:
                 avg = rf"\textbf{{{avg}}}"
             cells = ([_tex(r.method), str(r.budget)]
                      + [num(_fmt(r.scores[b], d, pm=pm)) for b in table.benchmarks]
-                     + [avg + tex_marks[r.mark], num(_fmt_delta(r.delta, d)), _tex(r.clip)])
+                     + [avg + tex_marks[r.mark], num(_fmt_delta(r.delta, d)), _tex(r.clip)]
+                     + ([_tex(_differs_text(r))] if differs else []))
             lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"

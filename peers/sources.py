@@ -10,15 +10,25 @@ the peer's groups: text, rewards, peer advantages, peer log-prob stats and polic
   docs/algorithms.md#graft-stored-trajectories: the earlier run may visit the prompt at another step of the
   epoch). A missing prompt means no replacement.
 - ``MixedPeer``: online with a stored fallback, or a mixing ratio.
+
+Before the first step, ``make_peer_source`` checks that a store covers the run (``StoredPeer.coverage`` over the
+prompts of every step): a step none of whose prompts has a stored group is refused, unless ``peer.missing=skip``
+(then logged and counted per step in ``peer/stored_missing``); prompts of other steps without one are a warning; a
+stored prompt whose question differs from the run's is refused.
 """
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 from typing import Optional
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig
+from graftzoo.contract.errors import ConfigError
 from graftzoo.peers.store import StoreError, TrajectoryStore, rows_to_groups
+
+log = logging.getLogger("graftzoo")
 
 
 class PeerSource:
@@ -32,6 +42,10 @@ class PeerSource:
 
     def observe(self, groups_by_model: dict):
         """Every trained model's groups of this step, before any update (a no-op unless a source needs them)."""
+
+    def step_metrics(self, step: int, learner_id: str) -> dict:
+        """What the source reports about a learner's step (``peer/stored_missing`` for a store)."""
+        return {}
 
     def state_dict(self) -> dict:
         return {}
@@ -98,9 +112,38 @@ class StoredPeer(PeerSource):
         if prompt_ids is not None and not (set(self.df["prompt_id"]) & set(prompt_ids)):
             raise StoreError(f"peer store {path} (model {model}) shares no prompt ids with this run's prompts")
         self._by_step = {int(s): part for s, part in self.df.groupby("step")} if len(self.df) else {}
+        self.missing_steps: set = set()  # steps of the run without a stored group (peer.missing=skip)
 
     def peer_of(self, learner_id):
         return self.model
+
+    def step_metrics(self, step, learner_id):
+        return {M.PEER_STORED_MISSING: int(int(step) in self.missing_steps)}
+
+    def coverage(self, plan) -> tuple[list, int, int]:
+        """``plan``: (step, epoch, prompts) of every step the run trains. Returns the steps none of whose prompts has
+        a stored group (as ``groups`` aligns them), and over the other steps the prompts without one and all prompts.
+        A stored prompt whose question differs from the run's prompt of that id is a ``StoreError``."""
+        texts = dict(self.df[["prompt_id", "prompt_text"]].drop_duplicates("prompt_id").itertuples(index=False))
+        ids_at = {s: set(part["prompt_id"]) for s, part in self._by_step.items()}
+        first = self.df.groupby("prompt_id")["epoch"].min().to_dict() if len(self.df) else {}
+
+        def stored(step, epoch, pid) -> bool:
+            if self.align == "same_step":
+                return pid in ids_at.get(int(step), ())
+            return pid in first and first[pid] <= epoch
+        missing, short, total = [], 0, 0
+        for step, epoch, prompts in plan:
+            for p in prompts:
+                if p.id in texts and texts[p.id] != p.text:
+                    raise StoreError(f"peer store {self.path}: prompt {p.id} is {texts[p.id]!r} in the store but "
+                                     f"{p.text!r} in this run (different task settings?)")
+            hit = sum(stored(step, epoch, p.id) for p in prompts)
+            if not hit:
+                missing.append(int(step))
+            else:
+                short, total = short + len(prompts) - hit, total + len(prompts)
+        return missing, short, total
 
     def groups(self, prompts, step, epoch, learner_id):
         ids = {p.id for p in prompts}
@@ -138,6 +181,9 @@ class MixedPeer(PeerSource):
     def observe(self, groups_by_model):
         self.online.observe(groups_by_model)
 
+    def step_metrics(self, step, learner_id):
+        return self.stored.step_metrics(step, learner_id) if self.stored.model == self.peer_of(learner_id) else {}
+
     def groups(self, prompts, step, epoch, learner_id):
         live = self.online.groups(prompts, step, epoch, learner_id)
         # the store stands in for the stored model only: never hand a learner its own logged groups
@@ -154,8 +200,59 @@ class MixedPeer(PeerSource):
         return out
 
 
-def make_peer_source(cfg: RunConfig, trained_ids: list, dataset_id: Optional[str] = None, prompt_ids=None):
-    """The peer source named by ``peer.*`` (``none`` -> None)."""
+def step_ranges(steps) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, steps = [], sorted(set(steps))
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        out.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ", ".join(out) or "none"
+
+
+def check_coverage(stored: StoredPeer, plan: list, missing: str = "refuse") -> None:
+    """Refuse (``ConfigError``) a store that has no group for some step of the run, unless ``missing`` is ``skip``:
+    then the steps are logged and ``stored.missing_steps`` counts them in ``peer/stored_missing``. Prompts without a
+    stored group on the other steps are a warning."""
+    steps: list = []
+
+    def seen():  # the plan may be a generator: its steps are kept for the message
+        for item in plan:
+            steps.append(item[0])
+            yield item
+
+    lost, short, total = stored.coverage(seen())
+    if lost:
+        held = stored.store.steps(stored.model)
+        if stored.align == "same_step":
+            other = [s for s in lost if s in set(held)]
+            absent = [s for s in lost if s not in other]
+            how = "; ".join(([f"steps {step_ranges(absent)} are not in the store"] if absent else []) + (
+                [f"steps {step_ranges(other)} hold other prompts (the peer run sampled with another run.seed, "
+                 f"task.prompts_per_step or data)"] if other else []))
+        else:
+            how = f"steps {step_ranges(lost)} have no stored group of their prompts at or before their epoch"
+        what = (f"config key 'peer.path' ({stored.path}): the store of model {stored.model!r} holds steps "
+                f"{step_ranges(held)}, this run needs steps {step_ranges(steps)}: {how}")
+        if missing != "skip":
+            raise ConfigError(f"{what}; give a peer run that covers this one (same prompts, as many steps), or set "
+                              f"peer.missing=skip to train the {len(lost)} step(s) without a stored peer")
+        log.warning("%s; they train without a stored peer (peer.missing=skip; peer/stored_missing = 1)", what)
+        stored.missing_steps = set(lost)
+    if short:
+        log.warning("peer store %s (model %r): %d of the %d prompts of the covered steps have no stored group: they "
+                    "train without a stored peer (the peer run sampled other prompts: another run.seed, "
+                    "task.prompts_per_step or data; a DAPO peer stores its informative groups only)", stored.path,
+                    stored.model, short, total)
+
+
+def make_peer_source(cfg: RunConfig, trained_ids: list, dataset_id: Optional[str] = None, prompt_ids=None,
+                     plan: Optional[list] = None):
+    """The peer source named by ``peer.*`` (``none`` -> None); with ``plan`` ((step, epoch, prompts) of every step
+    of the run), a store is checked to cover it (``check_coverage``, ``peer.missing``)."""
     pc = cfg.peer
     src = pc.source
     if src == "none":
@@ -167,6 +264,8 @@ def make_peer_source(cfg: RunConfig, trained_ids: list, dataset_id: Optional[str
     exclude = trained_ids[0] if len(trained_ids) == 1 else None
     stored = StoredPeer(pc.path, model=pc.model, align=pc.align, dataset=dataset_id,
                         prompt_ids=prompt_ids, exclude=exclude)
+    if plan is not None:
+        check_coverage(stored, plan, pc.missing)
     if src == "stored":
         return stored
     return MixedPeer(OnlinePeer(trained_ids), stored, pc.mix_ratio, seed=int(cfg.run.seed))

@@ -8,13 +8,15 @@ Layout of a store directory (usually ``<run_dir>/store``)::
                                        never a path; a store written before keeps its nested hub-id folders)
 
 A crash can only lose the step being written; every complete step stays readable (pandas works too:
-``pandas.read_parquet(store_dir + "/<model slug>")``). Step files carry Parquet page checksums (CRC32),
+``pandas.read_parquet(store_dir + "/<model slug>")``). The temp files a killed write leaves (``.tmp-<pid>-*``) are
+removed when the run resumes (``remove_partial_writes``). Step files carry Parquet page checksums (CRC32),
 checked on every read here: a flipped bit is a ``StoreError`` naming the file, not a silently wrong
 ``text`` or ``reward``; so is a ``meta.json`` that is not valid store metadata.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Iterable, Optional
@@ -26,7 +28,10 @@ import pyarrow.parquet as pq
 from graftzoo.contract.names import model_slug
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout
 
+log = logging.getLogger("graftzoo")
+
 SCHEMA_VERSION = 1
+_TMP = ".tmp-"  # temp names of writes: .tmp-<pid>-step_000012.parquet, .tmp-<pid>-meta.json
 
 SCHEMA = pa.schema([
     ("prompt_id", pa.string()), ("step", pa.int64()), ("epoch", pa.int64()), ("model_id", pa.string()),
@@ -75,7 +80,7 @@ def _read_meta(path: Path) -> dict:
 
 
 def _atomic_write_json(path: Path, payload: dict):
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    tmp = path.with_name(f"{_TMP}{os.getpid()}-{path.name}")
     tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
     os.replace(tmp, path)
 
@@ -92,6 +97,20 @@ class TrajectoryStore:
             _atomic_write_json(meta_path, self.meta)
         else:
             raise StoreError(f"{self.root}: not a trajectory store (no meta.json)")
+
+    def remove_partial_writes(self) -> list:
+        """Remove the temp files that killed writes left (``.tmp-*`` in the store and its model folders), each with a
+        warning naming it and its size; for the store's one writer (the run holding its directory). Returns them."""
+        removed = []
+        if not self.root.is_dir():
+            return removed
+        for p in sorted([*self.root.glob(f"{_TMP}*"), *self.root.glob(f"*/{_TMP}*"), *self.root.glob(f"*/*/{_TMP}*")]):
+            if p.is_file():
+                size = p.stat().st_size
+                p.unlink(missing_ok=True)
+                log.warning("%s: removed the leftover of an interrupted store write (%d bytes)", p, size)
+                removed.append(p)
+        return removed
 
     def model_dir(self, model_id: str) -> Path:
         """The folder of a model's step files: ``<root>/<model_slug(id)>``, or a hub id's nested folder in a store
@@ -134,7 +153,7 @@ class TrajectoryStore:
         d = self.model_dir(model_id)
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"step_{step:06d}.parquet"
-        tmp = d / f".tmp-{os.getpid()}-{path.name}"
+        tmp = d / f"{_TMP}{os.getpid()}-{path.name}"
         pq.write_table(table, tmp, write_page_checksum=True)
         os.replace(tmp, path)
         if self.meta["models"].get(model_id) != (tokenizer_id or None):

@@ -4,10 +4,12 @@ Peer responses travel as text. The learner re-renders the prompt with its own te
 the response (``add_special_tokens=False``) and scores it once under its current (theta_old)
 parameters. Mean log-probs are per tokenizer, each over its own token count, EOS excluded.
 
-``xt.overflow`` (docs/algorithms.md#graft-edge-cases): a response longer than the learner's max response, or whose prompt in the
-learner's template is longer than ``rollout.max_prompt_tokens``, is dropped (``drop``, default; reasons
-``overflow`` / ``prompt_overflow``, counted in ``xt/dropped``), cut to the limit (``truncate``: HACPO's
-code; a prompt keeps its last tokens) or an error (``error``).
+The learner's EOS is appended to a response the peer stopped (not to one cut for length) and counts toward the
+learner's max response. ``xt.overflow`` (docs/algorithms.md#graft-edge-cases): a response longer than the learner's
+max response, or whose prompt in the learner's template is longer than ``rollout.max_prompt_tokens``, is dropped
+(``drop``, default; reasons ``overflow`` / ``prompt_overflow``, counted in ``xt/dropped``), cut to the limit
+(``truncate``: HACPO's code; a response keeps its first tokens, without EOS, a prompt its last tokens) or an error
+(``error``). A stored response (``origin`` set) carries no token ids: it is always re-tokenized from its text.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, ov
     ``prompt_overflow``: the learner's rendering of the prompt is over its limit (``prompt_ids`` are its
     last tokens)."""
     ids = policy.encode_text(r.text)
-    stopped = r.finish_reason == "stop" and len(ids) <= max_response  # a truncated response did not stop
+    eos = r.finish_reason == "stop" and (append_eos or not ids)  # a stopped response ends in the learner's EOS
     dropped = None
     if not ids and r.finish_reason != "stop":
         dropped = "empty"
@@ -39,20 +41,22 @@ def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, ov
                                   f"{policy.max_prompt_tokens} tokens (xt.overflow=error)")
         if overflow != "truncate":
             dropped = "prompt_overflow"  # truncating would change what the reward verified (docs/algorithms.md#graft-edge-cases)
-    if len(ids) > max_response:
+    finish = r.finish_reason
+    if len(ids) + eos > max_response:  # the appended EOS counts toward the learner's limit
         if overflow == "error":
-            raise XTOverflowError(f"peer response of {len(ids)} tokens for prompt {r.prompt_id} exceeds "
-                                  f"{policy.model_id}'s max response {max_response} (xt.overflow=error)")
-        if overflow == "truncate":
-            ids = ids[:max_response]
+            raise XTOverflowError(f"peer response of {len(ids) + eos} tokens{' (EOS included)' if eos else ''} for "
+                                  f"prompt {r.prompt_id} exceeds {policy.model_id}'s max response {max_response} "
+                                  f"(xt.overflow=error)")
+        if overflow == "truncate":  # its first max_response tokens; a cut response did not stop: no EOS
+            ids, eos, finish = ids[:max_response], False, "length"
         elif dropped is None:
             dropped = "overflow"
-    if stopped and (append_eos or not ids):  # a terminal-only response becomes [EOS]
+    if eos:  # a terminal-only response becomes [EOS]
         ids = ids + [policy.eos_id]
     origin = Origin(model_id=r.model_id, tokenizer_id=r.tokenizer_id, mean_logp=r.mean_logp,
                     token_count=r.token_count, stored_step=r.origin.stored_step if r.origin else None)
     return Rollout(prompt_id=r.prompt_id, model_id=r.model_id, policy_version=r.policy_version, text=r.text,
-                   token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=r.finish_reason,
+                   token_ids=ids, logprobs=[0.0] * len(ids), finish_reason=finish,
                    prompt_token_ids=list(prompt_ids), eos_id=policy.eos_id, reward=r.reward, correct=r.correct,
                    extracted=r.extracted, status=r.status, tokenizer_id=policy.tokenizer_id, role="peer",
                    origin=origin, dropped=dropped)
@@ -84,8 +88,8 @@ def localize_groups(policy, groups: list, run: LearnerFacts):
         prompt_ids, long_prompt = full[-policy.max_prompt_tokens:], len(full) > policy.max_prompt_tokens
         rolls = []
         for r in g.rollouts:
-            if r.model_id == policy.model_id and r.tokenizer_id == policy.tokenizer_id:
-                rolls.append(dataclasses.replace(r, role="peer"))
+            if r.model_id == policy.model_id and r.tokenizer_id == policy.tokenizer_id and r.origin is None:
+                rolls.append(dataclasses.replace(r, role="peer"))  # a live rollout of this very model
                 continue
             lr = localize_rollout(policy, prompt_ids, r, max_response, overflow, append_eos, long_prompt)
             if r.tokenizer_id == policy.tokenizer_id and r.origin is None:

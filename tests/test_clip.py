@@ -256,11 +256,16 @@ def test_the_report_prints_each_row_s_clip(tmp_path):
     assert rows == {"GRPO (n=8)": "0.2/0.2", "DAPO": "0.2/0.28 c=10", "GSPO": "0.0003/0.0004 seq",
                     "Old": "?", "Mixed": "0.2/0.2; 0.2/0.3"}   # a config the report cannot read: "?"
     md = to_markdown(table)
-    assert "| Method | n | arith | Avg | Δ | Clip |" in md
+    assert "| Method | n | arith | Avg | Δ | Clip | Differs |" in md
     lines = {line.split(" | ")[0][2:]: line for line in md.splitlines() if line.startswith("| ")}
-    assert lines["GRPO (n=8)"].endswith("| – | 0.2/0.2 |") and lines["DAPO"].endswith("| +0.0 | 0.2/0.28 c=10 |")
+    assert lines["GRPO (n=8)"].endswith("| – | 0.2/0.2 |  |")
+    # DAPO's clip-higher is the shared optim.clip: not like for like; GSPO clips with its own key, by design
+    assert lines["DAPO"].endswith("| +0.0 | 0.2/0.28 c=10 | clip 0.2/0.28 c=10 vs 0.2/0.2 |")
+    assert lines["GSPO"].endswith("| 0.0003/0.0004 seq |  |") and lines["Old"].endswith("| ? |  |")
+    assert table.warnings == ["not like for like: rows differ in clip: DAPO 0.2/0.28 c=10, Mixed 0.2/0.2; 0.2/0.3 vs "
+                              "GRPO (n=8) 0.2/0.2 (the Differs column of Table 1)"]
     assert "Clip: eps_low/eps_high" in md
     by_method = {r["method"]: r for r in csv.DictReader(io.StringIO(to_csv(table)))}
     assert by_method["DAPO"]["clip"] == "0.2/0.28 c=10" and by_method["GRPO (n=8)"]["clip"] == "0.2/0.2"
     tex = to_latex(table)
-    assert r"& $\Delta$ & Clip \\" in tex and r"& 0.2/0.28 c=10 \\" in tex
+    assert r"& $\Delta$ & Clip & Differs \\" in tex and r"& 0.2/0.28 c=10 & clip 0.2/0.28 c=10 vs 0.2/0.2 \\" in tex

@@ -402,7 +402,7 @@ def test_every_bad_core_value_is_rejected_at_load_naming_the_key(override, key):
 
 
 def test_the_messages_say_why():
-    with pytest.raises(ConfigError, match=r"'rollout.temperature' must be > 0, got 0: rollouts are sampled "
+    with pytest.raises(ConfigError, match=r"'rollout.temperature' must be in \(0, 10\], got 0: rollouts are sampled "
                                           r"\(greedy decoding is eval.greedy"):
         micro("grpo", "rollout.temperature=0")
     with pytest.raises(ConfigError, match=r"'optim.minibatches' must be <= task.prompts_per_step=4 \(a minibatch "

@@ -1,5 +1,6 @@
 """The README and docs/: every relative link (and its #anchor, by GitHub's heading slugs) resolves, and the README
 stays a front page (at most 250 lines)."""
+import os
 import re
 from pathlib import Path
 
@@ -142,3 +143,41 @@ def test_the_checker_finds_broken_links(tmp_path):
 ])
 def test_slug_follows_github(heading, expected):
     assert slug(heading) == expected
+
+
+# references to files outside the repository (a sibling folder, notes, spec or design files that do not ship) and
+# machine paths: the docs, configs, code and tests cite the docs/ page that covers a point instead
+OUTSIDE = re.compile(r"\.\./shared|(?<![\w-])notes/[\w.-]+|spec/algos_|\bDESIGN\.md|(?<![\w.~])/work/")
+TEXT = {".py", ".md", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".txt", ".sh", ".json"}
+SKIP = {".git", ".venv", "runs", "build", "dist", "__pycache__", ".pytest_cache", ".import_linter_cache", "data"}
+
+
+def outside_references(root: Path) -> list:
+    """``path:line: text`` for each reference of ``OUTSIDE`` in the text files under ``root`` (this file aside)."""
+    bad = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            path = Path(folder) / name
+            if (path.suffix not in TEXT and name not in ("Makefile", ".importlinter")) or \
+                    path == Path(__file__).resolve():
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                if OUTSIDE.search(line):
+                    bad.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    return bad
+
+
+def test_no_reference_to_a_file_outside_the_repository():
+    assert outside_references(ROOT) == []
+
+
+def test_the_outside_reference_check_finds_them(tmp_path):
+    (tmp_path / "configs").mkdir()
+    ref = "/".join(["notes", "miniature-feasibility.md"])
+    (tmp_path / "configs" / "a.yaml").write_text(f"# see {ref}\nname: a\n")
+    (tmp_path / "README.md").write_text("see [x](" + "../" + "shared/x.md), " + "DESIGN" + ".md, spec/" + "algos_x.md\n"
+                                        "runs in " + "/work" + "/main\n")
+    (tmp_path / "ok.md").write_text("release-notes/x, my_notes/x, runs/work/x, docs/algorithms.md\n")
+    bad = outside_references(tmp_path)
+    assert [b.split(":")[0] for b in bad] == ["README.md", "README.md", "configs/a.yaml"], bad

@@ -100,6 +100,29 @@ def test_cli_eval_artifact_fields(run_dir):
     assert f"{MODELS[0]}  math500" in res.output
 
 
+def test_cli_eval_runs_on_the_runs_threads(run_dir, monkeypatch):
+    """``graftzoo eval`` sets torch's threads from the run's ``run.threads`` as ``train`` does (torch's default, a
+    thread per core, made it several times slower on a shared CPU)."""
+    before = torch.get_num_threads()
+    recording = _ThreadRecorder(torch.set_num_threads)
+    monkeypatch.setattr(torch, "set_num_threads", recording)
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(run_dir / "checkpoints" / "step_000000"),
+                                    "--benchmarks", "heldout", "--k", "1", "--limit", "2", "--out",
+                                    str(run_dir.parent / "threads-eval")])
+    assert res.exit_code == 0, res.output
+    assert recording.calls and set(recording.calls) == {1}, recording.calls  # the run's run.threads
+    recording.original(before)
+
+
+class _ThreadRecorder:
+    def __init__(self, original):
+        self.original, self.calls = original, []
+
+    def __call__(self, n):
+        self.calls.append(n)
+        self.original(n)
+
+
 def test_run_dir_target_selects_last_and_leaves_the_report_its_trainer_files(run_dir):
     res = CliRunner().invoke(main, ["eval", "--ckpt", str(run_dir), "--benchmarks", "heldout", "--k", "1",
                                     "--limit", "2", "--no-greedy", "--model", MODELS[0]])

@@ -129,6 +129,20 @@ def test_agg_loss_empty_rows_and_empty_mask():
         assert not torch.isnan(x.grad).any()
 
 
+def test_agg_loss_den_mask_divides_like_another_term():
+    """``den_mask``: the numerator over ``mask``'s tokens, the denominators counted on ``den_mask`` (a KL over the
+    own row 0 only, divided as the policy term over both rows is, docs/algorithms.md#loss-aggregation)."""
+    kl_mask = t([[1, 1, 0], [0, 0, 0]])
+    assert agg_loss(LOSS, kl_mask, "token-mean", den_mask=MASK).item() == pytest.approx(3 / 3)
+    assert agg_loss(LOSS, kl_mask, "seq-mean-token-sum", den_mask=MASK).item() == pytest.approx(3 / 2)
+    assert agg_loss(LOSS, kl_mask, "seq-mean-token-mean", den_mask=MASK).item() == pytest.approx((3 / 2) / 2)
+    assert agg_loss(LOSS, kl_mask, "seq-mean-token-sum-norm", 8.0, den_mask=MASK).item() == pytest.approx(3 / 8)
+    wide = t([[1, 1, 1], [0, 0, 0]])                    # a KL token outside the denominator's rows still counts
+    assert agg_loss(LOSS, wide, "token-mean", den_mask=MASK).item() == pytest.approx(6 / 3)
+    empty_row = t([[1, 1, 0], [0, 0, 0]])                # a row without a denominator token adds nothing
+    assert agg_loss(LOSS, t([[0, 0, 0], [1, 1, 1]]), "seq-mean-token-mean", den_mask=empty_row).item() == 0.0
+
+
 def test_agg_loss_bad_input():
     with pytest.raises(ValueError, match="unknown mode"):
         agg_loss(LOSS, MASK, "sum")

@@ -145,6 +145,27 @@ def test_worked_example_through_the_learner(pols, monkeypatch):
     assert all(r.kl_mask == [0.0] * len(r.kl_mask) for r in peer_rows)  # KL on own tokens only
 
 
+def test_a_response_exactly_at_the_floor_is_admitted(pols, monkeypatch):
+    """The gate is s >= delta (docs/algorithms.md#graft-compatibility-gate): with l_P = 0 and l_L = log(0.8), s is
+    exactly 0.8 (exp(log 0.8) == 0.8 in float64, and a mean of equal log-probs is exact), so the response is
+    admitted, with w = min(s, 1) = 0.8; one with s a hair below the floor is rejected."""
+    at, below = math.log(0.8), math.log(0.8) - 1e-12
+    assert math.exp(at) == 0.8 and math.exp(below) < 0.8
+    own, peer = batch_of(pols, [FAIL, MIXED, MIXED, MIXED], [[1, 0, 0, 0, 0, 0, 0, 0], MIXED, MIXED, MIXED],
+                         peer_lp=0.0)
+    texts = [r.text for r in peer["p0"].rollouts]
+    fixed_scores(monkeypatch, {texts[0]: at, texts[1]: below}, default=0.0)
+    algo, cfg = learner()                                              # the default floor, delta = 0.8
+    assert cfg.algo.delta == 0.8
+    ctx = context(cfg, pols[LEARNER])
+    slots = algo.exchange(ctx, own, peer)
+    g = slots[-1]
+    assert g.prompt.id == "p0" and g.weights[:3] == [0.8, 0.0, 1.0]
+    assert ctx.metrics["peer/s_min"] < 0.8 and (ctx.metrics["peer/admitted"], ctx.metrics["peer/rejected"]) == (7, 1)
+    rows = {r.rollout.text: r for r in algo.build_batch(ctx, slots).rows if r.is_peer}
+    assert rows[texts[0]].weight == 0.8 and texts[1] not in rows      # in the loss at the floor; out below it
+
+
 def test_compatibility_uses_learner_theta_old_mean_logp_without_eos(pols):
     """Real scoring: s = exp(l_L - l_P), l_L = the learner's theta_old mean log-prob of the re-tokenized text."""
     own, peer = batch_of(pols, [FAIL, MIXED, MIXED, MIXED], [[1, 0, 0, 0, 0, 0, 0, 0], MIXED, MIXED, MIXED],
@@ -330,15 +351,25 @@ def test_sgt_graft_how(pols, monkeypatch):
     assert ctx.metrics["peer/rescued_groups"] == 4 and ctx.metrics["peer/admit_rate_succ"] == 0.0
 
 
-def test_sgt_graft_how_augments_with_sgts_k_inj(pols, monkeypatch):
-    """"SGT + GRAFT how" (= "w/o balanced exchange") uses SGT's algo.k_inj for the augmentation, as plain SGT
-    does; a mixed peer group still gives all its successes, with their peer advantages."""
-    own, peer = batch_of(pols, BAL_L, BAL_P)
+@pytest.mark.parametrize("k_inj", [1, 3])
+def test_sgt_graft_how_caps_every_rescued_prompt_at_sgts_k_inj(pols, monkeypatch, k_inj):
+    """"SGT + GRAFT how" (= "w/o balanced exchange") takes SGT's rescue set (docs/algorithms.md#sgt): at most
+    algo.k_inj of the peer's successes per prompt, drawn at random, from a mixed peer group (which keep their peer
+    advantages) as from an all-success one (injected by augmentation)."""
+    own, peer = batch_of(pols, BAL_L, BAL_P)           # peer successes: p0 4, p1 1, p2 2, p3 7, p7 8 (all)
     fixed_scores(monkeypatch, {}, default=-0.6)
-    algo, cfg = learner("select=sgt_rescue", "k_inj=3")
-    slots = {g.prompt.id: g for g in algo.exchange(context(cfg, pols[LEARNER]), own, peer)}
-    assert sum(r.correct for r in slots["p7"].rollouts) == 3 and slots["p7"].n == 8
-    assert slots["p0"].n == 4 and slots["p1"].n == 1
+    algo, cfg = learner("select=sgt_rescue", f"k_inj={k_inj}")
+    drawn = set()
+    for seed in range(6):
+        slots = {g.prompt.id: g for g in algo.exchange(context(cfg, pols[LEARNER], seed), own, peer)}
+        assert sum(r.correct for r in slots["p7"].rollouts) == k_inj and slots["p7"].n == 8
+        for x, successes in (("p0", 4), ("p1", 1), ("p2", 2), ("p3", 7)):
+            g = slots[x]
+            assert g.source == "peer" and g.n == min(k_inj, successes) and all(r.correct for r in g.rollouts)
+            texts = [r.text for r in peer[x].rollouts]
+            assert g.advantages == [peer[x].advantages[texts.index(r.text)] for r in g.rollouts]
+        drawn.add(tuple(r.text for r in slots["p3"].rollouts))
+    assert len(drawn) > 1                                # a random draw among the peer's successes
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,6 +1,11 @@
 """The grid runner (graftzoo grid): expansion, dependencies, skipping finished cells, failures, report."""
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -270,3 +275,104 @@ def test_malformed_peer_is_one_line_naming_the_option(value, message):
     assert res.exit_code == 2
     errors = [line for line in res.output.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and "'--peer'" in errors[0] and message in errors[0], res.output
+
+
+def _first_line_error(output: str) -> str:
+    errors = [line for line in output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1, output
+    return errors[0]
+
+
+def test_rerun_after_the_settings_changed_is_refused_or_reruns_the_changed_cells(ran, tmp_path):
+    """Finished cells are compared with what the grid would run now: unchanged they are skipped; a changed
+    trajectory key or run length is refused naming the cell and old -> new, unless --rerun-changed."""
+    _, out, _ = ran
+    for name in ("grpo-micro-s0", "rloo-micro-s0"):
+        shutil.copytree(out / name, tmp_path / name)
+    spec = write_grid(tmp_path / "t.yaml", seeds=[0])
+    mtime = (tmp_path / "grpo-micro-s0" / "metrics.jsonl").stat().st_mtime_ns
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path), "--no-report"])
+    assert res.exit_code == 0 and "[skipped] grpo-micro-s0: done" in res.output, res.output
+
+    changed = write_grid(tmp_path / "t.yaml", seeds=[0], set={**TINY["set"], "optim.lr": 2e-5, "run.steps": 2})
+    res = CliRunner().invoke(main, ["grid", str(changed), "--out", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    line = _first_line_error(res.output)
+    assert "grpo-micro-s0, rloo-micro-s0" in line and "--rerun-changed" in line
+    assert "optim.lr: 0.0001 → 2e-05" in line and "run.steps: 1 → 2" in line
+    assert (tmp_path / "grpo-micro-s0" / "metrics.jsonl").stat().st_mtime_ns == mtime   # nothing ran
+    res = CliRunner().invoke(main, ["grid", str(changed), "--out", str(tmp_path), "--dry-run"])
+    assert res.exit_code == 2 and "[changed] grpo-micro-s0: optim.lr: 0.0001 → 2e-05" in res.output
+
+    res = CliRunner().invoke(main, ["grid", str(changed), "--out", str(tmp_path), "--only", "grpo-micro-s0",
+                                    "--rerun-changed", "--in-process", "--no-report"])
+    assert res.exit_code == 0, res.output
+    assert "[changed] grpo-micro-s0" in res.output and "[done] grpo-micro-s0" in res.output
+    raw = yaml.safe_load((tmp_path / "grpo-micro-s0" / "config.yaml").read_text())
+    assert raw["optim"]["lr"] == 2e-5 and raw["run"]["steps"] == 2
+    [old] = tmp_path.glob("grpo-micro-s0.replaced-*")                      # moved aside, as --overwrite does
+    assert yaml.safe_load((old / "config.yaml").read_text())["optim"]["lr"] == 1e-4
+    res = CliRunner().invoke(main, ["grid", str(changed), "--out", str(tmp_path), "--only", "grpo-micro-s0"])
+    assert res.exit_code == 0 and "[skipped] grpo-micro-s0: done" in res.output, res.output
+
+
+def _grid_process(tmp_path):
+    """A one-cell grid started as a user types it, its train child (found under /proc) and its first checkpoint."""
+    spec = write_grid(tmp_path / "t.yaml", seeds=[0], algorithms=[], variants=[{"label": "RLOO", "algo": "rloo"}],
+                      set={**TINY["set"], "run.steps": 15, "run.save_every": 1})
+    cmd = [str(Path(sys.executable).parent / "graftzoo"), "grid", str(spec), "--out", str(tmp_path / "out"),
+           "--no-report"]
+    grid = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ckpts, deadline = tmp_path / "out" / "rloo-micro-s0" / "checkpoints", time.time() + 180
+    while time.time() < deadline:
+        kids = [int(pid) for task in Path(f"/proc/{grid.pid}/task").glob("*")
+                for pid in (task / "children").read_text().split()] if grid.poll() is None else []
+        if kids and ckpts.is_dir() and any(p.name.startswith("step_") for p in ckpts.iterdir()):
+            [child] = kids
+            assert " train " in Path(f"/proc/{child}/cmdline").read_text().replace("\0", " ")
+            return cmd, grid, child
+        time.sleep(0.2)
+    grid.kill()
+    pytest.fail(f"the grid's train child never wrote a checkpoint:\n{grid.communicate()[0]}")
+
+
+def _gone(pid: int, within: float) -> bool:
+    """The process ended (no /proc entry, or a zombie no one reaps) within ``within`` seconds."""
+    deadline = time.time() + within
+    while time.time() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_killed_grid_takes_its_train_child_along_and_the_rerun_resumes(tmp_path):
+    cmd, grid, child = _grid_process(tmp_path)
+    os.kill(grid.pid, signal.SIGKILL)
+    grid.communicate()
+    try:
+        assert _gone(child, 5), "the train child outlived the killed grid"
+    finally:
+        if not _gone(child, 0.1):
+            os.kill(child, signal.SIGKILL)
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "[resume] rloo-micro-s0 (training resumes from its last checkpoint" in rerun.stdout
+    assert "[done] rloo-micro-s0" in rerun.stdout and "FAILED" not in rerun.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the child under /proc")
+def test_sigterm_to_a_grid_stops_its_child_with_a_checkpoint(tmp_path):
+    _, grid, child = _grid_process(tmp_path)
+    grid.send_signal(signal.SIGTERM)
+    output = grid.communicate(timeout=120)[0]
+    assert grid.returncode == 143, output
+    assert _gone(child, 5)
+    assert "[interrupted] rloo-micro-s0" in output and "FAILED" not in output
+    assert "Error: grid interrupted by SIGTERM; stopped: rloo-micro-s0; rerun the same command to resume" in output
+    summary = json.loads((tmp_path / "out" / "rloo-micro-s0" / "summary.json").read_text())
+    assert summary["status"] == "interrupted"

@@ -3,6 +3,7 @@ distribution it actually sampled (renormalised after top-p / top-k), and ``rollo
 the own rollouts' log-probs by the training path's (``Policy.logprobs`` through ``score_sequences``) before the
 exchange and the update, so that the first minibatch's ratio is exactly 1 in any precision;
 ``rollout/logp_diff_max`` is logged on every step."""
+import copy
 import json
 
 import pandas as pd
@@ -144,3 +145,46 @@ def test_logp_diff_max_is_logged_on_every_step(tmp_path):
     assert len(rows) == 4 and all(r["rollout/logp_diff_max"] is not None for r in rows)
     # the default CPU setting (the fp32 training model decodes uncut) keeps decoding log-probs: they agree
     assert max(r["rollout/logp_diff_max"] for r in rows) < 1e-4
+
+
+def test_theta_old_is_the_pre_update_policy_in_every_minibatch_own_and_peer_rows(tmp_path, monkeypatch):
+    """theta_old of a rollout batch is computed once, before its first optimizer step, for every minibatch: with
+    lr > 0 and two minibatches (own groups, then the grafted ones: peer-last), the second minibatch, trained after
+    the first step moved the policy, still takes its ratio against the pre-update policy. Peer rows get it like own
+    rows: the learner's own log-probs of the peer's text in its tokenizer, recomputed, never a given base (the peer's
+    behaviour log-probs)."""
+    (tmp_path / "strong.yaml").write_text(STRONG_PAIR)
+    cfg = load_config(pair="micro", algo="graft", files=[tmp_path / "strong.yaml"],
+                      overrides=[f"run.out_dir={tmp_path}", "run.track=false", "peer.source=online",
+                                 "optim.minibatches=2", "optim.lr=0.01", "algo.delta=0.0",
+                                 "rollout.recompute_old_logp=true"])
+    tr = Trainer(cfg)
+    seen, start, moved = {m: [] for m in tr.model_ids}, {}, {}
+    for m in tr.model_ids:
+        pol, learner = tr.policies[m], tr.learners[m]
+
+        def update(ctx, lrn, mbs, recompute, where, _m=m, _pol=pol, _update=pol.update):
+            start[_m] = copy.deepcopy(_pol.model.state_dict())   # the policy that sampled: theta_old
+            return _update(ctx, lrn, mbs, recompute, where=where)
+
+        def loss(ctx, policy, mb, _m=m, _pol=pol, _loss=learner.loss):
+            if ctx.update == 1 and _m not in moved:
+                moved[_m] = any(not torch.equal(p, start[_m][n]) for n, p in _pol.model.state_dict().items())
+            seen[_m].append((ctx.update, mb, mb.old_logp.clone()))
+            return _loss(ctx, policy, mb)
+        monkeypatch.setattr(pol, "update", update)
+        monkeypatch.setattr(learner, "loss", loss)
+    tr.train_step(0)
+    peer_rows = 0
+    for m in tr.model_ids:
+        pol = tr.policies[m]
+        assert moved[m]                                    # the first optimizer step changed the policy
+        assert sorted({u for u, _, _ in seen[m]}) == [0, 1]
+        pol.model.load_state_dict(start[m])
+        for u, mb, old in seen[m]:
+            with torch.no_grad():
+                want, _ = pol.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
+            assert not bool(mb.given_old.any())            # T1: no row keeps a given ratio base
+            assert torch.equal(old, want), (m, u)          # the pre-update policy, on this very minibatch
+            peer_rows += int(mb.is_peer.sum())
+    assert peer_rows > 0

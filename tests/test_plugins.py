@@ -75,3 +75,82 @@ def test_broken_plugin_is_reported_by_name_and_clash_is_an_error(tmp_path):
     site2 = _install(tmp_path / "clash", "gz_clash", ["grpo = gz_clash:HalfAdv"], PLUGIN)
     out = _cli(site2, "algos", "list")
     assert out.returncode != 0 and "clash" in out.stderr and "grpo" in out.stderr
+
+
+LOCAL_PLUGIN = '''
+from graftzoo import Learner, LearnerConfig, register_algo
+
+
+class MyConfig(LearnerConfig):
+    scale: float = 0.5
+
+
+@register_algo("my_algo")
+class MyAlgo(Learner):
+    """GRPO with scaled advantages, from a local file."""
+    Config = MyConfig
+
+    def advantages(self, ctx, groups):
+        groups = super().advantages(ctx, groups)
+        for g in groups:
+            g.advantages = [a * self.cfg.scale for a in g.advantages]
+        ctx.log("plugin/scale", self.cfg.scale)
+        return groups
+'''
+TRAIN = ["train", "--algo", "my_algo", "--pair", "micro", "--no-track", "--set", "run.out_dir=out", "--set",
+         "run.steps=1", "--set", "run.eval_at_end=false", "--set", "algo.scale=0.25", "--set",
+         "pair.train=[micro-qwen-char]"]
+
+
+def _local(tmp_path, *args, plugins=None):
+    env = {k: v for k, v in os.environ.items() if k != "GRAFTZOO_PLUGINS"}
+    if plugins is not None:
+        env["GRAFTZOO_PLUGINS"] = plugins
+    return subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", *args], env=env, capture_output=True, text=True,
+                          cwd=tmp_path)
+
+
+def _scale(tmp_path):
+    return (tmp_path / "out" / "my_algo-micro-qwen-char-micro-s0" / "metrics.jsonl").read_text()
+
+
+def test_plugin_file_trains_through_the_cli(tmp_path):
+    """--plugin FILE.py: the learner of a local file, in train (and config show, algos list), no package needed."""
+    (tmp_path / "algos_here").mkdir()
+    (tmp_path / "algos_here" / "my_algo.py").write_text(LOCAL_PLUGIN)
+    run = _local(tmp_path, *TRAIN, "--plugin", "algos_here/my_algo.py")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert '"plugin/scale": 0.25' in _scale(tmp_path)
+    shown = _local(tmp_path, "config", "show", "micro", "--algo", "my_algo", "--plugin", "algos_here/my_algo.py")
+    assert shown.returncode == 0 and "scale: 0.5" in shown.stdout, shown.stderr[-2000:]
+    listed = _local(tmp_path, "algos", "list", "--plugin", "algos_here/my_algo.py")
+    line = next(x for x in listed.stdout.splitlines() if x.startswith("my_algo"))
+    assert line.split()[1] == "plugin:my_algo.py", line
+    unknown = _local(tmp_path, *TRAIN)  # without the plugin the algorithm is unknown, as before
+    assert unknown.returncode == 2 and "unknown algorithm or preset 'my_algo'" in unknown.stderr
+
+
+def test_plugins_from_the_environment_a_module_or_a_file(tmp_path):
+    """GRAFTZOO_PLUGINS=a,b: modules (found from the current directory) or files, for every command."""
+    (tmp_path / "my_algo_mod.py").write_text(LOCAL_PLUGIN)
+    run = _local(tmp_path, *TRAIN, plugins="my_algo_mod")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert '"plugin/scale": 0.25' in _scale(tmp_path)
+    shown = _local(tmp_path, "config", "show", "micro", "--algo", "my_algo", plugins=f" {tmp_path / 'my_algo_mod.py'} ,")
+    assert shown.returncode == 0 and "scale: 0.5" in shown.stdout, shown.stderr[-2000:]
+
+
+def test_a_plugin_that_fails_to_import_is_one_error_line(tmp_path):
+    (tmp_path / "broken.py").write_text("import numpy\nraise ImportError('missing dep xyz')\n")
+    for args, env, culprit, why in [
+        (["train", "--algo", "grpo", "--pair", "micro", "--plugin", "broken.py"], None, "broken.py",
+         "ImportError: missing dep xyz"),
+        (["train", "--algo", "grpo", "--pair", "micro"], "broken.py", "broken.py", "ImportError: missing dep xyz"),
+        (["config", "show", "micro", "--plugin", "nowhere.py"], None, "nowhere.py", "no such file"),
+        (["algos", "list"], "no_such_module_xyz", "no_such_module_xyz", "ModuleNotFoundError"),
+    ]:
+        out = _local(tmp_path, *args, plugins=env)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, (args, out.stderr[-2000:])
+        assert lines[0].startswith(f"Error: plugin '{culprit}'") and why in lines[0], lines
+    assert not (tmp_path / "runs").exists()  # nothing ran

@@ -3,8 +3,9 @@ tell configurations apart, so no command of the block resumes another's run.
 
 The block's commands run through the CLI in this process (an interpreter per command would spend most of the test
 importing torch), each made cheap: the micro pair for the tiny one (the same two kinds of model, warmed up in
-seconds, not minutes; model ids and run names follow), a few prompts for two steps, a few eval problems, grid
---dry-run (the full grid is minutes); `demo --quick` runs from an installed wheel in tests/test_packaging.py."""
+seconds, not minutes; model ids and run names follow), a one-model micro pair in ./configs for the quickstart pair,
+a few prompts for two steps, a few eval problems, grid --dry-run (the full grid is minutes); `demo --quick` runs from
+an installed wheel in tests/test_packaging.py."""
 import json
 import shlex
 from pathlib import Path
@@ -14,7 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
-from graftzoo.contract.config import as_dict, load_config
+from graftzoo.contract.config import as_dict, load_config, packaged_configs, read_yaml
 from graftzoo.training.rundir import RunDirUsageError, check_resume_config, default_run_name
 from graftzoo.eval.artifacts import write_config
 
@@ -39,8 +40,13 @@ def usage_commands() -> list:
 
 def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # ./configs comes first: quickstart as micro's first model, with micro's eval settings (as quickstart has tiny's)
+    quick, micro = (read_yaml(packaged_configs() / "pairs" / f"{p}.yaml") for p in ("quickstart", "micro"))
+    (tmp_path / "configs" / "pairs").mkdir(parents=True)
+    (tmp_path / "configs" / "pairs" / "quickstart.yaml").write_text(yaml.safe_dump(
+        {**quick, "models": micro["models"][:1], "eval": micro["eval"]}))
     cmds = usage_commands()
-    assert [c[1] for c in cmds[:3]] == ["--help", "algos", "env"] and sum(c[1] == "train" for c in cmds) == 3
+    assert [c[1] for c in cmds[:3]] == ["--help", "algos", "env"] and sum(c[1] == "train" for c in cmds) == 4
     ran = []
     for cmd in cmds:
         args = cmd[1:]
@@ -55,7 +61,10 @@ def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
 
     runs = {p.parent.name: yaml.safe_load(p.read_text()) for p in (tmp_path / "runs").glob("*/config.yaml")}
     stored_name = "graft-micro-qwen-char-micro-stored-grpo-micro-s0-s0"
-    assert set(runs) == {"grpo-micro-s0", "graft-micro-online-s0", stored_name}
+    assert set(runs) == {"grpo-quickstart-s0", "grpo-micro-s0", "graft-micro-online-s0", stored_name}
+    quick_evals = [json.loads(x) for x in (tmp_path / "runs" / "grpo-quickstart-s0" / "metrics.jsonl").read_text()
+                   .splitlines() if "eval/avg" in x]
+    assert [r["step"] for r in quick_evals] == [-1, 2]  # scored before and after training
     online, stored = runs["graft-micro-online-s0"], runs[stored_name]
     assert online["peer"]["source"] == "online" and online["optim"]["lr"] == 5e-5
     assert runs["grpo-micro-s0"]["peer"]["source"] == "none" and runs["grpo-micro-s0"]["pair"]["train"] is None

@@ -2,6 +2,8 @@
 import csv
 import io
 import json
+import subprocess
+import sys
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -449,3 +451,41 @@ def test_colours_are_stable_and_labels_are_words(results, tmp_path):
         plot_learning_curve(runs, tmp_path / "l.png")
     assert seen["GRAFT"] == {matplotlib.colors.to_hex(colors["GRAFT"])}
     assert all(len(c) == 1 for c in seen.values())
+
+
+def test_report_without_baseline_takes_the_grpo_row_with_most_seeds(tmp_path):
+    """No row "GRPO (n=8)": the GRPO row with the most seeds is the baseline (said in one line); no GRPO row at all
+    is a usage error listing the labels --baseline takes."""
+    for s in (0, 1):
+        _cfg_run(tmp_path, f"g4-s{s}", "GRPO (n=4)", s, {A: (0.2, 0.1)}, {A: None})
+        _cfg_run(tmp_path, f"graft-s{s}", "GRAFT", s, {A: (0.3, 0.2), B: (0.25, 0.1)}, {A: B, B: A}, source="live")
+    _cfg_run(tmp_path, "g16-s0", "GRPO (n=16)", 0, {A: (0.4, 0.3)}, {A: None})
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    assert [x for x in res.output.splitlines() if x.startswith("baseline:")] == [
+        "baseline: 'GRPO (n=4)' (the GRPO row with the most seeds; --baseline to choose another)"]
+    assert "Δ = Avg − GRPO (n=4)" in res.output
+    assert "| GRAFT | 8 | 30.0 ± 0.0 | 20.0 ± 0.0 | 25.0 ± 0.0 | +10.0 |" in res.output
+
+    other = tmp_path / "no-grpo"
+    _cfg_run(other, "graft", "GRAFT", 0, {A: (0.3, 0.2), B: (0.25, 0.1)}, {A: B, B: A}, source="live")
+    _cfg_run(other, "rloo", "RLOO", 0, {A: (0.2, 0.1)}, {A: None})
+    res = CliRunner().invoke(report_cmd, [str(other), "--out", str(tmp_path / "rep2")])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip().splitlines() == [
+        "Error: no GRPO row (single-model runs of algo grpo) to measure Δ against; pass --baseline with one of: "
+        "'GRAFT', 'RLOO'"]
+
+
+def test_report_says_it_dropped_a_torn_metrics_line(tmp_path):
+    """A torn last line of metrics.jsonl (a killed run) is left out with one warning naming the file and line."""
+    run_dir = _cfg_run(tmp_path, "r", "GRPO (n=8)", 0, {A: (0.2, 0.1)}, {A: None})
+    metrics = run_dir / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"step": 2, "model": ')
+    res = subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", "report", str(tmp_path), "--out",
+                          str(tmp_path / "rep")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    warned = [x for x in res.stderr.splitlines() if "torn" in x]
+    assert warned == [f"{metrics}:3: dropped a torn last line (21 characters), the write of a killed run; the 2 "
+                      f"records before it are used"], res.stderr

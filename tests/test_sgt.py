@@ -105,6 +105,12 @@ def test_k_inj_caps_the_rescue_set(pols):
     assert len(injected(g)) == 3 and all(g.rollouts[i].correct for i in injected(g))
 
 
+@pytest.mark.parametrize("peer_c", [[True] * 3 + [False] * 5, [True] * G], ids=["mixed", "all_success"])
+def test_k_inj_caps_mixed_and_all_success_peer_groups_alike(pols, peer_c):
+    _, ctx, _, (g,) = step(pols, [0], [peer_c], "algo.k_inj=2")
+    assert len(injected(g)) == 2 and ctx.metrics["peer/admitted"] == 2
+
+
 def test_gate_all_fail_versus_threshold(pols):
     peer_c = [True] * G  # an all-success peer group may be transferred (an SGT edge case, docs/algorithms.md#sgt)
     _, ctx, groups, slots = step(pols, [1, 0], [peer_c, peer_c])

@@ -12,6 +12,7 @@ from graftzoo.envs.arithmetic import SKILLS, make_problem
 from graftzoo.tiny.build import TinyModelSpec, build_tiny, build_tokenizer, compact_prompt, position_ids
 from graftzoo.tiny.warmup import (CONTINUE_START, cache_key, encode_batch, load_or_warmup, load_tiny, sft_loss,
                                   sft_train, warmup_info, warmup_pair)
+from graftzoo.tiny import warmup as W
 
 torch.set_num_threads(1)
 
@@ -120,6 +121,23 @@ def test_warmup_is_cached_and_reused(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(path)]  # no temp dir left
     model, tok = load_tiny(path)
     assert model.config.model_type == "qwen2" and tok.decode(tok("Q:1+2\n")["input_ids"]) == "Q:1+2\n"
+
+
+def test_a_cache_of_other_code_is_not_reused(tmp_path, monkeypatch):
+    """The cached weights are keyed by the code and libraries that made them: a warm-up written by
+    another version of the warm-up, model or problem code (or of torch / transformers) is trained
+    again, neither found by its key nor reused as the same recipe under another id."""
+    spec = small_spec(steps=2)
+    path = load_or_warmup(spec, 0, cache_dir=tmp_path)
+    assert warmup_info(path)["code"] == W.code_fingerprint()
+    monkeypatch.setattr(W.torch, "__version__", "0.0-other")
+    W.code_fingerprint.cache_clear()
+    try:
+        assert W.same_weights(spec, 0, tmp_path) is None
+        other = load_or_warmup(spec, 0, cache_dir=tmp_path)
+        assert other != path and warmup_info(other)["code"] == W.code_fingerprint()
+    finally:
+        W.code_fingerprint.cache_clear()
 
 
 def test_warmup_pair_runs_both_in_parallel(tmp_path):

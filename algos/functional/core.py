@@ -150,10 +150,13 @@ def _check_tokens(loss_mat: Tensor, mask: Tensor, where: str) -> Tensor:
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:
-    return num / torch.where(den > 0, den, torch.ones_like(den))
+    """``num / den``, and 0 (still backpropagating, with a zero gradient) where ``den`` is 0."""
+    ok = den > 0
+    return torch.where(ok, num, torch.zeros_like(num)) / torch.where(ok, den, torch.ones_like(den))
 
 
-def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: Optional[float] = None) -> Tensor:
+def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: Optional[float] = None,
+             den_mask: Optional[Tensor] = None) -> Tensor:
     """Aggregate a ``[B, T]`` token loss into a scalar (docs/algorithms.md#loss-aggregation, exact table).
 
     With ``m`` the mask and ``N'`` the number of rows with at least one masked-in token:
@@ -167,25 +170,31 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str, normalizer: Optional[flo
       ``normalizer = N * max_response_length`` (fixed for the run), the spec's RECOMMENDED constant.
 
     ``normalizer`` replaces the denominator in every mode (token count, sequence count or constant).
-    A fractional mask is used as given in numerator and denominator (as verl does). An all-zero mask
-    gives a loss of exactly 0 that still backpropagates (zero gradient), never NaN.
+    ``den_mask`` (default ``mask``) is the mask the denominators are counted on (``sum(m)``, ``sum_t m``, ``N'``)
+    while ``mask`` selects the numerator's tokens: a term aggregated with another term's normaliser
+    (docs/algorithms.md#kl-and-entropy: the KL over its own tokens, divided as the policy term is). A fractional
+    mask is used as given in numerator and denominator (as verl does). A zero denominator gives a loss of exactly 0
+    that still backpropagates (zero gradient), never NaN.
     """
     m = _check_tokens(loss_mat, mask, "agg_loss")
+    d = m if den_mask is None else _check_tokens(loss_mat, den_mask, "agg_loss (den_mask)")
     if mode not in AGG_MODES:
         raise ValueError(f"agg_loss: unknown mode {mode!r}; expected one of {AGG_MODES}")
     if normalizer is not None and not normalizer > 0:
         raise ValueError(f"agg_loss: normalizer must be > 0, got {normalizer}")
     masked = loss_mat * m
     if mode == "token-mean":
-        den = m.sum() if normalizer is None else torch.as_tensor(float(normalizer), dtype=loss_mat.dtype)
+        den = d.sum() if normalizer is None else torch.as_tensor(float(normalizer), dtype=loss_mat.dtype)
         return _safe_div(masked.sum(), den)
     if mode == "seq-mean-token-sum-norm":
         den = float(normalizer) if normalizer is not None else float(loss_mat.shape[0] * loss_mat.shape[1])
         return masked.sum() / den if den > 0 else masked.sum() * 0.0
-    row_tokens = m.sum(dim=1)
+    row_tokens = d.sum(dim=1)
     row = masked.sum(dim=1)
     if mode == "seq-mean-token-mean":
         row = _safe_div(row, row_tokens)
+    else:  # a row without a token of den_mask is outside the denominator and adds nothing
+        row = torch.where(row_tokens > 0, row, torch.zeros_like(row))
     n_seq = (row_tokens > 0).sum().to(loss_mat.dtype)
     den = n_seq if normalizer is None else torch.as_tensor(float(normalizer), dtype=loss_mat.dtype)
     return _safe_div(row.sum(), den)

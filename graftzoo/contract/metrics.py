@@ -162,6 +162,9 @@ PEER_S_MEAN = Metric("peer/s_mean", "ratio", "mean compatibility score s = exp(l
 PEER_S_MEDIAN = Metric("peer/s_median", "ratio", "median compatibility score s of the peer responses", _PEER_LEARNERS)
 PEER_S_MIN = Metric("peer/s_min", "ratio", "smallest compatibility score s of the peer responses", _PEER_LEARNERS)
 PEER_S_MAX = Metric("peer/s_max", "ratio", "largest compatibility score s of the peer responses", _PEER_LEARNERS)
+PEER_STORED_MISSING = Metric("peer/stored_missing", "count", "1 when the stored peer holds no group for any prompt of "
+                             "the step (peer.missing=skip), else 0: summed, the steps trained without a stored peer",
+                             "stored and mixed peers")
 
 # ---- cross-tokenizer exchange --------------------------------------------------------------------------------------
 _XT = "peer exchange (ctx.localize)"

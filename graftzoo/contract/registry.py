@@ -1,21 +1,34 @@
-"""Algorithm registry: ``@register_algo`` in-process, plus the entry-point group ``graftzoo.algos``.
+"""Algorithm registry: ``@register_algo`` in-process, the entry-point group ``graftzoo.algos``, and local plugins:
+modules or ``.py`` files named by ``GRAFTZOO_PLUGINS`` (comma-separated; ``--plugin`` on the command line adds to it).
 
 Each algorithm has a learner class (its ``Config`` is its ``algo.*`` section) and that section's class. The builtin
 sections are declared apart from their learners (``graftzoo.algos.config``, no torch), so ``get_config`` checks a
 run config without importing torch; a plugin's section is its learner's ``Config`` (the plugin is imported).
 
 Plugins are resolved the same way in every process (``ensure_loaded`` is called by ``get_algo``),
-so Ray workers and subprocesses see the same registry. A plugin that fails to import is reported by
-name (``list_algos`` and ``get_algo`` say why); a name clash is an error.
+so Ray workers and subprocesses see the same registry. An installed plugin that fails to import is reported by
+name (``list_algos`` and ``get_algo`` say why); a local plugin that fails to import is a ``PluginError`` naming it;
+a name clash is an error.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 import traceback
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
+
+from graftzoo.contract.errors import ConfigError
 
 GROUP = "graftzoo.algos"
+PLUGINS_ENV = "GRAFTZOO_PLUGINS"
+
+
+class PluginError(ConfigError):
+    """A local plugin (``--plugin`` / ``GRAFTZOO_PLUGINS``) is missing or failed to import; the message names it."""
 
 
 class RegistryError(RuntimeError):
@@ -37,6 +50,7 @@ class AlgoEntry:
 _ALGOS: dict[str, AlgoEntry] = {}
 _CONFIGS: dict[str, type] = {}
 _FAILED: dict[str, str] = {}
+_LOCAL: set = set()   # the local plugins imported (a file by its absolute path, a module by its name)
 _LOADED = False
 _current_source: str | None = None
 
@@ -74,9 +88,77 @@ def plugin_names() -> list:
     return sorted({ep.name for ep in entry_points(group=GROUP)})
 
 
+def _is_file(spec: str) -> bool:
+    return spec.endswith(".py") or os.sep in spec or "/" in spec
+
+
+def _plugin_key(spec: str) -> str:
+    return str(Path(spec).resolve()) if _is_file(spec) else spec
+
+
+def _import_plugin(spec: str):
+    """Import one local plugin: a ``.py`` file (as module ``_graftzoo_plugin_<stem>``, so that it shadows no other
+    module) or a module (the current directory comes first on ``sys.path``); its ``@register_algo`` classes
+    register with source ``plugin:<spec>``."""
+    global _current_source
+    _current_source = f"plugin:{Path(spec).name if _is_file(spec) else spec}"
+    try:
+        if _is_file(spec):
+            path = Path(spec)
+            if not path.is_file():
+                raise PluginError(f"plugin '{spec}': no such file")
+            name = f"_graftzoo_plugin_{path.stem}"
+            found = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(found)
+            sys.modules[name] = module   # a pickled learner class (Ray) finds its module
+            try:
+                found.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            importlib.import_module(spec)
+    except PluginError:
+        raise
+    except Exception as e:
+        why = " ".join(str(e).split())
+        raise PluginError(f"plugin '{spec}' failed to import: {type(e).__name__}{': ' + why if why else ''}") from e
+    finally:
+        _current_source = None
+
+
+def plugin_specs() -> list:
+    """The local plugins named by ``GRAFTZOO_PLUGINS`` (comma-separated modules or ``.py`` files)."""
+    return [s.strip() for s in os.environ.get(PLUGINS_ENV, "").split(",") if s.strip()]
+
+
+def load_local_plugins(specs=None):
+    """Import the local plugins ``specs`` (default: ``plugin_specs()``) not imported yet; ``PluginError`` names the
+    first that is missing or fails to import."""
+    todo = [s for s in (plugin_specs() if specs is None else specs) if _plugin_key(s) not in _LOCAL]
+    if todo:
+        _load_registered()   # builtins and installed plugins first: a local plugin reusing their names clashes
+    for spec in todo:
+        if _plugin_key(spec) not in _LOCAL:
+            _import_plugin(spec)
+            _LOCAL.add(_plugin_key(spec))
+
+
+def add_plugins(specs) -> None:
+    """``--plugin``: import ``specs`` now and add them to ``GRAFTZOO_PLUGINS`` (files as absolute paths), so that
+    the child processes of this command (a grid's runs, the demo's, Ray workers) load them too."""
+    load_local_plugins(specs)
+    known = plugin_specs()
+    new = [_plugin_key(s) for s in specs]
+    os.environ[PLUGINS_ENV] = ",".join(dict.fromkeys(known + new))
+
+
 def get_config(name: str) -> type:
     """The ``algo.*`` section class of algorithm ``name``: a builtin's without importing its learner, a plugin's
-    from its learner class."""
+    from its learner class (local plugins are imported first)."""
+    load_local_plugins()
     if name not in _CONFIGS:
         importlib.import_module("graftzoo.algos.config")   # the builtin sections register themselves
     if name in _CONFIGS:
@@ -117,12 +199,18 @@ def _load_plugins():
                                 f"({ep.value}) vs {_ALGOS[ep.name].module}")
 
 
-def ensure_loaded():
+def _load_registered():
     global _LOADED
     if not _LOADED:
         _LOADED = True
         _load_builtins()
         _load_plugins()
+
+
+def ensure_loaded():
+    """Builtins, installed plugins (entry points), then the local plugins of ``GRAFTZOO_PLUGINS``."""
+    _load_registered()
+    load_local_plugins()
 
 
 def get_algo(name: str):

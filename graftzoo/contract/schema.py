@@ -185,11 +185,24 @@ def _value_at(data, loc):
     return data
 
 
+BOUND_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+
+
+def _names(err: dict) -> list:
+    """The key names of an error's location (a union's member tags and list indices left out)."""
+    return [p for p in err["loc"] if isinstance(p, str) and not ("[" in p or p.startswith("function-"))]
+
+
 def config_error(exc: ValidationError, model: type, data: Any = None, prefix: str = "") -> ConfigError:
-    """The first error of ``exc`` (validating ``data`` as ``model``) as one line naming the key."""
-    err = exc.errors()[0]
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
-    names = [p for p in loc if isinstance(p, str)]
+    """The first error of ``exc`` (validating ``data`` as ``model``) as one line naming the key. A value refused by
+    every member of a union (``task.difficulty``: a level or skill -> level) is reported by its bound when one of
+    them refused it by a bound (``{mul: 500}``: its level is above the bound, not "not an integer")."""
+    errors = exc.errors()
+    err = errors[0]
+    if err["type"] not in BOUND_ERRORS:
+        first = _names(err)
+        err = next((e for e in errors if e["type"] in BOUND_ERRORS and _names(e)[:len(first)] == first), err)
+    names = _names(err)
     if err["type"] == "extra_forbidden":
         parent = model
         if len(names) > 1:
@@ -215,11 +228,12 @@ def config_error(exc: ValidationError, model: type, data: Any = None, prefix: st
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
     why = f": {extra['why']}" if extra.get("why") else ""
     kind = err["type"]
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and not any(
-            isinstance(p, int) for p in err["loc"]):
+    if kind in BOUND_ERRORS:
+        if items and (isinstance(value, (list, tuple, dict)) or not own_bounds):
+            held = isinstance(value, (list, tuple, dict))
+            return ConfigError(f"config key '{full}' must {'hold values' if held else 'be'} {items}, "
+                               f"got {value!r}{why}")
         return ConfigError(f"config key '{full}' must be {own_bounds}, got {value!r}{why}")
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal") and items:
-        return ConfigError(f"config key '{full}' must hold values {items}, got {value!r}{why}")
     if kind == "finite_number":
         return ConfigError(f"config key '{full}' must be a finite number{' ' + own_bounds if own_bounds else ''}, "
                            f"got {value!r}{why}")

@@ -6,7 +6,8 @@ is completion-only: cross-entropy on the scratchpad and its EOS after the compac
 ``Q:{question}\\n``. Fresh problems every step, AdamW, linear warm-up then cosine decay.
 
 The result is cached under ``$GRAFTZOO_CACHE`` (default ``~/.cache/graftzoo``) in a directory
-named by the spec id and a hash of (spec, seed, WARMUP_VERSION); it holds the model and
+named by the spec id and a hash of (spec, seed, WARMUP_VERSION, the code and library versions that
+produce the weights: ``code_fingerprint``); it holds the model and
 tokenizer (``save_pretrained``) and ``warmup.json``. It is written to a temporary directory and
 renamed into place, so a reader never sees a half-written checkpoint.
 """
@@ -18,18 +19,23 @@ import math
 import multiprocessing
 import os
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+import transformers
 from transformers import AutoModelForCausalLM
 
+from graftzoo.envs import arithmetic
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
+from graftzoo.tiny import build
 from graftzoo.tiny.build import (TinyModelSpec, WarmupSpec, build_tiny, compact_prompt, load_tokenizer,
                            position_ids)
 
@@ -41,9 +47,21 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("GRAFTZOO_CACHE") or Path.home() / ".cache" / "graftzoo")
 
 
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """Hash of the code that turns a spec into weights: the source of the warm-up, of the tiny
+    models and tokenizers and of the arithmetic problems, and the torch and transformers versions.
+    A cache written by other code or other libraries is not reused: its weights may differ."""
+    h = hashlib.sha256(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
+    for module in (build, arithmetic, sys.modules[__name__]):
+        h.update(Path(module.__file__).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def cache_key(spec: TinyModelSpec, seed: int) -> str:
-    """Hash of everything that determines the warmed-up weights."""
-    blob = json.dumps({"spec": spec.to_dict(), "seed": seed, "version": WARMUP_VERSION}, sort_keys=True)
+    """Hash of everything that determines the warmed-up weights (the spec, the seed, the code)."""
+    blob = json.dumps({"spec": spec.to_dict(), "seed": seed, "version": WARMUP_VERSION, "code": code_fingerprint()},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -193,7 +211,7 @@ def same_weights(spec: TinyModelSpec, seed: int, root: Path) -> Optional[Path]:
         except (OSError, ValueError):
             continue
         if info.get("seed") == seed and info.get("version") == WARMUP_VERSION and \
-                {**info.get("spec", {}), "id": None} == want:
+                info.get("code") == code_fingerprint() and {**info.get("spec", {}), "id": None} == want:
             return f.parent
     return None
 
@@ -216,7 +234,7 @@ def load_or_warmup(spec: TinyModelSpec, seed: Optional[int] = None, cache_dir=No
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        meta = {"spec": spec.to_dict(), "seed": seed, "version": WARMUP_VERSION, **stats}
+        meta = {"spec": spec.to_dict(), "seed": seed, "version": WARMUP_VERSION, "code": code_fingerprint(), **stats}
         (tmp / "warmup.json").write_text(json.dumps(meta, indent=1))
         try:
             os.rename(tmp, final)

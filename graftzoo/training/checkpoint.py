@@ -19,7 +19,8 @@ Integrity: sizes and sha256 are computed while writing; reading checks the manif
 each file's size and, by default, its sha256 (``hash_files=False`` checks sizes only: that skips one
 read of every file, for very large checkpoints). ``prepare_resume`` removes the temp folders of
 killed saves and returns the newest checkpoint that passes; one that fails is renamed aside
-(``step_000020.corrupt``, never deleted) with a warning naming it and the reason. Every error about
+(``step_000020.corrupt``, never deleted) with a warning naming it and the reason (when none passes, the run
+directory refuses to resume: ``graftzoo.training.rundir.resume_checkpoint``). Every error about
 a checkpoint is a ``CheckpointError`` whose one-line message names the file.
 
 A checkpoint of an older graftzoo (``trainer.pt`` without ``manifest.json``) holds pickled numpy
@@ -57,6 +58,7 @@ _NAME = re.compile(r"^step_(\d+)$")
 _TMP = ".tmp-"                  # temp folders of saves: .tmp-step_000012-<pid>[-old]
 _TMP_NAME = re.compile(r"^\.tmp-step_\d+-(\d+)(-old)?$")
 ASIDE_SUFFIX = ".corrupt"       # a checkpoint failing its check is renamed step_000012.corrupt
+_ASIDE_NAME = re.compile(r"^step_\d+\.corrupt(-\d+)?$")
 
 
 class CheckpointError(RuntimeError):
@@ -497,11 +499,18 @@ def _set_aside(ckpt: Path) -> Path:
     return target
 
 
+def set_aside_checkpoints(run_dir) -> list:
+    """The checkpoints of a run renamed aside because they failed their check (``step_N.corrupt[-k]``), by name."""
+    root = Path(run_dir) / CHECKPOINTS
+    return sorted(p for p in root.iterdir() if _ASIDE_NAME.match(p.name)) if root.is_dir() else []
+
+
 def prepare_resume(run_dir, hash_files: bool = True) -> Optional[Path]:
     """Before resuming: remove the leftovers of killed saves (``remove_partial_saves``) and return the newest
     checkpoint that passes ``verify_checkpoint`` (None without any). A newer one that fails is renamed aside
-    (``step_N.corrupt``, kept) with a warning naming it and the reason. A checkpoint of an older graftzoo is
-    returned as is: ``load_checkpoint`` then refuses it with a ``CheckpointError``."""
+    (``step_N.corrupt``, kept) with a warning naming it and the reason; when none passes, the caller decides
+    (``set_aside_checkpoints`` lists them: a run must not silently start over). A checkpoint of an older graftzoo
+    is returned as is: ``load_checkpoint`` then refuses it with a ``CheckpointError``."""
     remove_partial_saves(run_dir)
     for _, ck in reversed(_named(Path(run_dir) / CHECKPOINTS)):
         if _is_legacy(ck):
@@ -511,8 +520,7 @@ def prepare_resume(run_dir, hash_files: bool = True) -> Optional[Path]:
             return ck
         except CheckpointError as e:
             aside = _set_aside(ck)
-            log.warning("%s failed its check (%s); renamed to %s (kept); resuming from the previous intact "
-                        "checkpoint", ck, e, aside.name)
+            log.warning("%s failed its check (%s); renamed to %s (kept)", ck, e, aside.name)
     return None
 
 

@@ -38,6 +38,9 @@ from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
 from graftzoo.training.policy import Policy, position_ids_from_mask
 from graftzoo.contract.types import Group, Prompt, Rollout
+from graftzoo.envs.templates import render_prompt
+
+FIT_MARGIN = 4  # a text longer than FIT_MARGIN * (longest token's characters) * budget cannot fit (normalisers aside)
 
 
 class EngineError(RuntimeError):
@@ -78,15 +81,42 @@ class Engine:
         """Release the engine's resources (processes, memory); idempotent."""
 
 
-def expand_requests(pol: Policy, prompts: Sequence[Prompt], n, prefixes=None) -> tuple[list, list]:
+def fitting_prompts(prompts: Sequence[Prompt], limits: dict, chunk: int = 512) -> tuple[list, dict]:
+    """The prompts whose rendering fits the prompt budget of every model, and per model how many do not.
+    ``limits``: model id -> (tokenizer, template, budget in prompt tokens). A problem text longer than
+    ``FIT_MARGIN * budget`` times the longest token of the vocabulary (in characters) cannot fit and is dropped
+    without being tokenized (a 5 MB problem costs nothing); the others are rendered and tokenized in batches."""
+    bad: set = set()
+    dropped = {}
+    for m, (tok, template, budget) in limits.items():
+        widest = max((len(t) for t in tok.get_vocab()), default=1)
+        over = {i for i, p in enumerate(prompts) if len(p.text) > FIT_MARGIN * widest * budget}
+        rest = [i for i in range(len(prompts)) if i not in over]
+        for start in range(0, len(rest), chunk):
+            part = rest[start:start + chunk]
+            ids = tok([render_prompt(prompts[i].text, template, tok) for i in part],
+                      add_special_tokens=False)["input_ids"]
+            over.update(i for i, x in zip(part, ids) if len(x) > budget)
+        dropped[m] = len(over)
+        bad |= over
+    return [p for i, p in enumerate(prompts) if i not in bad], dropped
+
+
+def expand_requests(pol: Policy, prompts: Sequence[Prompt], n, prefixes=None,
+                    max_new: Optional[int] = None) -> tuple[list, list]:
     """The sequences to decode — (prompt index, prompt ids, given response prefix ids), ``n[i]`` times for prompt i
-    (an int: the same n for every prompt) — and one empty ``Group`` per prompt to collect them."""
+    (an int: the same n for every prompt) — and one empty ``Group`` per prompt to collect them. With ``max_new``, a
+    prompt whose tokens and ``max_new`` do not fit the model's context window is an ``EngineError`` naming it."""
     if isinstance(n, int):
         n = [n] * len(prompts)
     rows = []
+    window = pol.context_window if max_new is not None else None
     for i, (p, k) in enumerate(zip(prompts, n)):
         pids = pol.encode_prompt(p)
         pre = list(prefixes[i]) if prefixes is not None and prefixes[i] else []
+        if window is not None and len(pids) + len(pre) + max_new > window:
+            raise EngineError(f"model {pol.model_id!r}: prompt {p.id!r} has {len(pids) + len(pre)} tokens, with "
+                              f"max_new_tokens {max_new} more than its context window of {window} tokens")
         rows += [(i, pids, pre)] * int(k)
     return rows, [Group(prompt=p, model_id=pol.model_id, rollouts=[]) for p in prompts]
 
@@ -156,7 +186,7 @@ class HFEngine(Engine):
         pol = self.policy
         temp = self.temperature if temperature is None else float(temperature)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        rows, groups = expand_requests(pol, prompts, n, prefixes)
+        rows, groups = expand_requests(pol, prompts, n, prefixes, max_new)
         was_training = pol.model.training
         pol.model.eval()
         try:

@@ -37,12 +37,13 @@ from graftzoo.training.checkpoint import checkpoint_step, load_weights
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import EVAL_DIR
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config, resolve_target, trained_specs
-from graftzoo.eval.evaluate import eval_request, evaluate_and_write
+from graftzoo.eval.evaluate import check_writable, eval_request, evaluate_and_write
 from graftzoo.training.models import make_eval_engine
 from graftzoo.training.selection import select_checkpoints
 
 
 CLI_EVAL_DIR = "cli"   # RUN/eval/cli/<what was evaluated>/<model>.json: graftzoo eval's files
+OUT_HINT = "write them to another folder with --out DIR (graftzoo.evaluate: out=DIR)"
 
 
 def cli_eval_folder(run_dir, step: int, req: dict) -> Path:
@@ -76,6 +77,7 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
     if out and Path(out).resolve() == (run_dir / EVAL_DIR).resolve():
         raise ValueError(f"--out {out}: that folder holds the trainer's evaluation (what graftzoo report "
                          f"reads), which graftzoo eval never overwrites; leave --out unset or name another")
+    check_writable(Path(out) if out else run_dir / EVAL_DIR / CLI_EVAL_DIR, OUT_HINT)  # before anything is computed
     cfg = load_run_config(run_dir)
     req = eval_request(cfg, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature, top_p=top_p,
                        max_new_tokens=max_new_tokens, limit=limit, seed=seed, select=select)

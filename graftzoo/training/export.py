@@ -39,6 +39,7 @@ from graftzoo.training.checkpoint import (CheckpointError, check_weights, checkp
 from graftzoo.contract.names import model_slug
 from graftzoo.envs.templates import render_prompt
 from graftzoo.eval.artifacts import EVAL_DIR, eval_file_name
+from graftzoo.eval.evaluate import check_writable
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config, resolve_target, trained_specs
 from graftzoo.training.eval_runner import CLI_EVAL_DIR
 from graftzoo.tiny.build import byte_level_tokenizer
@@ -204,11 +205,12 @@ def export_run(path, step: Optional[int] = None, out=None, models: Optional[Sequ
         raise ExportError(f"{ckpt} is the checkpoint of step {checkpoint_step(ckpt)}, not --step {step}")
     ckpt = ckpt if ckpt is not None else pick_checkpoint(run_dir, ids, step)
     at = checkpoint_step(ckpt)
+    out = Path(out) if out is not None else run_dir / EXPORT_DIR / ckpt.name
+    check_writable(out, "export to another folder with --out DIR")  # before the models are built and loaded
     policies = build_policies(cfg, ids)
     for m, pol in policies.items():  # every weight file checked and loaded before anything is written
         load_weights(pol, ckpt)
         pol.model.eval()
-    out = Path(out) if out is not None else run_dir / EXPORT_DIR / ckpt.name
     written = []
     for spec in specs:
         m = spec["id"]

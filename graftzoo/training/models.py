@@ -22,12 +22,12 @@ from urllib.parse import urlparse
 import torch
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from graftzoo.training import lora as lora_mod
 from graftzoo.training.engine import HFEngine
-from graftzoo.training.policy import Policy
+from graftzoo.training.policy import Policy, context_of
 from graftzoo.contract.config import RunConfig, with_values
 from graftzoo.contract.errors import ConfigError
 from graftzoo.training.vllm_engine import VLLMEngine
@@ -198,7 +198,15 @@ def model_stop(spec: dict, cfg: RunConfig, template: str) -> list:
     return resolve_stop(local.get("stop", cfg.rollout.stop), template)
 
 
+def use_run_threads(cfg: RunConfig) -> None:
+    """torch's intra-op threads as the run asks (``run.threads``): every command that runs a model (train, eval,
+    checkpoint selection, the demo's measurements) builds it here, so none runs with torch's default of one
+    thread per core, which oversubscribes the CPU when several runs share it."""
+    torch.set_num_threads(cfg.run.threads)
+
+
 def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Policy:
+    use_run_threads(cfg)
     base, local = split_spec(spec)
     model, tok, tok_id = load_model(base, seed, progress)
     autocast = apply_precision(model, cfg.optim.precision)
@@ -265,6 +273,25 @@ class InProcess:
 def wants_ref(cfg: RunConfig) -> bool:
     """Whether the run's learner needs the KL reference policy (``algo.beta_kl > 0``)."""
     return getattr(cfg.algo, "beta_kl", 0) > 0
+
+
+def prompt_limits(spec: dict, cfg: RunConfig) -> tuple:
+    """(tokenizer, template, prompt budget) of a pair.models entry, without building its model: the budget is the
+    prompt tokens that leave room for the model's max_new_tokens in its context window, at most
+    ``rollout.max_prompt_tokens`` (graftzoo.training.engine.fitting_prompts)."""
+    base, local = split_spec(spec)
+    tok, _ = load_tokenizer_of(spec)
+    if base.get("kind", "tiny") == "tiny":
+        context = int(tiny_spec(spec).max_positions)
+    else:
+        path, local_only = check_hf_model(base)
+        context = context_of(AutoConfig.from_pretrained(path, local_files_only=local_only))
+    max_new = int(local.get("max_new_tokens", cfg.rollout.max_new_tokens))
+    if max_new >= context:
+        where = f"pair.models[{base['id']}].max_new_tokens" if "max_new_tokens" in local else "rollout.max_new_tokens"
+        raise ConfigError(f"config key '{where}' ({max_new}) must be below model {base['id']!r}'s context window of "
+                          f"{context} tokens")
+    return tok, model_template(spec, cfg, tok), min(int(cfg.rollout.max_prompt_tokens), context - max_new)
 
 
 def check_context(cfg: RunConfig, policies: dict) -> None:

@@ -21,6 +21,12 @@ from graftzoo.training.fsdp import full_model_state, load_full, load_sharded, sa
 from graftzoo.envs.templates import render_prompt
 
 
+def context_of(model_config) -> int:
+    """A model config's maximum sequence length (position embeddings); unbounded when it declares none."""
+    return int(getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)
+               or 1 << 30)
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
@@ -313,8 +319,7 @@ class Policy:
     @property
     def context_window(self) -> int:
         """The model's maximum sequence length (position embeddings); unbounded when it declares none."""
-        cfg = self.model.config
-        return int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 1 << 30)
+        return context_of(self.model.config)
 
     def token_ids_decoding_to(self, strings, strip: bool = False, scan: int = 1000) -> set:
         """Ids among the first ``scan`` of the vocabulary that decode to one of ``strings`` (stripped of spaces

@@ -8,12 +8,17 @@
   cadence, logging, labels) and refuses with the differing keys listed, unless the caller allows them by name
   (``--allow-config-change KEY``, shell-style patterns such as ``optim.*`` accepted).
 - **Starting over** (``--no-resume``) in a directory that holds a run refuses unless ``overwrite``: the old run is
-  then moved aside to a sibling ``RUN.replaced-<time>`` folder, never deleted.
+  then moved aside to a sibling ``RUN.replaced-<time>`` folder, never deleted. A resume that finds no intact
+  checkpoint where some failed their check refuses too (``resume_checkpoint``): starting over would rewrite the
+  run's metrics and store.
+- **A stored peer is another run**: a peer store inside the run directory is refused (``check_peer_path``) before
+  anything is moved.
 """
 from __future__ import annotations
 
 import fcntl
 import fnmatch
+import hashlib
 import json
 import logging
 import os
@@ -23,8 +28,8 @@ import time
 from pathlib import Path, PurePath
 from typing import Iterable, Optional
 
-from graftzoo.training.checkpoint import CHECKPOINTS
-from graftzoo.contract.config import RunConfig, as_dict, defaults, read_yaml
+from graftzoo.training.checkpoint import CHECKPOINTS, prepare_resume, set_aside_checkpoints
+from graftzoo.contract.config import MAX_RUN_NAME, RunConfig, as_dict, defaults, read_yaml
 from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY
 
 log = logging.getLogger("graftzoo")
@@ -156,13 +161,42 @@ def default_run_name(cfg: RunConfig) -> str:
             where = where.parent
         parts.append(source + (f"-{_safe(where.name)}" if where.name and source in ("stored", "mixed") else ""))
     parts.append(f"s{run.seed}")
-    return "-".join(parts)
+    name = "-".join(parts)
+    if len(name) > MAX_RUN_NAME:  # long ids or data names: cut, and keep configurations apart by a hash
+        name = f"{name[:MAX_RUN_NAME - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+    return name
 
 
 def holds_run(run_dir) -> bool:
     """Whether ``run_dir`` holds (part of) a run: its config, metrics, checkpoints or trajectory store."""
     d = Path(run_dir)
     return any((d / name).exists() for name in (CONFIG, METRICS, SUMMARY, CHECKPOINTS, STORE))
+
+
+def resume_checkpoint(run_dir) -> Optional[Path]:
+    """The checkpoint a resume continues from (``prepare_resume``: leftovers removed, failing ones renamed aside), or
+    None for a run that saved none. Refuses (``RunDirUsageError``) when no intact one is left but some failed their
+    check: starting over would replace the run's metrics and store; ``--overwrite`` moves the run aside first."""
+    ck = prepare_resume(run_dir)
+    corrupt = set_aside_checkpoints(run_dir) if ck is None else []
+    if corrupt:
+        raise RunDirUsageError(
+            f"{run_dir}: no intact checkpoint to resume from ({', '.join(p.name for p in corrupt)} failed their "
+            f"check and are kept in {Path(run_dir) / CHECKPOINTS}); pass --overwrite to move this run aside and "
+            f"start over, or choose another run.name")
+    return ck
+
+
+def check_peer_path(run_dir, peer_path) -> None:
+    """Refuse (``RunDirUsageError``) a stored peer (``peer.path``) that lies inside ``run_dir``: a run's own store is
+    not another run's trajectories, and ``--overwrite`` would move it aside under the peer."""
+    if not peer_path:
+        return
+    run, peer = Path(run_dir).resolve(), Path(peer_path).resolve()
+    if peer == run or run in peer.parents:
+        raise RunDirUsageError(f"config key 'peer.path' ({peer_path}) is inside this run's own directory {run_dir}: "
+                               f"a stored peer is the store of another run; give that run's directory (a run "
+                               f"moved aside by --overwrite is {Path(run_dir).name}.replaced-<time>)")
 
 
 def move_aside(run_dir) -> Path:

@@ -2,15 +2,20 @@
 
 A procedural task with ``task.size: null`` is an endless stream (fresh prompts every step); any
 other dataset is walked in a per-epoch seeded permutation. The cursor is the step number, so
-resuming needs only the step.
+resuming needs only the step. A finite set that a step must repeat prompts of (``task.prompts_per_step`` above its
+size), or that the run passes over ``MANY_PASSES`` times or more, is said in one warning.
 """
 from __future__ import annotations
 
+import logging
 import math
 import random
 
 from graftzoo.contract.config import RunConfig
 from graftzoo.envs.arithmetic import generate_prompts
+
+log = logging.getLogger(__name__)
+MANY_PASSES = 10  # run.steps x task.prompts_per_step this many times the training set: said (run.epochs: asked for)
 
 
 class PromptSampler:
@@ -22,20 +27,34 @@ class PromptSampler:
         self.task = task
         self.dataset = dataset
         self._extra = 0
+        self._last_perm = (None, [])
         if not self.stream and exclude_ids:  # e.g. the validation slice of eval.select=val_avg
             excluded = set(exclude_ids)
             self.dataset = [p for p in dataset if p.id not in excluded]
         if not self.stream and len(self.dataset) == 0:
             raise ValueError("the training dataset is empty")
+        if not self.stream:
+            self._warn_repeats(cfg)
+
+    def _warn_repeats(self, cfg: RunConfig) -> None:
+        n, per = len(self.dataset), self.per_step
+        if per > n:
+            log.warning("%d training prompts, %d per step (task.prompts_per_step): every step repeats %d of them; "
+                        "lower task.prompts_per_step or give more data", n, per, min(per - n, n))
+        elif not cfg.run.epochs and cfg.run.steps * per >= MANY_PASSES * n:
+            log.warning("%d training prompts, %d per step, %d steps (run.steps): the run trains on each prompt about "
+                        "%.0f times; give more data or fewer steps", n, per, cfg.run.steps, cfg.run.steps * per / n)
 
     @property
     def steps_per_epoch(self) -> int:
         return 10**9 if self.stream else max(1, math.ceil(len(self.dataset) / self.per_step))
 
     def _perm(self, epoch: int) -> list:
-        idx = list(range(len(self.dataset)))
-        random.Random(f"{self.seed}:{epoch}").shuffle(idx)
-        return idx
+        if self._last_perm[0] != epoch:  # one shuffle per epoch, not per step
+            idx = list(range(len(self.dataset)))
+            random.Random(f"{self.seed}:{epoch}").shuffle(idx)
+            self._last_perm = (epoch, idx)
+        return self._last_perm[1]
 
     def batch(self, step: int):
         """(prompts, epoch) of a step."""

@@ -3,8 +3,12 @@
 The metric vocabulary is the same for every algorithm (cleanRL's habit): every key of ``METRICS``
 is present in every record, ``None`` where it does not apply (e.g. peer metrics of a GRPO run).
 
-wandb settings: ``run.wandb_project`` / ``run.wandb_group`` / ``run.wandb_mode`` and ``tracking.entity``. A resumed
-run continues the same wandb run (its id is kept in the checkpoint: ``resume_id``). Every
+wandb settings: ``run.wandb_project`` / ``run.wandb_group`` / ``run.wandb_mode`` and ``tracking.entity``. The mode is
+``run.wandb_mode``, else ``WANDB_MODE``, else online with ``WANDB_API_KEY`` set and offline without. An online run
+first checks, within seconds, that the wandb server answers (``server_unreachable``); when it does not, or
+``wandb.init`` fails online, the run logs offline (in ``RUN/wandb``, for ``wandb sync`` later) and says so in one
+line: no network never holds a run up for wandb's minutes of retries. A resumed run continues the same wandb run
+(its id is kept in the checkpoint: ``resume_id``). Every
 ``tracking.log_completions_every`` steps (0 = never) each model logs a completions table ``<model>/completions``
 (``COMPLETION_COLUMNS``, at most ``tracking.completions_rows`` rows, peer rows first): the responses the step trains
 on, from the exchange's slots, whatever the algorithm.
@@ -14,14 +18,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
+import threading
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 import torch
 
 from graftzoo.algos.functional import compatibility_score
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig, as_dict
+from graftzoo.training.checkpoint import one_line
 
 METRICS = list(M.EVERY_RECORD)  # the fixed vocabulary (graftzoo.contract.metrics: names, units, meanings)
 
@@ -61,6 +69,62 @@ def completion_rows(step: int, model: str, slots, limit: int) -> list:
     return rows[:limit]
 
 
+ONLINE_MODES = ("online", "run", "shared")  # wandb modes that talk to a server
+PROBE_S = 5.0      # seconds the server has to accept a connection
+INIT_TIMEOUT_S = 30.0  # seconds wandb.init may take online (wandb's default: 90)
+
+
+def wandb_mode(run) -> str:
+    """``run.wandb_mode``, else ``WANDB_MODE``, else online with ``WANDB_API_KEY`` set and offline without."""
+    key = os.environ.get("WANDB_API_KEY")
+    return run.wandb_mode or os.environ.get("WANDB_MODE") or ("online" if key else "offline")
+
+
+def server_unreachable(url: str, timeout: float = PROBE_S) -> Optional[str]:
+    """Why the server of ``url`` does not accept a TCP connection within ``timeout`` seconds (name lookup
+    included), or None when it does."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return f"{url!r} is not a URL"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    result: list = []
+
+    def connect():
+        try:
+            socket.create_connection((parts.hostname, port), timeout=timeout).close()
+            result.append(None)
+        except OSError as e:
+            result.append(e.strerror or type(e).__name__)
+
+    t = threading.Thread(target=connect, daemon=True)  # a name lookup has no timeout of its own
+    t.start()
+    t.join(timeout)
+    return result[0] if result else f"no answer within {timeout:g} s"
+
+
+def _init_wandb(run_dir: Path, cfg: RunConfig, resume_id: Optional[str]):
+    """``wandb.init`` in ``wandb_mode``; an online run that cannot reach its server logs offline, said in one line."""
+    import wandb
+    run, tracking = cfg.run, cfg.tracking
+    mode = wandb_mode(run)
+    kw = dict(project=run.wandb_project or "graftzoo", entity=tracking.entity, group=run.wandb_group,
+              name=run_dir.name, dir=str(run_dir), config=as_dict(cfg), id=resume_id,
+              resume="allow" if resume_id else None, reinit="create_new", tags=[str(t) for t in (run.tags or [])])
+    if mode in ONLINE_MODES:
+        url = wandb.setup().settings.base_url  # WANDB_BASE_URL, `wandb login --host`, else wandb's server
+        why = server_unreachable(url)
+        if why is None:
+            try:
+                return wandb.init(mode=mode, settings=wandb.Settings(silent=True, init_timeout=INIT_TIMEOUT_S), **kw)
+            except Exception as e:  # noqa: BLE001 - wandb's errors (auth, network) must not stop the run
+                why = one_line(e)[:300]
+        log.warning("wandb: cannot log online to %s (%s); logging offline in %s instead (upload it later with "
+                    "`wandb sync %s/wandb/offline-run-*`; run.wandb_mode=offline or --no-track skips the server)",
+                    url, why, run_dir / "wandb", run_dir)
+        mode = "offline"
+    return wandb.init(mode=mode, settings=wandb.Settings(silent=True), **kw)
+
+
 class MetricsFileError(ValueError):
     """``metrics.jsonl`` holds an unreadable record that is not a torn last line."""
 
@@ -70,18 +134,10 @@ class Tracker:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         self.wandb_run = None
-        run = cfg.run
-        tracking = cfg.tracking
-        self.completions_every = tracking.log_completions_every
-        self.completions_rows = tracking.completions_rows
-        if run.track:
-            import wandb
-            mode = run.wandb_mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-            self.wandb_run = wandb.init(
-                project=run.wandb_project or "graftzoo", entity=tracking.entity,
-                group=run.wandb_group, name=self.run_dir.name, dir=str(self.run_dir), mode=mode, config=as_dict(cfg),
-                id=resume_id, resume="allow" if resume_id else None, reinit="create_new",
-                tags=[str(t) for t in (run.tags or [])], settings=wandb.Settings(silent=True))
+        self.completions_every = cfg.tracking.log_completions_every
+        self.completions_rows = cfg.tracking.completions_rows
+        if cfg.run.track:
+            self.wandb_run = _init_wandb(self.run_dir, cfg, resume_id)
 
     @property
     def run_id(self) -> Optional[str]:

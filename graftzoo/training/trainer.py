@@ -21,20 +21,20 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.base import StepContext
-from graftzoo.training.checkpoint import load_checkpoint, one_line, prepare_resume, save_checkpoint
+from graftzoo.training.checkpoint import load_checkpoint, one_line, save_checkpoint
 from graftzoo.training import diagnostics
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_ids, with_values
-from graftzoo.contract.errors import NonFiniteError
+from graftzoo.contract.errors import ConfigError, NonFiniteError
 from graftzoo.training.preemption import Interrupted, StopRequest
-from graftzoo.training.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_resume_config, default_run_name,
-                                  holds_run, move_aside)
+from graftzoo.training.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
+                                     check_resume_config, default_run_name, holds_run, move_aside, resume_checkpoint)
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
 from graftzoo.eval.compute import ComputeMeter
-from graftzoo.training.engine import EngineError
-from graftzoo.training.models import InProcess, check_models, make_eval_engine
+from graftzoo.training.engine import EngineError, fitting_prompts
+from graftzoo.training.models import InProcess, check_models, make_eval_engine, prompt_limits, split_spec
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.contract.registry import get_algo
@@ -62,6 +62,15 @@ def _disk_error(e: BaseException) -> Optional[str]:
     return None
 
 
+def warn_frozen(cfg: RunConfig, model_ids: list) -> None:
+    """A trained model whose learning rate is 0 (``optim.lr`` or ``pair.models[i].lr``) never changes: said once."""
+    for spec in cfg.pair.models:
+        local = split_spec(spec)[1]
+        if spec["id"] in model_ids and float(local.get("lr", cfg.optim.lr)) == 0:
+            key = f"pair.models[{spec['id']}].lr" if "lr" in local else "optim.lr"
+            log.warning("model %r: %s is 0: its weights never change, this run trains nothing for it", spec["id"], key)
+
+
 def derive_seed(*parts) -> int:
     return random.Random(":".join(str(p) for p in parts)).randrange(2**31)
 
@@ -70,9 +79,11 @@ class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Optional[str] = None, resume: bool = True, progress=None,
                  overwrite: bool = False, allow_config_change=()):
         """Everything that can be checked without building a model is checked first (ids, the task's datasets,
-        that every ``kind: hf`` model can be loaded, the run directory's lock and identity, a stored peer), then the
-        models are built. ``resume``: continue the run directory's run from its newest intact checkpoint (refused
-        when the config changed on a key that changes the trajectory, unless ``allow_config_change`` names it);
+        that every ``kind: hf`` model can be loaded, a stored peer, then the run directory's lock, identity and
+        checkpoint to resume from; nothing is moved aside before the rest is checked), then the models are built.
+        ``resume``: continue the run directory's run from its newest intact checkpoint (refused when the config
+        changed on a key that changes the trajectory, unless ``allow_config_change`` names it, and when every
+        checkpoint failed its check);
         ``resume=False`` in a directory that holds a run is refused unless ``overwrite`` (the old run is moved
         aside)."""
         torch.set_num_threads(cfg.run.threads)
@@ -93,6 +104,9 @@ class Trainer:
         self.config_changes: dict = {}
         self.task = Task(cfg).check()  # the datasets a run trains, evaluates and selects on: before anything else
         check_models(cfg)  # every kind: hf model resolvable (folder or hub cache), before the run directory exists
+        warn_frozen(cfg, self.model_ids)
+        self._peer_source(cfg)  # a stored peer is read before the run directory is touched (--overwrite moves it)
+        self.resume_from = None
         self.lock = self._open_run_dir(overwrite, allow_config_change)
         try:
             self._build(cfg, specs, train_ids)
@@ -119,29 +133,58 @@ class Trainer:
                 self.resume = False
             elif self.resume:
                 self.config_changes = check_resume_config(self.run_dir, self.cfg, allow_config_change)
+                self.resume_from = resume_checkpoint(self.run_dir)  # refuses when every checkpoint failed its check
         except BaseException:
             lock.release()
             raise
         return lock
 
-    def _build(self, cfg: RunConfig, specs: list, train_ids: list):
+    def _peer_source(self, cfg: RunConfig):
+        """The prompt sampler and the peer source: a stored peer's store is read (and checked) here."""
         self.env = self.task.train_env
-        self.sampler = PromptSampler(cfg, self.task.train_dataset, self.task.reserved_ids)
+        data = self.task.train_dataset
+        if data is not None:  # a finite set: only the prompts that fit every trained model
+            data = self._fitting(cfg, [p for p in data if p.id not in self.task.reserved_ids])
+        self.sampler = PromptSampler(cfg, data, self.task.reserved_ids)
         self.dataset_id = self.task.dataset_id
         self.total_steps = cfg.run.steps
         if cfg.run.epochs:
             self.total_steps = cfg.run.epochs * self.sampler.steps_per_epoch
-        planned = None
+        planned, plan = None, None
         if cfg.peer.source in ("stored", "mixed"):
+            check_peer_path(self.run_dir, cfg.peer.path)
             planned = {p.id for s in range(min(self.total_steps, 50)) for p in self.sampler.batch(s)[0]}
-        self.peers = make_peer_source(cfg, self.model_ids, self.dataset_id, planned)
+            plan = ((s, *reversed(self.sampler.batch(s))) for s in range(self.total_steps))  # (step, epoch, prompts)
+        self.peers = make_peer_source(cfg, self.model_ids, self.dataset_id, planned, plan)
 
+    def _fitting(self, cfg: RunConfig, prompts: list) -> list:
+        """The training prompts whose rendering leaves room for max_new_tokens in every trained model's context and
+        is within ``rollout.max_prompt_tokens``; the others are dropped, and said so in one line; none: refused."""
+        limits = {s["id"]: prompt_limits(s, cfg) for s in cfg.pair.models if s["id"] in self.model_ids}
+        kept, dropped = fitting_prompts(prompts, limits)
+        if len(kept) == len(prompts):
+            return kept
+        name = cfg.task.dataset or self.task.train_dataset.name
+        why = "; ".join(f"model {m!r}: {dropped[m]} over its {b} prompt tokens" for m, (_, _, b) in limits.items()
+                        if dropped[m])
+        budget = ("the prompt budget is the context window less max_new_tokens, at most "
+                  "rollout.max_prompt_tokens")
+        if not kept:
+            raise ConfigError(f"config key 'task.dataset' ({name!r}): none of its {len(prompts)} training prompts fit "
+                              f"({why}; {budget})")
+        log.warning("%s: dropped %d of %d training prompts that do not fit (%s; %s)", name,
+                    len(prompts) - len(kept), len(prompts), why, budget)
+        return kept
+
+    def _build(self, cfg: RunConfig, specs: list, train_ids: list):
         self.backend = make_backend(cfg)
         self.policies, self.engines, self.refs = self.backend.build(cfg, specs, train_ids, self.seed)
         algo_cls = get_algo(cfg.algo.name)
         facts = LearnerFacts.of(cfg)  # the learner's own section was checked once, by load_config
         self.learners = {m: algo_cls(cfg.algo, facts) for m in self.model_ids}
         self.store = TrajectoryStore(self.run_dir / STORE, dataset=self.dataset_id) if cfg.store.enabled else None
+        if self.store is not None:
+            self.store.remove_partial_writes()  # this process holds the run directory: no other writer is alive
         self.meter = ComputeMeter()
         self.tracker: Optional[Tracker] = None
         self.step_slots: dict = {}  # model id -> the last step's slots (own and peer groups after the exchange)
@@ -198,6 +241,7 @@ class Trainer:
             peer = self.peers.groups(prompts, step, epoch, m) if self.peers is not None else None
             if peer is not None:
                 ctx.metrics.update(diagnostics.complementarity(groups[m], peer))
+                ctx.metrics.update(self.peers.step_metrics(step, m))
             elif len(self.model_ids) == 2:  # co-trained without exchange: still measure complementarity (Fig. 1 right)
                 other = groups[self.model_ids[1 - self.model_ids.index(m)]]
                 ctx.metrics.update(diagnostics.complementarity(groups[m], {g.prompt.id: g for g in other}))
@@ -295,7 +339,7 @@ class Trainer:
 
     def _resume(self) -> tuple:
         """Load the newest intact checkpoint (when resuming); returns the first step to run and that checkpoint."""
-        ck = prepare_resume(self.run_dir) if self.resume else None
+        ck = self.resume_from if self.resume else None
         if ck is None:
             return 0, None
         state = load_checkpoint(ck, self.policies, self.learners)

@@ -241,7 +241,7 @@ class VLLMEngine(Engine):
             raise EngineError(f"model {pol.model_id!r}: the vLLM engine is asleep (generate after sync_weights)")
         temp = self.temperature if temperature is None else float(temperature)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        rows, groups = expand_requests(pol, prompts, n, prefixes)
+        rows, groups = expand_requests(pol, prompts, n, prefixes, max_new)
         if not rows:
             return groups
         seeds = torch.randint(0, 2**31 - 1, (len(rows),)).tolist()  # the caller's seeded generator

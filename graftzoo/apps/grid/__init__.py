@@ -62,11 +62,15 @@ Cell ``f"{slug(label)}-{pair}-s{seed}"`` (``f"{slug(label)}-{model}-{pair}-s{see
 ``run.wandb_group = name`` and ``run.tags = [algo, pair, "s<seed>"]``. A cell whose
 ``summary.json`` says "done" (and, with an ``eval`` block, whose eval files answer the same
 request) is skipped; an unfinished one is run again and the trainer resumes from its last
-checkpoint. Cells run one after another (``--jobs N``: N at a time), each in its own process
-(output in ``<grid dir>/logs/<cell>.log``), so a failed cell is reported by name and the grid
-goes on; cells that depend on it are not run. The exit code is 1 if any cell failed. At the
+checkpoint. A finished cell whose stored config differs from the one the grid would run now (a
+key a resume may not change, or one the report compares: run length, eval k and set) is refused,
+naming the cells and keys, unless ``--rerun-changed``: then it reruns from the start, its old run
+moved aside. Cells run one after another (``--jobs N``: N at a time), each in its own process
+(output in ``<grid dir>/logs/<cell>.log``) that dies with the grid, so a failed cell is reported
+by name and the grid goes on; cells that depend on it are not run. The exit code is 1 if any cell failed. At the
 end the report (Table 1, the clip table, the figures and the regime map) is written to
-``<grid dir>/report``.
+``<grid dir>/report``; rows that differ in rollout budget, clip or run length other than by their preset (or
+``clip: own``) are marked in its Differs column and said on stderr (``graftzoo.eval.report.ROW_KEYS``).
 
 Modules: ``model`` (Method, Cell, Grid, ordering and selection), ``load`` (reading and expanding a
 grid file), ``run`` (cell status, the runners, ``run_grid``), ``command`` (``graftzoo grid``,
@@ -75,9 +79,11 @@ the dry-run plan, the report).
 from graftzoo.apps.grid.command import grid_cmd, print_plan, write_report
 from graftzoo.apps.grid.load import load_grid
 from graftzoo.apps.grid.model import Cell, Grid, GridError, Method, order_cells, select_cells, slug
-from graftzoo.apps.grid.run import (cell_status, check_configs, eval_command, eval_done, resume_note,
-                                    run_cell_inprocess, run_cell_subprocess, run_grid, summary_status)
+from graftzoo.apps.grid.run import (GridInterrupted, cell_status, changed_cells, check_changed, check_configs,
+                                    config_drift, eval_command, eval_done, resume_note, run_cell_inprocess,
+                                    run_cell_subprocess, run_grid, summary_status)
 
-__all__ = ["Cell", "Grid", "GridError", "Method", "cell_status", "check_configs", "eval_command", "eval_done",
-           "grid_cmd", "load_grid", "order_cells", "print_plan", "resume_note", "run_cell_inprocess",
-           "run_cell_subprocess", "run_grid", "select_cells", "slug", "summary_status", "write_report"]
+__all__ = ["Cell", "Grid", "GridError", "GridInterrupted", "Method", "cell_status", "changed_cells", "check_changed",
+           "check_configs", "config_drift", "eval_command", "eval_done", "grid_cmd", "load_grid", "order_cells",
+           "print_plan", "resume_note", "run_cell_inprocess", "run_cell_subprocess", "run_grid", "select_cells", "slug",
+           "summary_status", "write_report"]

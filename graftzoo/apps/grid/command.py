@@ -7,22 +7,32 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import click
+
 from graftzoo.apps.grid.on_ray import RayCells
+from graftzoo.apps.options import plugin_option
 
 from graftzoo.apps.grid.load import load_grid
 from graftzoo.apps.grid.model import Grid, GridError, select_cells
-from graftzoo.apps.grid.run import cell_status, check_configs, eval_command, resume_note, run_grid, summary_status
+from graftzoo.apps.grid.run import (cell_status, changed_cells, check_changed, check_configs, eval_command, resume_note,
+                                    run_grid, summary_status)
 from graftzoo.contract.config import ConfigError, clip_label
 from graftzoo.eval.artifacts import ArtifactError, load_run
 from graftzoo.eval.plots import write_figures
 from graftzoo.eval.regime import write_regime_map
-from graftzoo.eval.report import (build_table1, clip_fraction_table, to_csv, to_latex, to_markdown, transfer_markdown,
-                                  transfer_table)
+from graftzoo.eval.report import (build_table1, clip_fraction_table, design_keys, to_csv, to_latex, to_markdown,
+                                  transfer_markdown, transfer_table)
 
 
-def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -> Optional[Path]:
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print,
+                 warn: Callable[[str], None] = _stderr) -> Optional[Path]:
     """Table 1 (md/csv/tex), the clip table, the figures and (with ``report.map``) the regime map
-    ``regime_map.{png,md,json}`` of the finished cells, in ``<grid dir>/report``; None when nothing is finished."""
+    ``regime_map.{png,md,json}`` of the finished cells, in ``<grid dir>/report``; None when nothing is finished.
+    Rows that differ in a setting they do not set by design (a key of their preset, the clip of ``clip: own``) are
+    said to ``warn``, one line per setting (``Table.warnings``)."""
     finished = [c for c in cells if summary_status(c.run_dir) == "done"]
     if not finished:
         echo("report skipped: no finished cell")
@@ -39,11 +49,14 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print) -
             echo(f"regime map skipped: {e}")
     try:
         runs = [load_run(c.run_dir) for c in finished]
+        design = {m.label: design_keys(m.sets) | ({"clip"} if m.clip == "own" else set()) for m in grid.methods}
         table = build_table1(runs, baseline=baseline, budgets=budgets, methods=labels,
-                             aliases={m.label: m.same_as for m in grid.methods if m.same_as})
+                             aliases={m.label: m.same_as for m in grid.methods if m.same_as}, design=design)
     except (ArtifactError, ValueError) as e:
         echo(f"report skipped: {e}")
         return None
+    for line in table.warnings:
+        warn(line)
     md = to_markdown(table)
     (out / "table1.md").write_text(md, encoding="utf-8")
     (out / "table1.csv").write_text(to_csv(table), encoding="utf-8")
@@ -75,10 +88,13 @@ def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
             echo(f"  {r} (learner {rm.learner[rm.cell_pair[(r, rm.cols[0])]]}): "
                  + ", ".join(f"{c}: pair {rm.cell_pair[(r, c)]}" for c in rm.cols))
     echo(f"grid {grid.name}: {len(cells)} cell(s) in {grid.root}")
+    changed = changed_cells(cells)
     for c in cells:
         dep = f"  (after {', '.join(c.depends)})" if c.depends else ""
-        status = cell_status(c, grid.eval)
-        echo(f"  [{status}] {c.name}{dep}" + (f": {resume_note(c)}" if status == "resume" else ""))
+        status = "changed" if c.name in changed else cell_status(c, grid.eval)
+        note = (resume_note(c) if status == "resume" else
+                f"{changed[c.name]} (--rerun-changed reruns it)" if status == "changed" else None)
+        echo(f"  [{status}] {c.name}{dep}" + (f": {note}" if note else ""))
         echo(f"      clip: {clip_label(c.clip)}" + ("  (clip: own, differs by design)" if c.clip_own else ""))
         echo("      graftzoo " + shlex.join(c.train_command()[3:]))
         if grid.eval is not None:
@@ -86,6 +102,7 @@ def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
 
 
 @click.command("grid")
+@plugin_option
 @click.argument("grid_file")
 @click.option("--dry-run", is_flag=True, help="print the cells, their status and commands; check configs; run nothing")
 @click.option("--out", default=None, type=click.Path(file_okay=False),
@@ -94,10 +111,13 @@ def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="cells run at a time")
 @click.option("--in-process", is_flag=True, help="run cells in this process instead of child processes")
 @click.option("--no-report", is_flag=True, help="do not write the report at the end")
+@click.option("--rerun-changed", is_flag=True,
+              help="rerun from the start the finished cells whose settings changed (old runs moved aside); "
+                   "without it such cells are refused")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None, metavar="[ADDRESS]",
               help="run each cell as a Ray task holding the CPUs/GPUs it needs, on a private local cluster or the "
                    "one at ADDRESS (cells run as soon as their dependencies are done and the cluster has room)")
-def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report, ray_address):
+def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report, rerun_changed, ray_address):
     """Run a grid: graftzoo grid configs/grids/NAME.yaml [--dry-run] [--out DIR]."""
     try:
         grid = load_grid(grid_file, out)
@@ -113,6 +133,7 @@ def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report, ray_add
         click.echo(f"config error in cell {name}: {why}", err=True)
     if errors:
         sys.exit(2)
+    check_changed(grid, cells, rerun_changed)   # a GridError: one line, exit 2
     if dry_run:
         return
     if ray_address and in_process:
@@ -120,13 +141,14 @@ def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report, ray_add
     if ray_address:
         ray_cells = RayCells(None if ray_address == "local" else ray_address, cells)
         try:
-            result = run_grid(grid, cells, jobs=max(1, len(cells)), echo=click.echo, runner=ray_cells)
+            result = run_grid(grid, cells, jobs=max(1, len(cells)), echo=click.echo, runner=ray_cells,
+                              rerun_changed=rerun_changed)
         finally:
             ray_cells.close()
     else:
-        result = run_grid(grid, cells, jobs=jobs, in_process=in_process, echo=click.echo)
+        result = run_grid(grid, cells, jobs=jobs, in_process=in_process, echo=click.echo, rerun_changed=rerun_changed)
     if not no_report:
-        write_report(grid, cells, echo=click.echo)
+        write_report(grid, cells, echo=click.echo, warn=lambda line: click.echo(line, err=True))
     bad = [n for n, s in result.items() if s in ("failed", "blocked")]
     counts = {s: sum(1 for v in result.values() if v == s) for s in ("done", "skipped", "failed", "blocked")}
     click.echo(f"grid {grid.name}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))

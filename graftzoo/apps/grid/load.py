@@ -9,7 +9,7 @@ from typing import Optional
 from graftzoo.apps.grid.model import (Cell, Grid, GridError, Method, check_one_clip, order_cells, resolve_clips,
                                       slug)
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, parse_peer
-from graftzoo.contract.config import SCHEMA, ConfigError, find_config, read_yaml
+from graftzoo.contract.config import SCHEMA, ConfigError, find_config, flat_settings, read_yaml
 from graftzoo.eval.regime import RegimeMap
 from graftzoo.training.eval_runner import evaluate_checkpoint
 
@@ -19,6 +19,13 @@ CLIP_MARKS = ("shared", "own")   # a method's ``clip``: the table's one clip (de
 REPORT_KEYS = {"baseline", "budgets", "map"}
 MAP_KEYS = {"title", "rows", "cols", "methods", "budget", "skill"}
 CELL_REF = re.compile(r"^\{cell:(.+)\}$")
+
+
+def _preset_keys(algo: str) -> set:
+    """The dotted config keys the preset ``configs/algos/ALGO.yaml`` sets (none for a plain algorithm name): what a
+    method's row differs in by design (``graftzoo.eval.report.design_keys``), e.g. grpo_n16's rollout.n."""
+    path = find_config("algos", algo)
+    return set() if path is None else {s.split("=", 1)[0] for s in flat_settings(read_yaml(path))}
 
 
 def _preset_label(algo: str) -> str:
@@ -46,7 +53,7 @@ def _flat(mapping: dict, where: str, prefix: str = "") -> dict:
 
 def _method(entry, where: str) -> Method:
     if isinstance(entry, str):
-        return Method(label=_preset_label(entry), algo=entry)
+        return Method(label=_preset_label(entry), algo=entry, sets=_preset_keys(entry))
     if not isinstance(entry, dict):
         raise GridError(f"{where} must be an algorithm name or a mapping with 'algo'")
     if "same_as" in entry:  # a label alias: the same runs, shown under a second label (one config, two names)
@@ -75,7 +82,8 @@ def _method(entry, where: str) -> Method:
         raise GridError(f"{where}.pairs must be a non-empty list of the grid's pairs")
     return Method(label=str(entry.get("label") or _preset_label(entry["algo"])), algo=entry["algo"],
                   overrides=_flat(entry.get("set") or {}, f"{where}.set"), files=[str(f) for f in files],
-                  peer=peer, each_model=bool(entry.get("each_model", False)), clip=clip, pairs=only)
+                  peer=peer, each_model=bool(entry.get("each_model", False)), clip=clip, pairs=only,
+                  sets=_preset_keys(entry["algo"]))
 
 
 def pair_models(pair: str, where: str) -> list:

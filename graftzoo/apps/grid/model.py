@@ -37,6 +37,7 @@ class Method:
     clip: str = "shared"       # shared: the table's one clip | own: a clip that differs by design (HACPO)
     same_as: Optional[str] = None  # a label alias: no cells; the report shows that method's row under this label
     pairs: Optional[list] = None   # the grid pairs it runs on (a subset); None: all of them
+    sets: set = field(default_factory=set)  # dotted keys its preset sets: what its row differs in by design
 
 
 @dataclass
@@ -118,7 +119,7 @@ def resolve_clips(cells: list) -> None:
             c.clip, c.config_error = None, f"{type(e).__name__}: {e}"
 
 
-def _cell_names(cells: list) -> str:
+def cell_names(cells: list) -> str:
     """Cell names with their seeds folded: ``graft-micro-s{0,1,2}, hacpo-micro-s0``."""
     seeds: dict = {}
     for c in cells:
@@ -135,7 +136,7 @@ def check_one_clip(cells: list, where: str) -> None:
             if c.pair == pair and not c.clip_own and c.clip is not None:
                 by_clip.setdefault(tuple(sorted(c.clip.items(), key=lambda kv: kv[0])), []).append(c)
         if len(by_clip) > 1:
-            mixed = "; ".join(f"{clip_label(group[0].clip)} in {_cell_names(group)}" for group in by_clip.values())
+            mixed = "; ".join(f"{clip_label(group[0].clip)} in {cell_names(group)}" for group in by_clip.values())
             raise GridError(f"{where}: the methods of one table must share one clip (docs/algorithms.md#one-clip-for-every-method), but "
                             f"pair {pair!r} mixes clips (eps_low/eps_high): {mixed}; set optim.clip.* once in the "
                             f"grid's 'set', or mark a method whose clip differs by design with 'clip: own'")
