@@ -42,7 +42,7 @@ from types import MethodType
 if __name__ == "__main__" and not getattr(sys.flags, "safe_path", False):
     del sys.path[0]  # run by path: this package folder (datasets.py, ...) must not shadow installed modules
 
-__all__ = ["number_from_string", "quick_symbolic_eq", "remembered_solve", "two_stage_latex2sympy", "worker_main"]
+__all__ = ["die_with_parent", "number_from_string", "quick_symbolic_eq", "remembered_solve", "two_stage_latex2sympy", "worker_main"]
 
 PR_SET_PDEATHSIG = 1
 
@@ -487,16 +487,16 @@ def _limit_memory() -> None:
         pass
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Linux: have the kernel SIGKILL this worker when its parent exits (best effort); exit now if
-    the parent is already gone."""
+def die_with_parent(parent_pid: int, exit_code: int = 0) -> None:
+    """Linux: have the kernel SIGKILL this process when its parent exits (best effort); exit now (with
+    ``exit_code``) if the parent is already gone. Also the grid's ``preexec_fn`` for its train children."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         except (OSError, AttributeError):
             pass
     if os.getppid() != parent_pid:
-        os._exit(0)
+        os._exit(exit_code)
 
 
 def worker_main(conn) -> None:
@@ -542,5 +542,5 @@ def worker_main(conn) -> None:
 if __name__ == "__main__":
     _fd, _parent, _deathsig = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
     if _deathsig:
-        _die_with_parent(_parent)
+        die_with_parent(_parent)
     worker_main(Connection(_fd))

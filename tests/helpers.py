@@ -54,3 +54,15 @@ def plugin_site(tmp_path) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gz-noeps\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[graftzoo.algos]\nno_eps = gz_noeps:NoEps\n")
     return site
+
+
+def one_line_error(res, code: int, *needles) -> str:
+    """The command failed with exit ``code`` and one ``Error:`` line on stderr (no traceback) containing every
+    needle; that line."""
+    assert res.returncode == code, (res.returncode, res.stdout[-2000:], res.stderr[-4000:])
+    assert "Traceback" not in res.stderr, res.stderr[-4000:]
+    lines = [x for x in res.stderr.splitlines() if x.startswith("Error:")]
+    assert len(lines) == 1, res.stderr[-4000:]
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]

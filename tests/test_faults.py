@@ -24,7 +24,7 @@ from graftzoo.training.checkpoint import list_checkpoints
 from graftzoo.contract.config import load_config
 from graftzoo.training.rundir import RunDirError
 from graftzoo.training.trainer import Trainer, train
-from helpers import plugin_site
+from helpers import one_line_error, plugin_site
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
 MICRO = ["train", "--algo", "grpo", "--pair", "micro", "--no-track"]
@@ -50,15 +50,6 @@ def train_args(out, *sets, name="x"):
     return args
 
 
-def one_line_error(res, code: int, *needles) -> str:
-    """The run failed with exit ``code`` and one ``Error:`` line (no traceback) containing every needle."""
-    assert res.returncode == code, (res.returncode, res.stdout[-2000:], res.stderr[-4000:])
-    assert "Traceback" not in res.stderr, res.stderr[-4000:]
-    lines = [x for x in res.stderr.splitlines() if x.startswith("Error:")]
-    assert len(lines) == 1, res.stderr[-4000:]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def metric_rows(run_dir):

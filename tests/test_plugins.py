@@ -77,26 +77,9 @@ def test_broken_plugin_is_reported_by_name_and_clash_is_an_error(tmp_path):
     assert out.returncode != 0 and "clash" in out.stderr and "grpo" in out.stderr
 
 
-LOCAL_PLUGIN = '''
-from graftzoo import Learner, LearnerConfig, register_algo
-
-
-class MyConfig(LearnerConfig):
-    scale: float = 0.5
-
-
-@register_algo("my_algo")
-class MyAlgo(Learner):
-    """GRPO with scaled advantages, from a local file."""
-    Config = MyConfig
-
-    def advantages(self, ctx, groups):
-        groups = super().advantages(ctx, groups)
-        for g in groups:
-            g.advantages = [a * self.cfg.scale for a in g.advantages]
-        ctx.log("plugin/scale", self.cfg.scale)
-        return groups
-'''
+# the same learner as a local file: registered by its own decorator instead of an entry point
+LOCAL_PLUGIN = PLUGIN.replace("LearnerConfig\n", "LearnerConfig, register_algo\n", 1).replace(
+    "class HalfAdv(Learner):", '@register_algo("my_algo")\nclass HalfAdv(Learner):', 1)
 TRAIN = ["train", "--algo", "my_algo", "--pair", "micro", "--no-track", "--set", "run.out_dir=out", "--set",
          "run.steps=1", "--set", "run.eval_at_end=false", "--set", "algo.scale=0.25", "--set",
          "pair.train=[micro-qwen-char]"]

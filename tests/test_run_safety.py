@@ -34,6 +34,7 @@ from graftzoo.contract.schema import _unwrap, bounds_of
 from graftzoo.training.checkpoint import list_checkpoints
 from graftzoo.training.rundir import default_run_name
 from graftzoo.training.trainer import train
+from helpers import one_line_error
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
 MODELS = ("micro-qwen-char", "micro-gpt2-pair")
@@ -64,14 +65,6 @@ def train_args(out, *sets, name="x", algo="grpo"):
     return args
 
 
-def one_line_error(res, code: int, *needles) -> str:
-    assert res.returncode == code, (res.returncode, res.stdout[-2000:], res.stderr[-4000:])
-    assert "Traceback" not in res.stderr, res.stderr[-4000:]
-    lines = [x for x in res.stderr.splitlines() if x.startswith("Error:")]
-    assert len(lines) == 1, res.stderr[-4000:]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict:

@@ -229,7 +229,7 @@ def test_quick_symbolic_eq_agrees_with_math_verify(monkeypatch):
 RELATION_CASES = [  # (gold, pred): one gold relation against several answers, as in a group
     ("y=2x+3", "y=2x+1"), ("y=2x+3", "2x+3=y"), ("y=2x+3", "y-2x=3"), ("y=2x+3", "x=2y+3"),
     ("5x-7y+11z+4=0", "5x-7y+z+4=0"), ("5x-7y+11z+4=0", "-5x+7y-11z-4=0"), ("x^2=1", "(x^2-1)^2=0"),
-    ("x^2=1", "x=1"), ("x<3", "3>x"), ("x<3", "x\le 3"), ("x\ge 2", "2\le x"),
+    ("x^2=1", "x=1"), ("x<3", "3>x"), ("x<3", "x\\le 3"), ("x\\ge 2", "2\\le x"),
 ]
 
 

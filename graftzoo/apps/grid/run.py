@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import ctypes
+import functools
 import inspect
 import json
 import logging
@@ -28,6 +28,7 @@ from graftzoo.apps.grid.model import Cell, Grid, GridError, cell_names, resolve_
 from graftzoo.training.checkpoint import checkpoint_step, latest_checkpoint
 from graftzoo.api import train_run as train
 from graftzoo.contract.config import as_dict, read_yaml
+from graftzoo.envs.verify_worker import die_with_parent
 from graftzoo.eval.artifacts import CONFIG, EVAL_DIR, GRID_EVAL_DIR, eval_file_name
 from graftzoo.eval.report import COMPARABLE_KEYS
 from graftzoo.training.eval_checkpoints import load_run_config, trained_specs
@@ -150,23 +151,16 @@ def eval_command(cell: Cell, options: dict) -> list:
     return cmd
 
 
-PR_SET_PDEATHSIG = 1
 _CHILDREN: dict = {}   # pid -> Popen: the cells' running child processes
 _STOP: dict = {"signum": None}   # the signal that stops the grid (``stop_children_on_signal``)
 
 
 def _die_with_grid() -> Optional[Callable]:
     """A ``preexec_fn`` (Linux): the kernel SIGKILLs the child when the grid's thread that started it dies; the
-    child exits at once if the grid is already gone. None elsewhere."""
+    child exits at once (status 1) if the grid is already gone. None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
-    prctl, grid_pid = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()
-
-    def setup():
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != grid_pid:
-            os._exit(1)
-    return setup
+    return functools.partial(die_with_parent, os.getpid(), 1)
 
 
 def _run_logged(cmd: list, log: Path) -> int:
