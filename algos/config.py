@@ -228,6 +228,9 @@ class ExTraConfig(LearnerConfig):
 @register_config("om_grpo")
 class OMGRPOConfig(LearnerConfig):
     """OM-GRPO (docs/algorithms.md#om-grpo): label-free, rewarded by the group's consensus."""
+
+    label_free: ClassVar[bool] = True  # never reads gold: may train on the unlabelled rows of task.label_free
+
     beta_kl: float = key(0.005, "k3 KL to the initial policy", ge=0)
     answer_grad_scale: float = key(0.0, "loss weight of answer-span tokens (0 = OM-GRPO, 1 = vanilla)", ge=0, le=1)
     mask_kl: bool = key(True, "mask the KL term like the policy term")

@@ -12,7 +12,8 @@ verifier (``answers_equivalent``). The tokens of the answer span get loss weight
 context (``contrast_template: compact`` suits tiny models).
 
 Rollouts are never marked correct (there are no labels): accuracy comes from evaluation. The learner never reads gold answers: it works on copies of the prompts without gold or metadata and
-never calls the environment's label-based scoring. ``ttt: true`` (docs/algorithms.md#om-grpo-consensus-reward) trains on the held-out
+never calls the environment's label-based scoring, so it may train on unlabelled data (``task.label_free``, which
+its section declares: ``OMGRPOConfig.label_free``). ``ttt: true`` (docs/algorithms.md#om-grpo-consensus-reward) trains on the held-out
 evaluation prompts (``eval.dataset``, else the task's test split of ``eval.size`` prompts), one
 seeded pass after another, so the final evaluation measures test-time training on those same questions.
 """

@@ -22,7 +22,8 @@ Rows are read field by field (the bundled files all use ``id/problem/answer/sour
   ``####``, without thousands commas), else ``gold``, ``ground_truth`` or verl's
   ``reward_model.ground_truth``, else the last ``\\boxed{}`` of ``solution`` (or ``answer_key=``); a
   gold answer that holds a ``\\boxed{}`` (a whole solution) is its last boxed content;
-  ``label_free=True`` allows rows without one;
+  ``label_free=True`` (config key ``task.label_free``, for a label-free learner) keeps rows without one, with
+  ``Prompt.gold`` None;
 - id: ``id`` (or ``id_key=``), else the 0-based row index. The prompt id is ``"<dataset>/<id>"``.
 
 A dotted key (``reward_model.ground_truth``) reads a nested field. Every other field of the row
@@ -77,6 +78,9 @@ _PROBLEM_KEYS = ("problem", "question", "prompt")
 _ANSWER_KEYS = ("answer", "gold", "ground_truth", "reward_model.ground_truth")
 _ID_KEYS = ("id",)
 _FILE_KWARGS = {"problem_key", "answer_key", "id_key", "label_free", "name"}
+#: how rows without a gold answer can train: what a DatasetError for one suggests (``graftzoo.envs.task`` says
+#: otherwise for an evaluation set, which needs gold answers; ``graftzoo env check`` names its ``--kw``)
+LABEL_FREE_HINT = "set task.label_free: true to train a label-free learner, such as om_grpo, on unlabelled rows"
 _ARITHMETIC_KWARGS = {"size", "seed", "mix", "difficulty"}
 
 
@@ -476,7 +480,7 @@ def _gold(row: dict, where: str, answer_key: Optional[str], label_free: bool) ->
         if value is None:
             if label_free:
                 return None, set()
-            raise DatasetError(f"{where}: field {answer_key!r} is missing")
+            raise DatasetError(f"{where}: field {answer_key!r} is missing ({LABEL_FREE_HINT})")
         return _unboxed(_text(value, answer_key, where)), {answer_key.split(".")[0]}
     for key in _ANSWER_KEYS:
         if _get(row, key) is not None:
@@ -491,8 +495,8 @@ def _gold(row: dict, where: str, answer_key: Optional[str], label_free: bool) ->
     if label_free:
         return None, set()
     raise DatasetError(f"{where}: field 'answer' is missing (also looked for 'gold', 'ground_truth', "
-                       "'reward_model.ground_truth' and a \\boxed{} in 'solution'; set task.fields.answer, or "
-                       "pass label_free=True for unlabelled data)")
+                       f"'reward_model.ground_truth' and a \\boxed{{}} in 'solution'; set task.fields.answer, or "
+                       f"{LABEL_FREE_HINT})")
 
 
 def _unboxed(gold: str) -> str:

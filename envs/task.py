@@ -18,6 +18,11 @@ The trainer, OM-GRPO's test-time training and ``graftzoo eval`` all ask a :class
 - **fields** (``task.fields``): the row fields of the task's own data (``problem``, ``answer``, ``id``; dotted
   keys for nested fields), given to the loader of ``task.dataset``, ``eval.dataset`` and ``eval.val_dataset``
   when they are the user's data (not bundled names); ``eval.benchmarks`` are read with the loader's defaults.
+- **label-free data** (``task.label_free``): the rows of ``task.dataset`` (every split of it) without a gold answer
+  are kept, with ``Prompt.gold`` None, for a learner that trains without labels (``AlgoSection.label_free``,
+  checked by ``validate``). Evaluation sets need gold answers: ``eval.*`` datasets are read labelled
+  (``load_labelled``), and ``check`` refuses a held-out or validation set carved from ``task.dataset`` that would
+  hold an unlabelled prompt, naming ``eval.dataset`` / ``eval.val_dataset``.
 - **benchmarks** (``load_benchmark``): any dataset name or path, a MathDataset, or ``heldout``;
   ``is_test_set`` says whether checkpoint selection on one would select on a test set.
 
@@ -43,8 +48,8 @@ from gymnasium.envs.registration import load_env_creator
 
 from graftzoo.contract.config import RunConfig
 from graftzoo.contract.errors import ConfigError
-from graftzoo.envs.datasets import (BENCHMARKS, FILE_SUFFIXES, MathDataset, MissingSplitError, bundled_names,
-                                     load_dataset)
+from graftzoo.envs.datasets import (BENCHMARKS, FILE_SUFFIXES, LABEL_FREE_HINT, DatasetError, MathDataset,
+                                     MissingSplitError, bundled_names, load_dataset)
 from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv
 from graftzoo.envs.templates import TEMPLATES
 
@@ -57,6 +62,8 @@ HELDOUT_FRACTION = 10  # a held-out slice of a training set takes at most 1/HELD
 #: task.fields key -> the loader's keyword
 FIELD_KWARGS = {"problem": "problem_key", "answer": "answer_key", "id": "id_key"}
 SCORING_DEFAULTS = {"reward_correct": 1.0, "reward_wrong": 0.0, "verifier_timeout": 2.0}
+#: what a DatasetError of an evaluation set says instead of suggesting task.label_free (it applies to training only)
+EVAL_NEEDS_GOLD = "an evaluation set needs a gold answer on every row (task.label_free applies to task.dataset only)"
 #: what loading a dataset or building an env raises for a bad config value (DatasetError is a ValueError)
 LOAD_ERRORS = (ValueError, TypeError, LookupError, AttributeError, OSError, ImportError, gym.error.Error)
 
@@ -129,12 +136,24 @@ def heldout_slice(dataset, size: Optional[int]) -> list:
     return sorted(order[:min(int(size or n), n // HELDOUT_FRACTION)])
 
 
-def data_kwargs(name, fields: Optional[dict]) -> dict:
-    """The loader keywords of ``task.fields`` for the dataset ``name`` (none for a bundled name: its fields are
-    known)."""
+def data_kwargs(name, fields: Optional[dict], label_free: bool = False) -> dict:
+    """The loader keywords of ``task.fields`` for the dataset ``name``, and ``label_free=True`` (rows without a gold
+    answer are kept) when ``label_free``; none for a bundled name: its fields are known, its rows labelled."""
     if name is None or str(name) in bundled_names():
         return {}
-    return {FIELD_KWARGS[k]: v for k, v in (fields or {}).items() if v is not None}
+    kw = {FIELD_KWARGS[k]: v for k, v in (fields or {}).items() if v is not None}
+    return {**kw, "label_free": True} if label_free else kw
+
+
+def load_labelled(name, **kw) -> MathDataset:
+    """``load_dataset`` for an evaluation set, whose every row needs a gold answer: a row without one is a
+    DatasetError that says so, instead of suggesting ``task.label_free`` (which keeps such rows of task.dataset)."""
+    try:
+        return load_dataset(name, **kw)
+    except DatasetError as e:
+        if LABEL_FREE_HINT not in str(e):
+            raise
+        raise DatasetError(str(e).replace(LABEL_FREE_HINT, EVAL_NEEDS_GOLD)) from None
 
 
 def _limited(items, limit: Optional[int]) -> list:
@@ -150,7 +169,7 @@ def load_benchmark(bench: Union[str, Path, MathDataset], task: Optional["Task"] 
         if task is None:
             raise ValueError("benchmark 'heldout' is the run's held-out split: it needs the run's task (its config)")
         return task.heldout(limit)
-    ds = bench if isinstance(bench, MathDataset) else load_dataset(bench)
+    ds = bench if isinstance(bench, MathDataset) else load_labelled(bench)
     env = task.scoring_env(ds) if task is not None else MathReasoningEnv(dataset=ds, **SCORING_DEFAULTS)
     return Benchmark(ds.name, _limited(ds, limit), env, ds.name, ds.hash, ds.split)
 
@@ -178,6 +197,10 @@ class Task:
             raise ConfigError(f"config key 'task.dataset' ({spec.dataset!r}) is set, but task.env={spec.env} "
                               f"generates its problems and reads no dataset: set task.env=auto (or "
                               f"graftzoo/MathReasoning-v0) to train on the dataset")
+        if self.procedural and spec.label_free:
+            raise ConfigError(f"config key 'task.label_free' keeps the unlabelled rows of task.dataset, but "
+                              f"task.env={spec.env} generates its problems (with their answers) and reads no "
+                              f"dataset: give task.dataset, or drop task.label_free")
         pair = self.cfg.pair
         templates = [("pair.template", pair.template)] + [
             (f"pair.models[{m['id']}].template", m["template"]) for m in pair.models if "template" in m]
@@ -205,18 +228,31 @@ class Task:
             held = config_error("eval.dataset", ev.dataset, lambda: self.heldout())
             if not held.prompts:
                 raise ConfigError(f"config key 'eval.dataset' ({ev.dataset!r}): the held-out split is empty")
+            self._refuse_unlabelled(held, "eval.dataset", "held-out split")
             self._warn_small_heldout(len(held.prompts))
         for bench in benchmarks:
             if bench != HELDOUT:
-                config_error("eval.benchmarks", bench, lambda: load_dataset(bench))
+                config_error("eval.benchmarks", bench, lambda: load_labelled(bench))
         if ev.select == "val_avg":
             key = "eval.val_dataset" if ev.val_dataset else "eval.val_size"
             val = config_error(key, ev.val_dataset or ev.val_size, lambda: self.validation())
+            self._refuse_unlabelled(val, "eval.val_dataset", "validation set of eval.select=val_avg")
             if self.is_test_set(val) and not ev.allow_test_selection:
                 raise ConfigError(f"config key 'eval.val_dataset' ({val.name!r}) is a test set: eval.select=val_avg "
                                   f"would pick checkpoints on it; give a validation set or set "
                                   f"eval.allow_test_selection: true")
         return self
+
+    def _refuse_unlabelled(self, bench: Benchmark, key: str, what: str) -> None:
+        """A held-out or validation set carved from a label-free ``task.dataset`` (a slice of it, or its test split)
+        that holds prompts without a gold answer cannot be scored: one ConfigError naming ``key`` and the numbers."""
+        missing = sum(p.gold is None for p in bench.prompts)
+        if not missing:
+            return
+        also = " (and eval.dataset)" if key == "eval.val_dataset" and not self.eval.dataset else ""
+        raise ConfigError(f"config key '{key}' is required: the {what} is carved from task.dataset "
+                          f"{self.spec.dataset!r} (task.label_free: true), and {missing} of its {len(bench.prompts)} "
+                          f"prompts have no gold answer, so it cannot be scored; give a labelled {key}{also}")
 
     def _warn_small_heldout(self, n: int) -> None:
         """One warning when the held-out split came out smaller than ``eval.min_heldout`` and than ``eval.size``
@@ -263,7 +299,7 @@ class Task:
                       mix=self.spec.mix or None, difficulty=self.spec.difficulty or None, split=split)
         else:
             kw.update(dataset=self.spec.dataset, split=split if split != "train" else self.spec.split,
-                      **self.data_kwargs(self.spec.dataset))
+                      **self.data_kwargs(self.spec.dataset, label_free=self.spec.label_free))
         return gym.make(self.spec.env, disable_env_checker=True, **kw).unwrapped
 
     def scoring_env(self, dataset: MathDataset) -> MathReasoningEnv:
@@ -287,9 +323,10 @@ class Task:
             return "arithmetic"
         return getattr(self.train_env.dataset, "name", self.spec.dataset)
 
-    def data_kwargs(self, name) -> dict:
-        """Loader keywords of ``task.fields`` for the run's own dataset ``name`` (module docstring)."""
-        return data_kwargs(name, self.spec.fields.model_dump())
+    def data_kwargs(self, name, label_free: bool = False) -> dict:
+        """Loader keywords of ``task.fields`` for the run's own dataset ``name`` (module docstring); ``label_free``:
+        keep rows without a gold answer (``task.label_free``, for ``task.dataset`` only)."""
+        return data_kwargs(name, self.spec.fields.model_dump(), label_free)
 
     @property
     def reserved_ids(self) -> set:
@@ -327,7 +364,7 @@ class Task:
     def _heldout(self) -> Benchmark:
         ev = self.eval
         if ev.dataset:
-            ds = load_dataset(ev.dataset, **self.data_kwargs(ev.dataset))
+            ds = load_labelled(ev.dataset, **self.data_kwargs(ev.dataset))
             prompts, env = _limited(ds, ev.size or None), self.scoring_env(ds)
         elif self.procedural:
             env = self.make_env("test", size=ev.size)
@@ -355,7 +392,7 @@ class Task:
         size = int(size or self.eval.val_size or DEFAULT_VAL_SIZE)
         if dataset:
             if dataset != HELDOUT and not isinstance(dataset, MathDataset):
-                dataset = load_dataset(dataset, **self.data_kwargs(dataset))
+                dataset = load_labelled(dataset, **self.data_kwargs(dataset))
             return self.benchmark(dataset, limit=size)
         if self.procedural:
             env = self.make_env("val", size=size)

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig
+from graftzoo.contract.errors import ConfigError
 from graftzoo.envs.task import HELDOUT, Task, load_benchmark, resolve_benchmarks
 from graftzoo.envs.verifier import VERIFIER_VERSION, verifier_version
 from graftzoo.eval.artifacts import EVAL_DIR, write_eval
@@ -27,9 +28,12 @@ from graftzoo.eval.protocol import score_benchmark
 
 
 def check_writable(folder, hint: str = "") -> Path:
-    """Create ``folder`` (and its parents) and write a file in it, before anything expensive is computed for it; an
-    ``OSError`` naming the folder (plus ``hint``: where else to write) when that fails."""
+    """Check that a file can be written in ``folder`` before anything expensive is computed for it: create it (and
+    its parents), write a file, then remove what the check created (a command that fails later leaves no empty
+    folder; its writers create the folder again). An ``OSError`` naming the folder (plus ``hint``: where else to
+    write) when that fails."""
     folder = Path(folder)
+    made = [d for d in (folder, *folder.parents) if not d.exists()]  # innermost first
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=folder)
@@ -39,6 +43,12 @@ def check_writable(folder, hint: str = "") -> Path:
         why = e.strerror or type(e).__name__
         raise OSError(e.errno, f"cannot write results there ({why}){'; ' + hint if hint else ''}",
                       str(e.filename or folder)) from None
+    finally:
+        for d in made:
+            try:
+                d.rmdir()
+            except OSError:  # not made after all, or something else wrote there meanwhile
+                break
     return folder
 
 
@@ -79,7 +89,7 @@ def prompt_budget(policy, max_new_tokens: int) -> int:
     if not ctx or ctx >= 1 << 30:  # a model that declares no context window
         return policy.max_prompt_tokens
     if ctx <= max_new_tokens:
-        raise ValueError(f"model {policy.model_id!r}: max_new_tokens={max_new_tokens} leaves no room for a prompt "
+        raise ConfigError(f"model {policy.model_id!r}: max_new_tokens={max_new_tokens} leaves no room for a prompt "
                          f"in its context of {ctx} tokens")
     return min(policy.max_prompt_tokens, ctx - max_new_tokens)
 

@@ -27,6 +27,7 @@ from graftzoo.contract.config import ConfigError, RunConfig, load_config as _loa
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.distributed.backend import RayBackend
 from graftzoo.training.export import export_run
+from graftzoo.training.rundir import default_run_name
 from graftzoo.training.trainer import register_backend, train as train_run
 from graftzoo.eval.artifacts import EVAL_DIR, METRICS, SUMMARY, eval_file_name, load_run
 from graftzoo.eval.evaluate import fmt_score
@@ -118,7 +119,7 @@ def train(cfg: Optional[RunConfig] = None, *, algo: Optional[str] = None, pair: 
         out = train_run(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume, progress=progress,
                      overwrite=overwrite)
     except NonFiniteError:
-        out = Path(run_dir) if run_dir is not None else Path(cfg.run.out_dir) / cfg.run.name
+        out = Path(run_dir) if run_dir is not None else Path(cfg.run.out_dir) / (cfg.run.name or default_run_name(cfg))
     return RunResult.from_dir(out)
 
 

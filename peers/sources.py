@@ -26,7 +26,7 @@ from typing import Optional
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig
 from graftzoo.contract.errors import ConfigError
-from graftzoo.peers.store import StoreError, TrajectoryStore, rows_to_groups
+from graftzoo.peers.store import StoreError, StoreMismatchError, TrajectoryStore, rows_to_groups
 
 log = logging.getLogger("graftzoo")
 
@@ -92,25 +92,27 @@ class StoredPeer(PeerSource):
             raise ValueError(f"config key 'peer.align' must be same_step|latest, got {align!r}")
         root = _store_dir(path)
         if not (root / "meta.json").exists():
-            raise StoreError(f"peer store {path}: no trajectory store here (expected meta.json or store/meta.json)")
+            raise StoreMismatchError(f"peer store {path}: no trajectory store here (expected meta.json or "
+                                     f"store/meta.json)")
         self.store = TrajectoryStore(root, create=False)
         models = [m for m in self.store.models if m != exclude] or list(self.store.models)
         if model is None:
             if len(models) != 1:
-                raise StoreError(f"peer store {path} holds models {sorted(self.store.models)}; "
-                                 f"choose one with peer.model")
+                raise StoreMismatchError(f"peer store {path} holds models {sorted(self.store.models)}; "
+                                         f"choose one with peer.model")
             model = models[0]
         if model not in self.store.models:
-            raise StoreError(f"peer store {path} has no model '{model}' (it has {sorted(self.store.models)})")
+            raise StoreMismatchError(f"peer store {path} has no model '{model}' (it has {sorted(self.store.models)})")
         self.model = model
         self.align = align
         self.path = path
         if dataset is not None and self.store.dataset not in (None, dataset):
-            raise StoreError(f"peer store {path} was written for dataset '{self.store.dataset}', "
-                             f"this run trains on '{dataset}'")
+            raise StoreMismatchError(f"peer store {path} was written for dataset '{self.store.dataset}', "
+                                     f"this run trains on '{dataset}'")
         self.df = self.store.read(model)
         if prompt_ids is not None and not (set(self.df["prompt_id"]) & set(prompt_ids)):
-            raise StoreError(f"peer store {path} (model {model}) shares no prompt ids with this run's prompts")
+            raise StoreMismatchError(f"peer store {path} (model {model}) shares no prompt ids with this run's "
+                                     f"prompts")
         self._by_step = {int(s): part for s, part in self.df.groupby("step")} if len(self.df) else {}
         self.missing_steps: set = set()  # steps of the run without a stored group (peer.missing=skip)
 
@@ -136,8 +138,8 @@ class StoredPeer(PeerSource):
         for step, epoch, prompts in plan:
             for p in prompts:
                 if p.id in texts and texts[p.id] != p.text:
-                    raise StoreError(f"peer store {self.path}: prompt {p.id} is {texts[p.id]!r} in the store but "
-                                     f"{p.text!r} in this run (different task settings?)")
+                    raise StoreMismatchError(f"peer store {self.path}: prompt {p.id} is {texts[p.id]!r} in the store "
+                                             f"but {p.text!r} in this run (different task settings?)")
             hit = sum(stored(step, epoch, p.id) for p in prompts)
             if not hit:
                 missing.append(int(step))
@@ -162,8 +164,8 @@ class StoredPeer(PeerSource):
             part = cand[cand["step"] == last]
         for pid, text in part[["prompt_id", "prompt_text"]].drop_duplicates().itertuples(index=False):
             if text != by_id[pid].text:  # same id, another question: other task settings or seed
-                raise StoreError(f"peer store {self.path}: prompt {pid} is {text!r} in the store but "
-                                 f"{by_id[pid].text!r} in this run (different task settings?)")
+                raise StoreMismatchError(f"peer store {self.path}: prompt {pid} is {text!r} in the store but "
+                                         f"{by_id[pid].text!r} in this run (different task settings?)")
         return rows_to_groups(part, by_id)
 
 

@@ -48,6 +48,11 @@ class StoreError(ValueError):
     another version."""
 
 
+class StoreMismatchError(StoreError):
+    """A readable store that is not what the run asks of it (``peer.path`` names another run's models, dataset or
+    questions, or no store at all): a usage error."""
+
+
 def read_step_file(path, columns: Optional[list] = None) -> pa.Table:
     """One step file, its page checksums verified; any failure is a ``StoreError`` naming the file."""
     try:

@@ -1,6 +1,11 @@
 """Small helpers shared by several test files (imported as `from helpers import ...`)."""
+import os
 from pathlib import Path
+from types import SimpleNamespace
 
+from click.testing import CliRunner
+
+from graftzoo.apps.cli import main
 from graftzoo.contract.types import Rollout
 from graftzoo.peers.xt import score_rollouts
 
@@ -66,3 +71,24 @@ def one_line_error(res, code: int, *needles) -> str:
     for n in needles:
         assert n in lines[0], (n, lines[0])
     return lines[0]
+
+
+def cli_here(*args, cwd=None) -> SimpleNamespace:
+    """``graftzoo ARGS`` in this process (click's runner; wandb offline, no hub), run from ``cwd``: returncode,
+    stdout and stderr as a subprocess gives them."""
+    here = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        res = CliRunner().invoke(main, [str(a) for a in args], env={"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
+    finally:
+        os.chdir(here)
+    return SimpleNamespace(returncode=res.exit_code, stdout=res.stdout, stderr=res.stderr)
+
+
+def one_run(folder, pattern: str) -> Path:
+    """The one run directory under ``folder`` whose name matches ``pattern`` (a default run name whose ``*`` is the
+    hash of the settings set beyond the pair and preset)."""
+    found = sorted(Path(folder).glob(pattern))
+    assert len(found) == 1, (pattern, sorted(p.name for p in Path(folder).iterdir()))
+    return found[0]

@@ -175,7 +175,7 @@ def test_the_grid_refuses_mixed_clips_naming_the_cells(tmp_path):
                                        {"label": "DAPO", "algo": "dapo"}]))
     msg = str(e.value)
     assert "\n" not in msg and "must share one clip" in msg and "pair 'micro'" in msg
-    assert "0.2/0.2 in grpo-n-8-micro-s{0,1}, graft-micro-s{0,1}" in msg
+    assert "0.2/0.2 in grpo-n8-micro-s{0,1}, graft-micro-s{0,1}" in msg
     assert "0.2/0.28 c=10 in dapo-micro-s{0,1}" in msg and "clip: own" in msg
     with pytest.raises(GridError, match=r"0.0003/0.0004 seq in hacpo-micro-s\{0,1\}"):
         load_grid(grid_file(tmp_path, [{"label": "HACPO", "algo": "hacpo", "peer": "online"}]))
@@ -188,7 +188,7 @@ def test_the_grid_accepts_a_marked_row_or_a_grid_wide_clip(tmp_path):
     grid = load_grid(grid_file(tmp_path, [{"label": "HACPO", "algo": "hacpo", "peer": "online", "clip": "own"},
                                           {"label": "DAPO", "algo": "dapo", "clip": "own"}]))
     clips = {c.name: (clip_label(c.clip), c.clip_own) for c in grid.cells}
-    assert clips["grpo-n-8-micro-s0"] == ("0.2/0.2", False)
+    assert clips["grpo-n8-micro-s0"] == ("0.2/0.2", False)
     assert clips["hacpo-micro-s1"] == ("0.0003/0.0004 seq", True) and clips["dapo-micro-s0"] == ("0.2/0.28 c=10", True)
     # clip-higher as a shared, grid-wide choice: every row then trains with it
     grid = load_grid(grid_file(tmp_path, [{"label": "GRAFT", "algo": "graft", "peer": "online"},
@@ -218,7 +218,7 @@ def test_dry_run_prints_each_cell_s_clip(tmp_path):
     res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path / "out"), "--dry-run"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    at = lines.index("  [new] grpo-n-8-micro-s0")
+    at = lines.index("  [new] grpo-n8-micro-s0")
     assert lines[at + 1].strip() == "clip: 0.2/0.2"
     at = lines.index("  [new] hacpo-micro-s1")
     assert lines[at + 1].strip().startswith("clip: 0.0003/0.0004 seq  (clip: own")

@@ -61,7 +61,7 @@ def _quick_demo(tmp_path):
 
 def test_quick_demo_prints_its_own_progress_only(tmp_path):
     text = _quick_demo(tmp_path)
-    assert "1. building and warming up" in text and "[done] grpo-n-8-micro-s0" in text
+    assert "1. building and warming up" in text and "[done] grpo-n8-micro-s0" in text
     assert not [n for n in NOISE if n in text], text[-3000:]
 
 

@@ -75,4 +75,4 @@ def test_demo_runs_the_plans_extra_grids_and_concludes_on_each_learner(tmp_path,
     # a 1-step run may score 0 everywhere: then no verdict; else the seed-based comparison
     assert ("(one seed), GRAFT scores" in said[0]) != ("every score is 0 (GRPO (n=8), GRAFT)" in said[0]), said
     assert "\nctl: [micro]" in res.output.replace("\n\n", "\n")
-    assert (tmp_path / "out" / "quick" / "ctl" / "grpo-n-8-solo-s0" / "summary.json").exists()
+    assert (tmp_path / "out" / "quick" / "ctl" / "grpo-n8-solo-s0" / "summary.json").exists()

@@ -85,7 +85,8 @@ def test_export_loads_in_transformers_with_the_checkpoints_logits_and_prompt(run
         meta = json.loads((folder / EXPORT_META).read_text())
         trainer_eval = json.loads((run_dir / "eval" / f"{m}.json").read_text())
         assert meta["model"] == m and meta["step"] == 0 and meta["template"] == "compact"
-        assert meta["checkpoint"] == "checkpoints/step_000000" and meta["run"] == "grpo-micro-s0"
+        assert meta["checkpoint"] == "checkpoints/step_000000" and meta["run"] == load_run_config(run_dir).run.name
+        assert meta["run"].startswith("grpo-micro-") and meta["run"].endswith("-s0")  # its default name
         assert meta["eval"][f"eval/{m}.json"]["overall"] == trainer_eval["overall"]["avg"]
 
 
@@ -163,5 +164,5 @@ def test_eval_writes_its_own_file_and_never_the_trainers(run):
         assert payload["step"] == 0 and payload["benchmarks"]["heldout"]["n_items"] == 2
     assert {m: json.dumps(p, indent=2).encode() for m, p in load_run(run_dir).evals.items()} == trainer_files
     refused = CliRunner().invoke(main, ["eval", "--ckpt", str(run_dir), "--k", "1", "--out", str(run_dir / "eval")])
-    assert refused.exit_code == 1 and "never overwrites" in refused.output
+    assert refused.exit_code == 2 and "never overwrites" in refused.output
     assert all((run_dir / "eval" / f"{m}.json").read_bytes() == trainer_files[m] for m in MODELS)

@@ -5,7 +5,7 @@ import json
 import sys
 
 import pytest
-from helpers import Spy
+from helpers import Spy, one_run
 import torch
 from click.testing import CliRunner
 
@@ -224,7 +224,7 @@ def test_cli_end_to_end_micro(tmp_path):
         args += ["--set", o]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output + repr(res.exception)
-    recs = [json.loads(x) for x in (tmp_path / "extra-micro-qwen-char-micro-s0" / "metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(x) for x in (one_run(tmp_path, "extra-micro-qwen-char-micro-*-s0") / "metrics.jsonl").read_text().splitlines()]
     s0, s1 = [r for r in recs if r["step"] == 0][0], [r for r in recs if r["step"] == 1][0]
     assert s0["extra/guided_prompts"] == 0 and s0["extra/queue_len"] >= 1
     assert s1["extra/guided_prompts"] == 1 and s1["loss"] is not None

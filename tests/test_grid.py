@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from graftzoo.apps import grid as G
 from graftzoo.apps.cli import main
 from graftzoo.apps.options import PeerOptionError, parse_peer
-from graftzoo.contract.config import packaged_configs
+from graftzoo.contract.config import load_config, packaged_configs
 
 CONFIGS = packaged_configs() / "grids"  # graftzoo/configs/grids, as installed
 # the rows of the GRAFT paper's Tables 1, 2, 6, 7 and 8 for pair 1, under their labels (docs/algorithms.md#graft-ablations)
@@ -200,7 +200,7 @@ def test_graft_table1_expansion():
     assert len(stored) == 6 and {c.overrides["pair.train"][0] for c in stored} == {
         "HuggingFaceTB/SmolLM3-3B-Base", "Qwen/Qwen3-1.7B-Base"}
     for c in stored:
-        dep = f"grpo-n-8-pair1-s{c.seed}"
+        dep = f"grpo-n8-pair1-s{c.seed}"
         assert c.depends == [dep] and c.overrides["peer.path"] == str(grid.root / dep)
         assert names.index(dep) < names.index(c.name)
     assert G.check_configs(grid.cells) == {}
@@ -210,9 +210,13 @@ def test_tiny_table1_configs_load():
     grid = G.load_grid("tiny_table1")
     assert {c.pair for c in grid.cells} == {"micro"} and len(grid.cells) == 3 * (4 + 11 + 2)
     full = G.load_grid(CONFIGS / "graft_table1.yaml")
-    assert [(m.label, m.algo, m.overrides, m.same_as) for m in grid.methods] == [
+    budget = lambda o: {k: v for k, v in o.items() if k != "rollout.n"}  # noqa: E731 - the twin's n is set apart
+    assert [(m.label, m.algo, budget(m.overrides), m.same_as) for m in grid.methods] == [
         (m.label, m.algo, m.overrides, m.same_as) for m in full.methods]    # the same rows as graft_table1
     assert G.check_configs(grid.cells) == {}
+    # like for like: every method at the baseline's n=8 (the micro pair's own is 4), the larger budgets by design
+    n = {c.label: load_config(pair=c.pair, algo=c.algo, overrides=c.override_args()).rollout.n for c in grid.cells}
+    assert n == {label: {"GRPO (n=16)": 16, "GRPO (n=32)": 32}.get(label, 8) for label in n}, n
 
 
 def test_alias_entry_and_its_report_rows(tmp_path):
@@ -254,7 +258,10 @@ def test_grid_file_errors_name_the_key(tmp_path, change, message):
 
 
 def test_slug():
-    assert G.slug("GRPO (n=8) + DS") == "grpo-n-8-ds" and G.slug("GRAFT w/o gate") == "graft-w-o-gate"
+    assert G.slug("GRPO (n=8) + DS") == "grpo-n8-ds" and G.slug("GRAFT w/o gate") == "graft-w-o-gate"
+    assert G.slug("SGT (aux_nll)") == "sgt-aux_nll" and G.slug("Qwen3-1.7B-Base") == "qwen3-1.7b-base"
+    with pytest.raises(G.GridError, match="no letters or digits"):
+        G.slug("(._.)")
 
 
 @pytest.mark.parametrize("value, want", [

@@ -27,7 +27,7 @@ from graftzoo.training import checkpoint as C
 from graftzoo.training.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_weights,
                                       prepare_resume, save_checkpoint, verify_checkpoint)
 from graftzoo.contract.config import load_config
-from graftzoo.contract.errors import ConfigError
+from graftzoo.eval.artifacts import ArtifactError
 from graftzoo.training.trainer import Trainer, train
 from graftzoo.training import selection
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config
@@ -336,7 +336,7 @@ def test_garbled_run_config_is_one_line_naming_the_file(base, tmp_path):
     path = run / "config.yaml"
     for text in (b"pair: [unclosed\n  models: {", b"\xff\xfe\x00garbage", b"- a list\n", b"run: {seed: 0}\n"):
         path.write_bytes(text)
-        with pytest.raises(ConfigError) as e:
+        with pytest.raises(ArtifactError) as e:  # a broken file of the run: exit 1, not a usage error
             load_run_config(run)
         assert str(e.value).startswith(str(path)) and len(str(e.value).splitlines()) == 1, str(e.value)
     path.write_bytes(b"pair: [unclosed\n")

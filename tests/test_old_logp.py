@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from test_engine import PROMPTS, tiny_policy
 from test_graft import STRONG_PAIR
+from helpers import one_run
 
 from graftzoo.contract.config import ConfigError, load_config, with_values
 from graftzoo.training.engine import Engine, HFEngine
@@ -135,7 +136,7 @@ def test_peer_l_p_and_the_store_use_the_recomputed_theta_old(tmp_path):
         assert got == want                                   # exactly the training path's values
         got_off, want_off, _ = seen["false", m]
         assert got_off != want_off                           # off: the decoding (top-p renormalised) values
-    store = pd.read_parquet(tmp_path / "true" / "graft-micro-online-s0" / "store" / "micro-gpt2-pair")
+    store = pd.read_parquet(one_run(tmp_path / "true", "graft-micro-online-*-s0") / "store" / "micro-gpt2-pair")
     assert sorted(store["logp_sum"]) == sorted(seen["true", "micro-gpt2-pair"][2])
 
 

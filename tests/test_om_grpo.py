@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from helpers import Spy
+from helpers import Spy, one_run
 import torch
 from click.testing import CliRunner
 
@@ -275,7 +275,7 @@ def test_cli_end_to_end_micro_ttt(tmp_path):
                                     "--set", "algo.contrast_max_new_tokens=12",
                                     "--set", "algo.contrast_template=compact"])
     assert res.exit_code == 0, res.output + repr(res.exception)
-    run = tmp_path / "om_grpo-micro-qwen-char-micro-s0"  # pair.train: the trained model in the name
+    run = one_run(tmp_path, "om_grpo-micro-qwen-char-micro-*-s0")  # pair.train: the trained model in the name
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in recs if r["step"] in (0, 1)]
     assert len(train) == 2

@@ -108,12 +108,14 @@ print(json.dumps({"file": graftzoo.__file__, "envs": graftzoo.envs.__file__, "co
     assert any(line.split()[:3] == ["grpo_n8", "preset", "algo.name=grpo"] for line in listed.splitlines())
     code, dry = got["dry"]
     assert code == 0, dry
-    assert "[new] grpo-n-8-micro-s0" in dry and "graftzoo train --algo grpo_n8 --pair micro" in dry
+    assert "[new] grpo-n8-micro-s0" in dry and "graftzoo train --algo grpo_n8 --pair micro" in dry
 
     run = subprocess.run([str(venv / "bin" / "graftzoo"), "train", "--algo", "grpo_n8", "--pair", "micro", *CHEAP],
                          cwd=work, env=_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    run_dir = work / "runs" / "grpo-n8-micro-s0"
+    # CHEAP's task.prompts_per_step and rollout.n differ from the pair and preset: a hash before -s0 stands for them
+    [run_dir] = (work / "runs").glob("grpo-n8-micro-*-s0")
+    assert f"run name {run_dir.name}: rollout.n=2, task.prompts_per_step=2 (" in run.stderr, run.stderr[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "done"
     raw = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert raw["run"]["variant"] == "GRPO (n=8)" and raw["rollout"]["n"] == 2 and raw["algo"]["name"] == "grpo"
@@ -128,7 +130,7 @@ def test_named_configs_come_from_the_package_and_a_local_configs_folder_comes_fi
     assert config_mod.find_config("grids", "elsewhere/tiny_table1.yaml") is None
     assert config_mod.find_config("demo", "demo") == packaged / "demo" / "demo.yaml"
     assert config_mod.load_config(pair="configs/pairs/micro.yaml", algo="grpo").pair.name == "micro"
-    with pytest.raises(config_mod.ConfigError, match=r"unknown pair 'nope'.*known: \[.*'micro'"):
+    with pytest.raises(config_mod.ConfigError, match=r"unknown pair 'nope'.*pairs: .*micro"):
         config_mod.load_config(pair="nope", algo="grpo")
 
     mine = tmp_path / "configs" / "algos"  # a user's own presets: theirs win a name, the rest stay the package's

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+from helpers import one_run
+
 PLUGIN = '''
 from graftzoo import Learner, LearnerConfig
 
@@ -57,7 +59,7 @@ def test_installed_plugin_trains_through_the_cli(tmp_path):
                "--set", "run.steps=1", "--set", "run.eval_at_end=false", "--set", "algo.scale=0.25",
                "--set", "pair.train=[micro-qwen-char]")
     assert run.returncode == 0, run.stderr[-2000:]
-    metrics = (tmp_path / "half_adv-micro-qwen-char-micro-s0" / "metrics.jsonl").read_text()
+    metrics = (one_run(tmp_path, "half_adv-micro-qwen-char-micro-*-s0") / "metrics.jsonl").read_text()  # algo.scale: a hash
     assert '"plugin/scale": 0.25' in metrics
     bad_key = _cli(site, "train", "--algo", "half_adv", "--pair", "micro", "--set", "algo.scal=1")
     assert bad_key.returncode != 0 and "algo.scal" in bad_key.stderr
@@ -94,7 +96,7 @@ def _local(tmp_path, *args, plugins=None):
 
 
 def _scale(tmp_path):
-    return (tmp_path / "out" / "my_algo-micro-qwen-char-micro-s0" / "metrics.jsonl").read_text()
+    return (one_run(tmp_path / "out", "my_algo-micro-qwen-char-micro-*-s0") / "metrics.jsonl").read_text()
 
 
 def test_plugin_file_trains_through_the_cli(tmp_path):

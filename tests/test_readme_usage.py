@@ -20,11 +20,12 @@ from graftzoo.training.rundir import RunDirUsageError, check_resume_config, defa
 from graftzoo.eval.artifacts import write_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+# what makes the README's runs cheap and changes what they train goes into the local pair files (a --set of such a key
+# would add a hash to the run names the README gives); rollout.n as the tiny pair's (8): the default method labels then
+# include the report's baseline, "grpo (n=8)"
+CHEAP_PAIR = {"task": {"prompts_per_step": 2}, "optim": {"minibatches": 2}, "rollout": {"n": 8}}
 CHEAP = {
-    # rollout.n as the tiny pair's (8): the default method labels then include the report's baseline, "grpo (n=8)"
-    "train": ["--set", "run.steps=2", "--set", "task.prompts_per_step=2", "--set", "optim.minibatches=2",
-              "--set", "rollout.n=8",
-              "--set", "eval.size=8", "--set", "run.progress=false", "--no-track"],
+    "train": ["--set", "run.steps=2", "--set", "eval.size=8", "--set", "run.progress=false", "--no-track"],
     "eval": ["--k", "2", "--limit", "8"],  # the last --k wins
     "grid": ["--dry-run"],
 }
@@ -40,11 +41,15 @@ def usage_commands() -> list:
 
 def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # ./configs comes first: quickstart as micro's first model, with micro's eval settings (as quickstart has tiny's)
+    # ./configs comes first: quickstart as micro's first model, with micro's eval settings (as quickstart has tiny's);
+    # both made cheap there
     quick, micro = (read_yaml(packaged_configs() / "pairs" / f"{p}.yaml") for p in ("quickstart", "micro"))
     (tmp_path / "configs" / "pairs").mkdir(parents=True)
-    (tmp_path / "configs" / "pairs" / "quickstart.yaml").write_text(yaml.safe_dump(
-        {**quick, "models": micro["models"][:1], "eval": micro["eval"]}))
+    for name, pair in (("quickstart", {**quick, "models": micro["models"][:1], "eval": micro["eval"]}),
+                       ("micro", micro)):
+        for section, values in CHEAP_PAIR.items():
+            pair[section] = {**(pair.get(section) or {}), **values}
+        (tmp_path / "configs" / "pairs" / f"{name}.yaml").write_text(yaml.safe_dump(pair))
     cmds = usage_commands()
     assert [c[1] for c in cmds[:3]] == ["--help", "algos", "env"] and sum(c[1] == "train" for c in cmds) == 4
     ran = []
@@ -61,11 +66,12 @@ def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
 
     runs = {p.parent.name: yaml.safe_load(p.read_text()) for p in (tmp_path / "runs").glob("*/config.yaml")}
     stored_name = "graft-micro-qwen-char-micro-stored-grpo-micro-s0-s0"
-    assert set(runs) == {"grpo-quickstart-s0", "grpo-micro-s0", "graft-micro-online-s0", stored_name}
+    online_name = "graft-micro-online-8e4649cc-s0"  # --set optim.lr=5e-5: the hash the README's comment gives
+    assert set(runs) == {"grpo-quickstart-s0", "grpo-micro-s0", online_name, stored_name}
     quick_evals = [json.loads(x) for x in (tmp_path / "runs" / "grpo-quickstart-s0" / "metrics.jsonl").read_text()
                    .splitlines() if "eval/avg" in x]
     assert [r["step"] for r in quick_evals] == [-1, 2]  # scored before and after training
-    online, stored = runs["graft-micro-online-s0"], runs[stored_name]
+    online, stored = runs[online_name], runs[stored_name]
     assert online["peer"]["source"] == "online" and online["optim"]["lr"] == 5e-5
     assert runs["grpo-micro-s0"]["peer"]["source"] == "none" and runs["grpo-micro-s0"]["pair"]["train"] is None
     assert stored["peer"] == {**stored["peer"], "source": "stored", "path": "runs/grpo-micro-s0"}
@@ -77,7 +83,7 @@ def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
     for name in runs:
         assert json.loads((tmp_path / "runs" / name / "summary.json").read_text())["status"] == "done", name
 
-    assert list((tmp_path / "runs" / "graft-micro-online-s0" / "eval" / "cli").rglob("*.json"))  # the eval line
+    assert list((tmp_path / "runs" / online_name / "eval" / "cli").rglob("*.json"))  # the eval line
     assert (tmp_path / "hf" / "micro-qwen-char" / "config.json").is_file()  # the export line
     listed = dict(ran)["algos"].splitlines()
     assert listed[0].split() == ["NAME", "SOURCE", "MODULE"]
@@ -96,8 +102,8 @@ def test_default_run_names_tell_configurations_apart():
     assert name("grpo") == "grpo-micro-s0"
     assert name("grpo", "run.seed=3") == "grpo-micro-s3"
     assert name("grpo_n8") == "grpo-n8-micro-s0"            # a preset's variant stands for the bare algorithm
-    assert name("grpo_n8_ds") == "dapo-grpo-n8-ds-micro-s0"  # ... or follows it
-    assert name("grpo", "run.variant='My (odd) / label'") == "grpo-my-odd-label-micro-s0"
+    assert name("grpo_n8_ds") == "grpo-n8-ds-micro-s0"  # a label names the method, as in a grid
+    assert name("grpo", "run.variant='My (odd) / label'") == "my-odd-label-micro-s0"
     assert name("grpo", "pair.train=[micro-gpt2-pair]") == "grpo-micro-gpt2-pair-micro-s0"
     assert name("grpo", "pair.train=[micro-gpt2-pair,micro-qwen-char]") == "grpo-micro-s0"  # the whole pair
     assert name("graft", "peer.source=online") == "graft-micro-online-s0"

@@ -47,7 +47,7 @@ def changed(**kw) -> dict:
 
 def test_method_pairs_restricts_its_cells_and_the_map_loads(tmp_path):
     grid = G.load_grid(write_grid(tmp_path / "m.yaml", BASE))
-    assert [c.name for c in grid.cells] == ["grpo-n-8-micro-s0", "graft-micro-s0", "graft-tiny-s0"]
+    assert [c.name for c in grid.cells] == ["grpo-n8-micro-s0", "graft-micro-s0", "graft-tiny-s0"]
     rm = grid.regime
     assert rm.cell_pair == {("micro learner", "heterogeneous"): "micro", ("tiny learner", "heterogeneous"): "tiny"}
     assert rm.learner == {"micro": "micro-qwen-char", "tiny": "tiny-qwen-char"}
@@ -177,7 +177,7 @@ def test_grid_writes_the_regime_map(tmp_path, monkeypatch):
 
     for col, pair in (("peer A", "ma"), ("peer B", "mb")):     # row 1: the baseline of both cells is GRPO on q
         d = cells[("qwen learner", col)]["delta"]
-        want = [add(f"graft-{pair}-s{s}", "micro-qwen-char") - add(f"grpo-n-8-q-s{s}", "micro-qwen-char")
+        want = [add(f"graft-{pair}-s{s}", "micro-qwen-char") - add(f"grpo-n8-q-s{s}", "micro-qwen-char")
                 for s in (0, 1)]
         assert d["GRAFT"]["values"] == pytest.approx(want) and d["GRAFT"]["n"] == 2 and 0 not in want
         assert d["GRAFT"]["sd"] == pytest.approx(statistics.stdev(want))

@@ -22,19 +22,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
 from pydantic import BaseModel
 
 import graftzoo
 from graftzoo.algos import BUILTIN
-from graftzoo.apps.cli import main
 from graftzoo.contract.config import SECTIONS, ModelKeys, load_config
 from graftzoo.contract.registry import get_config
 from graftzoo.contract.schema import _unwrap, bounds_of
 from graftzoo.training.checkpoint import list_checkpoints
 from graftzoo.training.rundir import default_run_name
 from graftzoo.training.trainer import train
-from helpers import one_line_error
+from helpers import cli_here, one_line_error
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
 MODELS = ("micro-qwen-char", "micro-gpt2-pair")
@@ -43,18 +41,6 @@ MODELS = ("micro-qwen-char", "micro-gpt2-pair")
 def cli(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", *map(str, args)], env=env or ENV,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def cli_here(*args, cwd=None) -> SimpleNamespace:
-    """``cli`` in this process (errors raised before any model is built)."""
-    here = os.getcwd()
-    try:
-        if cwd is not None:
-            os.chdir(cwd)
-        res = CliRunner().invoke(main, [str(a) for a in args], env={"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
-    finally:
-        os.chdir(here)
-    return SimpleNamespace(returncode=res.exit_code, stdout=res.stdout, stderr=res.stderr)
 
 
 def train_args(out, *sets, name="x", algo="grpo"):
@@ -339,6 +325,6 @@ def test_a_stored_peer_is_checked_before_overwrite_moves_the_run(base, tmp_path)
         res = cli_here(*graft, "--peer", f"stored:{run}", *extra)
         one_line_error(res, 2, "peer.path", str(run), "own")
     res = cli_here(*graft, "--peer", f"stored:{tmp_path / 'nope'}", "--overwrite")  # no store there
-    one_line_error(res, 1, str(tmp_path / "nope"))
+    one_line_error(res, 2, str(tmp_path / "nope"))  # a peer.path with no store: a usage error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x"]  # nothing moved aside
     assert snapshot(run) == before

@@ -102,7 +102,7 @@ def test_a_store_of_other_prompts_is_refused_and_of_other_questions_before_any_m
     assert not (tmp_path / "g").exists()
     # the same prompt ids with other questions (another task.difficulty): refused at start, not at the first step
     res = cli_here(*stored_graft(tmp_path, short_peer, "task.difficulty=1", "run.steps=1"))
-    line = error_line(1, res.output, res.exit_code)
+    line = error_line(2, res.output, res.exit_code)  # the peer.path of another task: a usage error
     assert "arith-train-0-0" in line and "in the store but" in line
     assert not (tmp_path / "g").exists()
 

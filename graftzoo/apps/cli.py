@@ -23,12 +23,14 @@ from graftzoo.contract.config import ALIASES, algo_presets, as_dict, config_keys
 # (module, class): a class counts once its module is imported (an error cannot come from a module never imported).
 USAGE_ERRORS = (("graftzoo.contract.errors", "ConfigError"), ("graftzoo.contract.registry", "RegistryError"),
                 ("graftzoo.apps.options", "PeerOptionError"), ("graftzoo.apps.grid.model", "GridError"),
-                ("graftzoo.training.rundir", "RunDirUsageError"), ("graftzoo.training.selection", "SelectionError"))
+                ("graftzoo.training.rundir", "RunDirUsageError"), ("graftzoo.training.selection", "SelectionError"),
+                ("graftzoo.peers.store", "StoreMismatchError"), ("graftzoo.training.engine", "EngineConfigError"))
 RUNTIME_ERRORS = (("graftzoo.envs.datasets", "DatasetError"), ("graftzoo.peers.store", "StoreError"),
                   ("graftzoo.eval.artifacts", "ArtifactError"), ("graftzoo.peers.xt", "XTOverflowError"),
                   ("graftzoo.training.checkpoint", "CheckpointError"), ("graftzoo.training.rundir", "RunDirError"),
                   ("graftzoo.contract.errors", "NonFiniteError"), ("graftzoo.training.tracking", "MetricsFileError"),
                   ("graftzoo.training.engine", "EngineError"), ("graftzoo.distributed.errors", "WorkerError"),
+                  ("graftzoo.training.export", "ExportError"),
                   ("graftzoo.distributed.errors", "RayStartError"), ("builtins", "OSError"))
 
 

@@ -36,7 +36,8 @@ from transformers.utils import logging as hf_logging
 
 from graftzoo.apps.grid import load_grid, run_grid, write_report
 from graftzoo.apps.grid.load import pair_models
-from graftzoo.contract.config import find_config, load_config, read_yaml
+from graftzoo.contract.config import find_config, load_config, named_configs, read_yaml
+from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.training.models import build_engine, build_policy, split_spec
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import eval_path
@@ -293,8 +294,8 @@ def _config_file(kind: str, name: str) -> Path:
     (graftzoo.contract.config.find_config)."""
     path = find_config(kind, name)
     if path is None:
-        raise click.ClickException(f"no {kind} config {name!r}: configs/{kind}/{name}.yaml is neither in ./configs "
-                                   f"nor in the installed package")
+        raise ConfigError(f"no {kind} config {name!r}{did_you_mean(name, named_configs(kind))}: configs/{kind}/"
+                          f"{name}.yaml is neither in ./configs nor in the installed package")
     return path
 
 

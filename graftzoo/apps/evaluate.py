@@ -4,9 +4,8 @@ from __future__ import annotations
 import click
 
 from graftzoo.apps.options import plugin_option
-from graftzoo.training.checkpoint import CheckpointError
 from graftzoo.training.eval_runner import evaluate_checkpoint
-from graftzoo.training.selection import SELECT_RULES, SelectionError
+from graftzoo.training.selection import SELECT_RULES
 
 
 @click.command("eval")
@@ -37,13 +36,11 @@ from graftzoo.training.selection import SELECT_RULES, SelectionError
 def eval_cmd(path, benchmarks, k, seeds, greedy, temperature, top_p, max_new_tokens, limit, seed, out, select,
              val_dataset, val_size, allow_test_selection, models):
     """Evaluate a checkpoint on math benchmarks: avg@k ± sd, 95% CI and pass@k per benchmark."""
-    try:
-        paths = evaluate_checkpoint(path, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature,
-                                    top_p=top_p, max_new_tokens=max_new_tokens, limit=limit, seed=seed, out=out,
-                                    select=select, val_dataset=val_dataset, val_size=val_size,
-                                    allow_test_selection=allow_test_selection, models=models or None,
-                                    log=click.echo)
-    except (SelectionError, FileNotFoundError, ValueError, CheckpointError) as e:  # ConfigError, StoreError: ValueError
-        raise click.ClickException(str(e)) from None
+    # an error is one line naming its culprit (graftzoo.apps.cli.Main): a usage or config error (an unknown benchmark
+    # or model, a bad selection) exits 2, a missing or broken file 1
+    paths = evaluate_checkpoint(path, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature,
+                                top_p=top_p, max_new_tokens=max_new_tokens, limit=limit, seed=seed, out=out,
+                                select=select, val_dataset=val_dataset, val_size=val_size,
+                                allow_test_selection=allow_test_selection, models=models or None, log=click.echo)
     for p in paths:
         click.echo(f"wrote {p}")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from graftzoo.contract.errors import did_you_mean
 from graftzoo.eval.artifacts import ArtifactError, load_runs
 from graftzoo.eval.plots import write_figures
 from graftzoo.eval.report import (COMPARABLE_KEYS, build_table1, check_comparable, clip_fraction_table,
@@ -43,8 +44,12 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     except ValueError as e:   # a usage error: --allow-mixed / --mixed put them in one table
         raise _usage_error(str(e)) from None
     try:
-        if baseline is None and row_labels(records):   # no rows at all: build_table1 says so
+        labels = row_labels(records)
+        if baseline is None and labels:   # no rows at all: build_table1 says so
             baseline = _pick_baseline(records)
+        elif labels and baseline not in labels:
+            raise _usage_error(f"--baseline {baseline!r} is not a method of these runs{did_you_mean(baseline, labels)} "
+                               f"(methods: {', '.join(repr(x) for x in labels)})")
         table = build_table1(records, baseline=baseline or "")
     except (ArtifactError, ValueError) as e:
         raise click.ClickException(str(e)) from None

@@ -16,7 +16,6 @@ A derived config (the trainer's resolved run name, an evaluation's top-p) is a n
 from __future__ import annotations
 
 import copy
-import difflib
 import importlib.resources
 import importlib.util
 import json
@@ -26,9 +25,9 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Optional, Union
 
 import yaml
-from pydantic import Field, SerializeAsAny, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_validator
 
-from graftzoo.contract.errors import ConfigError
+from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.contract.names import model_slug
 from graftzoo.contract.registry import RegistryError, get_config, plugin_names
 from graftzoo.contract.schema import Int, Section, declared_keys, key, validate_section
@@ -70,7 +69,8 @@ RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 # ------------------------------------------------------------------------------------------------
 
 class RunSection(Section):
-    name: Optional[str] = key(None, "run directory name under out_dir (default: from algorithm, pair, peer, seed)")
+    name: Optional[str] = key(None, "run directory name under out_dir (default: the algorithm or preset label, "
+                                       "pair, data, peer, a hash of the settings beyond the pair and preset, seed)")
     out_dir: str = key("runs", "folder of the run directories")
     seed: Int = key(0, "seed of sampling, prompts and model initialisation", ge=0, le=MAX_SEED)
     steps: Int = key(20, "RL steps (a step = one prompt batch for every model)", ge=1, le=MAX_STEPS)
@@ -211,6 +211,9 @@ class TaskSection(Section):
     dataset: Optional[str] = key(None, "a bundled name, a .jsonl/.json/.parquet/.arrow file, a datasets folder or "
                                        "org/name")
     split: Optional[str] = key("train", "the split of a bundled name or DatasetDict; a file is one split")
+    label_free: bool = key(False, "rows of task.dataset without a gold answer are kept, unlabelled: only a learner "
+                                  "that trains without labels (om_grpo) may train on them; evaluation needs labelled "
+                                  "prompts (eval.dataset)")
     fields: FieldsSection = key(FieldsSection, "")
     mix: Optional[dict] = key(dict, "procedural task mix (skill -> weight)")
     difficulty: Union[Level, dict[str, Level]] = key(dict, "procedural task difficulty: one level, or skill -> level")
@@ -337,12 +340,15 @@ class StoreSection(Section):
 class AlgoSection(Section):
     """The base of every learner's ``algo.*`` section: the algorithm's name, plus what the learner declares.
 
-    ``needs_peer`` marks learners that train on a peer's rollouts; ``group_needed`` says why the update would be 0
+    ``needs_peer`` marks learners that train on a peer's rollouts; ``label_free`` marks learners that train without
+    gold answers (they score their own groups and never read ``Prompt.gold``: only they may train on the unlabelled
+    rows of ``task.label_free``); ``group_needed`` says why the update would be 0
     without a group of different responses per prompt; ``check`` holds rules that need the run's facts;
     ``effective_clip`` is the clip the learner trains with (the run's shared ``optim.clip`` unless it clips another
     quantity, in a key of its own)."""
 
     needs_peer: ClassVar[bool] = False
+    label_free: ClassVar[bool] = False
     key_prefix: ClassVar[str] = "algo."
 
     name: str = key("", "the registered algorithm (set by load_config)")
@@ -398,6 +404,16 @@ class RunConfig(Section):
     xt: XtSection = key(XtSection, "")
     store: StoreSection = key(StoreSection, "")
     model: ModelSection = key(ModelSection, "")
+    # what load_config's files and overrides set beyond the pair and the preset (not a key: not in as_dict, nor in
+    # config.yaml; kept by with_values / model_copy; empty for a config built by validate alone)
+    _beyond_preset: dict = PrivateAttr(default_factory=dict)
+
+    @property
+    def beyond_preset(self) -> dict:
+        """Dotted key -> resolved value of every key that ``load_config``'s files and overrides (``-c FILE``,
+        ``--set``, ``--peer``, ...) set to another value than the pair file and the algorithm preset give (an
+        ``algo.*`` key the preset does not set: another value than the algorithm's default); sorted by key."""
+        return dict(self._beyond_preset)
 
 
 SECTIONS = {name: info.annotation for name, info in RunConfig.model_fields.items() if name != "algo"}
@@ -471,7 +487,8 @@ def _merge(base: dict, new: dict, origin: str, prefix: str = "", schema: Optiona
             base[k] = copy.deepcopy(value)
             continue
         if k not in schema:
-            raise ConfigError(f"unknown config key '{path}' (in {origin}); known keys under "
+            hint = did_you_mean(k, schema, prefix) or ";"
+            raise ConfigError(f"unknown config key '{path}' (in {origin}){hint} known keys under "
                               f"'{prefix[:-1] or '<root>'}': {sorted(schema)}")
         if path == "model.lora":  # null or a mapping; model.lora.r=4 keeps the other LoRA keys
             both = isinstance(base.get(k), dict) and isinstance(value, dict)
@@ -555,6 +572,26 @@ def find_config(kind: str, name: str) -> Path | None:
     return None
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether a config name is written as a file path (a YAML suffix or a folder in it), not a bare name."""
+    return Path(name).suffix in (".yaml", ".yml") or len(Path(name).parts) > 1
+
+
+def pair_file(pair: str) -> Path:
+    """The file of ``--pair PAIR`` (``find_config``); refused in one line when there is none: a name gets the closest
+    known pairs, a path (``my_pair.yaml``, ``dir/x``) is said to be missing as that path."""
+    p = find_config("pairs", pair)
+    if p is not None:
+        return p
+    known = named_configs("pairs")
+    if looks_like_path(pair):
+        stem = Path(pair).stem
+        raise ConfigError(f"pair file {pair}: no such file{did_you_mean(stem, known)} (a pair is a YAML file or the "
+                          f"name of one in configs/pairs: {', '.join(known)})")
+    raise ConfigError(f"unknown pair {pair!r}{did_you_mean(pair, known)} (no configs/pairs/{pair}.yaml in ./configs "
+                      f"or the package; pairs: {', '.join(known)})")
+
+
 def named_configs(kind: str) -> dict:
     """name -> file of every config of ``kind`` (``configs/<kind>/*.yaml``); a user's ./configs wins a name."""
     out: dict = {}
@@ -604,10 +641,7 @@ def load_config(pair: str | None = None, algo: str | None = None, files=(), over
     """Merge and validate a run config (module docstring)."""
     cfg = defaults()
     if pair:
-        p = find_config("pairs", pair)
-        if p is None:
-            raise ConfigError(f"unknown pair '{pair}': no configs/pairs/{pair}.yaml in ./configs or the package; "
-                              f"known: {sorted(named_configs('pairs'))}")
+        p = pair_file(pair)
         data = read_yaml(p)
         data.setdefault("pair", {})
         # a pair file may hold `name`, `models`, `template` at top level, plus other sections
@@ -622,11 +656,58 @@ def load_config(pair: str | None = None, algo: str | None = None, files=(), over
             _merge(cfg, read_yaml(p), str(p))
         else:
             cfg["algo"]["name"] = algo
+    base = copy.deepcopy(cfg)  # the pair and the preset alone
     for f in files:
         _merge(cfg, read_yaml(f), str(f))
     for o in overrides:
         _merge(cfg, parse_override(o), f"override '{o}'")
-    return validate(cfg)
+    out = validate(cfg)
+    out._beyond_preset = _beyond(base, cfg, out)
+    return out
+
+
+_ABSENT = object()
+RAW_VALUES = FREE | {"model.lora"}  # mappings compared whole
+
+
+def _beyond(base: dict, merged: dict, cfg: RunConfig) -> dict:
+    """``RunConfig.beyond_preset`` of ``load_config``: the keys whose raw value differs between ``base`` (the pair
+    and preset merged) and ``merged`` (the files and overrides on top), kept where the resolved value
+    (``as_dict(cfg)``) differs from the base's too."""
+    def flat(node: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in node.items():
+            dotted = f"{prefix}{k}"
+            if isinstance(v, dict) and v and dotted not in RAW_VALUES:
+                out.update(flat(v, dotted + "."))
+            else:
+                out[dotted] = v
+        return out
+
+    def at(node, dotted: str):
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return _ABSENT
+            node = node[part]
+        return node
+
+    before, after = flat(base), flat(merged)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k, _ABSENT) != after.get(k, _ABSENT))
+    if not changed:
+        return {}
+    resolved, was = as_dict(cfg), dict(base)
+    cls = type(cfg.algo)
+    try:  # the preset's algo.* keys and the algorithm's defaults, resolved as cfg.algo is
+        own = {k: v for k, v in (base.get("algo") or {}).items() if k in cls.model_fields}
+        was["algo"] = validate_section(cls, {**own, "name": cfg.algo.name}, "algo.").model_dump(mode="json")
+    except ConfigError:
+        pass
+    out = {}
+    for k in changed:
+        value = at(resolved, k)
+        if value != at(was, k):
+            out[k] = None if value is _ABSENT else value
+    return out
 
 
 CLIP_KEYS = tuple(ClipSection.model_fields)
@@ -634,7 +715,7 @@ CLIP_KEYS = tuple(ClipSection.model_fields)
 
 def validate(raw: dict) -> RunConfig:
     """The one check of a merged run config: the learner's section against its declaration, every other section,
-    the cross-field rules (``check_run``), then the learner's ``needs_peer`` and ``check``."""
+    the cross-field rules (``check_run``), then the learner's ``needs_peer``, ``label_free`` and ``check``."""
     raw = dict(raw)
     algo = dict(raw.get("algo") or {})
     name = algo.get("name")
@@ -646,9 +727,8 @@ def validate(raw: dict) -> RunConfig:
         if name in plugin_names():  # installed, but it failed to import: its own message says why
             raise ConfigError(f"config key 'algo.name': {e}") from None
         known = sorted(set(e.known) | set(named_configs("algos")))
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ConfigError(f"config key 'algo.name': unknown algorithm or preset {name!r}{hint} (algorithms and presets: "
+        raise ConfigError(f"config key 'algo.name': unknown algorithm or preset {name!r}{did_you_mean(name, known)} "
+                          f"(algorithms and presets: "
                           f"{', '.join(known)}; graftzoo algos list)") from None
     for k in algo:
         if k in CLIP_KEYS and k not in cls.model_fields:
@@ -656,8 +736,9 @@ def validate(raw: dict) -> RunConfig:
                               f"method of a comparison (docs/algorithms.md#one-clip-for-every-method); an algorithm's own clip has its own "
                               f"key (gspo: algo.seq_clip, hacpo: algo.self_clip)")
         if k not in cls.model_fields:
-            raise ConfigError(f"unknown config key 'algo.{k}' for algorithm '{name}'; known: "
-                              f"{sorted(f for f in cls.model_fields if f != 'name')}")
+            known = sorted(f for f in cls.model_fields if f != "name")
+            raise ConfigError(f"unknown config key 'algo.{k}' for algorithm '{name}'"
+                              f"{did_you_mean(k, known, 'algo.') or ';'} known: {known}")
     if not (raw.get("pair") or {}).get("models"):
         raise ConfigError("no models: give --pair NAME (configs/pairs/NAME.yaml) or pair.models")
     core = {}
@@ -670,6 +751,10 @@ def validate(raw: dict) -> RunConfig:
     obj = validate_section(cls, algo, "algo.")
     if obj.needs_peer and cfg.peer.source == "none":
         raise needs_peer_error(name)
+    if cfg.task.label_free and not obj.label_free:
+        raise ConfigError(f"config key 'task.label_free': algorithm '{name}' rewards answers checked against gold "
+                          f"labels, which the unlabelled rows of task.dataset lack; train with a label-free learner "
+                          f"(--algo om_grpo) or drop task.label_free")
     obj.check(facts)
     check_group(cfg, name, obj.group_needed(facts))
     return cfg.model_copy(update={"algo": obj})

@@ -1,4 +1,5 @@
 """Errors of training that cross module and process boundaries (imported without torch or models)."""
+import difflib
 
 
 class NonFiniteError(RuntimeError):
@@ -18,3 +19,11 @@ class NonFiniteError(RuntimeError):
 
 class ConfigError(ValueError):
     """A config key or value is wrong; the one-line message names the key."""
+
+
+def did_you_mean(name: str, known, prefix: str = "") -> str:
+    """``"; did you mean 'a' or 'b'?"`` for the known names closest to a mistyped ``name`` (difflib's ratio), ``""``
+    when none is close: appended to an "unknown ..." message, before the list of every known name. Names are
+    compared as given and shown after ``prefix`` (a key's section: ``optim.`` + ``lr``)."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=3)
+    return f"; did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else ""

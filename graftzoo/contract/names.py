@@ -1,4 +1,4 @@
-"""File names derived from model ids, in one place.
+"""File and run names derived from model ids and labels, in one place.
 
 A model id is kept as given everywhere it is data (configs, rollouts, metrics, the store's ``model_id`` column); where
 it names a file or folder of a run (the trajectory store's per-model folder, a checkpoint's weights file, the eval
@@ -23,3 +23,13 @@ def model_slug(model_id: str) -> str:
     if len(slug) > MAX_SLUG:
         slug = f"{slug[:MAX_SLUG - 13]}-{hashlib.sha256(model_id.encode()).hexdigest()[:12]}"
     return slug
+
+
+def label_slug(text: str) -> str:
+    """A label (a method's, a preset's ``run.variant``, a model id's last part) as the part of a run name, the same
+    in ``graftzoo train``'s default names and a grid's cell names: ``=()[]{}'"`` dropped, lowercased, every run of
+    characters outside ``[a-z0-9._]`` one ``-``, ``-`` and ``.`` stripped at both ends: ``"GRPO (n=8)"`` ->
+    ``"grpo-n8"``, ``"GRAFT w/o gate"`` -> ``"graft-w-o-gate"``, ``"Qwen3-1.7B-Base"`` -> ``"qwen3-1.7b-base"``.
+    A label of no such characters gives ``""`` (the caller refuses it or names it otherwise)."""
+    text = re.sub(r"[=()\[\]{}'\"]", "", str(text)).lower()
+    return re.sub(r"[^a-z0-9._]+", "-", text).strip("-.")

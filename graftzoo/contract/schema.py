@@ -21,7 +21,7 @@ import annotated_types as at
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
-from graftzoo.contract.errors import ConfigError
+from graftzoo.contract.errors import ConfigError, did_you_mean
 
 
 def _integral(v):
@@ -210,7 +210,9 @@ def config_error(exc: ValidationError, model: type, data: Any = None, prefix: st
             parent = section_class(info.annotation) if info is not None else None
         known = sorted(parent.model_fields) if parent is not None else []
         where = prefix + ".".join(names[:-1]) if len(names) > 1 else prefix.rstrip(".") or "<root>"
-        return ConfigError(f"unknown config key '{prefix}{'.'.join(names)}'; known keys under '{where}': {known}")
+        key = f"{prefix}{'.'.join(names)}"
+        hint = did_you_mean(names[-1], known, key[:len(key) - len(names[-1])]) or ";"
+        return ConfigError(f"unknown config key '{key}'{hint} known keys under '{where}': {known}")
     info, rest = _field_at(model, tuple(names))
     # an item of a list (loc ends in an index): the message is about the whole list
     path = ".".join(names[:len(names) - len([r for r in rest if isinstance(r, str)])]) if info else ".".join(names)

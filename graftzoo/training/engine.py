@@ -47,6 +47,11 @@ class EngineError(RuntimeError):
     """A rollout engine cannot start or decode (names the model and the cause)."""
 
 
+class EngineConfigError(EngineError):
+    """The engine cannot run a model as configured (``rollout.engine``, ``rollout.vllm.*``): a usage error, the
+    message names the setting to change."""
+
+
 class Engine:
     """Interface: ``generate(prompts, n, prefixes=None, greedy=False) -> list[Group]``, plus the life cycle the
     trainer drives for every engine alike: ``release_memory()`` before an update, ``sync_weights()`` after it

@@ -7,33 +7,33 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from graftzoo.contract.config import RunConfig, read_yaml, validate
-from graftzoo.contract.errors import ConfigError
+from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.training.checkpoint import MANIFEST, TRAINER_FILE, is_checkpoint
 from graftzoo.training.models import build_policy
-from graftzoo.eval.artifacts import CONFIG
+from graftzoo.eval.artifacts import CONFIG, ArtifactError
 
 
 def load_run_config(run_dir) -> RunConfig:
-    """The resolved config a run was trained with (``RUN/config.yaml``), validated; a garbled one is a
-    ``ConfigError`` whose one-line message names the file."""
+    """The resolved config a run was trained with (``RUN/config.yaml``), validated; a garbled one is an
+    ``ArtifactError`` (a broken file of the run, not a usage error) whose one-line message names the file."""
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing; {run_dir} is not a graftzoo run directory")
     try:
         raw = read_yaml(path)  # ConfigError naming the file for invalid YAML or a non-mapping
     except ConfigError as e:  # YAML's messages span lines (marks): one line
-        raise ConfigError(" ".join(str(e).split())) from None
+        raise ArtifactError(" ".join(str(e).split())) from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not a text (UTF-8) YAML file: {e}") from None
+        raise ArtifactError(f"{path}: not a text (UTF-8) YAML file: {e}") from None
     for section in ("pair", "run"):
         if not isinstance(raw.get(section), dict):
-            raise ConfigError(f"{path}: not a run config (no '{section}' section)")
+            raise ArtifactError(f"{path}: not a run config (no '{section}' section)")
     if not isinstance(raw["pair"].get("models"), list) or not all(
             isinstance(s, dict) and isinstance(s.get("id"), str) for s in raw["pair"]["models"]):
-        raise ConfigError(f"{path}: not a run config ('pair.models' must be a list of model specs with ids)")
+        raise ArtifactError(f"{path}: not a run config ('pair.models' must be a list of model specs with ids)")
     try:
         return validate(raw)
-    except ConfigError as e:
+    except ConfigError as e:  # e.g. the run's algorithm is a plugin not loaded now (--plugin): a usage error
         raise ConfigError(f"{path}: {e}") from None
 
 
@@ -46,7 +46,7 @@ def resolve_target(path) -> tuple:
         return p.parent.parent, p
     if (p / CONFIG).is_file():
         return p, None
-    raise ValueError(f"{p}: neither a run directory ({CONFIG}) nor a checkpoint ({MANIFEST}, or {TRAINER_FILE} "
+    raise ConfigError(f"{p}: neither a run directory ({CONFIG}) nor a checkpoint ({MANIFEST}, or {TRAINER_FILE} "
                      f"of an older graftzoo)")
 
 
@@ -57,7 +57,8 @@ def trained_specs(cfg: RunConfig, models: Optional[Sequence[str]] = None) -> lis
     wanted = list(models) if models else (cfg.pair.train or ids)
     unknown = [m for m in wanted if m not in ids]
     if unknown:
-        raise ValueError(f"model(s) {unknown} are not in the run's pair.models {ids}")
+        raise ConfigError(f"--model {unknown[0]!r}: not in the run's pair.models{did_you_mean(unknown[0], ids)} "
+                          f"(models: {', '.join(ids)})")
     return [s for s in specs if s["id"] in wanted]
 
 

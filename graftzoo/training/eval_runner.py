@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from graftzoo.training.checkpoint import checkpoint_step, load_weights
-from graftzoo.envs.task import Task
+from graftzoo.contract.errors import ConfigError, did_you_mean
+from graftzoo.envs.datasets import BENCHMARKS, bundled_names
+from graftzoo.envs.task import HELDOUT, LOAD_ERRORS, Task
 from graftzoo.eval.artifacts import EVAL_DIR
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config, resolve_target, trained_specs
 from graftzoo.eval.evaluate import check_writable, eval_request, evaluate_and_write
@@ -64,6 +66,19 @@ def cli_eval_folder(run_dir, step: int, req: dict) -> Path:
     return Path(run_dir) / EVAL_DIR / CLI_EVAL_DIR / name
 
 
+def check_benchmarks(task: Task, names: Sequence[str], limit: Optional[int] = None) -> None:
+    """Load each benchmark of an evaluation once, so that an unknown name, a missing file or a broken row is one
+    ``ConfigError`` line naming it (with the closest known names) before any model is built."""
+    for name in names:
+        try:
+            task.benchmark(name, limit)
+        except LOAD_ERRORS as e:
+            text = " ".join(str(e).split()) or type(e).__name__
+            known = [HELDOUT, "all", *BENCHMARKS, *bundled_names()]
+            hint = did_you_mean(name, dict.fromkeys(known)) if name not in known and not Path(name).exists() else ""
+            raise ConfigError(f"--benchmarks {name!r}{hint}: {text}") from None
+
+
 def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds: int = 1,
                         greedy: Optional[bool] = None, temperature: Optional[float] = None,
                         top_p: Optional[float] = None, max_new_tokens: Optional[int] = None,
@@ -75,12 +90,14 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
     return their paths (defaults and output folders: module docstring and :func:`eval_request`)."""
     run_dir, ckpt = resolve_target(path)
     if out and Path(out).resolve() == (run_dir / EVAL_DIR).resolve():
-        raise ValueError(f"--out {out}: that folder holds the trainer's evaluation (what graftzoo report "
+        raise ConfigError(f"--out {out}: that folder holds the trainer's evaluation (what graftzoo report "
                          f"reads), which graftzoo eval never overwrites; leave --out unset or name another")
     check_writable(Path(out) if out else run_dir / EVAL_DIR / CLI_EVAL_DIR, OUT_HINT)  # before anything is computed
     cfg = load_run_config(run_dir)
     req = eval_request(cfg, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature, top_p=top_p,
                        max_new_tokens=max_new_tokens, limit=limit, seed=seed, select=select)
+    task = Task(cfg)
+    check_benchmarks(task, req["benchmarks"], limit)  # before any model is built
     policies = build_policies(cfg, models)
     engines = {}
     try:
@@ -93,7 +110,6 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
                                         val_size=val_size, allow_test=allow_test_selection, k=req["k"],
                                         temperature=req["temperature"], max_new_tokens=req["max_new_tokens"],
                                         seed=req["seed"], log=log)
-        task = Task(cfg)
         for m, pol in policies.items():  # every checkpoint file checked and loaded before anything is evaluated
             load_weights(pol, chosen[m][0])
             engines[m].sync_weights()

@@ -36,6 +36,7 @@ from transformers import AutoTokenizer
 
 from graftzoo.training.checkpoint import (CheckpointError, check_weights, checkpoint_dir, checkpoint_step,
                                       list_checkpoints, load_weights)
+from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.names import model_slug
 from graftzoo.envs.templates import render_prompt
 from graftzoo.eval.artifacts import EVAL_DIR, eval_file_name
@@ -182,7 +183,7 @@ def pick_checkpoint(run_dir: Path, model_ids: Sequence[str], step: Optional[int]
         ckpt = checkpoint_dir(run_dir, step)
         if ckpt not in done:
             have = ", ".join(str(checkpoint_step(c)) for c in done) or "none"
-            raise ExportError(f"{ckpt}: no complete checkpoint of step {step} in {run_dir} (steps: {have})")
+            raise ConfigError(f"--step {step}: no complete checkpoint of that step in {run_dir} (steps: {have})")
         return ckpt
     for ckpt in reversed(done):
         try:
@@ -202,7 +203,7 @@ def export_run(path, step: Optional[int] = None, out=None, models: Optional[Sequ
     specs = trained_specs(cfg, models)
     ids = [s["id"] for s in specs]
     if ckpt is not None and step is not None and checkpoint_step(ckpt) != step:
-        raise ExportError(f"{ckpt} is the checkpoint of step {checkpoint_step(ckpt)}, not --step {step}")
+        raise ConfigError(f"--step {step}: {ckpt} is the checkpoint of step {checkpoint_step(ckpt)}")
     ckpt = ckpt if ckpt is not None else pick_checkpoint(run_dir, ids, step)
     at = checkpoint_step(ckpt)
     out = Path(out) if out is not None else run_dir / EXPORT_DIR / ckpt.name

@@ -30,6 +30,7 @@ from typing import Iterable, Optional
 
 from graftzoo.training.checkpoint import CHECKPOINTS, prepare_resume, set_aside_checkpoints
 from graftzoo.contract.config import MAX_RUN_NAME, RunConfig, as_dict, defaults, read_yaml
+from graftzoo.contract.names import label_slug
 from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY
 
 log = logging.getLogger("graftzoo")
@@ -126,30 +127,68 @@ def _read_holder(fd: int) -> str:
 
 def _safe(text: str) -> str:
     """``text`` as a file-name part: runs of characters other than letters, digits, ``.`` and ``_`` become one ``-``
-    (``=`` and brackets are dropped: ``GRPO (n=8)`` -> ``GRPO-n8``)."""
+    (``=`` and brackets are dropped: ``my.v2 data`` -> ``my.v2-data``); case is kept (a path's folder name)."""
     text = re.sub(r"[=()\[\]{}'\"]", "", str(text))
     return re.sub(r"[^A-Za-z0-9._]+", "-", text).strip("-.") or "x"
 
 
+# keys a default run name shows in words (or that name it): its hash leaves them out
+NAMED_KEYS = ("run.seed", "run.variant", "run.name", "algo.name", "pair.name", "pair.train", "task.dataset",
+              "peer.source", "peer.path")
+
+
+def free_to_change(key: str) -> bool:
+    """Whether ``key`` is one of ``FREE_TO_CHANGE`` (a pattern of it): it does not change the trajectory."""
+    return any(fnmatch.fnmatchcase(key, pat) for pat in FREE_TO_CHANGE)
+
+
+def name_settings(cfg: RunConfig) -> dict:
+    """What a default run name's hash stands for: the keys the user set beyond the pair file and the algorithm
+    preset (``--set``, ``-c FILE``, ``--peer``, ...: ``RunConfig.beyond_preset``, to a value the pair and preset do
+    not give) that change the trajectory (not ``FREE_TO_CHANGE``) and that the name does not show in words
+    (``NAMED_KEYS``); key -> resolved value, sorted by key."""
+    return {k: v for k, v in cfg.beyond_preset.items() if k not in NAMED_KEYS and not free_to_change(k)}
+
+
+def settings_hash(settings: dict) -> str:
+    """8 hex digits of the sha256 of ``settings`` as sorted JSON: the same settings give the same hash anywhere."""
+    text = json.dumps(settings, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def name_note(name: str, cfg: RunConfig) -> Optional[str]:
+    """The line that says what the hash of the default run name ``name`` stands for; None when it has none."""
+    said = name_settings(cfg)
+    if not said:
+        return None
+    keys = ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v, default=str)}" for k, v in said.items())
+    return f"run name {name}: {keys} (set beyond the pair and preset; --set run.name=NAME to choose one)"
+
+
 def default_run_name(cfg: RunConfig) -> str:
     """The run name when ``run.name`` is null: everything that tells runs of different configurations apart, readable
-    and filesystem-safe: ``ALGO[-VARIANT][-MODELS]-PAIR[-DATA][-PEER]-sSEED``, e.g. ``graft-tiny-online-s0``,
-    ``grpo-n8-micro-s0`` (preset grpo_n8: run.variant "GRPO (n=8)" replaces the bare algorithm name it starts with),
+    and filesystem-safe: ``ALGO[-VARIANT][-MODELS]-PAIR[-DATA][-PEER][-HASH]-sSEED``, e.g. ``graft-tiny-online-s0``,
+    ``grpo-n8-micro-s0`` (preset grpo_n8: its label, run.variant "GRPO (n=8)", replaces the algorithm's name),
     ``grpo-tiny-gpt2-pair-tiny-s0`` (pair.train a subset, named as the grid names a per-model cell),
     ``graft-tiny-qwen-char-tiny-stored-grpo-B-s0`` (peer.source stored / mixed + the stored run's folder name),
-    ``grpo-mine-my-s0`` (task.dataset my.jsonl: the data's name follows the pair's).
-    Runs that differ in anything else (an optimizer setting, ...) share a name; resuming one with the other's config
-    is refused (``check_resume_config``), naming the keys."""
+    ``grpo-mine-my-s0`` (task.dataset my.jsonl: the data's name follows the pair's),
+    ``grpo-tiny-3f9a1c2d-s0`` (``--set optim.lr=3e-4``: HASH, ``settings_hash`` of ``name_settings``, stands for
+    the trajectory-changing keys set beyond the pair and preset; none, no hash). The variant and the models are
+    named by ``label_slug``, as a grid names its cells, so the same preset, models, pair and seed get the same name
+    from ``graftzoo train`` and from a grid. A config that ``load_config`` did not build has no record of what was
+    set beyond the preset: no hash."""
     run, pair, peer = cfg.run, cfg.pair, cfg.peer
-    algo = _safe(cfg.algo.name)
+    algo = label_slug(cfg.algo.name) or "x"
     parts = [algo]
     if run.variant:
-        variant = _safe(run.variant).lower()
-        parts = [variant] if variant == algo or variant.startswith(algo + "-") else [algo, variant]
+        variant = label_slug(run.variant) or "x"
+        parts = [variant]  # the label names the method, as a grid names its cells
     ids = [m["id"] for m in pair.models]
     train = list(pair.train or [])
-    if train and sorted(train) != sorted(ids):
-        parts.append("+".join(_safe(m) for m in train))
+    if train and sorted(train) != sorted(ids):  # as a grid's each_model cell: the id's last part
+        short = [label_slug(m.split("/")[-1]) for m in ids]
+        whole = len(set(short)) < len(short)  # org-a/m and org-b/m: the whole ids tell them apart
+        parts.append("+".join(label_slug(m if whole else m.split("/")[-1]) or "x" for m in train))
     parts.append(_safe(pair.name or "pair"))
     dataset = cfg.task.dataset
     if dataset:  # a file, folder or Hub name: its last part without the suffix (my.jsonl -> my)
@@ -160,6 +199,9 @@ def default_run_name(cfg: RunConfig) -> str:
         if where.name == STORE:  # RUN/store names the run RUN
             where = where.parent
         parts.append(source + (f"-{_safe(where.name)}" if where.name and source in ("stored", "mixed") else ""))
+    settings = name_settings(cfg)
+    if settings:
+        parts.append(settings_hash(settings))
     parts.append(f"s{run.seed}")
     name = "-".join(parts)
     if len(name) > MAX_RUN_NAME:  # long ids or data names: cut, and keep configurations apart by a hash
@@ -183,7 +225,7 @@ def resume_checkpoint(run_dir) -> Optional[Path]:
         raise RunDirUsageError(
             f"{run_dir}: no intact checkpoint to resume from ({', '.join(p.name for p in corrupt)} failed their "
             f"check and are kept in {Path(run_dir) / CHECKPOINTS}); pass --overwrite to move this run aside and "
-            f"start over, or choose another run.name")
+            f"start over, or choose another run.name (--set run.name=NAME)")
     return ck
 
 
@@ -235,7 +277,7 @@ def config_changes(stored: dict, requested: dict) -> dict:
     declared = flatten(defaults())
     out = {}
     for key in sorted(set(a) | set(b)):
-        if any(fnmatch.fnmatchcase(key, pat) for pat in FREE_TO_CHANGE):
+        if free_to_change(key):
             continue
         if key not in a and key in declared and b.get(key) == declared[key]:
             continue
@@ -258,6 +300,6 @@ def check_resume_config(run_dir, requested: RunConfig, allow: Iterable[str] = ()
         listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
         raise RunDirUsageError(
             f"{run_dir}: resuming with a changed config ({listed}); pass --allow-config-change "
-            f"{' '.join(refused)} to continue the run under the new values, --overwrite to start a new run "
-            f"(the old one is moved aside), or another run.name")
+            f"{','.join(refused)} to continue the run under the new values, --overwrite to start a new run "
+            f"(the old one is moved aside), or another run.name (--set run.name=NAME)")
     return changes

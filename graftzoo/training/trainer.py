@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import logging
 import random
+import shutil
 import statistics
 import time
 from functools import partial
@@ -27,8 +28,9 @@ from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_ids, with_values
 from graftzoo.contract.errors import ConfigError, NonFiniteError
 from graftzoo.training.preemption import Interrupted, StopRequest
-from graftzoo.training.rundir import (STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
-                                     check_resume_config, default_run_name, holds_run, move_aside, resume_checkpoint)
+from graftzoo.training.rundir import (LOCK_FILE, STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
+                                     check_resume_config, default_run_name, holds_run, move_aside, name_note,
+                                     resume_checkpoint)
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
@@ -75,6 +77,15 @@ def derive_seed(*parts) -> int:
     return random.Random(":".join(str(p) for p in parts)).randrange(2**31)
 
 
+def remove_if_empty(folders) -> None:
+    """Remove ``folders`` (a new run directory and the parents made for it, innermost first) when they hold nothing
+    but empty folders and the released lock file: a start refused while the models were built leaves no trace."""
+    for d in folders:
+        if not d.is_dir() or any(f.is_file() and f.name != LOCK_FILE or f.is_symlink() for f in d.rglob("*")):
+            return
+        shutil.rmtree(d)
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, run_dir: Optional[str] = None, resume: bool = True, progress=None,
                  overwrite: bool = False, allow_config_change=()):
@@ -89,6 +100,9 @@ class Trainer:
         torch.set_num_threads(cfg.run.threads)
         self.seed = cfg.run.seed
         name = cfg.run.name or default_run_name(cfg)  # tells configurations apart: algo, models, pair, peer, seed
+        note = None if cfg.run.name else name_note(name, cfg)
+        if note:  # the name's hash: what it stands for, once
+            log.info("%s", note)
         # the report's row label; a stored or mixed peer source is a method of its own (not the live run's seed)
         source = {"stored": ", stored peer", "mixed": ", mixed peer"}.get(cfg.peer.source, "")
         variant = cfg.run.variant or f"{cfg.algo.name} (n={cfg.rollout.n}{source})"
@@ -107,11 +121,13 @@ class Trainer:
         warn_frozen(cfg, self.model_ids)
         self._peer_source(cfg)  # a stored peer is read before the run directory is touched (--overwrite moves it)
         self.resume_from = None
+        made = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]  # what this start creates
         self.lock = self._open_run_dir(overwrite, allow_config_change)
         try:
             self._build(cfg, specs, train_ids)
         except BaseException:
             self.close()
+            remove_if_empty(made)  # a refused start leaves nothing behind
             raise
 
     def _open_run_dir(self, overwrite: bool, allow_config_change) -> RunLock:
@@ -124,7 +140,7 @@ class Trainer:
                     raise RunDirUsageError(
                         f"{self.run_dir}: holds a run; --no-resume would mix the new run with it: pass --overwrite "
                         f"to move the old run aside and start over, drop --no-resume to resume it, or choose "
-                        f"another run.name")
+                        f"another run.name (--set run.name=NAME)")
                 old = move_aside(self.run_dir)
                 log.warning("%s: moved the old run aside to %s", self.run_dir, old)
                 self.run_dir.mkdir(parents=True)

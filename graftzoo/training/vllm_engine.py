@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 
 from graftzoo.contract.config import VLLM_INSTALL, VllmSection
-from graftzoo.training.engine import Engine, EngineError, expand_requests, rollout_from_tokens
+from graftzoo.training.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
 
 _SET_NUM_THREADS = torch.set_num_threads
 
@@ -70,8 +70,8 @@ def check_head_size(pol) -> None:
     head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if head not in sizes:
-        raise EngineError(f"model {pol.model_id!r}: head size {head} is not one that vLLM's CPU attention runs "
-                          f"({', '.join(map(str, sizes))}): use rollout.engine=hf for it")
+        raise EngineConfigError(f"model {pol.model_id!r}: head size {head} is not one that vLLM's CPU attention "
+                                f"runs ({', '.join(map(str, sizes))}): use rollout.engine=hf for it")
 
 
 def _transformers_model(pol):
@@ -91,8 +91,8 @@ class _Backend:
         mode = settings["weight_sync"]
         self.from_disk = mode == "disk" or (mode == "auto" and self.multiprocessing)
         if mode == "tensors" and self.multiprocessing:
-            raise EngineError("rollout.vllm.weight_sync=tensors needs the engine core in this process "
-                              "(rollout.vllm.multiprocessing=false): tensors do not cross to another process")
+            raise EngineConfigError("rollout.vllm.weight_sync=tensors needs the engine core in this process "
+                                    "(rollout.vllm.multiprocessing=false): tensors do not cross to another process")
         self.sleep_level = int(settings["sleep_level"])
         self.asleep = False
         self.matches_stop = bool(policy.stop_strings)  # started with the policy's tokenizer to match stop strings

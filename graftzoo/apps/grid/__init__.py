@@ -57,8 +57,12 @@ One clip per table (docs/algorithms.md#one-clip-for-every-method): every cell of
 unless each differing method is marked ``clip: own`` (e.g. HACPO's GSPO-scale self clip). Set a
 non-default clip (clip-higher) once, grid-wide, in ``set``. ``--dry-run`` prints each cell's clip.
 
-Cell ``f"{slug(label)}-{pair}-s{seed}"`` (``f"{slug(label)}-{model}-{pair}-s{seed}"`` with
-``each_model``) trains in ``<grid dir>/<cell>`` with ``run.variant = label``,
+Cell ``f"{slug(label)}-{pair}-s{seed}"`` (``f"{slug(label)}-{slug(model)}-{pair}-s{seed}"`` with
+``each_model``, ``model`` the part of the model id after its last ``/``) trains in ``<grid dir>/<cell>``. ``slug``
+is ``graftzoo.contract.names.label_slug``, the rule of ``graftzoo train``'s default run names too: ``=()[]{}'"``
+dropped, lowercased, every run of characters outside ``[a-z0-9._]`` one ``-``, ``-`` and ``.`` stripped at the
+ends (``"GRPO (n=8)"`` -> ``grpo-n8``, so a cell of preset grpo_n8 is named as ``graftzoo train --algo grpo_n8``
+names that run: ``grpo-n8-micro-s0``). The cell runs with ``run.name = <cell>``, ``run.variant = label``,
 ``run.wandb_group = name`` and ``run.tags = [algo, pair, "s<seed>"]``. A cell whose
 ``summary.json`` says "done" (and, with an ``eval`` block, whose eval files answer the same
 request) is skipped; an unfinished one is run again and the trainer resumes from its last

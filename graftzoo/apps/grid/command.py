@@ -12,10 +12,10 @@ from graftzoo.apps.grid.on_ray import RayCells
 from graftzoo.apps.options import plugin_option
 
 from graftzoo.apps.grid.load import load_grid
-from graftzoo.apps.grid.model import Grid, GridError, select_cells
+from graftzoo.apps.grid.model import Grid, select_cells
 from graftzoo.apps.grid.run import (cell_status, changed_cells, check_changed, check_configs, eval_command, resume_note,
                                     run_grid, summary_status)
-from graftzoo.contract.config import ConfigError, clip_label
+from graftzoo.contract.config import clip_label
 from graftzoo.eval.artifacts import ArtifactError, load_run
 from graftzoo.eval.plots import write_figures
 from graftzoo.eval.regime import write_regime_map
@@ -119,11 +119,8 @@ def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
                    "one at ADDRESS (cells run as soon as their dependencies are done and the cluster has room)")
 def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report, rerun_changed, ray_address):
     """Run a grid: graftzoo grid configs/grids/NAME.yaml [--dry-run] [--out DIR]."""
-    try:
-        grid = load_grid(grid_file, out)
-        cells = select_cells(grid, only)
-    except (GridError, ConfigError) as e:
-        raise click.ClickException(str(e)) from None
+    grid = load_grid(grid_file, out)  # a GridError or ConfigError: one line, exit 2 (graftzoo.apps.cli.Main)
+    cells = select_cells(grid, only)
     if in_process and jobs > 1:
         raise click.UsageError("--in-process runs one cell at a time; drop --jobs")
     errors = check_configs(cells)

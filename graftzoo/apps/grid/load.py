@@ -9,7 +9,8 @@ from typing import Optional
 from graftzoo.apps.grid.model import (Cell, Grid, GridError, Method, check_one_clip, order_cells, resolve_clips,
                                       slug)
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, parse_peer
-from graftzoo.contract.config import SCHEMA, ConfigError, find_config, flat_settings, read_yaml
+from graftzoo.contract.errors import did_you_mean
+from graftzoo.contract.config import SCHEMA, ConfigError, find_config, flat_settings, pair_file, read_yaml
 from graftzoo.eval.regime import RegimeMap
 from graftzoo.training.eval_runner import evaluate_checkpoint
 
@@ -63,7 +64,8 @@ def _method(entry, where: str) -> Method:
         return Method(label=entry["label"], algo="", same_as=entry["same_as"])
     unknown = sorted(set(entry) - METHOD_KEYS)
     if unknown:
-        raise GridError(f"{where}: unknown key(s) {unknown}; known: {sorted(METHOD_KEYS)}")
+        raise GridError(f"{where}: unknown key(s) {unknown}{did_you_mean(unknown[0], sorted(METHOD_KEYS))}; known: "
+                        f"{sorted(METHOD_KEYS)}")
     if not isinstance(entry.get("algo"), str) or not entry["algo"]:
         raise GridError(f"{where}: key 'algo' (a preset or algorithm name) is required")
     files = entry.get("files") or []
@@ -88,10 +90,10 @@ def _method(entry, where: str) -> Method:
 
 def pair_models(pair: str, where: str) -> list:
     """The model ids of a pair file, in order (the first is the learner of the control and regime-map grids)."""
-    p = find_config("pairs", pair)
-    if p is None:
-        raise GridError(f"{where}: unknown pair {pair!r} (no configs/pairs/{pair}.yaml in ./configs or the package)")
-    data = read_yaml(p)
+    try:
+        data = read_yaml(pair_file(pair))
+    except ConfigError as e:
+        raise GridError(f"{where}: {e}") from None
     models = data.get("models") or (data.get("pair") or {}).get("models") or []
     return [m["id"] for m in models]
 
@@ -214,13 +216,16 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
     where = str(path)
     unknown = sorted(set(data) - GRID_KEYS)
     if unknown:
-        raise GridError(f"{where}: unknown key(s) {unknown}; known: {sorted(GRID_KEYS)}")
+        raise GridError(f"{where}: unknown key(s) {unknown}{did_you_mean(unknown[0], sorted(GRID_KEYS))}; known: "
+                        f"{sorted(GRID_KEYS)}")
     name = str(data.get("name") or path.stem)
     root = Path(out or data.get("out_dir") or Path("runs") / name)
     pairs = data.get("pairs")
     pairs = [pairs] if isinstance(pairs, str) else pairs
     if not pairs or not all(isinstance(p, str) for p in pairs):
         raise GridError(f"{where}: key 'pairs' must name at least one pair")
+    for p in pairs:
+        pair_models(p, f"{where}: pairs")  # an unknown pair: one line with the closest known ones
     seeds = data.get("seeds", [0])
     seeds = list(range(seeds)) if isinstance(seeds, int) and not isinstance(seeds, bool) else seeds
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
@@ -276,7 +281,7 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
                     cname = f"{stem}-{pair}-s{seed}"
                     if cname in names:
                         raise GridError(f"{where}: methods {names[cname]!r} and {m.label!r} both name a run "
-                                        f"{cname!r}; make their labels differ in letters or digits")
+                                        f"{cname!r}; make their labels differ in letters, digits, '.' or '_'")
                     names[cname] = m.label
                     ov = dict(common)
                     ov.update(m.overrides)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from graftzoo.contract.config import clip_label, effective_clip, load_config
+from graftzoo.contract.names import label_slug
 from graftzoo.eval.regime import RegimeMap
 
 
@@ -19,9 +20,11 @@ class GridError(ValueError):
 
 
 def slug(text: str) -> str:
-    """``"GRAFT w/o gate"`` -> ``"graft-w-o-gate"``."""
-    out = re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")
-    if not out:
+    """A label as the part of a cell's name (``label_slug``, the rule ``graftzoo train``'s default run names use):
+    ``"GRAFT w/o gate"`` -> ``"graft-w-o-gate"``, ``"GRPO (n=8)"`` -> ``"grpo-n8"``; a label without letters or
+    digits is a GridError."""
+    out = label_slug(text)
+    if not re.search(r"[a-z0-9]", out):
         raise GridError(f"label {text!r} has no letters or digits to name a run with")
     return out
 

@@ -1,0 +1,169 @@
+"""A user's mistakes, through the command line as a user types it: each is one ``Error:`` line, usage and config
+errors exit 2, an unknown name gets the closest known ones (keys, pairs, algorithms and presets, grid pairs,
+benchmarks, models), a pair given as a path is that path, the fix an error suggests is a command that works (each
+is run here), and a start refused while the models are built leaves no run folder behind.
+"""
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from graftzoo.contract.config import load_config, packaged_configs
+from graftzoo.training.trainer import train
+from helpers import cli_here, one_line_error
+
+SUGGESTION = re.compile(r"did you mean '([^']+)'")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A finished 1-step micro run (its checkpoint, config.yaml): what eval and resume are tried on."""
+    cfg = load_config(pair="micro", algo="grpo", overrides=[
+        "run.track=false", "run.eval_at_end=false", "run.progress=false", "run.steps=1", "run.save_every=1"])
+    return Path(train(cfg, run_dir=str(tmp_path_factory.mktemp("usage") / "x")))
+
+
+def train_args(out, *sets, name="x"):
+    args = ["train", "--algo", "grpo", "--pair", "micro", "--no-track", "--set", f"run.out_dir={out}",
+            "--set", f"run.name={name}", "--set", "run.eval_at_end=false", "--set", "run.progress=false",
+            "--set", "run.steps=1"]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+# ------------------------------------------------------------------------------------------------
+# did you mean
+# ------------------------------------------------------------------------------------------------
+
+TYPOS = [  # (command with a typo, the typo, what it should have been)
+    (["config", "show", "micro", "--set", "optim.lrr=1e-5"], "optim.lrr", "optim.lr"),
+    (["config", "show", "micro", "--set", "rollout.vllm.enforce_eagr=true"], "rollout.vllm.enforce_eagr",
+     "rollout.vllm.enforce_eager"),
+    (["config", "show", "micro", "--set", "optimm.lr=1e-5"], "optimm", "optim"),
+    (["config", "show", "micro", "--set", "algo.betta_kl=0.1"], "algo.betta_kl", "algo.beta_kl"),
+    (["config", "show", "micro", "--set", "task.verifier.strictt=false"], "task.verifier.strictt",
+     "task.verifier.strict"),
+    (["config", "show", "tinyy"], "tinyy", "tiny"),
+    (["config", "show", "micro", "--algo", "grpo_n88"], "grpo_n88", "grpo_n8"),
+    (["config", "show", "micro", "--algo", "dr_grpoo"], "dr_grpoo", "dr_grpo"),
+]
+
+
+@pytest.mark.parametrize("args,typo,meant", TYPOS, ids=[t[1] for t in TYPOS])
+def test_a_mistyped_name_gets_the_closest_and_the_closest_works(args, typo, meant):
+    res = cli_here(*args)
+    line = one_line_error(res, 2, typo)
+    assert meant in SUGGESTION.findall(line), line
+    fixed = [a.replace(typo, meant) for a in args]
+    again = cli_here(*fixed)
+    assert again.returncode == 0, (fixed, again.stderr)
+
+
+def test_a_grid_with_a_mistyped_pair_or_key_is_one_line_exit_2(tmp_path):
+    (tmp_path / "g.yaml").write_text("name: g\npairs: [micrro]\nalgorithms: [grpo]\n")
+    line = one_line_error(cli_here("grid", tmp_path / "g.yaml", "--dry-run"), 2, "'micrro'")
+    assert SUGGESTION.findall(line) == ["micro"], line
+    (tmp_path / "g.yaml").write_text("name: g\npairs: [micro]\nalgorithms: [grpo]\nseed: [0]\n")
+    line = one_line_error(cli_here("grid", tmp_path / "g.yaml", "--dry-run"), 2, "unknown key", "'seed'")
+    assert "seeds" in line
+    (tmp_path / "g.yaml").write_text("name: g\npairs: [micro]\nalgorithms: [grpo]\nseeds: [0]\n")
+    assert cli_here("grid", tmp_path / "g.yaml", "--dry-run", "--out", tmp_path / "out").returncode == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# a pair given as a path
+# ------------------------------------------------------------------------------------------------
+
+def test_a_pair_given_as_a_path_is_used_as_that_path(tmp_path):
+    missing = cli_here("config", "show", "my_pairr.yaml", cwd=tmp_path)
+    line = one_line_error(missing, 2, "my_pairr.yaml: no such file")
+    assert ".yaml.yaml" not in line
+    (tmp_path / "sub").mkdir()
+    mine = yaml.safe_load((packaged_configs() / "pairs" / "micro.yaml").read_text())
+    mine.pop("name")
+    mine["rollout"]["n"] = 6
+    (tmp_path / "sub" / "mine.yaml").write_text(yaml.safe_dump(mine))
+    for given in ("sub/mine.yaml", "./sub/mine.yaml", str(tmp_path / "sub" / "mine.yaml")):
+        res = cli_here("config", "show", given, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        shown = yaml.safe_load(res.stdout)
+        assert shown["pair"]["name"] == "mine" and shown["rollout"]["n"] == 6
+    one_line_error(cli_here("config", "show", "sub/nope.yaml", cwd=tmp_path), 2, "sub/nope.yaml: no such file")
+    # train reads it too: the run is refused for the bad key, after the pair file was read
+    one_line_error(cli_here("train", "--pair", "sub/mine.yaml", "--algo", "grpo", "--set", "optim.lrr=1", cwd=tmp_path),
+                   2, "optim.lrr")
+
+
+# ------------------------------------------------------------------------------------------------
+# eval: an unknown benchmark or model is a usage error, named before any model is built
+# ------------------------------------------------------------------------------------------------
+
+def test_eval_names_an_unknown_benchmark_or_model_and_its_closest(run, tmp_path):
+    out = tmp_path / "ev"
+    line = one_line_error(cli_here("eval", "--ckpt", run, "--benchmarks", "math5000", "--out", out), 2, "math5000")
+    assert "math500" in SUGGESTION.findall(line), line
+    line = one_line_error(cli_here("eval", "--ckpt", run, "--model", "micro-qwen-chr", "--out", out), 2,
+                          "micro-qwen-chr")
+    assert SUGGESTION.findall(line) == ["micro-qwen-char"], line
+    one_line_error(cli_here("eval", "--ckpt", run, "--out", run / "eval"), 2, "--out")
+    assert not out.exists()  # nothing was written
+    ok = cli_here("eval", "--ckpt", run, "--benchmarks", "math500", "--limit", "1", "--k", "1", "--no-greedy",
+                  "--max-new-tokens", "4", "--model", "micro-qwen-char", "--out", out)
+    assert ok.returncode == 0, ok.stderr
+    assert (out / "micro-qwen-char.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------------
+# the fixes errors suggest are commands that work
+# ------------------------------------------------------------------------------------------------
+
+def test_the_suggested_allow_config_change_resumes(run, tmp_path):
+    shutil.copytree(run, tmp_path / "x", ignore=shutil.ignore_patterns(".lock"))
+    changed = train_args(tmp_path, "task.prompts_per_step=3", "optim.lr=3e-5")
+    line = one_line_error(cli_here(*changed), 2, "resuming with a changed config", "task.prompts_per_step",
+                          "optim.lr")
+    fix = re.search(r"pass (--allow-config-change \S+)", line).group(1).split()
+    res = cli_here(*changed, *fix)
+    assert res.returncode == 0, res.stderr
+    assert yaml.safe_load((tmp_path / "x" / "config.yaml").read_text())["task"]["prompts_per_step"] == 3
+
+
+def test_the_suggested_overwrite_starts_over_and_keeps_the_old_run(run, tmp_path):
+    shutil.copytree(run, tmp_path / "x", ignore=shutil.ignore_patterns(".lock"))
+    args = [*train_args(tmp_path), "--no-resume"]
+    line = one_line_error(cli_here(*args), 2, "holds a run")
+    assert "pass --overwrite" in line
+    res = cli_here(*args, "--overwrite")
+    assert res.returncode == 0, res.stderr
+    assert [p.name.split(".replaced-")[0] for p in tmp_path.glob("x.replaced-*")] == ["x"]
+
+
+def test_the_suggested_peer_option_works():
+    line = one_line_error(cli_here("config", "show", "micro", "--algo", "graft"), 2, "needs a peer source")
+    assert "--peer online" in line.replace("online|", "online ")
+    assert cli_here("config", "show", "micro", "--algo", "graft", "--peer", "online").returncode == 0
+
+
+def test_a_store_of_other_runs_is_a_usage_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    one_line_error(cli_here(*train_args(tmp_path / "runs"), "--peer", f"stored:{tmp_path / 'empty'}"), 2,
+                   "no trajectory store here")
+    assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------------
+# a start refused while the models are built leaves nothing behind
+# ------------------------------------------------------------------------------------------------
+
+def test_a_start_refused_by_the_engine_exits_2_and_leaves_no_run_folder(tmp_path):
+    pair = {"name": "h24", "models": [{"id": "h24", "kind": "tiny", "family": "gpt2", "tokenizer": "digit_pair",
+                                       "hidden": 96, "layers": 1, "heads": 4, "ffn": 64, "warmup": {"steps": 0}}]}
+    (tmp_path / "h24.yaml").write_text(yaml.safe_dump(pair))
+    out = tmp_path / "runs" / "deep"
+    res = cli_here("train", "--pair", tmp_path / "h24.yaml", "--algo", "grpo", "--no-track",
+                   "--set", f"run.out_dir={out}", "--set", "rollout.engine=vllm", "--set", "run.steps=1")
+    one_line_error(res, 2, "model 'h24': head size 24", "rollout.engine=hf")
+    assert not (tmp_path / "runs").exists(), sorted(tmp_path.rglob("*"))
