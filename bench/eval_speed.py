@@ -1,9 +1,10 @@
-"""How long ``graftzoo eval --k 2 --limit 25`` takes on a trained micro run: the median of ``--repeat`` fresh processes
-(wall seconds), each writing to a folder of its own. The run is trained first (``graftzoo train --algo grpo --pair
-micro``, 2 steps) unless ``--run`` names one. ``--graftzoo`` picks the command to time (another checkout's
-``.venv/bin/graftzoo``, to compare releases on the same run).
+"""How long ``graftzoo eval --k 2 --limit 25`` takes on a trained run (held-out split, 25 prompts per model): the
+median of ``--repeat`` fresh processes (wall seconds), each writing to a folder of its own. The run is trained first
+(``graftzoo train --algo grpo --pair PAIR``, 2 steps; default the README's pair ``tiny``) unless ``--run`` names one.
+``--graftzoo`` picks the command to time (another checkout's ``.venv/bin/graftzoo``, to compare releases on the same
+run).
 
-    python bench/eval_speed.py [--repeat 3] [--run RUN_DIR] [--graftzoo PATH]
+    python bench/eval_speed.py [--repeat 3] [--pair tiny] [--run RUN_DIR] [--graftzoo PATH]
 """
 import argparse
 import json
@@ -22,13 +23,14 @@ def graftzoo() -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--run", default=None, help="a run directory (default: train a 2-step micro run)")
+    ap.add_argument("--pair", default="tiny", help="the pair of the run trained first")
+    ap.add_argument("--run", default=None, help="a run directory (default: train a 2-step run of --pair)")
     ap.add_argument("--graftzoo", default=graftzoo(), help="the graftzoo command to time")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="eval-speed-"))
-    run = Path(args.run) if args.run else work / "runs" / "grpo-micro-s0"
+    run = Path(args.run) if args.run else work / "runs" / f"grpo-{args.pair}-s0"
     if args.run is None:
-        subprocess.run([graftzoo(), "train", "--algo", "grpo", "--pair", "micro", "--no-track", "--set",
+        subprocess.run([graftzoo(), "train", "--algo", "grpo", "--pair", args.pair, "--no-track", "--set",
                         f"run.out_dir={work / 'runs'}", "--set", "run.steps=2", "--set", "run.eval_at_end=false",
                         "--set", "run.progress=false"], check=True, capture_output=True)
     times = []

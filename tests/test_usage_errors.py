@@ -73,6 +73,11 @@ def test_a_grid_with_a_mistyped_pair_or_key_is_one_line_exit_2(tmp_path):
     assert cli_here("grid", tmp_path / "g.yaml", "--dry-run", "--out", tmp_path / "out").returncode == 0
 
 
+def test_env_check_of_a_mistyped_env_id_is_one_line_exit_2():
+    line = one_line_error(cli_here("env", "check", "graftzoo/MathReasonin-v0"), 2, "graftzoo/MathReasonin-v0")
+    assert "MathReasoning" in line
+
+
 # ------------------------------------------------------------------------------------------------
 # a pair given as a path
 # ------------------------------------------------------------------------------------------------

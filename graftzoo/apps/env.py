@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import click
+import gymnasium as gym
 import yaml
 
+from graftzoo.contract.errors import ConfigError
 from graftzoo.envs.check import check_env_id
 
 
@@ -33,7 +35,13 @@ def env_group() -> None:
               help="keyword argument for gymnasium.make (repeatable), e.g. --kw dataset=aime24")
 def check(env_id: str, kw: tuple) -> None:
     """Run Gymnasium's env checker plus gold self-verification and reset determinism on ENV_ID."""
-    report = check_env_id(env_id, **parse_kw(kw))
+    kwargs = parse_kw(kw)
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as e:  # an unknown id (gymnasium says which ones are close): a usage error, exit 2
+        known = [k for k in gym.registry if k.startswith("graftzoo/")]
+        raise ConfigError(f"env {env_id!r}: {' '.join(str(e).split())} (graftzoo's: {', '.join(known)})") from None
+    report = check_env_id(env_id, **kwargs)
     click.echo(str(report))
     if not report.ok:
         raise SystemExit(1)
