@@ -3,6 +3,7 @@ it: a file with rows lacking a gold answer is refused with a fix that works, and
 a learner that needs labels is refused the key, by its declaration (``AlgoSection.label_free``), not by its name; a
 held-out or validation set that would hold unlabelled prompts is refused naming the labelled set to give."""
 import json
+from types import SimpleNamespace
 from typing import ClassVar
 
 import pandas as pd
@@ -13,6 +14,7 @@ from graftzoo import Learner, LearnerConfig, register_algo
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import ConfigError, load_config
 from graftzoo.envs.task import Task
+from helpers import one_line_error
 
 MODEL = "micro-qwen-char"
 # cheap and able to learn on the micro pair: one model, a short consensus judgement (as in tests/test_om_grpo.py)
@@ -50,14 +52,9 @@ def train(tmp_path, algo, *sets):
 
 
 def error_line(res, code: int, *needles) -> str:
-    """The command failed with exit ``code`` and one ``Error:`` line (no traceback) naming every needle."""
-    assert res.exit_code == code, (res.exit_code, res.output[-3000:], repr(res.exception))
-    assert "Traceback" not in res.output, res.output[-3000:]
-    lines = [x for x in res.stderr.splitlines() if x.startswith("Error:")]
-    assert len(lines) == 1, res.output[-3000:]
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
+    """``helpers.one_line_error`` of a click runner's result."""
+    return one_line_error(SimpleNamespace(returncode=res.exit_code, stdout=res.output, stderr=res.stderr), code,
+                          *needles)
 
 
 def no_run(tmp_path) -> bool:
