@@ -18,12 +18,17 @@ even in the middle of a call.
 
 Workers keep LRU caches of parsed gold and predicted answers, parse with two-stage (SLL, then LL)
 ANTLR prediction (same results, about 2x faster) with remembered full-context predictions and
-numbers built without sympy's string parser (same results, about 2x faster again), keep 8,192
-parsed LaTeX strings instead of math-verify's 20 (golds, boxed answers and answers read in prose
-share them), skip sympy's ``simplify`` when a difference is provably nonzero (same verdicts,
-``quick_symbolic_eq``), pay math-verify's first-use costs before they take calls and build
-ANTLR's prediction DFA on MATH-like answers while they wait for their first one. math-verify is
-imported inside the functions: the caller's process never needs it.
+numbers built without sympy's string parser (same results, about 2x faster again; a string that
+is one plain number is not parsed at all), keep 8,192 parsed LaTeX strings instead of
+math-verify's 20 (golds, boxed answers and answers read in prose share them), remember each
+comparison of a gold with a parsed answer (``_compare``), pay math-verify's first-use costs before
+they take calls and build ANTLR's prediction DFA on MATH-like answers (and their ``a/b`` forms)
+while they wait for their first one. Three of math-verify's slow tests are skipped where their
+answer is provably "not equal", each with the same verdicts as math-verify (tested against it):
+sympy's ``simplify`` of a difference that is provably nonzero (``quick_symbolic_eq``), the
+symmetric difference of two sets that provably differ (``quick_compare_sets``) and sympy's
+``solve`` of two linear equations with provably different solutions (``quick_solve_and_compare``).
+math-verify is imported inside the functions: the caller's process never needs it.
 """
 from __future__ import annotations
 
@@ -31,10 +36,12 @@ import ctypes
 import gc
 import json
 import logging
+import math
 import os
 import re
 import signal
 import sys
+from collections import OrderedDict
 from functools import lru_cache
 from multiprocessing.connection import Connection
 from types import MethodType
@@ -42,7 +49,7 @@ from types import MethodType
 if __name__ == "__main__" and not getattr(sys.flags, "safe_path", False):
     del sys.path[0]  # run by path: this package folder (datasets.py, ...) must not shadow installed modules
 
-__all__ = ["die_with_parent", "number_from_string", "quick_symbolic_eq", "remembered_solve", "two_stage_latex2sympy", "worker_main"]
+__all__ = ["die_with_parent", "forget", "number_from_string", "quick_compare_sets", "quick_solve_and_compare", "quick_symbolic_eq", "remembered_solve", "two_stage_latex2sympy", "worker_main"]
 
 PR_SET_PDEATHSIG = 1
 
@@ -129,6 +136,46 @@ def _is_percent_of(value, number: float) -> bool:
 _PERCENT_OF = re.compile(r"-?\d+(?:\.\d+)?")
 
 
+COMPARE_MEMO_SIZE = 8192  # remembered comparisons of a gold with a parsed answer
+_COMPARED: OrderedDict = OrderedDict()
+
+
+def _compare(gold: str, pred: list, options: tuple) -> bool:
+    """math-verify's ``verify`` of the parsed ``gold`` text against a parsed answer (math-verify's
+    list of values and matched strings), remembered by the gold's text, the answer's values (each
+    one's ``srepr``: types, assumptions, a float's precision) and the options, of which it is a pure
+    function: ``verify`` is true when one gold item equals one answer item, and a string equals
+    only a string, so the answer's strings count only against a gold that has one. One answer read
+    in a box and in prose is thus compared with its gold once. A call that is interrupted or raises
+    is not remembered."""
+    from math_verify import verify as mv_verify
+    from sympy import srepr
+    parsed = _parse_gold(gold)
+    strings = any(isinstance(g, str) for g in parsed)
+    try:
+        key = (gold, tuple(x if isinstance(x, str) else srepr(x) for x in pred if strings or not isinstance(x, str)),
+               options)
+    except Exception:  # a value without srepr: compared, not remembered
+        key = None
+    if key in _COMPARED:
+        _COMPARED.move_to_end(key)
+        return _COMPARED[key]
+    verdict = bool(mv_verify(parsed, pred, timeout_seconds=None, **dict(options)))
+    if key is not None:
+        _COMPARED[key] = verdict
+        if len(_COMPARED) > COMPARE_MEMO_SIZE:
+            _COMPARED.popitem(last=False)
+    return verdict
+
+
+def forget() -> None:
+    """Empty this process's memos of parsed answers and comparisons (for tests that compare fresh
+    evaluations; math-verify's own parse cache and the DFA stay)."""
+    _parse_gold.cache_clear()
+    _parse_pred.cache_clear()
+    _COMPARED.clear()
+
+
 def _evaluate(kind: str, a, b, options=()) -> tuple:
     """``("verify", gold, pred)``, ``("equiv", x, y)`` -> (status, verdict); ``("text", gold, text)``
     -> (status, verdict, the answer math-verify read in the unboxed text). ``options``: (name,
@@ -140,12 +187,12 @@ def _evaluate(kind: str, a, b, options=()) -> tuple:
         gold = _parse_gold(a)
         if status != "ok" or not gold:
             return (status if status != "ok" else "unparsable"), False, answer
-        return "ok", bool(mv_verify(gold, pred, timeout_seconds=None, **opts)), answer
+        return "ok", _compare(a, pred, tuple(options)), answer
     if kind == "verify":
         gold, pred = _parse_gold(a), _parse_parts(b)
         if not gold or not pred:
             return "unparsable", False
-        return "ok", bool(mv_verify(gold, pred, timeout_seconds=None, **opts))
+        return "ok", _compare(a, pred, tuple(options))
     x, y = _parse_parts(a), _parse_parts(b)
     if not x or not y:
         return "unparsable", False
@@ -247,7 +294,8 @@ def two_stage_latex2sympy():
     zero denominator, is the error LL would meet: it is raised at once); parsing is about 2x faster
     because ANTLR never caches full-context LL predictions. The LL stage (``x^2`` needs it) remembers
     its full-context predictions (``remembered_full_context``), and numbers are built without
-    sympy's string parser (``plain_number``). Calls with options math-verify does not use go to the
+    sympy's string parser (``plain_number``); a string that is one plain number (``_NUMBER_LITERAL``)
+    is not parsed at all: it gets the same ``Integer``/``Float`` at once. Calls with options math-verify does not use go to the
     original function.
     """
     from antlr4.atn.PredictionMode import PredictionMode
@@ -291,6 +339,8 @@ def two_stage_latex2sympy():
         if normalization_config is not None or options:
             return latex2sympy(latex_str, is_real=is_real, convert_degrees=convert_degrees,
                                normalization_config=normalization_config, **options)
+        if _NUMBER_LITERAL.fullmatch(latex_str):  # what the parse of a plain number builds, without parsing
+            return plain_number(latex_str)
         return TwoStage(is_real=is_real, convert_degrees=convert_degrees).parse(latex_str)
 
     two_stage.parser_class = TwoStage
@@ -335,13 +385,55 @@ def _install_parse_caches() -> None:
 
 
 NONZERO_TOL = 1e-6  # a constant whose 15-digit value is this far from 0 is not zero
+# Distinct, unremarkable positive values given to an expression's symbols (sorted by name) when it
+# is evaluated at one point; an integer symbol gets a prime instead.
+POINT_VALUES = ((37, 29), (53, 71), (89, 41), (113, 97), (61, 83), (131, 59), (23, 67), (97, 43))
+POINT_PRIMES = (7, 11, 13, 17, 19, 23, 29, 31)
+
+
+def _point(symbols) -> dict | None:
+    """One point for ``symbols``: distinct positive rationals (a prime for an integer symbol), each
+    consistent with every assumption its symbol carries (real, positive, integer, ...); None when
+    there are more symbols than values or one has assumptions no candidate meets."""
+    from sympy import Integer, Rational, Symbol
+    symbols = sorted(symbols, key=str)
+    if len(symbols) > len(POINT_VALUES) or not all(isinstance(s, Symbol) for s in symbols):
+        return None
+    point = {}
+    for k, s in enumerate(symbols):
+        for value in (Rational(*POINT_VALUES[k]), Integer(POINT_PRIMES[k])):
+            if all(getattr(value, "is_" + key, None) in (None, want) for key, want in s.assumptions0.items()):
+                point[s] = value
+                break
+        else:
+            return None
+    return point
+
+
+def _nonzero_somewhere(d) -> bool:
+    """Whether ``d`` (an expression with symbols) has a value clearly away from 0 at ``_point``:
+    sympy's evalf with ``strict=True`` (15 correct digits or an error, so a cancellation to zero
+    is never taken for a value). Then ``d`` is not zero as a function, and ``simplify(d)``, which
+    keeps an expression's value, is not zero either."""
+    from sympy import Integral, Limit, Product, Sum
+    if d.has(Integral, Sum, Product, Limit):  # unevaluated operators: numeric evaluation may be slow
+        return False
+    point = _point(d.free_symbols)
+    if point is None:
+        return False
+    try:
+        v = complex(d.evalf(15, subs=point, strict=True))
+    except Exception:  # no 15-digit value, not a number, a pole at the point
+        return False
+    return math.isfinite(abs(v)) and abs(v) > NONZERO_TOL
 
 
 def _surely_nonzero(d) -> bool:
     """Whether the sympy expression ``d`` is provably not zero, cheaply: a constant whose numeric
-    value (sympy's error-controlled evalf) is clearly away from 0, or a nonzero polynomial with
+    value (sympy's error-controlled evalf) is clearly away from 0, a nonzero polynomial with
     rational coefficients (which no real, integer or positive values of its symbols make zero
-    everywhere). False means "don't know"."""
+    everywhere), or any other expression with a value clearly away from 0 at one point
+    (``_nonzero_somewhere``). False means "don't know"."""
     from sympy import QQ, Expr, Poly
     if not isinstance(d, Expr) or d.is_Matrix:
         return False
@@ -352,7 +444,7 @@ def _surely_nonzero(d) -> bool:
     try:
         return not Poly(d, *sorted(symbols, key=str), domain=QQ).is_zero
     except Exception:  # not a polynomial over QQ
-        return False
+        return _nonzero_somewhere(d)
 
 
 def quick_symbolic_eq(symbolic_eq):
@@ -380,6 +472,142 @@ def _install_quick_symbolic_eq() -> None:
     import math_verify.grader
     if not hasattr(math_verify.grader.sympy_symbolic_eq, "original"):
         math_verify.grader.sympy_symbolic_eq = quick_symbolic_eq(math_verify.grader.sympy_symbolic_eq)
+
+
+def _values(finite_set) -> list[complex] | None:
+    """The elements of a sympy ``FiniteSet`` of constants as complex numbers with 15 correct digits
+    (sympy's evalf, ``strict=True``); None when one has symbols or no such value."""
+    try:
+        return [complex(e.evalf(15, strict=True)) for e in finite_set.args if e.is_number]
+    except Exception:
+        return None
+
+
+def _sets_surely_differ(a, b) -> bool:
+    """Whether two sympy sets are provably different, cheaply: a finite set against an interval or a
+    union of intervals of positive length (which has infinitely many points), or two finite sets of
+    constants where an element of one is clearly away (``NONZERO_TOL``) from every element of the
+    other. False means "don't know"."""
+    from sympy import FiniteSet, Interval, Union
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, FiniteSet) and isinstance(y, (Interval, Union)):
+            try:
+                return y.measure.is_positive is True
+            except Exception:
+                return False
+    if not (isinstance(a, FiniteSet) and isinstance(b, FiniteSet)):
+        return False
+    u, v = _values(a), _values(b)
+    if u is None or v is None or len(u) != len(a.args) or len(v) != len(b.args) or not (u and v):
+        return False
+    far = lambda p, q: abs(p - q) > NONZERO_TOL * max(1.0, abs(p), abs(q))
+    return any(all(far(p, q) for q in v) for p in u) or any(all(far(q, p) for p in u) for q in v)
+
+
+def quick_compare_sets(compare_sets):
+    """A drop-in for math-verify's ``sympy_compare_sets(gold, pred, ...)``, one of whose tests is
+    whether the symmetric difference of the two sets is empty (sympy set algebra, 5-25 ms for sets
+    of radicals or an interval against a number). When the two sets provably differ
+    (``_sets_surely_differ``) that difference is not empty, and this call of the original skips
+    computing it (sympy's ``Set.symmetric_difference`` answers a non-empty set for this pair only);
+    every other test of the original runs as it is, so verdicts are unchanged."""
+    from sympy import FiniteSet, Set, Tuple
+
+    def quick(gold, pred, *args, **kwargs):
+        a = gold if isinstance(gold, (Set, Tuple)) else FiniteSet(gold)
+        b = pred if isinstance(pred, (Set, Tuple)) else FiniteSet(pred)
+        try:
+            differ = isinstance(a, Set) and isinstance(b, Set) and _sets_surely_differ(a, b)
+        except Exception:
+            differ = False
+        if not differ:
+            return compare_sets(gold, pred, *args, **kwargs)
+        symmetric_difference = Set.symmetric_difference
+
+        def known(self, other):
+            if self == a and other == b:
+                return FiniteSet(0)  # stands for the difference: not empty
+            return symmetric_difference(self, other)
+        Set.symmetric_difference = known
+        try:
+            return compare_sets(gold, pred, *args, **kwargs)
+        finally:
+            Set.symmetric_difference = symmetric_difference
+
+    quick.original = compare_sets
+    return quick
+
+
+def _install_quick_compare_sets() -> None:
+    """Make math-verify's grader use ``quick_compare_sets`` (in worker processes only)."""
+    import math_verify.grader
+    if not hasattr(math_verify.grader.sympy_compare_sets, "original"):
+        math_verify.grader.sympy_compare_sets = quick_compare_sets(math_verify.grader.sympy_compare_sets)
+
+
+def _linear_form(relation):
+    """``lhs - rhs`` of a sympy ``Eq`` as a ``Poly`` over QQ when it is linear in its symbols (one at
+    least, each plain or merely real, as math-verify's parser makes them) with exact coefficients
+    (no float, which math-verify compares with rounding); else None."""
+    from sympy import QQ, Eq, Float, Poly, Symbol
+    if not isinstance(relation, Eq):
+        return None
+    d = relation.lhs - relation.rhs
+    if d.has(Float):
+        return None
+    symbols = sorted(d.free_symbols, key=str)
+    plain = (Symbol("_").assumptions0.items(), Symbol("_", real=True).assumptions0.items())
+    if not symbols or not all(isinstance(s, Symbol) and any(s.assumptions0.items() <= p for p in plain)
+                              for s in symbols):
+        return None
+    try:
+        poly = Poly(d, *symbols, domain=QQ)
+    except Exception:
+        return None
+    return poly if poly.total_degree() == 1 else None
+
+
+def _lines_surely_differ(gold, pred) -> bool:
+    """Whether two linear equations (``_linear_form``) provably have different solution sets: one is
+    not a constant multiple of the other, and clearly so (some coefficient of the difference of
+    the two, each scaled to a leading 1, is above ``NONZERO_TOL``, not a rounding-size gap), and no
+    two of their symbols have names that differ only in case (math-verify's comparison of symbols
+    may join those). False means "don't know"."""
+    g, p = _linear_form(gold), _linear_form(pred)
+    if g is None or p is None:
+        return False
+    symbols = tuple(sorted(set(g.gens) | set(p.gens), key=str))
+    if len({s.name.lower() for s in symbols}) < len(symbols):  # math-verify may take x_1 for X_1
+        return False
+    g, p = g.as_expr().as_poly(*symbols), p.as_expr().as_poly(*symbols)
+    g, p = g.monic(), p.monic()
+    return any(abs(c) > NONZERO_TOL for c in (g - p).coeffs())
+
+
+def quick_solve_and_compare(solve_and_compare):
+    """A drop-in for math-verify's ``sympy_solve_and_compare(gold, pred, ...)``, its last test of
+    two relations: sympy ``solve`` of each (50-150 ms for a plane ``5x-7y+11z+4=0``) and a
+    comparison of the solutions. Two linear equations whose solution sets provably differ
+    (``_lines_surely_differ``) cannot have equal solutions, so the answer is False without solving;
+    otherwise the original decides. Verdicts are unchanged."""
+
+    def quick(gold, pred, *args, **kwargs):
+        try:
+            if _lines_surely_differ(gold, pred):
+                return False
+        except Exception:  # the original handles (and swallows) whatever went wrong
+            pass
+        return solve_and_compare(gold, pred, *args, **kwargs)
+
+    quick.original = solve_and_compare
+    return quick
+
+
+def _install_quick_solve_and_compare() -> None:
+    """Make math-verify's grader use ``quick_solve_and_compare`` (in worker processes only)."""
+    import math_verify.grader
+    if not hasattr(math_verify.grader.sympy_solve_and_compare, "original"):
+        math_verify.grader.sympy_solve_and_compare = quick_solve_and_compare(math_verify.grader.sympy_solve_and_compare)
 
 
 SOLVE_CACHE_SIZE = 1024
@@ -455,14 +683,36 @@ def _training_answers(n: int) -> list[str]:
         return []
 
 
+_FRACTION = re.compile(r"\\[dt]?frac\{((?:[^{}]|\{[^{}]*\})+)\}\{((?:[^{}]|\{[^{}]*\})+)\}")
+_BARE_PART = re.compile(r"-?\d+(?:\.\d+)?|[A-Za-z]")
+
+
+def slash_form(answer: str) -> str | None:
+    """``answer`` with each ``\\frac{a}{b}`` written ``a/b`` as models often write it (a part other
+    than a number or a letter in parentheses: ``\\frac{\\sqrt{3}}{2}`` -> ``(\\sqrt{3})/2``);
+    None when it has no fraction."""
+    if not _FRACTION.search(answer):
+        return None
+    part = lambda x: x if _BARE_PART.fullmatch(x) else f"({x})"
+    return _FRACTION.sub(lambda m: f"{part(m.group(1))}/{part(m.group(2))}", answer)
+
+
+def _warmup_answers() -> list[str]:
+    """What ``_warm_parser`` parses: ``_WARMUP_ANSWERS`` and ``PARSER_WARMUP_ANSWERS`` answers of
+    MATH's training split, each followed by its ``slash_form`` when it has one."""
+    out = []
+    for answer in _WARMUP_ANSWERS + tuple(_training_answers(PARSER_WARMUP_ANSWERS)):
+        out += [answer] + [f for f in (slash_form(answer),) if f]
+    return out
+
+
 def _warm_parser(conn) -> None:
-    """Build ANTLR's prediction DFA for common answer shapes: parse ``_WARMUP_ANSWERS`` and
-    ``PARSER_WARMUP_ANSWERS`` answers of MATH's training split, one at a time, and stop as soon as
-    a task is waiting. The DFA grows as inputs need it and a cold one makes a worker's first parse
+    """Build ANTLR's prediction DFA for common answer shapes: parse ``_warmup_answers()`` one at a
+    time, and stop as soon as a task is waiting. The DFA grows as inputs need it and a cold one makes a worker's first parse
     of each shape several times slower; this runs after "ready", so it never delays a call by more
     than one parse. It leaves no parsed answer in math-verify's cache: only the DFA stays warm."""
     import math_verify.parser
-    for answer in _WARMUP_ANSWERS + tuple(_training_answers(PARSER_WARMUP_ANSWERS)):
+    for answer in _warmup_answers():
         try:
             if conn.poll():
                 break
@@ -508,6 +758,8 @@ def worker_main(conn) -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     _install_two_stage_parser()  # imports math-verify, before the memory cap is measured
     _install_quick_symbolic_eq()
+    _install_quick_compare_sets()
+    _install_quick_solve_and_compare()
     _install_solve_cache()
     _install_parse_caches()
     _limit_memory()

@@ -185,6 +185,16 @@ QUICK_EQ_CASES = [  # (pred, gold) where simplify decides, with identities, floa
     ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{3}}{2}"), ("1e-20", "0"), ("\\sqrt{10^{-40}}", "0"),
     ("x^2+2x+1", "(x+1)^2"), ("x^2+2x+2", "(x+1)^2"), ("0.3x", "0.1x+0.2x"), ("n(n+1)/2", "\\frac{n^2+n}{2}"),
     ("\\frac{\\pi}{2}", "90^\\circ"), ("2\\pi r", "\\pi d"), ("\\ln(e^2)", "2"), ("\\infty", "-\\infty"),
+    # not polynomials: decided at one point (``_nonzero_somewhere``) when the value there is clearly not 0
+    ("\\sin 2x", "2\\sin x\\cos x"), ("\\sin 2x", "2\\sin x"), ("\\log(xy)", "\\log x+\\log y"),
+    ("e^{x+1}", "e\\cdot e^x"), ("e^{x+1}", "e^x+1"), ("\\sqrt{x}", "x^{1/2}"), ("\\frac{1}{x}", "x^{-1}"),
+    ("\\sin x", "\\cos x"), ("\\sqrt{x^2+1}", "x+1"), ("\\frac{\\sin x}{x}", "1"), ("2^x", "x^2"),
+    ("\\cot x", "\\tan x"), ("\\cot x", "\\frac{1}{\\tan x}"), ("|x-1|", "x-1"), ("\\lfloor x\\rfloor", "x"),
+    ("\\sqrt{x}\\sqrt{y}", "\\sqrt{xy}"), ("\\frac{x}{y}", "\\frac{y}{x}"), ("x^y", "y^x"), ("\\sqrt{2x}", "x\\sqrt{2}"),
+    ("\\frac{1}{\\sqrt{x}}", "\\frac{\\sqrt{x}}{x}"), ("\\tan^2x+1", "\\sec^2x"), ("\\cos^2x", "1-\\sin^2x"),
+    ("\\ln(e^x)", "x"), ("e^{\\ln x}", "x"), ("\\arcsin(\\sin x)", "x"), ("\\frac{x^2-4}{x-2}", "x+2"),
+    ("\\sqrt[3]{x^3}", "x"), ("x!", "\\Gamma(x+1)"), ("\\binom{n}{2}", "\\frac{n(n-1)}{2}"), ("2^{n+1}", "2\\cdot 2^n"),
+    ("10^{-30}x", "0"), ("\\sin(x)-\\sin(x+10^{-20})", "0"), ("\\sin(x+2\\pi)", "\\sin x"), ("\\frac{x+1}{2}", "0.5x+0.5"),
 ]
 
 
@@ -201,20 +211,21 @@ def test_quick_symbolic_eq_agrees_with_math_verify(monkeypatch):
             if status == "ok" and V._fast_verdict(V.normalize_answer(pred), V.normalize_answer(gold)) is None:
                 pairs.append((pred, gold))
     pairs = list(dict.fromkeys(pairs)) + QUICK_EQ_CASES
-    shortcuts = []
+    shortcuts, at_a_point = [], []
     quick = W.quick_symbolic_eq(original)
 
     def counting(a, b):
         try:
             if W._surely_nonzero(a - b):
                 shortcuts.append((a, b))
+                if (a - b).free_symbols and not (a - b).is_polynomial():
+                    at_a_point.append((a, b))
         except Exception:
             pass
         return quick(a, b)
 
     def verdict(pred, gold):
-        W._parse_gold.cache_clear()
-        W._parse_pred.cache_clear()
+        W.forget()
         return W._evaluate("verify", gold, pred)
 
     expected = [verdict(p, g) for p, g in pairs]
@@ -223,6 +234,7 @@ def test_quick_symbolic_eq_agrees_with_math_verify(monkeypatch):
     wrong = [(p, g, e, q) for (p, g), e, q in zip(pairs, expected, got) if e != q]
     assert not wrong, wrong
     assert len(shortcuts) > 40, len(shortcuts)  # the comparison covered the shortcut
+    assert len(at_a_point) > 10, at_a_point  # and its test at one point
     assert sum(v == ("ok", True) for v in got) > 10
 
 
@@ -240,8 +252,7 @@ def test_remembered_solve_changes_no_verdict(monkeypatch):
     assert not hasattr(original, "original")
 
     def verdicts():
-        W._parse_gold.cache_clear()
-        W._parse_pred.cache_clear()
+        W.forget()
         return [W._evaluate("verify", g, p) for g, p in RELATION_CASES]
 
     expected = verdicts()
@@ -256,6 +267,104 @@ def test_remembered_solve_changes_no_verdict(monkeypatch):
     assert ("ok", True) in expected and ("ok", False) in expected
     gold = math_verify.parse("$y=2x+3$")[0]
     assert 0 < calls.count(gold) <= 1, calls  # solved once for its several answers
+
+
+SET_CASES = [  # (pred, gold) where math-verify compares sets: radicals, near and far numbers, intervals
+    ("\\{1\\pm\\sqrt{5},-2\\}", "\\{1\\pm\\sqrt{6},-2\\}"), ("\\{1\\pm\\sqrt{5},-2\\}", "\\{-2,1\\pm\\sqrt{5}\\}"),
+    ("1\\pm\\sqrt{19}", "1\\pm\\sqrt{99}"), ("\\{1,2\\}", "\\{2,1\\}"), ("\\{\\frac{1}{2},1\\}", "\\{0.5,1\\}"),
+    ("\\{\\frac{\\sqrt{2}}{2},1\\}", "\\{\\frac{1}{\\sqrt{2}},1\\}"), ("\\{1,2,3\\}", "\\{1,2\\}"),
+    ("\\{1,2\\}", "\\{1,2.0000001\\}"), ("\\{1,2\\}", "\\{1,2.001\\}"), ("\\{0.333333,1\\}", "\\{\\frac{1}{3},1\\}"),
+    ("\\{0.33333,1\\}", "\\{\\frac{1}{3},1\\}"), ("\\{1+i,1-i\\}", "\\{1-i,1+i\\}"), ("\\{1+i,1-i\\}", "\\{1+2i,1-i\\}"),
+    ("\\{x,1\\}", "\\{1,x\\}"), ("\\{x,1\\}", "\\{2,x\\}"), ("346", "(-1,6)"), ("3", "(-1,6)"), ("0,1", "(0,1)"),
+    ("\\{0,1\\}", "[0,1]"), ("\\{0,1\\}", "(-\\infty,0)\\cup(1,\\infty)"), ("5", "(-\\infty,5)\\cup(5,\\infty)"),
+    ("(1,2)", "(1,2)"), ("(1,2)", "(2,1)"), ("(1,2)", "\\{1,2\\}"), ("\\{3,5,7\\}", "3,5,7"), ("\\{3,4,7\\}", "3,5,7"),
+    ("\\{\\pi,e\\}", "\\{3.14159,2.71828\\}"), ("\\{\\sqrt{2},\\sqrt{3}\\}", "\\{\\sqrt{3},\\sqrt{2}\\}"),
+]
+
+
+def test_quick_compare_sets_agrees_with_math_verify(monkeypatch):
+    """The workers' shortcut in math-verify's set comparison (``quick_compare_sets``: no symmetric
+    difference when the sets provably differ) never changes a verdict, and it is taken."""
+    original = math_verify.grader.sympy_compare_sets
+    assert not hasattr(original, "original")
+
+    def verdicts():
+        W.forget()
+        return [W._evaluate("verify", g, p) for p, g in SET_CASES]
+
+    expected = verdicts()
+    taken, real = [], W._sets_surely_differ
+
+    def counting(a, b):
+        differ = real(a, b)
+        taken.append(differ)
+        return differ
+
+    monkeypatch.setattr(W, "_sets_surely_differ", counting)
+    monkeypatch.setattr(math_verify.grader, "sympy_compare_sets", W.quick_compare_sets(original))
+    got = verdicts()
+    wrong = [(p, g, e, q) for (p, g), e, q in zip(SET_CASES, expected, got) if e != q]
+    assert not wrong, wrong
+    assert sum(taken) >= 10 and not all(taken), taken  # the shortcut was taken, and not everywhere
+    assert ("ok", True) in expected and ("ok", False) in expected
+    from sympy import Set
+    assert Set.symmetric_difference is original.__globals__["Set"].symmetric_difference  # restored
+
+
+LINE_CASES = [  # (gold, pred) relations: lines and planes, multiples, other symbols, non-linear ones
+    ("y=2x+3", "y=2x+1"), ("y=2x+3", "2y=4x+6"), ("y=2x+3", "y-2x=3"), ("y=2x+3", "x=2y+3"), ("y=2x+3", "y=2x+3.0001"),
+    ("5x-7y+11z+4=0", "5x-7y+z+4=0"), ("5x-7y+11z+4=0", "-10x+14y-22z-8=0"), ("5x-7y+11z+4=0", "5x-7y+11z=-4"),
+    ("x+y=1", "x+z=1"), ("x+y=1", "y+x=1"), ("x=5", "x=2"), ("x=5", "5=x"), ("y=x_1", "y=X_1"), ("y=\\frac{x}{3}", "3y=x"),
+    ("x^2=1", "x=1"), ("x^2+y^2=1", "y^2+x^2=1"), ("x<3", "3>x"), ("a+b=c", "c-a=b"), ("a+b=c", "c-a=2b"),
+]
+
+
+def test_quick_solve_and_compare_agrees_with_math_verify(monkeypatch):
+    """The workers' shortcut for math-verify's solve-and-compare of two relations
+    (``quick_solve_and_compare``: no ``solve`` for two linear equations whose solutions provably
+    differ) never changes a verdict, and it is taken."""
+    original = math_verify.grader.sympy_solve_and_compare
+    assert not hasattr(original, "original")
+
+    def verdicts():
+        W.forget()
+        return [W._evaluate("verify", g, p) for g, p in LINE_CASES]
+
+    expected = verdicts()
+    taken, real = [], W._lines_surely_differ
+
+    def counting(a, b):
+        differ = real(a, b)
+        taken.append(differ)
+        return differ
+
+    monkeypatch.setattr(W, "_lines_surely_differ", counting)
+    monkeypatch.setattr(math_verify.grader, "sympy_solve_and_compare", W.quick_solve_and_compare(original))
+    got = verdicts()
+    wrong = [(g, p, e, q) for (g, p), e, q in zip(LINE_CASES, expected, got) if e != q]
+    assert not wrong, wrong
+    assert sum(taken) >= 5 and not all(taken), taken
+    assert ("ok", True) in expected and ("ok", False) in expected
+
+
+def test_an_answer_in_a_box_and_in_prose_is_compared_once(monkeypatch):
+    """The workers' memo of comparisons (``_compare``): the same answer read in a box and in a
+    sentence is compared with its gold once; a different answer, gold or option is compared anew."""
+    calls = []
+    real = math_verify.verify
+
+    def counting(gold, pred, **kwargs):
+        calls.append(pred[-1])
+        return real(gold, pred, **kwargs)
+
+    monkeypatch.setattr(math_verify, "verify", counting)
+    W.forget()
+    assert W._evaluate("verify", "\\frac{1}{2}", "\\frac{1}{2}") == ("ok", True)
+    assert W._evaluate("text", "\\frac{1}{2}", "So the answer is $\\frac{1}{2}$.")[:2] == ("ok", True)
+    assert len(calls) == 1, calls
+    assert W._evaluate("text", "\\frac{1}{3}", "So the answer is $\\frac{1}{2}$.")[:2] == ("ok", False)
+    assert W._evaluate("verify", "\\frac{1}{2}", "\\frac{1}{2}", (("float_rounding", 2),)) == ("ok", True)
+    assert len(calls) == 3, calls
 
 
 def test_schedule_claims_relations_first():
@@ -391,6 +500,36 @@ def test_two_stage_parser_matches_latex2sympy():
     assert [x for x, _ in pairs] == [y for _, y in pairs]
     assert [y for _, y in pairs] == [outcome(two_stage, a) for a in answers]  # again, from the memo
     assert sum(x.startswith("error") for x, _ in pairs) >= 5 + len(CONVERSION_ERRORS)  # the malformed inputs above
+
+
+def test_a_plain_number_is_built_without_parsing(monkeypatch):
+    """A LaTeX string that is one plain number (integer or decimal literal, no leading zero) gets
+    from the workers' parser exactly what latex2sympy builds for it, without an ANTLR parse; every
+    other string near it (a leading zero, a sign, a comma, an exponent, other digits) is parsed."""
+    from latex2sympy2_extended.latex2sympy2 import latex2sympy
+    from sympy import srepr
+    rng = random.Random(11)
+    digits = lambda n: str(rng.randint(1, 9)) + "".join(rng.choice("0123456789") for _ in range(n - 1))
+    numbers = ["0", "0.5", "0.000001", "10.00", "8000.0", "3.14159265358979323846264338327950288"]
+    numbers += [digits(rng.randint(1, 100)) for _ in range(40)]
+    numbers += [f"{digits(rng.randint(1, 50))}.{digits(rng.randint(1, 50))[::-1]}" for _ in range(40)]
+    others = ["01", "1.", ".5", "1,000", "-3", "+3", "1e5", "1.5.2", "2^{10}", "\\frac{1}{2}", "\u0661\u0662", "３"]
+    two_stage = two_stage_latex2sympy()
+    parsers = []
+    create = two_stage.parser_class.create_parser
+    monkeypatch.setattr(two_stage.parser_class, "create_parser", lambda self, s: parsers.append(s) or create(self, s))
+
+    def outcome(fn, latex, is_real):
+        try:
+            return srepr(fn(latex, is_real=is_real, convert_degrees=False, normalization_config=None))
+        except Exception as e:
+            return f"error: {type(e).__name__}"
+
+    for is_real in (True, False):
+        for latex in numbers + others:
+            parsers.clear()
+            assert outcome(two_stage, latex, is_real) == outcome(latex2sympy, latex, is_real), latex
+            assert bool(parsers) == (latex in others), latex
 
 
 def test_two_stage_parser_retries_only_syntax_errors(monkeypatch):
