@@ -304,6 +304,9 @@ class OptimSection(Section):
                             le=MAX_BATCH)
     max_tokens_per_micro: Optional[Int] = key(
         None, "padded tokens per forward pass; null = one pass per minibatch", ge=1, le=MAX_MICRO_TOKENS)
+    packing: Union[Literal["auto"], bool] = key(
+        "auto", "padding-free updates, a micro-batch's rows as one sequence (docs/scaling.md#memory-bounded-updates): "
+                "true | false | auto (on for a model on CUDA, off on CPU: CPU runs and their figures unchanged)")
     precision: Literal["auto", "fp32", "bf16-mixed", "model"] = key(
         "auto", "auto: bf16-mixed for a model loaded in 16 bits, else fp32")
     epochs: Int = key(1, "optimization epochs over a rollout batch", ge=1, le=MAX_EPOCHS)

@@ -70,11 +70,7 @@ class PolicyWorker:
         pol = self.policy = build_policy(spec, cfg, seed)
         self.ref = make_ref(pol) if wants_ref(cfg) else None
         if self.world > 1:
-            fsdp.shard_model(pol.model)
-            if self.ref is not None:
-                fsdp.shard_model(self.ref.model)
-            pol.configure_optimizer(pol.optim_cfg)  # over the sharded parameters
-            pol.sharded = True
+            fsdp.shard_policy(pol, self.ref)
         # an engine that decodes with the training model itself runs on every rank, in lockstep (FSDP's collectives);
         # one with its own copy of the weights (vLLM) lives on rank 0 and is fed the weights every rank gathers
         lockstep = ENGINES[cfg.rollout.engine].uses_training_model

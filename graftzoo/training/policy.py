@@ -3,9 +3,12 @@
 Sequences are laid out as [left-padded prompt | right-padded response] so that every row's
 response occupies the last R columns; position ids are ``cumsum(mask) - 1`` (left padding), both
 here and in generation, so training log-probs equal the behaviour log-probs of the HF engine.
+With ``optim.packing`` the model instead sees a micro-batch's real tokens as one sequence (``pack_rows``), the
+position ids restarting at 0 for each row, and the log-probs come back in the same ``[B, R]`` layout.
 """
 from __future__ import annotations
 
+import logging
 import math
 from typing import Optional
 
@@ -20,6 +23,8 @@ from graftzoo.training.update import update_policy
 from graftzoo.training.fsdp import full_model_state, load_full, load_sharded, save_sharded
 from graftzoo.envs.templates import render_prompt
 
+log = logging.getLogger("graftzoo")
+
 
 def context_of(model_config) -> int:
     """A model config's maximum sequence length (position embeddings); unbounded when it declares none."""
@@ -28,7 +33,69 @@ def context_of(model_config) -> int:
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore left padding: ``cumsum(mask) - 1``, 0 on the leading padded slots."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_len: int):
+    """The padded ``[B, L]`` rows of a micro-batch (``pad_pairs``' layout) as one sequence of their real tokens:
+    ``(ids [1, T], position_ids [1, T], keep [N], target [N], valid [B, resp_len])``. T is the number of real
+    tokens, the rows in order; the position ids restart at 0 for each row (the same ``cumsum(mask) - 1`` as the
+    padded path), from which transformers builds a block-diagonal causal mask when no attention mask is given.
+    ``valid`` marks the response slots of the last ``resp_len`` columns that hold a real token after a real one;
+    ``keep`` are the packed positions whose logits predict them and ``target`` those tokens, both in the row-major
+    order of ``valid``."""
+    real = attention_mask.bool()
+    L = input_ids.shape[1]
+    index = (real.flatten().long().cumsum(0) - 1).view_as(attention_mask)  # packed position of each real slot
+    before = F.pad(real, (1, 0))[:, L - resp_len:L]  # the slot before each response column is real
+    valid = real[:, L - resp_len:] & before
+    keep = F.pad(index, (1, 0))[:, L - resp_len:L][valid]
+    target = input_ids[:, L - resp_len:][valid]
+    return input_ids[real][None], position_ids_from_mask(attention_mask)[real][None], keep, target, valid
+
+
+def unpack(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``[B, R]`` from the ``[N]`` per-token ``values`` of ``valid``'s slots (row-major), 0 elsewhere;
+    differentiable in ``values``."""
+    return values.new_zeros(valid.shape).masked_scatter(valid, values)
+
+
+def use_packing(setting, device: torch.device) -> bool:
+    """Whether ``optim.packing`` (``True | False | "auto"``) packs the micro-batches of a model on ``device``: auto
+    packs on CUDA only, so CPU runs keep the padded forward."""
+    return setting is True or (setting == "auto" and torch.device(device).type == "cuda")
+
+
+def adamw_kwargs(device: torch.device) -> dict:
+    """The AdamW implementation for parameters on ``device``: the fused kernel on CUDA, the multi-tensor
+    (``foreach``) one elsewhere."""
+    return {"fused": True} if torch.device(device).type == "cuda" else {"foreach": True}
+
+
+@torch.no_grad()
+def packing_fault(model) -> Optional[str]:
+    """Why this model would not score packed rows apart (None when it does): the logits of a short row packed after
+    another (position ids restarting at 0, no attention mask) must equal those of the row alone, in eval mode and
+    the parameters' dtype, within 1e-4 of the logits' scale (2e-2 in 16 bits)."""
+    device = next(model.parameters()).device
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    first, row = torch.arange(1, 9, device=device) % vocab, torch.arange(3, 8, device=device) % vocab
+    pos = torch.cat([torch.arange(8, device=device), torch.arange(5, device=device)])[None]
+    was = model.training
+    model.eval()
+    try:
+        packed = model(input_ids=torch.cat([first, row])[None], position_ids=pos, use_cache=False).logits[0, 8:]
+        alone = model(input_ids=row[None], position_ids=pos[:, 8:], use_cache=False).logits[0]
+    except (TypeError, ValueError, RuntimeError) as e:
+        return f"a packed forward fails ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    finally:
+        model.train(was)
+    err, scale = float((packed.double() - alone.double()).abs().max()), float(alone.double().abs().max())
+    tol = 2e-2 if next(model.parameters()).dtype in (torch.float16, torch.bfloat16) else 1e-4
+    if not err <= tol * (1.0 + scale):
+        return f"a row packed after another scores differently from the row alone (max logit difference {err:.3g})"
+    return None
 
 
 LOGIT_CHUNK = 1 << 24  # logits entries (positions x vocabulary) turned into float32 at a time
@@ -113,6 +180,8 @@ class Policy:
         # optim.precision bf16-mixed: parameters (master weights) in float32, forward computed in this dtype
         self.autocast_dtype: Optional[torch.dtype] = None
         self.max_tokens_per_micro: Optional[int] = None  # optim.max_tokens_per_micro: scoring passes stay within it
+        self.packing = "auto"  # optim.packing: True | False | "auto" (use_packing)
+        self._packing_fault: Optional[str] = None  # packing_fault of the model, "" once it held; None: unchecked
         self.optimizer = None
         self.scheduler = None
         self.grad_clip = None
@@ -125,10 +194,13 @@ class Policy:
 
     # ---- optimizer -------------------------------------------------------------------------
     def configure_optimizer(self, optim):
-        """AdamW and the warm-up schedule from an ``optim`` section (graftzoo.contract.config.OptimSection)."""
+        """AdamW (``adamw_kwargs``: fused on CUDA) and the warm-up schedule from an ``optim`` section
+        (graftzoo.contract.config.OptimSection), and its ``packing`` setting."""
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad], lr=float(optim.lr),
-            betas=tuple(optim.betas), eps=float(optim.eps), weight_decay=float(optim.weight_decay))
+            betas=tuple(optim.betas), eps=float(optim.eps), weight_decay=float(optim.weight_decay),
+            **adamw_kwargs(self.device))
+        self.packing = getattr(optim, "packing", self.packing)
         warm = int(optim.warmup_steps or 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
@@ -136,7 +208,8 @@ class Policy:
 
     def apply_optim_settings(self, optim):
         """Make the run config's optimizer settings (lr, betas, eps, weight decay) current after a resume loaded the
-        optimizer's state (which carries the old ones); a no-op when they are unchanged."""
+        optimizer's state (which carries the old ones), and ``packing``; a no-op when they are unchanged."""
+        self.packing = getattr(optim, "packing", self.packing)
         if self.optimizer is None:
             return
         lr = float(optim.lr)
@@ -238,6 +311,18 @@ class Policy:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     # ---- scoring ---------------------------------------------------------------------------
+    def packs(self) -> bool:
+        """Whether ``logprobs`` packs its rows (``use_packing`` of ``optim.packing`` and the model's device), and
+        the model scores packed rows apart (``packing_fault``, checked once; else one warning and the padded path)."""
+        if not use_packing(self.packing, self.device):
+            return False
+        if self._packing_fault is None:
+            self._packing_fault = packing_fault(self.model) or ""
+            if self._packing_fault:
+                log.warning("model %r: optim.packing falls back to padded micro-batches: %s", self.model_id,
+                            self._packing_fault)
+        return not self._packing_fault
+
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, resp_len: int,
                  with_entropy: bool = False, entropy_grad: bool = True):
         """Per-token log-probs (and entropies) of the last ``resp_len`` tokens of each row.
@@ -246,19 +331,33 @@ class Policy:
         records behaviour log-probs (docs/algorithms.md#notation-and-conventions). Only the sampled tokens' log-probs are kept for the
         backward pass (``token_logprobs``), not a float32 log-softmax of the whole vocabulary; the entropies carry
         a gradient only with ``entropy_grad`` (an entropy bonus in the loss), else they are computed without one.
+        When ``packs()``, the model runs on the rows' real tokens as one sequence (``pack_rows``), keeps only the
+        logits that predict response tokens, and the values come back in the ``[B, resp_len]`` layout, 0 on
+        padding (``unpack``).
         """
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        packed = self.packs()
+        if packed:
+            ids, pos, keep, target, valid = pack_rows(input_ids, attention_mask, resp_len)
+            args = dict(input_ids=ids, position_ids=pos, logits_to_keep=keep)
+        else:
+            args = dict(input_ids=input_ids, attention_mask=attention_mask,
+                        position_ids=position_ids_from_mask(attention_mask), logits_to_keep=resp_len + 1)
         with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             position_ids=position_ids_from_mask(attention_mask), use_cache=False,
-                             logits_to_keep=resp_len + 1)
-        logits = out.logits[:, -resp_len - 1:-1, :]
-        logp = token_logprobs(logits, input_ids[:, -resp_len:], self.temperature)
+            out = self.model(**args, use_cache=False)
+        if packed:
+            logits, target = out.logits, target[None]
+        else:
+            logits, target = out.logits[:, -resp_len - 1:-1, :], input_ids[:, -resp_len:]
+        logp = token_logprobs(logits, target, self.temperature)
         ent = None
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 ent = token_entropies(logits, self.temperature)
+        if packed:
+            logp = unpack(logp[0], valid)
+            ent = unpack(ent[0], valid) if ent is not None else None
         return logp, ent
 
     @torch.no_grad()

@@ -83,7 +83,7 @@ def finish_minibatch(policy, total: float, records: list, where: str) -> dict:
 @torch.no_grad()
 def minibatch_old_logp(policy, mb):
     """theta_old of a minibatch's rows by the update's own forward code on the same batch (same rows, same
-    padding), before any optimizer step of the rollout batch: the first minibatch's ratio is then exactly 1 in
+    padding or packing, ``optim.packing``), before any optimizer step of the rollout batch: the first minibatch's ratio is then exactly 1 in
     every precision (docs/algorithms.md#notation-and-conventions). A given ratio base (``given_old``, e.g. GRAFT T2) is kept."""
     logp, _ = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
     mb.old_logp = torch.where(mb.given_old.unsqueeze(1), mb.old_logp, logp.to(mb.old_logp.dtype))

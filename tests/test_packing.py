@@ -1,0 +1,273 @@
+"""Padding-free updates (``optim.packing``, docs/scaling.md#memory-bounded-updates): a micro-batch's rows run as one
+sequence of their real tokens, position ids restarting at 0 for each row, and the per-token log-probs and entropies
+come back in the padded ``[B, R]`` layout. In float64, for every tiny model family built in code (qwen2, gpt2, llama) and
+attention implementation that runs here (sdpa, eager), the packed logits equal those of each row alone to 1e-10
+(and, under sdpa, the padded ones); the log-probs and entropies (float32 by design) equal the padded ones; the loss
+of every ``loss_agg`` mode and its gradient, theta_old (the first ratio exactly 1) and one real trainer step equal
+the padded path's. A packing whose position ids do not restart per row, or a model that ignores them, is caught.
+The AdamW implementation: fused on CUDA, foreach elsewhere."""
+import copy
+import dataclasses
+import random
+
+import pytest
+import torch
+from test_engine import tiny_policy
+
+from graftzoo.algos.base import StepContext
+from graftzoo.contract.batch import TrainBatch, pad_pairs
+from graftzoo.contract.config import LearnerFacts, load_config
+from graftzoo.contract.registry import get_algo
+from graftzoo.contract.types import TrainRow
+from graftzoo.tiny.hf import save_hf_model
+from graftzoo.training import policy as policy_mod
+from graftzoo.training.policy import (Policy, adamw_kwargs, pack_rows, packing_fault, position_ids_from_mask,
+                                      use_packing)
+from graftzoo.training.trainer import Trainer
+from graftzoo.training.update import minibatch_old_logp
+from transformers import AutoModelForCausalLM
+
+PROMPT_LENS, RESP_LENS = (3, 19, 7, 1, 11), (33, 2, 15, 1, 24)  # very different lengths, one 1-token prompt
+MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+def family_policy(family, tmp_path_factory=None, attn="sdpa") -> Policy:
+    """A randomly initialised tiny policy of ``family`` in float64 (llama: ``graftzoo.tiny.hf``'s model)."""
+    if family == "llama":
+        folder = save_hf_model(tmp_path_factory.mktemp("llama"))
+        pol = tiny_policy("qwen2")
+        pol = Policy("e-llama", AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval(),
+                     pol.tokenizer, template="compact")
+    else:
+        pol = tiny_policy(family)
+        pol.model.double()
+    pol.model.set_attn_implementation(attn)
+    return pol
+
+
+def rows_of(seed=1, vocab=14):
+    """Prompts and responses (token ids 4.. of the tiny vocabularies) of ``PROMPT_LENS`` / ``RESP_LENS``."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in PROMPT_LENS]
+    resps = [torch.randint(4, vocab, (n,), generator=g).tolist() for n in RESP_LENS]
+    return prompts, resps
+
+
+def resp_mask(resps, R):
+    return torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in resps], dtype=torch.float64)
+
+
+FAMILIES = [("qwen2", "sdpa"), ("qwen2", "eager"), ("gpt2", "sdpa"), ("gpt2", "eager"), ("llama", "sdpa"),
+            ("llama", "eager")]
+
+
+@pytest.mark.parametrize("family,attn", FAMILIES, ids=[f"{f}-{a}" for f, a in FAMILIES])
+def test_packed_logits_and_logprobs_equal_the_padded_ones(family, attn, tmp_path_factory):
+    pol = family_policy(family, tmp_path_factory, attn)
+    assert packing_fault(pol.model) is None
+    prompts, resps = rows_of()
+    ids, att, R = pad_pairs(prompts, resps, pol.pad_id)
+    mask = resp_mask(resps, R)
+    with torch.no_grad():
+        padded = pol.model(input_ids=ids, attention_mask=att, position_ids=position_ids_from_mask(att),
+                           use_cache=False).logits[:, -R - 1:-1]
+        pids, pos, keep, target, valid = pack_rows(ids, att, R)
+        assert pids.shape == (1, sum(PROMPT_LENS) + sum(RESP_LENS))  # only the real tokens
+        assert int(keep.numel()) == sum(RESP_LENS) and bool((valid == mask.bool()).all())
+        packed = pol.model(input_ids=pids, position_ids=pos, use_cache=False, logits_to_keep=keep).logits
+        alone = torch.cat([pol.model(input_ids=torch.tensor([p + r]), use_cache=False).logits[0, len(p) - 1:-1]
+                           for p, r in zip(prompts, resps)])  # each row by itself, no padding
+    assert packed.shape[1] == keep.numel()  # a 1-D logits_to_keep keeps exactly those positions
+    assert float((packed[0] - alone).abs().max()) <= 1e-10
+    if attn == "sdpa":  # eager attention in float64 gives NaN on left-padded rows: padded holds in sdpa only
+        assert float((packed[0] - padded[valid]).abs().max()) <= 1e-10
+    assert bool((target == ids[:, -R:][valid]).all())
+    if attn == "eager":
+        return
+
+    pol.temperature = 0.7  # divided as in the padded path
+    pol.packing = False
+    with torch.no_grad():
+        lp_pad, ent_pad = pol.logprobs(ids, att, R, with_entropy=True)
+    pol.packing = True
+    assert pol.packs()
+    with torch.no_grad():
+        lp, ent = pol.logprobs(ids, att, R, with_entropy=True)
+    # the log-probs are float32 by design (token_logprobs): equal to its rounding, 0 on padding
+    assert lp.shape == lp_pad.shape == (len(prompts), R)
+    assert float(((lp - lp_pad) * mask).abs().max()) <= 1e-6
+    assert float(((ent - ent_pad) * mask).abs().max()) <= 1e-6
+    assert float((lp * (1 - mask)).abs().max()) == 0.0 and float((ent * (1 - mask)).abs().max()) == 0.0
+
+
+def test_packing_whose_positions_do_not_restart_per_row_is_caught(monkeypatch):
+    """The check above can fail: position ids running on across the rows (no reset: one long causal sequence)
+    score the later rows after the earlier ones."""
+    pol = family_policy("qwen2")
+    prompts, resps = rows_of()
+    ids, att, R = pad_pairs(prompts, resps, pol.pad_id)
+    mask = resp_mask(resps, R)
+    pol.packing = False
+    with torch.no_grad():
+        lp_pad, _ = pol.logprobs(ids, att, R)
+    pol.packing = True
+    monkeypatch.setattr(policy_mod, "position_ids_from_mask",
+                        lambda m: (m.long().flatten().cumsum(0) - 1).view_as(m).clamp(min=0))
+    with torch.no_grad():
+        broken, _ = pol.logprobs(ids, att, R)
+    assert float(((broken - lp_pad) * mask).abs().max()) > 1e-2
+
+
+class NoPositions(torch.nn.Module):
+    """A model that drops the position ids it is given (so it cannot tell packed rows apart)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, position_ids=None, **kw):
+        """The wrapped model's forward without ``position_ids``."""
+        return self.inner(**kw)
+
+    def get_input_embeddings(self):
+        """The wrapped model's input embeddings."""
+        return self.inner.get_input_embeddings()
+
+
+def test_a_model_that_cannot_pack_falls_back_to_the_padded_path(caplog):
+    pol = family_policy("gpt2")
+    pol.model = NoPositions(pol.model)
+    pol.packing = True
+    assert "scores differently" in packing_fault(pol.model)
+    prompts, resps = rows_of()
+    ids, att, R = pad_pairs(prompts, resps, pol.pad_id)
+    with caplog.at_level("WARNING", logger="graftzoo"):
+        assert not pol.packs()
+    assert "falls back to padded" in caplog.text
+    lp, _ = pol.logprobs(ids, att, R)  # the padded path: NoPositions gets an attention mask, and runs
+    assert lp.shape == (len(prompts), R)
+
+
+def test_packing_resolves_auto_on_cuda_only():
+    assert not use_packing("auto", torch.device("cpu")) and use_packing("auto", torch.device("cuda"))
+    assert use_packing(True, torch.device("cpu")) and not use_packing(False, torch.device("cuda"))
+    cfg = load_config(pair="micro", algo="grpo", overrides=["optim.packing=true"])
+    pol = tiny_policy()
+    assert pol.packing == "auto" and not pol.packs()  # CPU: the padded path, as before
+    pol.configure_optimizer(cfg.optim)
+    assert pol.packing is True
+    pol.apply_optim_settings(load_config(pair="micro", algo="grpo").optim)
+    assert pol.packing == "auto"
+
+
+def test_adamw_is_fused_on_cuda_and_foreach_elsewhere():
+    assert adamw_kwargs(torch.device("cuda")) == {"fused": True}
+    assert adamw_kwargs(torch.device("cuda:1")) == {"fused": True}
+    assert adamw_kwargs(torch.device("cpu")) == {"foreach": True}
+    pol = tiny_policy()
+    pol.configure_optimizer(load_config(pair="micro", algo="grpo").optim)
+    assert pol.optimizer.param_groups[0]["foreach"] is True and not pol.optimizer.param_groups[0]["fused"]
+
+
+# ---- the loss ------------------------------------------------------------------------------------------------
+
+def minibatch(pol, seed=2):
+    """The rows as one float64 minibatch (TrainBatch's real layout) with theta_old from the policy's own path
+    (``minibatch_old_logp``), then old log-probs moved off it so some ratios clip."""
+    prompts, resps = rows_of()
+    g = torch.Generator().manual_seed(seed)
+    rows = [TrainRow(p, r, [0.0] * len(r), [1.0] * len(r), [1.0] * len(r), float(a), 1.0, "own", b)
+            for b, (p, r, a) in enumerate(zip(prompts, resps, (1.25, -0.75, 0.375, -1.125, 0.5)))]
+    mb = TrainBatch(rows, [None] * len(rows), pad_id=pol.pad_id).minibatch(range(len(rows)))
+    mb = dataclasses.replace(mb, **{k: getattr(mb, k).double() for k in (
+        "old_logp", "loss_mask", "kl_mask", "advantages", "weights", "origin_mean_logp")})
+    minibatch_old_logp(pol, mb)
+    mb.old_logp = mb.old_logp + 0.6 * (torch.rand(mb.old_logp.shape, generator=g, dtype=torch.float64) - 0.5)
+    return mb
+
+
+def loss_and_grads(pol, ref, mode, packing):
+    """The GRPO learner's real loss (KL and entropy terms on) and its parameter gradients."""
+    cfg = load_config(pair="micro", algo="grpo", overrides=[f"algo.loss_agg={mode}", "algo.beta_kl=0.05",
+                                                            "algo.entropy_coeff=0.01", "rollout.max_new_tokens=40"])
+    learner = get_algo("grpo")(cfg.algo, LearnerFacts.of(cfg))
+    ctx = StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=pol, engine=None, env=None,
+                      ref_policy=ref, rng=random.Random(0))
+    pol.packing = ref.packing = packing
+    mb = minibatch(pol)
+    pol.model.zero_grad(set_to_none=True)
+    loss, _ = learner.loss(ctx, pol, mb)
+    loss.backward()
+    return float(loss.detach()), {n: p.grad.clone() for n, p in pol.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_packed_loss_and_gradient_equal_the_padded_ones(family, mode):
+    pol = family_policy(family)
+    pol.model.train()
+    with torch.no_grad():  # a reference the policy differs from, so the KL term is not 0
+        ref = copy.copy(pol)
+        ref.model = copy.deepcopy(pol.model).eval()
+        for p in ref.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    pad_loss, pad_grads = loss_and_grads(pol, ref, mode, False)
+    loss, grads = loss_and_grads(pol, ref, mode, True)
+    assert abs(loss - pad_loss) <= 1e-6 and abs(pad_loss) > 1e-4
+    assert grads.keys() == pad_grads.keys()
+    worst = max(float((grads[n] - pad_grads[n]).abs().max()) for n in grads)
+    scale = max(float(g.abs().max()) for g in pad_grads.values())
+    assert worst <= 1e-6 * scale and scale > 1e-4
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_theta_old_through_the_same_path_gives_a_first_ratio_of_exactly_one(packing):
+    pol = family_policy("qwen2")
+    pol.packing = packing
+    prompts, resps = rows_of()
+    rows = [TrainRow(p, r, [0.0] * len(r), [1.0] * len(r), [1.0] * len(r), 1.0, 1.0, "own", b)
+            for b, (p, r) in enumerate(zip(prompts, resps))]
+    mb = TrainBatch(rows, [None] * len(rows), pad_id=pol.pad_id).minibatch(range(len(rows)))
+    minibatch_old_logp(pol, mb)
+    logp, _ = pol.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
+    assert bool((torch.exp(logp - mb.old_logp) * mb.loss_mask == mb.loss_mask).all())
+
+
+# ---- a real trainer step ---------------------------------------------------------------------------------------
+
+def stepped_weights(tmp_path, packing):
+    """The learner's weights after one trainer step of the micro pair (its models made float64 first), with
+    ``optim.packing=packing``, micro-batches of at most 120 padded tokens and theta_old recomputed."""
+    cfg = load_config(pair="micro", algo="grpo", overrides=[
+        "run.track=false", f"run.out_dir={tmp_path}", f"run.name=pack-{str(packing).lower()}",
+        "pair.train=[micro-qwen-char]",
+        "algo.beta_kl=0.05", "algo.entropy_coeff=0.01", "optim.max_tokens_per_micro=120",
+        "rollout.recompute_old_logp=on", f"optim.packing={str(packing).lower()}", "optim.lr=1e-3"])
+    tr = Trainer(cfg)
+    try:
+        for m, pol in tr.policies.items():
+            pol.model.double()
+            pol.configure_optimizer(cfg.optim)
+            if tr.refs.get(m) is not None:
+                tr.refs[m].model.double()
+        pol = tr.policies["micro-qwen-char"]
+        before = {n: p.detach().clone() for n, p in pol.model.named_parameters()}
+        met = tr.train_step(0)["micro-qwen-char"]
+        return before, {n: p.detach().clone() for n, p in pol.model.named_parameters()}, met
+    finally:
+        tr.close()
+
+
+def test_one_trainer_step_with_packing_gives_the_padded_step_s_weights(tmp_path, monkeypatch):
+    calls = []
+    pack = policy_mod.pack_rows
+    monkeypatch.setattr(policy_mod, "pack_rows", lambda *a: calls.append(a[0].shape[0]) or pack(*a))
+    before, padded, met_pad = stepped_weights(tmp_path, False)
+    assert calls == []
+    _, packed, met = stepped_weights(tmp_path, True)
+    assert len(calls) > 2 and max(calls) > 1  # theta_old and loss passes, several rows packed per pass
+    moved = max(float((padded[n] - before[n]).abs().max()) for n in padded)
+    worst = max(float((packed[n] - padded[n]).abs().max()) for n in padded)
+    assert moved > 1e-4  # the step changed the weights
+    assert worst <= 1e-9, worst
+    assert met["loss"] == pytest.approx(met_pad["loss"], abs=1e-6)
