@@ -282,33 +282,43 @@ SET_CASES = [  # (pred, gold) where math-verify compares sets: radicals, near an
 ]
 
 
-def test_quick_compare_sets_agrees_with_math_verify(monkeypatch):
-    """The workers' shortcut in math-verify's set comparison (``quick_compare_sets``: no symmetric
-    difference when the sets provably differ) never changes a verdict, and it is taken."""
-    original = math_verify.grader.sympy_compare_sets
+def _shortcut_keeps_verdicts(monkeypatch, grader_fn: str, wrap, proof: str, pairs: list) -> tuple[list, list]:
+    """Verdicts of ``("verify", gold, pred)`` for ``pairs`` with math-verify as shipped, then with its
+    ``grader_fn`` replaced by ``wrap(original)``: they must be the same. Returns the verdicts and, per call
+    of the worker's ``proof`` (the test that lets the shortcut skip the original's slow step), its answer."""
+    original = getattr(math_verify.grader, grader_fn)
     assert not hasattr(original, "original")
 
     def verdicts():
         W.forget()
-        return [W._evaluate("verify", g, p) for p, g in SET_CASES]
+        return [W._evaluate("verify", g, p) for g, p in pairs]
 
     expected = verdicts()
-    taken, real = [], W._sets_surely_differ
+    taken, real = [], getattr(W, proof)
 
     def counting(a, b):
-        differ = real(a, b)
-        taken.append(differ)
-        return differ
+        taken.append(real(a, b))
+        return taken[-1]
 
-    monkeypatch.setattr(W, "_sets_surely_differ", counting)
-    monkeypatch.setattr(math_verify.grader, "sympy_compare_sets", W.quick_compare_sets(original))
+    monkeypatch.setattr(W, proof, counting)
+    monkeypatch.setattr(math_verify.grader, grader_fn, wrap(original))
     got = verdicts()
-    wrong = [(p, g, e, q) for (p, g), e, q in zip(SET_CASES, expected, got) if e != q]
+    wrong = [(g, p, e, q) for (g, p), e, q in zip(pairs, expected, got) if e != q]
     assert not wrong, wrong
-    assert sum(taken) >= 10 and not all(taken), taken  # the shortcut was taken, and not everywhere
     assert ("ok", True) in expected and ("ok", False) in expected
+    return expected, taken
+
+
+def test_quick_compare_sets_agrees_with_math_verify(monkeypatch):
+    """The workers' shortcut in math-verify's set comparison (``quick_compare_sets``: no symmetric
+    difference when the sets provably differ) never changes a verdict, it is taken, and sympy's
+    ``Set.symmetric_difference`` is itself again afterwards."""
     from sympy import Set
-    assert Set.symmetric_difference is original.__globals__["Set"].symmetric_difference  # restored
+    method = Set.symmetric_difference
+    _, taken = _shortcut_keeps_verdicts(monkeypatch, "sympy_compare_sets", W.quick_compare_sets,
+                                        "_sets_surely_differ", [(g, p) for p, g in SET_CASES])
+    assert sum(taken) >= 10 and not all(taken), taken  # the shortcut was taken, and not everywhere
+    assert Set.symmetric_difference is method
 
 
 LINE_CASES = [  # (gold, pred) relations: lines and planes, multiples, other symbols, non-linear ones
@@ -323,28 +333,9 @@ def test_quick_solve_and_compare_agrees_with_math_verify(monkeypatch):
     """The workers' shortcut for math-verify's solve-and-compare of two relations
     (``quick_solve_and_compare``: no ``solve`` for two linear equations whose solutions provably
     differ) never changes a verdict, and it is taken."""
-    original = math_verify.grader.sympy_solve_and_compare
-    assert not hasattr(original, "original")
-
-    def verdicts():
-        W.forget()
-        return [W._evaluate("verify", g, p) for g, p in LINE_CASES]
-
-    expected = verdicts()
-    taken, real = [], W._lines_surely_differ
-
-    def counting(a, b):
-        differ = real(a, b)
-        taken.append(differ)
-        return differ
-
-    monkeypatch.setattr(W, "_lines_surely_differ", counting)
-    monkeypatch.setattr(math_verify.grader, "sympy_solve_and_compare", W.quick_solve_and_compare(original))
-    got = verdicts()
-    wrong = [(g, p, e, q) for (g, p), e, q in zip(LINE_CASES, expected, got) if e != q]
-    assert not wrong, wrong
+    _, taken = _shortcut_keeps_verdicts(monkeypatch, "sympy_solve_and_compare", W.quick_solve_and_compare,
+                                        "_lines_surely_differ", LINE_CASES)
     assert sum(taken) >= 5 and not all(taken), taken
-    assert ("ok", True) in expected and ("ok", False) in expected
 
 
 def test_an_answer_in_a_box_and_in_prose_is_compared_once(monkeypatch):
