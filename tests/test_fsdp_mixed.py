@@ -24,6 +24,7 @@ MODEL = "micro-gpt2-pair"
 _RANKS = r'''
 import json, sys, torch, torch.multiprocessing as mp
 from graftzoo.contract.config import load_config
+from graftzoo.distributed.cluster import free_port
 from graftzoo.training import fsdp
 from graftzoo.training.models import build_policy
 
@@ -38,11 +39,11 @@ def loss_of(pol, ids, mask, tokens):
     logp, _ = pol.logprobs(ids, mask, 8)
     return -logp.sum() / tokens   # the whole batch's denominator: the ranks' gradients add up
 
-def rank(r, world, port, precision, out):
+def rank(r, world, port, model, precision, out):
     torch.set_num_threads(1)
-    fsdp.init_group(r, world, "127.0.0.1", port, "cpu", 60)
+    fsdp.init_group(r, world, "127.0.0.1", port, "cpu", 300)  # generous: a loaded machine starts ranks slowly
     cfg = load_config(pair="micro", algo="grpo", overrides=[f"optim.precision={precision}"])
-    spec = next(s for s in cfg.pair.models if s["id"] == sys.argv[1])
+    spec = next(s for s in cfg.pair.models if s["id"] == model)
     pol = build_policy(spec, cfg, seed=0)
     fsdp.shard_policy(pol)
     dtypes = set()
@@ -61,15 +62,15 @@ def rank(r, world, port, precision, out):
     torch.distributed.destroy_process_group()
 
 if __name__ == "__main__":
-    _, model, precision, port, out = sys.argv
-    mp.start_processes(rank, args=(2, int(port), precision, out), nprocs=2, start_method="spawn")
+    _, model, precision, out = sys.argv
+    mp.start_processes(rank, args=(2, free_port("127.0.0.1"), model, precision, out), nprocs=2, start_method="spawn")
 '''
 
 
 def _group(tmp_path, precision: str) -> dict:
     script, out = tmp_path / "ranks.py", tmp_path / f"{precision}.json"
     script.write_text(_RANKS)
-    code, log = finish(loopback([sys.executable, str(script), MODEL, precision, "29517", str(out)]), timeout=300)
+    code, log = finish(loopback([sys.executable, str(script), MODEL, precision, str(out)]), timeout=300)
     assert code == 0, log[-3000:]
     return json.loads(out.read_text())
 
@@ -83,7 +84,7 @@ def _one_process(precision: str):
     mask[1, :5] = 0
     loss = sum(-pol.logprobs(ids[r::2], mask[r::2], 8)[0].sum() / 32 for r in range(2))
     loss.backward()
-    return float(loss), {n: p.grad for n, p in pol.model.named_parameters()}
+    return float(loss.detach()), {n: p.grad for n, p in pol.model.named_parameters()}
 
 
 def _worst(grads: dict, ref: dict) -> float:
