@@ -467,13 +467,6 @@ def quick_symbolic_eq(symbolic_eq):
     return quick
 
 
-def _install_quick_symbolic_eq() -> None:
-    """Make math-verify's grader use ``quick_symbolic_eq`` (in worker processes only)."""
-    import math_verify.grader
-    if not hasattr(math_verify.grader.sympy_symbolic_eq, "original"):
-        math_verify.grader.sympy_symbolic_eq = quick_symbolic_eq(math_verify.grader.sympy_symbolic_eq)
-
-
 def _values(finite_set) -> list[complex] | None:
     """The elements of a sympy ``FiniteSet`` of constants as complex numbers with 15 correct digits
     (sympy's evalf, ``strict=True``); None when one has symbols or no such value."""
@@ -538,13 +531,6 @@ def quick_compare_sets(compare_sets):
     return quick
 
 
-def _install_quick_compare_sets() -> None:
-    """Make math-verify's grader use ``quick_compare_sets`` (in worker processes only)."""
-    import math_verify.grader
-    if not hasattr(math_verify.grader.sympy_compare_sets, "original"):
-        math_verify.grader.sympy_compare_sets = quick_compare_sets(math_verify.grader.sympy_compare_sets)
-
-
 def _linear_form(relation):
     """``lhs - rhs`` of a sympy ``Eq`` as a ``Poly`` over QQ when it is linear in its symbols (one at
     least, each plain or merely real, as math-verify's parser makes them) with exact coefficients
@@ -603,13 +589,6 @@ def quick_solve_and_compare(solve_and_compare):
     return quick
 
 
-def _install_quick_solve_and_compare() -> None:
-    """Make math-verify's grader use ``quick_solve_and_compare`` (in worker processes only)."""
-    import math_verify.grader
-    if not hasattr(math_verify.grader.sympy_solve_and_compare, "original"):
-        math_verify.grader.sympy_solve_and_compare = quick_solve_and_compare(math_verify.grader.sympy_solve_and_compare)
-
-
 SOLVE_CACHE_SIZE = 1024
 
 
@@ -635,11 +614,17 @@ def remembered_solve(solve):
     return cached
 
 
-def _install_solve_cache() -> None:
-    """Make math-verify's grader use ``remembered_solve`` (in worker processes only)."""
+# math-verify's grader functions replaced in the workers, each by a drop-in with the same verdicts
+GRADER_DROP_INS = (("sympy_symbolic_eq", quick_symbolic_eq), ("sympy_compare_sets", quick_compare_sets),
+                   ("sympy_solve_and_compare", quick_solve_and_compare), ("solve", remembered_solve))
+
+
+def _install_in_grader(name: str, wrapper) -> None:
+    """Make math-verify's grader call ``wrapper(original)`` for its function ``name`` (in worker processes
+    only; once: a drop-in marks itself with ``original``)."""
     import math_verify.grader
-    if not hasattr(math_verify.grader.solve, "original"):
-        math_verify.grader.solve = remembered_solve(math_verify.grader.solve)
+    if not hasattr(getattr(math_verify.grader, name), "original"):
+        setattr(math_verify.grader, name, wrapper(getattr(math_verify.grader, name)))
 
 
 # One pair per common answer shape; evaluating them once in a new worker pays math-verify's
@@ -757,10 +742,8 @@ def worker_main(conn) -> None:
     for name in ("math_verify", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     _install_two_stage_parser()  # imports math-verify, before the memory cap is measured
-    _install_quick_symbolic_eq()
-    _install_quick_compare_sets()
-    _install_quick_solve_and_compare()
-    _install_solve_cache()
+    for name, wrapper in GRADER_DROP_INS:
+        _install_in_grader(name, wrapper)
     _install_parse_caches()
     _limit_memory()
     _warm_up()
