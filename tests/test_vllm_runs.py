@@ -1,14 +1,18 @@
-"""Runs with the vLLM engine core in its own process (rollout.vllm.multiprocessing=true, weights synced through a
-save_pretrained folder), driven as a researcher drives them from Python: the run trains to the end with
-the engine's log-probs following the updates, and no engine process outlives a run that ends, fails or is
+"""Runs with the vLLM engine core in its own process (rollout.vllm.multiprocessing=true, weights streamed to it in
+memory, graftzoo.training.weight_stream), driven as a researcher drives them from Python: the run trains to the
+end with the engine's log-probs following the updates, no weight file is written (``weight_sync: disk``, the
+fallback, is the one that writes one, and says so), and no engine process outlives a run that ends, fails or is
 interrupted: the processes are counted while the run holds its engine and again once ``train`` has returned or
 raised, with the Python session still alive (vLLM's own exit hooks would hide a leak in a process that exits)."""
 import json
+import logging
 import os
 import signal
 
 import psutil
 import pytest
+import safetensors.torch
+from transformers import PreTrainedModel
 
 from graftzoo.contract.config import load_config
 from graftzoo.contract.errors import NonFiniteError
@@ -68,15 +72,44 @@ def engine_processes(monkeypatch):
         engine.close()
 
 
-def test_the_engine_process_trains_with_the_run_and_ends_with_it(tmp_path, engine_processes):
+def weights_written(monkeypatch) -> list:
+    """Spy on every way this process writes model weights to a file: transformers' ``save_pretrained`` and
+    safetensors' ``save_file``."""
+    written = []
+
+    def spy(real, what):
+        def call(*a, **kw):
+            written.append(what)
+            return real(*a, **kw)
+        return call
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", spy(PreTrainedModel.save_pretrained, "save_pretrained"))
+    monkeypatch.setattr(safetensors.torch, "save_file", spy(safetensors.torch.save_file, "save_file"))
+    return written
+
+
+def test_the_engine_process_trains_with_the_run_and_ends_with_it(tmp_path, engine_processes, monkeypatch):
     seen, before = engine_processes
+    written = weights_written(monkeypatch)
     run = train(load_config(pair="micro", algo="grpo", overrides=[*ONE_MODEL, f"run.out_dir={tmp_path}",
                                                                   "run.name=x", "run.steps=2"]))
     assert len(seen) == 2 and all(engines(s - before) for s in seen)  # an engine process served every step
     assert children() - before == set()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r.get("time/weight_sync") is not None]
-    assert len(steps) == 2 and all(r["rollout/logp_diff_max"] <= 1e-4 for r in steps), steps  # synced from disk
+    assert len(steps) == 2 and all(r["rollout/logp_diff_max"] <= 1e-5 for r in steps), steps  # streamed, fp32
+    assert written == []  # the weights went to the engine's process in memory
+
+
+def test_the_disk_fallback_says_why_and_writes_the_folder(tmp_path, monkeypatch, caplog):
+    written = weights_written(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="graftzoo"):
+        run = train(load_config(pair="micro", algo="grpo", overrides=[
+            *ONE_MODEL, "rollout.vllm.weight_sync=disk", f"run.out_dir={tmp_path}", "run.name=x", "run.steps=1"]))
+    assert "save_pretrained" in written
+    assert any("rollout.vllm.weight_sync=disk" in r.getMessage() for r in caplog.records)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["rollout/logp_diff_max"] <= 1e-5 for r in rows if r.get("time/weight_sync") is not None)
 
 
 def test_a_failed_run_ends_its_engine_process(tmp_path, engine_processes, monkeypatch):

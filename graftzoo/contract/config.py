@@ -130,6 +130,13 @@ class RaySection(Section):
                                   le=MAX_WAIT_S)
     collective_timeout_s: float = key(600.0, "torch.distributed timeout within a group (a dead rank fails)", gt=0,
                                        le=MAX_WAIT_S)
+    hf_split_generate: bool = key(False, "HF engine, sharded group: each rank decodes its share of the prompts "
+                                         "(faster; the samples then depend on the ranks); false: every rank "
+                                         "decodes all in lockstep (the in-process run's rollouts). vLLM always "
+                                         "splits, seeded per prompt")
+    concurrent_models: bool = key(True, "the models' generate/score/theta_old and update/weight sync run at "
+                                        "once, one driver thread per model (the same seeded metrics); false: one "
+                                        "model after the other")
 
 
 class LoraSection(Section):
@@ -263,8 +270,10 @@ class VllmSection(Section):
                                            le=MAX_MEMORY_GB)
     gpu_memory_utilization: float = key(0.4, "GPU share for weights + KV cache when kv_cache_gb is null", gt=0, le=1)
     enforce_eager: bool = key(True, "no torch.compile / CUDA graphs: fast start-up, nothing cached on disk")
-    multiprocessing: bool = key(False, "engine core in its own process (weights then synced through disk)")
-    weight_sync: Literal["auto", "tensors", "disk"] = key("auto", "tensors (in-process) | disk | auto")
+    multiprocessing: bool = key(False, "engine core in its own process (weights then streamed to it)")
+    weight_sync: Literal["auto", "tensors", "stream", "disk"] = key(
+        "auto", "tensors (in-process, by reference) | stream (to the engine's process, over loopback, in memory) | "
+                "disk (a save_pretrained folder, the fallback) | auto: tensors in-process, else stream")
     sleep_level: Int = key(0, "1 | 2: vLLM sleep mode frees the engine's GPU memory during updates", ge=0, le=2)
     max_num_seqs: Int = key(256, "sequences the engine decodes at once", ge=1, le=MAX_SEQS)
     prefix_caching: bool = key(True, "reuse the KV cache of shared prompt prefixes")
@@ -826,7 +835,7 @@ def check_run(cfg: RunConfig) -> None:
                               f"pair.models[].device): set it to 0")
         if vl.weight_sync == "tensors" and vl.multiprocessing:
             raise ConfigError("config key 'rollout.vllm.weight_sync' = tensors needs rollout.vllm.multiprocessing="
-                              "false: tensors do not cross to the engine core's process (use disk or auto)")
+                              "false: tensors do not cross to the engine core's process (use stream or auto)")
     peer = cfg.peer
     trained = [m for m in ids if m in (cfg.pair.train or ids)]
     if peer.source in ("online", "mixed") and len(trained) != 2:

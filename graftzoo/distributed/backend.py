@@ -45,6 +45,7 @@ class WorkerGroup:
         self.broken = False  # a call failed: the others may wait in a collective, so close() ends them at once
         _, local = split_spec(spec)
         self.world = workers_of(spec, cfg)
+        self.split_hf = self.world > 1 and bool(cfg.ray.hf_split_generate)  # HF ranks decode their own shares
         device = str(local.get("device", cfg.run.device))
         r = cfg.ray
         gpus = float(r.gpus_per_worker) if device.startswith("cuda") else 0
@@ -260,6 +261,21 @@ class RemotePolicy(Policy):
     logprobs = step = zero_grad = accumulate = apply_gradients = configure_optimizer = _elsewhere
 
 
+def dp_shares(n: list, world: int) -> list:
+    """Each rank's contiguous ``(start, end)`` span of a request's prompts (``n``: samples per prompt) for
+    data-parallel generation: whole groups, cut where the running count of samples crosses each rank's equal
+    share, so every rank decodes about as many sequences; a rank may get none."""
+    total, spans, start, acc = sum(n), [], 0, 0
+    for r in range(world):
+        target, end = total * (r + 1) / world, start
+        while end < len(n) and (r == world - 1 or acc + n[end] / 2 <= target):
+            acc += n[end]
+            end += 1
+        spans.append((start, end))
+        start = end
+    return spans
+
+
 def _share(micros: list, rank: int, world: int) -> list:
     """Rank ``rank``'s micro-batches of a minibatch (round-robin), without their Rollouts; a rank left with fewer
     than the others gets a stand-in of scale 0 for each missing pass (the group's collectives need them)."""
@@ -271,7 +287,12 @@ def _share(micros: list, rank: int, world: int) -> list:
 
 
 class RemoteEngine(Engine):
-    """The rollout engine of a worker group (HF on every rank in lockstep, or vLLM on rank 0)."""
+    """The rollout engine of a worker group: a vLLM engine on every rank, each decoding its share of the request
+    (data-parallel: ``dp_shares``), the groups returned in the request's order. Each prompt's seed is drawn here,
+    from the generator the trainer seeds per step and model, so a seeded request gives the same rollouts on any
+    number of ranks. The HF engine decodes with the sharded training model: every rank runs the whole request in
+    lockstep (the in-process run's rollouts), or its own share with ``ray.hf_split_generate`` (each rank seeded
+    apart, every rank running as many forward passes as the busiest)."""
 
     def __init__(self, group: WorkerGroup, policy: RemotePolicy):
         info = group.info["engine"]
@@ -280,12 +301,20 @@ class RemoteEngine(Engine):
         self.temperature, self.top_p, self.top_k = info["temperature"], info["top_p"], info["top_k"]
         self.max_new_tokens, self.min_new_tokens = info["max_new_tokens"], info["min_new_tokens"]
         self.sampling: dict = {}
-        # every rank decodes in lockstep with an engine that uses the training model; else rank 0 holds the engine
-        self.ranks = list(range(group.world)) if self.uses_training_model else [0]
+        self.lockstep = self.uses_training_model and not group.split_hf  # HF: every rank decodes the whole request
 
     def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None) -> list:
-        return self.group.call("generate", list(prompts), n, prefixes, greedy, temperature, max_new_tokens,
-                               self.policy.max_prompt_tokens, self.sampling, ranks=self.ranks)[0]
+        prompts, W = list(prompts), self.group.world
+        n = [int(n)] * len(prompts) if isinstance(n, int) else [int(k) for k in n]
+        shared = (greedy, temperature, max_new_tokens, self.policy.max_prompt_tokens, self.sampling)
+        if self.lockstep:  # rank 0's answer
+            return self.group.call("generate", *shared, prompts=prompts, n=n, prefixes=prefixes)[0]
+        seeds = None if self.uses_training_model else torch.randint(0, 2**63 - 1, (len(prompts),)).tolist()
+        spans = dp_shares(n, W)
+        per_rank = [{"prompts": prompts[a:b], "n": n[a:b], "prefixes": None if prefixes is None else prefixes[a:b],
+                     "prompt_seeds": None if seeds is None else seeds[a:b]} for a, b in spans]
+        parts = self.group.call("generate", *shared, per_rank=per_rank)
+        return [g for part in parts for g in part]
 
     def seed(self, seed: int) -> None:
         torch.manual_seed(seed)
@@ -309,13 +338,21 @@ class RemoteEngine(Engine):
 
 
 class RayBackend:
-    """Builds each trained model's worker group on Ray (a private local cluster unless ``ray.address``)."""
+    """Builds each trained model's worker group on Ray (a private local cluster unless ``ray.address``).
+
+    ``concurrent_models``: the models share nothing between their groups, so the trainer may run their phases at
+    once, one driver thread per model (``ray.concurrent_models``, on by default). A thread whose group fails raises
+    as the sequential step does; a group still busy when the run ends is closed like the others (its workers are
+    killed after ``WorkerGroup.close``'s bounded wait), which ends its thread's call."""
+
+    concurrent_models = True
 
     def __init__(self):
         self.groups: dict = {}
         self.started = False
 
     def build(self, cfg: RunConfig, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
+        self.concurrent_models = bool(cfg.ray.concurrent_models)
         specs = [s for s in specs if s["id"] in train_ids]
         toks = {s["id"]: load_tokenizer_of(s) for s in specs}  # a tiny model is warmed up here, once
         workers = sum(workers_of(s, cfg) for s in specs)

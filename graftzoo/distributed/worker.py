@@ -4,19 +4,21 @@ calls these methods, each with plain data in and out (prompts, token ids, miniba
 
 Every rank of a group receives every call that runs the model (generate with the HF engine, scoring, the update,
 weight sync, checkpoints) at the same time and with the same inputs, so that FSDP2's collectives match; the driver
-keeps rank 0's answer. A vLLM engine lives on rank 0 only and is fed the gathered weights.
+keeps rank 0's answer. A vLLM engine lives on every rank (in its own process) and decodes that rank's share of
+the prompts; after each update every rank streams it the gathered weights, in memory.
 """
 from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from graftzoo.contract.config import LearnerFacts, RunConfig, with_values
 from graftzoo.algos.base import StepContext
-from graftzoo.training.models import ENGINES, build_engine, build_policy, make_ref, wants_ref
+from graftzoo.training.models import ENGINES, build_engine, build_policy, build_sharded_policy, make_ref, wants_ref
 from graftzoo.contract.registry import get_algo
 from graftzoo.training.update import accumulate_minibatch, update_policy
 from graftzoo.training import fsdp
@@ -30,6 +32,13 @@ def peak_memory_gb(device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**30
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def group_max(device, x: int) -> int:
+    """The largest ``x`` over the ranks of this process's group (a collective: every rank calls it at once)."""
+    t = torch.tensor([int(x)], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def rank_step(ctx, policy, learner, micros: list, where: str) -> dict:
@@ -48,7 +57,6 @@ class PolicyWorker:
             os.chdir(cwd)
         self.spec, self.cfg, self.rank, self.world = spec, cfg, rank, world
         self.policy = self.engine = self.ref = self.learner = None
-        self.gathers = False
         self.engines: dict = {}  # sampling overrides (with_sampling) -> the engine's view
 
     # ---- set-up ------------------------------------------------------------------------------
@@ -67,22 +75,21 @@ class PolicyWorker:
         if self.world > 1:
             fsdp.init_group(self.rank, self.world, addr, port, device, cfg.ray.collective_timeout_s)
         torch.manual_seed(seed)
-        pol = self.policy = build_policy(spec, cfg, seed)
-        self.ref = make_ref(pol) if wants_ref(cfg) else None
-        if self.world > 1:
-            fsdp.shard_policy(pol, self.ref)
-        # an engine that decodes with the training model itself runs on every rank, in lockstep (FSDP's collectives);
-        # one with its own copy of the weights (vLLM) lives on rank 0 and is fed the weights every rank gathers
-        lockstep = ENGINES[cfg.rollout.engine].uses_training_model
-        self.gathers = self.world > 1 and not lockstep
-        if self.gathers:
+        if self.world > 1:  # FSDP2: the model built on the meta device, each rank loading only its own shards
+            pol, self.ref = build_sharded_policy(spec, cfg, seed, ref=wants_ref(cfg))
+        else:
+            pol = build_policy(spec, cfg, seed)
+            self.ref = make_ref(pol) if wants_ref(cfg) else None
+        self.policy = pol
+        # every rank holds a rollout engine: one that decodes with the training model itself runs in lockstep (FSDP's
+        # collectives); one with its own copy of the weights (vLLM) decodes this rank's share of the prompts
+        if self.world > 1 and not ENGINES[cfg.rollout.engine].uses_training_model:
             # vLLM's engine core would join this process's torch.distributed group (the FSDP ranks) and wait for
-            # ranks that never come: it runs in its own process, and takes the weights through disk
+            # ranks that never come: it runs in its own process, and takes the weights streamed in memory
             cfg = with_values(cfg, {"rollout.vllm.multiprocessing": True})
-            pol.full_state_dict()  # every rank takes part in the gather rank 0's engine starts from
-        if self.rank == 0 or lockstep:
-            self.engines[()] = self.engine = build_engine(pol, cfg)
-        pol.release_gathered()
+        self.engines[()] = self.engine = build_engine(pol, cfg)
+        if self.world > 1 and self.engine.uses_training_model and cfg.ray.hf_split_generate:
+            self.engine.group_max = partial(group_max, pol.device)  # every rank as many passes as the busiest
         self.learner = get_algo(cfg.algo.name)(cfg.algo, LearnerFacts.of(cfg))
         eng = self.engine
         return {"pid": os.getpid(), "device": str(pol.device), "param_dtype": str(pol.param_dtype),
@@ -100,16 +107,21 @@ class PolicyWorker:
 
     # ---- rollouts ----------------------------------------------------------------------------
     def seed(self, seed: int) -> None:
-        torch.manual_seed(seed)
+        """Seed this rank's sampling: the same on every rank decoding in lockstep, one stream per rank where each
+        decodes its own share with the HF engine (a vLLM engine seeds each sequence from the driver's seeds)."""
+        torch.manual_seed(seed + 1000003 * self.rank if getattr(self.engine, "group_max", None) else seed)
 
-    def generate(self, prompts, n, prefixes, greedy, temperature, max_new_tokens, max_prompt_tokens, sampling):
-        """``Engine.generate`` with the driver's prompt budget and sampling overrides (``with_sampling``)."""
+    def generate(self, greedy, temperature, max_new_tokens, max_prompt_tokens, sampling, *, prompts, n, prefixes=None,
+                 prompt_seeds=None):
+        """``Engine.generate`` with the driver's prompt budget and sampling overrides (``with_sampling``): the whole
+        request on every rank in lockstep, or this rank's share of it (``prompt_seeds``: each prompt's seed)."""
         key = tuple(sorted(sampling.items()))
         if key not in self.engines:
             self.engines[key] = self.engine.with_sampling(**sampling)
         self.policy.max_prompt_tokens = int(max_prompt_tokens)
+        seeded = {} if prompt_seeds is None else {"prompt_seeds": prompt_seeds}
         return self.engines[key].generate(prompts, n, prefixes=prefixes, greedy=greedy, temperature=temperature,
-                                          max_new_tokens=max_new_tokens)
+                                          max_new_tokens=max_new_tokens, **seeded)
 
     def score_sequences(self, prompts, responses, with_entropy: bool):
         return self.policy.score_sequences(prompts, responses, with_entropy=with_entropy)
@@ -122,18 +134,9 @@ class PolicyWorker:
             self.engine.release_memory()
 
     def sync_weights(self) -> float:
-        """The engine takes the current weights (a sharded group first gathers them, every rank at once); seconds
-        taken (the gather included)."""
-        if not self.gathers:
-            return self.engine.sync_weights() if self.engine is not None else 0.0
-        t = time.perf_counter()
-        try:
-            self.policy.full_state_dict()
-            if self.engine is not None:
-                self.engine.sync_weights()
-        finally:
-            self.policy.release_gathered()
-        return time.perf_counter() - t
+        """The engine takes the current weights (a sharded group gathers each tensor as it streams, every rank at
+        once); seconds taken."""
+        return self.engine.sync_weights()
 
     # ---- update ------------------------------------------------------------------------------
     def update(self, step: int, epoch: int, model_index: int, learner_state: dict, *, mbs: list, recompute: bool,

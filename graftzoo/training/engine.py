@@ -173,6 +173,12 @@ def rollout_from_tokens(pol: Policy, pids: list, pre: list, toks: list, lps: lis
                    tokenizer_id=pol.tokenizer_id)
 
 
+def _stand_in(pol: Policy) -> tuple:
+    """A one-token batch for a rank that has no more rows to decode while others still do (its output unused)."""
+    ids = torch.full((1, 1), pol.pad_id, dtype=torch.long, device=pol.device)
+    return ids, torch.ones_like(ids)
+
+
 class HFEngine(Engine):
     uses_training_model = True
 
@@ -185,6 +191,9 @@ class HFEngine(Engine):
         self.max_new_tokens = int(max_new_tokens)
         self.gen_batch_size = int(gen_batch_size)
         self.min_new_tokens = int(min_new_tokens)  # EOS is masked out of sampling before this many tokens
+        # a sharded model's ranks decoding their own shares: ``group_max(x)`` is the group's largest x (a
+        # collective), so that every rank runs as many forward passes as the busiest one (FSDP's gathers match)
+        self.group_max = None
 
     @torch.no_grad()
     def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None):
@@ -192,11 +201,16 @@ class HFEngine(Engine):
         temp = self.temperature if temperature is None else float(temperature)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         rows, groups = expand_requests(pol, prompts, n, prefixes, max_new)
+        chunks = [rows[s:s + self.gen_batch_size] for s in range(0, len(rows), self.gen_batch_size)]
+        if self.group_max is not None:  # a rank with fewer chunks than the busiest decodes stand-ins
+            chunks += [None] * (int(self.group_max(len(chunks))) - len(chunks))
         was_training = pol.model.training
         pol.model.eval()
         try:
-            for start in range(0, len(rows), self.gen_batch_size):
-                chunk = rows[start:start + self.gen_batch_size]
+            for chunk in chunks:
+                if chunk is None:
+                    self._decode(*_stand_in(pol), greedy, temp, max_new, idle=True)
+                    continue
                 for (i, pids, pre), ro in zip(chunk, self._generate_rows(chunk, greedy, temp, max_new)):
                     ro.prompt_id = prompts[i].id
                     groups[i].rollouts.append(ro)
@@ -219,7 +233,12 @@ class HFEngine(Engine):
                                     stopped=ends[r] is not None)
                 for r, (_, pids, pre) in enumerate(chunk)]
 
-    def _decode(self, ids, mask, greedy, temp, max_new):
+    def _all_done(self, done: torch.Tensor) -> bool:
+        """Every row has ended — on every rank of the group when the ranks decode their own shares."""
+        live = int(not bool(done.all()))
+        return (live if self.group_max is None else int(self.group_max(live))) == 0
+
+    def _decode(self, ids, mask, greedy, temp, max_new, idle: bool = False):
         """KV-cached decoding of left-padded ``ids``: (tokens [B, T], behaviour log-probs [B, T], per row the
         length at which a stop string ended it or None).
 
@@ -242,7 +261,7 @@ class HFEngine(Engine):
         step = {cache_arg: getattr(out, cache_arg), "use_cache": True}  # the model's own cache, reused
         B = ids.shape[0]
         dev = ids.device
-        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        done = torch.full((B,), idle, dtype=torch.bool, device=dev)  # idle: a stand-in, ended from the start
         one = torch.ones((B, 1), dtype=mask.dtype, device=dev)
         pad = torch.full((B,), pol.pad_id, dtype=torch.long, device=dev)
         eos = torch.tensor([pol.eos_id], device=dev)
@@ -277,7 +296,7 @@ class HFEngine(Engine):
                         if any(s in text for s in stop):
                             ends[r] = t + 1
                             done[r] = True
-            if t == max_new - 1 or bool(done.all()):
+            if t == max_new - 1 or self._all_done(done):
                 break
             mask = torch.cat([mask, one], dim=1)
             pos = pos + 1

@@ -500,6 +500,17 @@ class Policy:
             self._gathered = (self.version, full_model_state(self.model))
         return self._gathered[1]
 
+    def iter_weights(self, dtype=None):
+        """The weights a rollout engine loads, one ``(name, whole tensor)`` at a time, cast to ``dtype``: a sharded
+        policy's parameters each gathered by ``full_tensor()`` as the iteration reaches it (a collective: every
+        rank of the group iterates at once, and every rank gets each whole tensor), so the whole model is never
+        held at once; a LoRA policy's adapters merged into the base weights, under the base names."""
+        state = self.model.state_dict() if self.sharded else self.full_state_dict()
+        with torch.no_grad():
+            for name, value in state.items():
+                value = _full(value).detach()
+                yield name, value.to(dtype) if dtype is not None else value
+
     def release_gathered(self) -> None:
         """Drop the gathered copy of a sharded policy's weights (after the engine took them)."""
         self._gathered = None

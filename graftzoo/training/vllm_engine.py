@@ -12,10 +12,13 @@ What it guarantees, and how:
   ``graftzoo.training.engine.stop_cut`` on the policy's own decoding, exactly as the HF engine cuts it.
 - **The engine's weights are the policy's weights.** vLLM starts from the model's config alone
   (``load_format="dummy"``) and ``sync_weights`` loads the training model's parameters at start-up and after every
-  update (a LoRA policy's merged ones, ``W + scale * B @ A`` under the base model's names: ``Policy.full_state_dict``): in-process as tensors (``reload_weights(weights_iterator=…)``, no copy to disk), with the engine core in
-  its own process from a ``save_pretrained`` folder (``weights_path``); then the prefix cache is reset. Every rollout
-  carries the ``policy_version`` of the weights that decoded it; the trainer refuses to train own rollouts whose
-  version is not the policy's (a missed sync).
+  update (a LoRA policy's merged ones, ``W + scale * B @ A`` under the base model's names), one tensor at a time,
+  whole (a sharded policy's gathered by ``full_tensor()``) and cast to the engine's dtype (``Policy.iter_weights``):
+  in-process by reference (``reload_weights(weights_iterator=…)``); with the engine core in its own process
+  streamed over a loopback socket into the same in-place reload (graftzoo.training.weight_stream); no file is
+  written either way. ``weight_sync: disk`` (a ``save_pretrained`` folder) stays as a fallback that says so when
+  used. Then the prefix cache is reset. Every rollout carries the ``policy_version`` of the weights that decoded
+  it; the trainer refuses to train own rollouts whose version is not the policy's (a missed sync).
 - **Log-probs of the distribution actually sampled.** ``logprobs_mode="processed_logprobs"``: after the
   temperature and the top-k / top-p cut, renormalised over what is left, as ``HFEngine`` records them. The trainer
   still recomputes theta_old through the training path (``rollout.recompute_old_logp: auto`` is on for any engine
@@ -32,6 +35,7 @@ multiprocessing, weight_sync, sleep_level, max_num_seqs, prefix_caching.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import shutil
 import tempfile
@@ -42,8 +46,23 @@ import torch
 
 from graftzoo.contract.config import VLLM_INSTALL, VllmSection
 from graftzoo.training.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
+from graftzoo.training.weight_stream import WeightReceiver, WeightServer
 
 _SET_NUM_THREADS = torch.set_num_threads
+log = logging.getLogger("graftzoo")
+
+
+def sync_mode(settings: dict) -> str:
+    """How the engine takes the policy's weights (``rollout.vllm.weight_sync``): ``tensors`` by reference in this
+    process, ``stream`` over loopback to the engine core's own process, ``disk`` through a folder; ``auto``:
+    tensors in-process, else stream."""
+    mode = settings["weight_sync"]
+    if mode == "auto":
+        return "stream" if settings["multiprocessing"] else "tensors"
+    if mode == "tensors" and settings["multiprocessing"]:
+        raise EngineConfigError("rollout.vllm.weight_sync=tensors needs the engine core in this process "
+                                "(rollout.vllm.multiprocessing=false): tensors do not cross to another process")
+    return mode
 
 
 def _import_vllm(multiprocessing: bool):
@@ -88,11 +107,11 @@ class _Backend:
         self.policy = policy
         self.settings = settings
         self.multiprocessing = bool(settings["multiprocessing"])
-        mode = settings["weight_sync"]
-        self.from_disk = mode == "disk" or (mode == "auto" and self.multiprocessing)
-        if mode == "tensors" and self.multiprocessing:
-            raise EngineConfigError("rollout.vllm.weight_sync=tensors needs the engine core in this process "
-                                    "(rollout.vllm.multiprocessing=false): tensors do not cross to another process")
+        self.mode = sync_mode(settings)
+        self.from_disk = self.mode == "disk"
+        if self.from_disk:
+            log.info("model %r: vLLM takes its weights through a save_pretrained folder after every update "
+                     "(rollout.vllm.weight_sync=disk); stream or tensors keep them in memory", policy.model_id)
         self.sleep_level = int(settings["sleep_level"])
         self.asleep = False
         self.matches_stop = bool(policy.stop_strings)  # started with the policy's tokenizer to match stop strings
@@ -117,6 +136,7 @@ class _Backend:
         dtype = s["dtype"]
         if dtype == "auto":  # the dtype the training forward computes in
             dtype = str(pol.autocast_dtype or next(pol.model.parameters()).dtype).replace("torch.", "")
+        self.dtype = getattr(torch, dtype)
         kw = dict(model=self.dir, skip_tokenizer_init=not self.matches_stop, dtype=dtype,
                   load_format="safetensors" if self.from_disk else "dummy", seed=int(seed),
                   enforce_eager=bool(s["enforce_eager"]), logprobs_mode="processed_logprobs",
@@ -132,6 +152,8 @@ class _Backend:
             kw["gpu_memory_utilization"] = float(s["gpu_memory_utilization"])
         if not self.multiprocessing:
             kw["distributed_executor_backend"] = "uni"
+        if self.mode == "stream":
+            kw["worker_extension_cls"] = f"{WeightReceiver.__module__}.{WeightReceiver.__qualname__}"
         threads = torch.get_num_threads()
         try:
             llm = vllm.LLM(**kw)
@@ -158,14 +180,17 @@ class _Backend:
         pol = self.policy
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        with torch.no_grad():
-            state = pol.full_state_dict()  # a sharded policy's parameters gathered (its group's collective)
         if self.from_disk:
+            with torch.no_grad():
+                state = pol.full_state_dict()  # a sharded policy's parameters gathered (its group's collective)
             _transformers_model(pol).save_pretrained(self.dir, state_dict=state, safe_serialization=True)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.dir})
-        else:
-            weights = [(k, v.detach()) for k, v in state.items()]
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        elif self.mode == "stream":  # one tensor at a time over loopback to the engine core's process
+            server = WeightServer(float(self.settings.get("sync_timeout_s", 300.0)))
+            server.stream(pol.iter_weights(self.dtype),
+                          lambda host, port: self.llm.collective_rpc("graftzoo_pull_weights", args=(host, port)))
+        else:  # in this process: each tensor handed over by reference as it is gathered and cast
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pol.iter_weights(self.dtype)})
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -186,6 +211,17 @@ class _Backend:
                 del llm
                 gc.collect()
                 shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def row_seeds(rows: list, prompt_seeds) -> list:
+    """Each request row's vLLM seed from its prompt's seed (``rows``: ``(prompt index, ...)`` as ``expand_requests``
+    lists them, a prompt's samples together): sample j of a prompt with seed s gets ``(s * 1000003 + j) mod
+    (2^31 - 1)``, whatever else is in the request."""
+    out, seen = [], {}
+    for i, *_ in rows:
+        j = seen[i] = seen.get(i, -1) + 1
+        out.append((int(prompt_seeds[i]) * 1000003 + j) % (2**31 - 1))
+    return out
 
 
 class VLLMEngine(Engine):
@@ -232,7 +268,10 @@ class VLLMEngine(Engine):
         if self._owner:
             self._backend.close()
 
-    def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None):
+    def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None,
+                 prompt_seeds=None):
+        """``Engine.generate``; ``prompt_seeds`` (one per prompt) fixes each sequence's seed from its prompt's seed
+        and its index in the group (``row_seeds``), so a request split over ranks decodes as it would whole."""
         from vllm import SamplingParams
         pol, back = self.policy, self._backend
         if back.llm is None:
@@ -244,7 +283,8 @@ class VLLMEngine(Engine):
         rows, groups = expand_requests(pol, prompts, n, prefixes, max_new)
         if not rows:
             return groups
-        seeds = torch.randint(0, 2**31 - 1, (len(rows),)).tolist()  # the caller's seeded generator
+        seeds = (torch.randint(0, 2**31 - 1, (len(rows),)).tolist() if prompt_seeds is None  # the caller's generator
+                 else row_seeds(rows, prompt_seeds))
         sample = dict(temperature=temp, top_p=self.top_p, top_k=self.top_k, min_tokens=min(self.min_new_tokens,
                                                                                              max_new))
         if greedy:

