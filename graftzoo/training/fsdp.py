@@ -10,16 +10,25 @@ Checkpoints: each rank writes its shards through ``torch.distributed.checkpoint`
 ``<checkpoint>/<model>.dcp/``; the model's ``.pt`` file holds ``{"sharded": "<model>.dcp", "scheduler", "version"}``.
 DCP reshards on load, so a checkpoint resumes on any number of ranks, or in one process (``load_sharded`` without a
 process group).
+
+Loading a model onto a group without the whole model on any rank (``materialize``, used by
+``graftzoo.training.models.build_sharded_policy``): the model is built on the meta device, sharded, given empty
+storage on its device (``to_empty``), and each rank reads only its rows of every tensor from the model's safetensors
+files (``safe_open(...).get_slice``), cast through the dtype the whole model would have been loaded in.
 """
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -123,3 +132,86 @@ def load_full(policy, state: dict) -> None:
     if policy.scheduler is not None and state.get("scheduler"):
         policy.scheduler.load_state_dict(state["scheduler"])
     policy.version = int(state.get("version", 0))
+
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+SAFETENSORS_FILE = "model.safetensors"
+
+
+def weight_files(folder) -> dict:
+    """Tensor name -> the safetensors file in ``folder`` that holds it: the files of ``model.safetensors.index.json``
+    (a sharded checkpoint), else ``model.safetensors``; empty when the folder has neither."""
+    folder = Path(folder)
+    index = folder / SAFETENSORS_INDEX
+    if index.is_file():
+        return {name: folder / file for name, file in json.loads(index.read_text())["weight_map"].items()}
+    single = folder / SAFETENSORS_FILE
+    if not single.is_file():
+        return {}
+    with safe_open(str(single), "pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def tensor_sources(model, names, prefix: str = "") -> tuple[dict, list]:
+    """Where each tensor of ``model``'s state (its parameters and persistent buffers) is read from: (model name ->
+    file key, the names found nowhere). Tied tensors (an ``lm_head`` sharing the input embedding) are one tensor,
+    read once under whichever of their names the file holds; a key without the model's ``prefix`` (its
+    ``base_model_prefix``, which older checkpoints leave out) also counts."""
+    aliases: dict = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        aliases.setdefault(id(t), []).append(name)
+    head = f"{prefix}." if prefix else None
+    found, missing = {}, []
+    for group in aliases.values():
+        keys = group + [n[len(head):] for n in group if head and n.startswith(head)]
+        key = next((k for k in keys if k in names), None)
+        if key is None:
+            missing.append(group[0])
+        else:
+            found[group[0]] = key
+    return found, missing
+
+
+def local_rows(t: torch.Tensor) -> tuple:
+    """The slices of the whole tensor that this rank holds of ``t``: a DTensor's shard (its local shape and offset
+    under its placements), all of a plain tensor."""
+    if isinstance(t, DTensor):
+        shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    else:
+        shape, offset = tuple(t.shape), (0,) * t.dim()
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
+
+
+@torch.no_grad()
+def load_local_shards(model, sources: dict, files: dict, load_dtypes: dict, what: str = "the model") -> None:
+    """Read this rank's rows of every tensor in ``sources`` (model name -> key, ``tensor_sources``) from its file
+    (``files``: key -> path) into ``model``'s sharded parameters and buffers. Each value is cast to the dtype the whole
+    model was loaded in (``load_dtypes``) and then to the parameter's, the roundings of loading it whole and casting it.
+    A file is opened per tensor: the pages a memory-mapped file has touched count in the resident set until it is
+    closed, and this rank's rows of the whole model would otherwise stay there beside its shards."""
+    state = model.state_dict(keep_vars=True)
+    for name, key in sources.items():
+        target = state[name]
+        local = target.to_local() if isinstance(target, DTensor) else target
+        with safe_open(str(files[key]), "pt") as f:
+            part = f.get_slice(key)
+            if tuple(part.get_shape()) != tuple(target.shape):
+                raise ValueError(f"{what}: {key} in {files[key]} has shape {tuple(part.get_shape())}, the model's "
+                                 f"{name} {tuple(target.shape)}")
+            value = part[local_rows(target)]
+        local.copy_(value.to(load_dtypes[name]).to(local.dtype))
+
+
+def materialize(model, device, compute_dtype, sources: dict, files: dict, load_dtypes: dict,
+                what: str = "the model") -> None:
+    """Shard a model built on the meta device (``shard_model``), give it empty storage on ``device`` (this rank's
+    shards only) and fill it: each rank's rows from the weight files (``load_local_shards``), the buffers that are
+    not in the files (e.g. rotary ``inv_freq``, built for real beside the meta parameters) copied back after
+    ``to_empty``."""
+    shard_model(model, compute_dtype)
+    buffers = {n: b for n, b in model.named_buffers() if not b.is_meta}
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for name, value in buffers.items():
+            model.get_buffer(name).copy_(value)
+    load_local_shards(model, sources, files, load_dtypes, what)

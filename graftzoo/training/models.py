@@ -8,9 +8,14 @@ Per-model keys understood here (all kinds): ``id``, ``kind``, ``template``, ``st
 (default ``run.device``), ``gradient_checkpointing`` (default ``model.gradient_checkpointing``), ``dtype``,
 ``num_workers`` (``--backend ray``: the ranks of the model's worker group, its parameters sharded over them by FSDP2;
 default 1).
+
+A group of more than one rank builds its model with ``build_sharded_policy``: the model on the meta device from its
+folder's ``config.json``, sharded, and each rank's rows read from the safetensors files (``fsdp.materialize``), so
+that no rank holds the whole model; it is the policy ``build_policy`` and ``fsdp.shard_policy`` make.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
@@ -22,9 +27,11 @@ from urllib.parse import urlparse
 import torch
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import hf_hub_download, try_to_load_from_cache
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.utils import logging as hf_logging
 
+from graftzoo.training import fsdp
 from graftzoo.training import lora as lora_mod
 from graftzoo.training.engine import HFEngine
 from graftzoo.training.policy import Policy, context_of
@@ -206,6 +213,8 @@ def use_run_threads(cfg: RunConfig) -> None:
 
 
 def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Policy:
+    """The Policy of a pair.models entry, its whole model loaded in this process (``load_model``), in the run's
+    precision, with gradient checkpointing and LoRA adapters as configured, on its device."""
     use_run_threads(cfg)
     base, local = split_spec(spec)
     model, tok, tok_id = load_model(base, seed, progress)
@@ -216,6 +225,18 @@ def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Po
     if lora:  # only the adapters train (graftzoo.training.lora)
         model = lora_mod.wrap(model, lora, f"pair.models[{base['id']}].lora" if "lora" in local else "model.lora")
     model.to(local.get("device", cfg.run.device)).train()
+    pol = policy_of(spec, cfg, model, tok, tok_id, autocast, lora_mod.count_parameters(model))
+    if lora:
+        log.info("model %r: LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%)", base["id"], lora["r"],
+                 lora["alpha"], lora["target_modules"], pol.trainable_params, pol.total_params,
+                 100.0 * pol.trainable_params / max(1, pol.total_params))
+    return pol
+
+
+def policy_of(spec: dict, cfg: RunConfig, model, tok, tok_id: str, autocast, counts: tuple) -> Policy:
+    """The Policy of a built ``model`` (its template, stop strings, budgets, AdamW over its parameters as they
+    are: whole, or a rank's shards); ``counts``: its (trainable, total) parameters, whole."""
+    base, local = split_spec(spec)
     optim = cfg.optim.model_copy(update={"lr": local["lr"]}) if "lr" in local else cfg.optim
     template = model_template(spec, cfg, tok)
     pol = Policy(base["id"], model, tok, template=template, optim=optim,
@@ -226,12 +247,158 @@ def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Po
     pol.autocast_dtype = autocast
     pol.max_tokens_per_micro = cfg.optim.max_tokens_per_micro
     pol.optim_cfg = optim  # the run's optim.* with this model's lr: a worker rebuilds the optimizer after sharding
-    pol.trainable_params, pol.total_params = lora_mod.count_parameters(model)
-    if lora:
-        log.info("model %r: LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%)", base["id"], lora["r"],
-                 lora["alpha"], lora["target_modules"], pol.trainable_params, pol.total_params,
-                 100.0 * pol.trainable_params / max(1, pol.total_params))
+    pol.trainable_params, pol.total_params = counts
     return pol
+
+
+class MetaUnsupported(Exception):
+    """Why a model cannot be built on the meta device and loaded shard by shard (``build_sharded_policy`` then
+    loads it whole on every rank, as ``build_policy`` does)."""
+
+
+def model_source(base: dict, progress=None) -> tuple[Path, object, str]:
+    """(the local folder holding a model's ``config.json`` and weights, tokenizer, tokenizer_id), as ``load_model``
+    finds them: a tiny model's cache folder (warmed up first when missing), a ``kind: hf`` model's folder or its
+    snapshot in the Hugging Face cache. A hub model that is not downloaded has no folder (``MetaUnsupported``)."""
+    kind = base.get("kind", "tiny")
+    if kind == "tiny":
+        ts = tiny_spec(base)
+        path = load_or_warmup(ts, progress=progress)
+        return Path(path), load_tokenizer(path), f"{ts.tokenizer}"
+    if kind != "hf":
+        raise ValueError(f"model '{base.get('id')}': unknown kind {kind!r} (tiny | hf)")
+    path, local_only = check_hf_model(base)
+    folder = Path(path) if Path(path).is_dir() else None
+    if folder is None:
+        config = try_to_load_from_cache(path, "config.json")
+        if not isinstance(config, str):
+            raise MetaUnsupported(f"{path} is not downloaded to a local folder")
+        folder = Path(config).parent
+    return folder, hf_tokenizer(base, path, local_only), base.get("tokenizer_id", path)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """torch's default dtype set to ``dtype`` within the block (as ``from_config(..., dtype=)`` builds a model)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+def real_buffers(model, dtype: torch.dtype) -> None:
+    """Give a model built on the meta device real values of its non-persistent buffers (those no weight file holds:
+    a rotary embedding's ``inv_freq``), computed as its constructor computes them: each module holding one is
+    built again from its config on the CPU, under the model's default ``dtype``, and its buffers taken. A module
+    that cannot be built from its config alone, or that holds parameters, raises ``MetaUnsupported``."""
+    for name, module in model.named_modules():
+        own = [b for b in module._non_persistent_buffers_set if module._buffers.get(b) is not None]
+        if not own:
+            continue
+        where = f"{type(module).__name__} ({name}) holds non-persistent buffers {sorted(own)}"
+        if next(module.parameters(recurse=False), None) is not None or getattr(module, "config", None) is None:
+            raise MetaUnsupported(f"{where} and is not a parameterless module built from its config")
+        try:
+            with default_dtype(dtype):
+                fresh = type(module)(module.config)
+        except Exception as e:  # a constructor that wants more than the config
+            raise MetaUnsupported(f"{where} that its config alone does not rebuild: {_one_line(e)}") from None
+        for b in own:
+            module._buffers[b] = fresh._buffers[b]
+
+
+def load_dtype(base: dict, config, files: dict) -> torch.dtype:
+    """The dtype ``load_model`` loads a model's weights in: a ``kind: hf`` model's ``dtype`` (default
+    bfloat16), a tiny model's saved dtype (its config's, else its first floating-point tensor's)."""
+    if base.get("kind", "tiny") == "hf":
+        return getattr(torch, base.get("dtype", "bfloat16"))
+    dtype = getattr(config, "dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    for key, file in files.items():
+        with safe_open(str(file), "pt") as f:
+            part = f.get_slice(key)
+            empty = part[:0] if part.get_shape() else f.get_tensor(key)
+        if empty.is_floating_point():
+            return empty.dtype
+    return torch.get_default_dtype()
+
+
+def meta_skeleton(spec: dict, cfg: RunConfig, folder: Path, files: dict) -> tuple:
+    """(model on the meta device, name -> the dtype it is loaded in, autocast dtype): a model built from
+    ``folder``'s config as ``build_policy`` loads it (the dtype of ``load_model``, its generation config,
+    ``apply_precision``, gradient checkpointing, in train mode), its parameters without storage and its
+    non-persistent buffers real (``real_buffers``)."""
+    base, local = split_spec(spec)
+    config = AutoConfig.from_pretrained(str(folder))
+    dtype = load_dtype(base, config, files)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    real_buffers(model, dtype)
+    if (folder / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(str(folder))
+    if base.get("kind", "tiny") == "tiny" and base.get("dtype") is not None:
+        model.to(getattr(torch, base["dtype"]))
+    loaded = {n: t.dtype for n, t in model.state_dict(keep_vars=True).items()}
+    autocast = apply_precision(model, cfg.optim.precision)
+    if local.get("gradient_checkpointing", cfg.model.gradient_checkpointing):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train(), loaded, autocast
+
+
+def sharded_model(spec: dict, cfg: RunConfig, folder: Path, files: dict, frozen: bool = False) -> tuple:
+    """(model, autocast dtype, (trainable, total) parameters): ``meta_skeleton`` sharded over the group and
+    loaded shard by shard (``fsdp.materialize``; every rank calls it at once). ``frozen``: the KL reference's
+    copy, in eval mode without gradients. Keys no weight file holds raise ``MetaUnsupported`` before anything is
+    sharded."""
+    base, local = split_spec(spec)
+    model, loaded, autocast = meta_skeleton(spec, cfg, folder, files)
+    sources, missing = fsdp.tensor_sources(model, files, model.base_model_prefix)
+    if missing:
+        raise MetaUnsupported(f"{len(missing)} tensors are not in its weight files ({missing[0]}, ...), and loading "
+                              f"the whole model initialises them")
+    if frozen:
+        model.eval().requires_grad_(False)
+    counts = lora_mod.count_parameters(model)
+    fsdp.materialize(model, local.get("device", cfg.run.device), autocast, sources, files, loaded,
+                     what=f"model '{base['id']}'")
+    return model, autocast, counts
+
+
+def build_sharded_policy(spec: dict, cfg: RunConfig, seed: int = 0, ref: bool = False,
+                         progress=None) -> tuple[Policy, Optional[Policy]]:
+    """(policy, KL reference or None) of one rank of a model's FSDP2 group (every rank calls it at once): what
+    ``build_policy``, ``make_ref`` and ``fsdp.shard_policy`` make, without the whole model on any rank. The model
+    is built on the meta device and each rank reads only its shards from the safetensors files
+    (``sharded_model``); the reference is built the same way, from the same files. A LoRA model, a model without
+    a local folder or one the meta build cannot reproduce (``MetaUnsupported``) is loaded whole and then sharded,
+    with one log line saying why; a folder without safetensors weights is a ``ConfigError``."""
+    use_run_threads(cfg)
+    base, local = split_spec(spec)
+    try:
+        if lora_mod.lora_of(local, cfg):
+            raise MetaUnsupported("LoRA adapters wrap a loaded model")
+        folder, tok, tok_id = model_source(base, progress)
+        files = fsdp.weight_files(folder)
+        if not files:
+            raise ConfigError(f"model '{base['id']}': {folder} holds no safetensors weights ({fsdp.SAFETENSORS_FILE} "
+                              f"or {fsdp.SAFETENSORS_INDEX}), which the ranks of its worker group read their shards "
+                              f"from: save it with save_pretrained (safetensors) or train it with num_workers: 1")
+        model, autocast, counts = sharded_model(spec, cfg, folder, files)
+    except MetaUnsupported as e:
+        log.info("model %r: every rank loads the whole model before FSDP2 shards it: %s", base["id"], e)
+        pol = build_policy(spec, cfg, seed, progress)
+        frozen = make_ref(pol) if ref else None
+        fsdp.shard_policy(pol, frozen)
+        return pol, frozen
+    pol = policy_of(spec, cfg, model, tok, tok_id, autocast, counts)
+    frozen = ref_of(pol, sharded_model(spec, cfg, folder, files, frozen=True)[0]) if ref else None
+    pol.sharded = True
+    return pol, frozen
 
 
 def make_ref(policy: Policy) -> Policy:
@@ -243,7 +410,15 @@ def make_ref(policy: Policy) -> Policy:
     if lora_mod.is_lora(policy.model):
         ref.model = lora_mod.AdaptersOff(policy.model)
         return ref
-    ref.model = copy.deepcopy(policy.model).eval()
+    return ref_of(policy, copy.deepcopy(policy.model))
+
+
+def ref_of(policy: Policy, model) -> Policy:
+    """``policy`` over ``model`` (a copy of its initial weights) as a frozen KL reference: eval mode, no gradients,
+    no optimizer, the tokenizer shared."""
+    ref = copy.copy(policy)
+    ref.optimizer = ref.scheduler = None
+    ref.model = model.eval()
     for q in ref.model.parameters():
         q.requires_grad_(False)
     return ref
