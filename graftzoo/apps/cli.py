@@ -94,7 +94,7 @@ LAZY = {
     "eval": ("graftzoo.apps.evaluate", "eval_cmd", "Evaluate a checkpoint on math benchmarks: avg@k, CI, pass@k."),
     "export": ("graftzoo.apps.export", "export_cmd", "Write a run's trained models as Hugging Face folders."),
     "grid": ("graftzoo.apps.grid", "grid_cmd", "Run an algorithm x pair x seed grid and its report."),
-    "plan": ("graftzoo.apps.plan", "plan_cmd", "GPU memory per model and GPUs needed, before booking."),
+    "plan": ("graftzoo.apps.plan", "plan_cmd", "GPU memory per model, GPUs needed, placement on a node."),
     "report": ("graftzoo.apps.report", "report_cmd", "Tables, plots and the clip table of finished runs."),
 }
 
