@@ -295,3 +295,79 @@ def test_hf_ranks_of_a_sharded_model_decode_their_own_shares(tmp_path):
         if r == 1:  # one chunk: its random stream is the one process's (rank 0 runs several, stand-ins after)
             assert got["sampled"] == want
         assert len(got["sampled"]) == b - a and all(len(g) == 2 for g in got["sampled"])
+
+
+_HF_SPLIT_SCRIPT = r'''
+import json, sys, torch
+from graftzoo.contract.config import load_config
+from graftzoo.distributed.backend import RayBackend
+from graftzoo.envs.task import Task
+
+cfg = load_config(pair="micro", algo="grpo", overrides=[
+    "ray.num_workers=2", "ray.hf_split_generate=true", "run.track=false", "rollout.max_new_tokens=12"])
+model = cfg.pair.models[1]["id"]
+backend = RayBackend()
+res = {}
+try:
+    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s["id"] == model], [model], seed=0)
+    eng, group = engines[model], backend.groups[model]
+    prompts = list(Task(cfg).make_env("test", size=5).dataset)
+    n = [4, 1, 1, 1, 4]
+    call, parts = group.call, []
+    def spy(method, *a, **kw):
+        got = call(method, *a, **kw)
+        if method == "generate":
+            parts.append([len(p) for p in got])
+        return got
+    group.call = spy
+    def rollouts(seed):
+        eng.seed(seed)
+        return [[g.prompt.id, [r.token_ids for r in g.rollouts]] for g in eng.generate(prompts, n)]
+    a, b = rollouts(3), rollouts(3)
+    res = {"order": [x[0] for x in a] == [p.id for p in prompts], "counts": [len(x[1]) for x in a],
+           "same_seed": a == b, "shares": parts[0]}
+finally:
+    backend.close()
+json.dump(res, open(sys.argv[1], "w"))
+'''
+
+
+def test_hf_split_generation_on_ray_is_seeded_and_in_order(tmp_path):
+    script = tmp_path / "hf_split.py"
+    script.write_text(_HF_SPLIT_SCRIPT)
+    code, log = finish(loopback([sys.executable, str(script), str(tmp_path / "out.json")]), timeout=400)
+    assert code == 0, log[-4000:]
+    res = json.loads((tmp_path / "out.json").read_text())
+    assert res["order"] and res["counts"] == [4, 1, 1, 1, 4] and res["same_seed"], res
+    assert res["shares"] == [3, 2], res  # 11 sequences: 4 + 1 + 1 on rank 0, 1 + 4 on rank 1
+
+
+def test_a_ray_run_with_vllm_on_every_rank_writes_no_weight_file(tmp_path):
+    """``graftzoo train --backend ray --set ray.num_workers=2 --set rollout.engine=vllm``: both models sharded over
+    2 FSDP ranks, a vLLM engine on each of the 4 ranks; after every update the engines decode with the new weights
+    (the engine's log-probs equal the training path's to 1e-5 in float32, every step), and no weight file is
+    written outside the run's checkpoints — neither in the run directory nor in the engines' temporary folders."""
+    tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # TMPDIR of every process of the run; short for Ray's sockets
+    out = tmp_path / "out"
+    cache = Path(ENV.get("GRAFTZOO_CACHE", Path.home() / ".cache" / "graftzoo"))
+    before = weight_files(cache)
+    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "graft", "--pair", "micro", "--peer",
+           "online", "--no-track", "--backend", "ray"]
+    for s in [f"run.out_dir={out}", "run.name=r", "run.progress=false", "ray.num_workers=2", "rollout.engine=vllm",
+              "rollout.vllm.kv_cache_gb=0.0625", "task.difficulty=1", "rollout.n=4", "optim.max_tokens_per_micro=200",
+              "run.steps=2", "run.save_every=1", "run.eval_at_end=false"]:
+        cmd += ["--set", s]
+    try:
+        code, log = finish(loopback(["env", f"TMPDIR={tmp}", *cmd]), timeout=600)
+        assert code == 0, log[-4000:]
+        assert weight_files(tmp) == {}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    run = out / "r"
+    outside = {p for p in weight_files(run) if "checkpoints" not in Path(p).relative_to(run).parts}
+    assert outside == set()
+    assert any("checkpoints" in p for p in weight_files(run))  # the checkpoints are where weights are written
+    assert weight_files(cache) == before
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("time/weight_sync") is not None]
+    assert len(steps) == 4 and all(r["rollout/logp_diff_max"] <= 1e-5 for r in steps), steps
