@@ -186,7 +186,7 @@ try:
     res["shares"] = calls[0]
     # the whole request on rank 0 alone, with the seeds the driver drew: the split changes nothing
     eng.seed(5)
-    seeds = torch.randint(0, 2**63 - 1, (len(prompts),)).tolist()
+    seeds = torch.randint(0, 2**63 - 1, (len(prompts),), generator=eng.seeds).tolist()
     whole = call("generate", False, None, None, pol.max_prompt_tokens, {}, ranks=[0], prompts=prompts, n=n,
                  prompt_seeds=seeds)[0]
     res["whole_equals_split"] = [[r.token_ids for r in g.rollouts] for g in whole] == [x[1] for x in a]

@@ -301,6 +301,7 @@ class RemoteEngine(Engine):
         self.temperature, self.top_p, self.top_k = info["temperature"], info["top_p"], info["top_k"]
         self.max_new_tokens, self.min_new_tokens = info["max_new_tokens"], info["min_new_tokens"]
         self.sampling: dict = {}
+        self.seeds = torch.Generator().manual_seed(0)  # each prompt's seed (vLLM); the trainer reseeds it per step
         self.lockstep = self.uses_training_model and not group.split_hf  # HF: every rank decodes the whole request
 
     def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None) -> list:
@@ -309,7 +310,8 @@ class RemoteEngine(Engine):
         shared = (greedy, temperature, max_new_tokens, self.policy.max_prompt_tokens, self.sampling)
         if self.lockstep:  # rank 0's answer
             return self.group.call("generate", *shared, prompts=prompts, n=n, prefixes=prefixes)[0]
-        seeds = None if self.uses_training_model else torch.randint(0, 2**63 - 1, (len(prompts),)).tolist()
+        seeds = None if self.uses_training_model else torch.randint(0, 2**63 - 1, (len(prompts),),
+                                                                     generator=self.seeds).tolist()
         spans = dp_shares(n, W)
         per_rank = [{"prompts": prompts[a:b], "n": n[a:b], "prefixes": None if prefixes is None else prefixes[a:b],
                      "prompt_seeds": None if seeds is None else seeds[a:b]} for a, b in spans]
@@ -317,7 +319,10 @@ class RemoteEngine(Engine):
         return [g for part in parts for g in part]
 
     def seed(self, seed: int) -> None:
+        """Seed the group's sampling, and this model's own generator of prompt seeds (drawn from apart from the
+        driver's global generators, which the two models' steps would share when they run at once)."""
         torch.manual_seed(seed)
+        self.seeds = torch.Generator().manual_seed(int(seed))
         self.group.call("seed", seed)
 
     def release_memory(self) -> None:
