@@ -2,10 +2,16 @@
 
 Convention (docs/algorithms.md#evaluation-protocol-and-compute, DERIVED): ``GPU-h = Σ_phases #GPUs held × wall-clock hours``.
 Each phase is recorded per model: wall seconds, process CPU seconds (``time.process_time``: all
-threads of this process) and GPU-hours. Phases of one meter should not nest or overlap (nested
+threads of this process) and GPU-hours. Phases of one model should not nest or overlap (nested
 phases are counted twice); co-located models that share GPUs sequentially (offload, vLLM sleep)
 therefore sum correctly. Log-prob recompute of grafted text, update and evaluation are separate
 phase names, e.g. "generate", "logprob", "update", "eval".
+
+Phases of different models may overlap when each model's phases run in a thread of their own (the trainer with
+``ray.concurrent_models``: each model in its own Ray worker group, on its own devices). A meter built with
+``per_thread=True`` then counts each phase's CPU as the seconds of the thread that ran it (``time.thread_time``),
+so that two overlapping phases do not each count the other's; the CPU of a model's workers is what they report
+(``add``). Each phase is recorded under the model named, whatever thread records it.
 
 Summary format (``ComputeMeter.summary()``, stored as ``summary.json["compute"]``)::
 
@@ -42,13 +48,17 @@ class ComputeMeter:
     """Accumulates wall / CPU / GPU time per (model, phase).
 
     ``gpus``: GPUs held by this process (default: all visible CUDA devices, 0 without CUDA);
-    a phase may override it. ``clock`` and ``cpu_clock`` are injectable for tests.
+    a phase may override it. ``per_thread``: phases of different models run at once in threads of their own, and
+    each phase's CPU is its thread's (``time.thread_time``) instead of the process's (``time.process_time``).
+    ``clock`` and ``cpu_clock`` are injectable for tests (``cpu_clock`` overrides ``per_thread``'s choice).
     """
 
     def __init__(self, gpus: Optional[int] = None, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] = time.process_time):
+                 cpu_clock: Optional[Callable[[], float]] = None, per_thread: bool = False):
         self.gpus = _default_gpus() if gpus is None else int(gpus)
-        self._clock, self._cpu_clock = clock, cpu_clock
+        self.per_thread = per_thread
+        self._clock = clock
+        self._cpu_clock = cpu_clock or (time.thread_time if per_thread else time.process_time)
         self._rec: dict = {}
         self._lock = threading.Lock()
 

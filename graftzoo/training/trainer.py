@@ -6,19 +6,30 @@ Per step: every model collects and scores its groups, scores its own responses o
 training path (theta_old, ``rollout.recompute_old_logp``) and computes advantages; the store records
 them; then (all decisions under theta_old) every learner exchanges with its peer source and
 builds its batch; then every model updates.
+
+With a backend whose models live apart (``concurrent_models``: Ray, each model in its own worker group) the first
+and last of these phases run for the models at once, one driver thread per model (``run_per_model``); the exchange
+between them, which needs every model's groups, stays on the trainer's thread. What the models' threads share is
+kept in model order, so a seeded run's metrics are those of the sequential step: the engines are seeded in model
+order before the threads start, a refill from the prompt sampler waits for the models before it (``InTurn``), the
+store is written in model order after the phase, and the driver's global RNGs must not be drawn from by the
+threads (checked: ``driver_rng_state``). The in-process backend runs every phase model by model.
 """
 from __future__ import annotations
 
 import errno
 import logging
+import queue
 import random
 import shutil
 import statistics
+import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from graftzoo.algos.base import StepContext
@@ -75,6 +86,58 @@ def warn_frozen(cfg: RunConfig, model_ids: list) -> None:
 
 def derive_seed(*parts) -> int:
     return random.Random(":".join(str(p) for p in parts)).randrange(2**31)
+
+
+def run_per_model(tasks: dict) -> dict:
+    """model id -> ``tasks[m]()``, each task run in a thread of its own (``graftzoo-<model>``), all at once; the
+    results in the order of ``tasks``. The first failure ends the wait and is re-raised as itself (a
+    ``WorkerError`` naming the model and the rank, a ``NonFiniteError``, ...). The other threads are daemons: each
+    is then blocked in a call to its own model's group at most, which ends when the run closes its backend (the
+    groups' actors are killed), and never keeps the process alive."""
+    finished: queue.Queue = queue.Queue()
+
+    def body(m: str, fn: Callable):
+        try:
+            finished.put((m, fn(), None))
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer's thread, which raises it
+            finished.put((m, None, e))
+
+    for m, fn in tasks.items():
+        threading.Thread(target=body, args=(m, fn), name=f"graftzoo-{m}", daemon=True).start()
+    results = {}
+    for _ in tasks:
+        m, value, error = finished.get()
+        if error is not None:
+            raise error
+        results[m] = value
+    return {m: results[m] for m in tasks}
+
+
+class InTurn:
+    """The prompt sampler as one model's phase sees it while the models' phases run at once: a refill (``extra``,
+    DAPO's dynamic sampling) waits until every model before this one has ended its phase (``earlier``: their
+    events), so the refills are drawn in model order and are the sequential step's, whatever the timing."""
+
+    def __init__(self, sampler: PromptSampler, earlier: list):
+        self._sampler, self._earlier = sampler, earlier
+
+    def extra(self, step: int, k: int) -> list:
+        for done in self._earlier:
+            done.wait()
+        return self._sampler.extra(step, k)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sampler, name)
+
+
+def driver_rng_state() -> tuple:
+    """The trainer process's global RNG states (python, numpy, torch), as a checkpoint saves them."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return random.getstate(), (name, keys.tobytes(), pos, has_gauss, cached), torch.get_rng_state()
+
+
+def same_rng_state(a: tuple, b: tuple) -> bool:
+    return a[:2] == b[:2] and torch.equal(a[2], b[2])
 
 
 def remove_if_empty(folders) -> None:
@@ -201,7 +264,10 @@ class Trainer:
         self.store = TrajectoryStore(self.run_dir / STORE, dataset=self.dataset_id) if cfg.store.enabled else None
         if self.store is not None:
             self.store.remove_partial_writes()  # this process holds the run directory: no other writer is alive
-        self.meter = ComputeMeter()
+        # the models' phases run at once, in threads of their own, where the backend allows it (``train_step``)
+        self.concurrent = bool(getattr(self.backend, "concurrent_models", False)) and len(self.model_ids) > 1
+        self.meter = ComputeMeter(per_thread=self.concurrent)
+        self._heldout_lock = threading.Lock()
         self.tracker: Optional[Tracker] = None
         self.step_slots: dict = {}  # model id -> the last step's slots (own and peer groups after the exchange)
 
@@ -225,7 +291,12 @@ class Trainer:
         return StepContext(step=step, epoch=epoch, run=self.learners[m].run, policy=self.policies[m],
                            engine=self.engines[m], env=self.env, sampler=self.sampler, ref_policy=self.refs.get(m),
                            rng=random.Random(derive_seed(self.seed, step, m, "learner")), meter=self.meter,
-                           model_index=mi, heldout=lambda: list(self.task.heldout().prompts))
+                           model_index=mi, heldout=self._heldout_prompts)
+
+    def _heldout_prompts(self) -> list:
+        """The held-out prompts (OM-GRPO's test-time training); read once, also when two models ask at once."""
+        with self._heldout_lock:
+            return list(self.task.heldout().prompts)
 
     def _phase_wall(self, m: str) -> dict:
         phases = self.meter.summary()["models"].get(m, {}).get("phases", {})
@@ -236,18 +307,9 @@ class Trainer:
         self.sampler.start_step(step)
         prompts, epoch = self.sampler.batch(step)
         before = {m: self._phase_wall(m) for m in self.model_ids}
-        ctxs, groups = {}, {}
         recompute = {m: recompute_old_logp(self.cfg, self.policies[m], self.engines[m]) for m in self.model_ids}
-        for mi, m in enumerate(self.model_ids):
-            ctx = ctxs[m] = self.context(step, epoch, m, mi)
-            self.engines[m].seed(derive_seed(self.seed, step, m, "generate"))  # where the engine samples
-            gs = self.learners[m].collect(ctx, prompts)
-            with ctx.phase("logprob"):  # theta_old through the training path (docs/algorithms.md#notation-and-conventions)
-                ctx.log(M.ROLLOUT_LOGP_DIFF_MAX, old_logp_pass(self.policies[m], gs, recompute[m]))
-            gs = self.learners[m].advantages(ctx, gs)
-            groups[m] = gs
-            if self.store is not None:
-                self.store.write(step, epoch, gs, tokenizer_id=self.policies[m].tokenizer_id)
+        ctxs = {m: self.context(step, epoch, m, mi) for mi, m in enumerate(self.model_ids)}
+        groups = self._collect_all(ctxs, prompts, recompute)
         if self.peers is not None:
             self.peers.observe(groups)
         batches, xtime = {}, {}
@@ -265,48 +327,105 @@ class Trainer:
             self.step_slots[m] = slots  # what the step trains on, for the completions table (Tracker)
             batches[m] = self.learners[m].build_batch(ctx, slots)
             xtime[m] = time.perf_counter() - t
-        out = {}
-        for m in self.model_ids:
-            ctx, pol, learner = ctxs[m], self.policies[m], self.learners[m]
-            check_policy_version(m, pol, groups[m])
-            self.engines[m].release_memory()
-            budget = self.cfg.optim.max_tokens_per_micro
-            schedule = learner.schedule(ctx, batches[m])
-            mbs = [[mb.to(pol.device) for mb in batches[m].micro_batches(idx, budget, partial(learner.norms, ctx))]
-                   for idx in schedule]  # each minibatch as micro-batches
-            diag = None
-            if self.cfg.run.diagnostics:  # opt-in transfer-path measurements; the update is unchanged
-                with ctx.phase("diagnostics"):
-                    diag = diagnostics.before_update(ctx, pol, learner, batches[m], schedule, budget, recompute[m])
-            try:
-                upd = pol.update(ctx, learner, mbs, recompute[m], where=f"model {m!r}, step {step}")
-            except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
-                e.model = m
-                raise
-            if diag is not None:
-                with ctx.phase("diagnostics"):
-                    diag = diagnostics.after_update(pol, batches[m], diag)
-            pol.version += 1
-            sync_s = self.engines[m].sync_weights()  # the next generate decodes with the updated weights
-            after = self._phase_wall(m)
-            dt = {k: after.get(k, 0.0) - before[m].get(k, 0.0) for k in after}
-            met = outcome_metrics(groups[m])
-            met.update(mean_metrics(upd))
-            met.update(ctx.metrics)
-            met.update(diag or {})
-            met[M.LR] = pol.lr
-            met[M.TIME_GENERATE] = dt.get("generate", 0.0)
-            met[M.TIME_SCORE] = dt.get("score", 0.0)
-            met[M.TIME_LOGPROB] = dt.get("logprob", 0.0)
-            met[M.TIME_UPDATE] = dt.get("update", 0.0)
-            met[M.TIME_EXCHANGE] = xtime[m]
-            met[M.TIME_WEIGHT_SYNC] = sync_s
-            met[M.BATCH_TOKENS] = sum(len(r.prompt_ids) + len(r.response_ids) for r in batches[m].rows)
-            toks = ctx.metrics.get(M.ROLLOUTS_TOKENS, 0)
-            met[M.PERF_TOKENS_PER_S] = toks / met[M.TIME_GENERATE] if met[M.TIME_GENERATE] > 0 else None
-            met[M.TIME_STEP] = time.perf_counter() - t0
-            met[M.EPOCH] = epoch
-            out[m] = met
+        tasks = {m: partial(self._update, ctxs[m], batches[m], groups[m], recompute[m], before[m], xtime[m], t0)
+                 for m in self.model_ids}
+        return self._per_model(tasks)
+
+    def _collect_all(self, ctxs: dict, prompts: list, recompute: dict) -> dict:
+        """Phase 1 of every model (``_collect``), each model's groups written to the store (model order). Model by
+        model; or, with ``concurrent``, the engines seeded in model order here, then every model's phase at once,
+        its refills from the sampler in model order (``InTurn``), then the store's writes."""
+        if not self.concurrent:
+            groups = {}
+            for m, ctx in ctxs.items():
+                self.engines[m].seed(derive_seed(self.seed, ctx.step, m, "generate"))  # where the engine samples
+                groups[m] = self._collect(ctx, prompts, recompute[m])
+                self._store_write(ctx, groups[m])
+            return groups
+        for m, ctx in ctxs.items():
+            self.engines[m].seed(derive_seed(self.seed, ctx.step, m, "generate"))
+        done = {m: threading.Event() for m in ctxs}
+        for i, (m, ctx) in enumerate(ctxs.items()):
+            ctx.sampler = InTurn(self.sampler, [done[e] for e in list(ctxs)[:i]])
+        groups = self._per_model({m: partial(self._collect, ctx, prompts, recompute[m], done=done[m])
+                                  for m, ctx in ctxs.items()})
+        for m, ctx in ctxs.items():
+            self._store_write(ctx, groups[m])
+        return groups
+
+    def _collect(self, ctx: StepContext, prompts: list, recompute: bool, done: Optional[threading.Event] = None):
+        """Phase 1 of one model: its groups collected (generated, scored), its own rollouts scored under theta_old
+        through the training path, their advantages. ``done`` is set when it ends, also by a failure."""
+        m = ctx.model_id
+        try:
+            gs = self.learners[m].collect(ctx, prompts)
+            with ctx.phase("logprob"):  # theta_old through the training path (docs/algorithms.md#notation-and-conventions)
+                ctx.log(M.ROLLOUT_LOGP_DIFF_MAX, old_logp_pass(self.policies[m], gs, recompute))
+            return self.learners[m].advantages(ctx, gs)
+        finally:
+            if done is not None:
+                done.set()
+
+    def _store_write(self, ctx: StepContext, groups: list) -> None:
+        if self.store is not None:
+            self.store.write(ctx.step, ctx.epoch, groups, tokenizer_id=self.policies[ctx.model_id].tokenizer_id)
+
+    def _update(self, ctx: StepContext, batch, groups: list, recompute: bool, before: dict, xtime: float,
+                t0: float) -> dict:
+        """Phase 3 of one model: its update on ``batch``, the engine's weight sync; returns the step's metrics."""
+        m, step, pol, learner = ctx.model_id, ctx.step, ctx.policy, self.learners[ctx.model_id]
+        check_policy_version(m, pol, groups)
+        self.engines[m].release_memory()
+        budget = self.cfg.optim.max_tokens_per_micro
+        schedule = learner.schedule(ctx, batch)
+        mbs = [[mb.to(pol.device) for mb in batch.micro_batches(idx, budget, partial(learner.norms, ctx))]
+               for idx in schedule]  # each minibatch as micro-batches
+        diag = None
+        if self.cfg.run.diagnostics:  # opt-in transfer-path measurements; the update is unchanged
+            with ctx.phase("diagnostics"):
+                diag = diagnostics.before_update(ctx, pol, learner, batch, schedule, budget, recompute)
+        try:
+            upd = pol.update(ctx, learner, mbs, recompute, where=f"model {m!r}, step {step}")
+        except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
+            e.model = m
+            raise
+        if diag is not None:
+            with ctx.phase("diagnostics"):
+                diag = diagnostics.after_update(pol, batch, diag)
+        pol.version += 1
+        sync_s = self.engines[m].sync_weights()  # the next generate decodes with the updated weights
+        after = self._phase_wall(m)
+        dt = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+        met = outcome_metrics(groups)
+        met.update(mean_metrics(upd))
+        met.update(ctx.metrics)
+        met.update(diag or {})
+        met[M.LR] = pol.lr
+        met[M.TIME_GENERATE] = dt.get("generate", 0.0)
+        met[M.TIME_SCORE] = dt.get("score", 0.0)
+        met[M.TIME_LOGPROB] = dt.get("logprob", 0.0)
+        met[M.TIME_UPDATE] = dt.get("update", 0.0)
+        met[M.TIME_EXCHANGE] = xtime
+        met[M.TIME_WEIGHT_SYNC] = sync_s
+        met[M.BATCH_TOKENS] = sum(len(r.prompt_ids) + len(r.response_ids) for r in batch.rows)
+        toks = ctx.metrics.get(M.ROLLOUTS_TOKENS, 0)
+        met[M.PERF_TOKENS_PER_S] = toks / met[M.TIME_GENERATE] if met[M.TIME_GENERATE] > 0 else None
+        met[M.TIME_STEP] = time.perf_counter() - t0
+        met[M.EPOCH] = ctx.epoch
+        return met
+
+    def _per_model(self, tasks: dict) -> dict:
+        """model id -> ``tasks[m]()``: model by model, or with ``concurrent`` all at once (``run_per_model``), the
+        driver's global RNGs checked untouched by the threads (their draws' order would depend on timing)."""
+        if not self.concurrent:
+            return {m: fn() for m, fn in tasks.items()}
+        rng = driver_rng_state()
+        out = run_per_model(tasks)
+        if not same_rng_state(rng, driver_rng_state()):
+            raise RuntimeError(f"models {list(tasks)}: a step's phase drew from the trainer process's global random "
+                               f"number generators (random, numpy, torch) while the models ran at once: the draws' "
+                               f"order depends on timing, so the seeded run would not repeat; draw from the step "
+                               f"context's rng (ctx.rng), or set ray.concurrent_models=false")
         return out
 
     # ------------------------------------------------------------------------------------------
