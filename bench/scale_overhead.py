@@ -11,6 +11,12 @@ against both models at once (the default), in strict alternation (in turn, at on
 
     python bench/scale_overhead.py --concurrent [--steps 6] [--rounds 3] [--json out.json]
 
+``--sync``: instead, the weight sync of a vLLM engine whose engine core runs in its own process (as on every rank
+of a sharded group), streamed in memory against the ``save_pretrained`` folder (bench/weight_sync.py; the modes
+alternate, medians and their ratio).
+
+    python bench/scale_overhead.py --sync [--rounds 5] [--json out.json]
+
 Run it on a quiet machine. As root it re-runs itself in a loopback-only network and PID namespace (as the tests do),
 so that the private Ray cluster reaches nothing but 127.0.0.1 and ends with the benchmark.
 """
@@ -36,6 +42,7 @@ import torch  # noqa: E402
 
 from graftzoo.contract.config import load_config  # noqa: E402
 from graftzoo.api import train_run as train  # noqa: E402
+import weight_sync  # noqa: E402  (bench/weight_sync.py, beside this file)
 
 VARIANTS = {"in-process": [], "ray": ["run.backend=ray"], "ray + FSDP2 x2": ["run.backend=ray", "ray.num_workers=2"]}
 CORE = ("time/generate", "time/score", "time/logprob", "time/update")
@@ -123,8 +130,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=None, help="rounds of every variant (2; --concurrent: 3, at least 3)")
     ap.add_argument("--pair", default="tiny")
     ap.add_argument("--concurrent", action="store_true", help="Ray with the models in turn against at once")
+    ap.add_argument("--sync", action="store_true", help="vLLM weight sync: streamed in memory against disk")
     ap.add_argument("--json", default=None, help="also write the results here")
     a = ap.parse_args()
+    if a.sync:  # bench/weight_sync.py's measurement, on its default models
+        weight_sync.main(["--rounds", str(a.rounds or 5)] + (["--json", a.json] if a.json else []))
+        return
     a.rounds = a.rounds or (3 if a.concurrent else 2)
     if a.concurrent and a.rounds < 3:
         ap.error("--concurrent needs --rounds 3 or more")

@@ -50,13 +50,13 @@ def measure(pol, rounds: int) -> dict:
             "disk_over_stream": med["disk"] / med["stream"], "all": times}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--sizes", nargs="*", default=["qwen-6m", "qwen-25m"], choices=sorted(SIZES))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = {}
     for name, make in [("micro-qwen-char", micro_policy)] + [(s, lambda s=s: random_policy(s)) for s in args.sizes]:
