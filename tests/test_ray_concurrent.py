@@ -8,6 +8,7 @@ failure surfaces as itself without waiting for the other model. On Ray: the same
 """
 import threading
 import time
+from functools import partial
 
 import pytest
 import torch
@@ -139,22 +140,27 @@ def test_refills_from_the_sampler_are_drawn_in_model_order(monkeypatch, tmp_path
     assert n_seq > 0 and {"graftzoo-micro-qwen-char", "graftzoo-micro-gpt2-pair"} <= set(asked[n_seq:])
 
 
+def wrapped_trainer(monkeypatch, tmp_path, name: str, wrap) -> tuple:
+    """A GRAFT trainer on the sleeping concurrent backend whose first model's generate runs through
+    ``wrap(generate, *args, **kwargs)``; (trainer, backend)."""
+    backend = SleepyBackend()
+    monkeypatch.setitem(trainer_mod.BACKENDS, "inprocess", lambda: backend)
+    cfg = load_config(pair="micro", algo="graft", overrides=[
+        f"run.out_dir={tmp_path}", f"run.name={name}", *SETS, "peer.source=online"])
+    tr = Trainer(cfg)
+    tr.engines["micro-qwen-char"].generate = partial(wrap, tr.engines["micro-qwen-char"].generate)
+    return tr, backend
+
+
 def test_a_failure_in_one_models_thread_surfaces_as_itself_without_waiting(monkeypatch, tmp_path):
     """A worker that dies during one model's generate: train_step raises that WorkerError itself, before the other
     model's phase has ended."""
     err = WorkerError("model 'micro-gpt2-pair': worker rank 0 (pid 4242) died during generate: killed")
-    backend = SleepyBackend()
-    monkeypatch.setitem(trainer_mod.BACKENDS, "inprocess", lambda: backend)
-    cfg = load_config(pair="micro", algo="graft", overrides=[
-        f"run.out_dir={tmp_path}", "run.name=f", *SETS, "peer.source=online"])
-    tr = Trainer(cfg)
-    slow = tr.engines["micro-qwen-char"].generate
-
-    def very_slow(*a, **kw):
+    def very_slow(generate, *a, **kw):
         time.sleep(3.0)
-        return slow(*a, **kw)
+        return generate(*a, **kw)
 
-    tr.engines["micro-qwen-char"].generate = very_slow
+    tr, backend = wrapped_trainer(monkeypatch, tmp_path, "f", very_slow)
     backend.fail["micro-gpt2-pair", "generate"] = err
     t = time.perf_counter()
     try:
@@ -172,18 +178,11 @@ def test_a_failure_in_one_models_thread_surfaces_as_itself_without_waiting(monke
 def test_a_thread_drawing_from_the_drivers_global_rng_fails_the_step(monkeypatch, tmp_path):
     """A model whose phase draws from the process's global torch RNG while the models run at once would make the
     seeded run depend on timing: the step fails, naming the setting that turns the concurrency off."""
-    backend = SleepyBackend()
-    monkeypatch.setitem(trainer_mod.BACKENDS, "inprocess", lambda: backend)
-    cfg = load_config(pair="micro", algo="graft", overrides=[
-        f"run.out_dir={tmp_path}", "run.name=g", *SETS, "peer.source=online"])
-    tr = Trainer(cfg)
-    gen = tr.engines["micro-qwen-char"].generate
-
-    def drawing(*a, **kw):
+    def drawing(generate, *a, **kw):
         torch.rand(1)
-        return gen(*a, **kw)
+        return generate(*a, **kw)
 
-    tr.engines["micro-qwen-char"].generate = drawing
+    tr, _ = wrapped_trainer(monkeypatch, tmp_path, "g", drawing)
     try:
         with pytest.raises(RuntimeError, match="ray.concurrent_models=false"):
             tr.train_step(0)

@@ -186,9 +186,8 @@ class _Backend:
             _transformers_model(pol).save_pretrained(self.dir, state_dict=state, safe_serialization=True)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.dir})
         elif self.mode == "stream":  # one tensor at a time over loopback to the engine core's process
-            server = WeightServer(float(self.settings.get("sync_timeout_s", 300.0)))
-            server.stream(pol.iter_weights(self.dtype),
-                          lambda host, port: self.llm.collective_rpc("graftzoo_pull_weights", args=(host, port)))
+            WeightServer().stream(pol.iter_weights(self.dtype),
+                                  lambda host, port: self.llm.collective_rpc("graftzoo_pull_weights", args=(host, port)))
         else:  # in this process: each tensor handed over by reference as it is gathered and cast
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pol.iter_weights(self.dtype)})
         if self.asleep:
