@@ -3,7 +3,8 @@
 One episode is one prompt: ``reset`` draws a problem and returns the rendered prompt text,
 ``step`` takes the model's whole response text, verifies it against the gold answer and ends the
 episode. Trainers score many responses at once with :meth:`MathReasoningEnv.score_groups`, which
-shares its code with ``step``.
+shares its code with ``step``. A rollout whose answer the verifier's batch budget left undecided gets status
+``UNVERIFIED`` (scored as wrong, but not judged wrong: the trainer counts it in ``verifier/unverified``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from graftzoo.envs.verifier import VerifierOptions, VerifyResult, start_pool, ve
 from graftzoo.contract.types import Group, Prompt
 
 DEFAULT_MAX_RESPONSE_CHARS = 65536
+UNVERIFIED = "unverified"  # a rollout's status when the batch's verifier budget ran out before its verdict
 _RESET_OPTIONS = {"index", "with_gold"}
 
 
@@ -49,8 +51,12 @@ class MathReasoningEnv(gym.Env[str, str]):
         reward_correct / reward_wrong: the reward of a correct / wrong response.
         verifier_timeout: seconds the verifier may spend on one response.
         max_response_chars: the longest response ``step`` accepts (the action space's bound).
-        verifier_budget: seconds the verifier may spend on one scored batch (None: no limit); the
-            responses it has not verified by then get status "timeout" (config ``task.verifier_budget``).
+        verifier_budget: seconds the verifier may spend on one scored batch (None: no limit; ``"auto"``: from the
+            batch's number of calls, ``verifier_timeout`` and the pool's size, ``verify_pool.auto_budget``); the
+            responses it has not verified by then get status "timeout", marked ``unverified`` (config
+            ``task.verifier_budget``).
+        verifier_workers: the size of the verifier's worker pool, shared by the process (a count, or ``"auto"``:
+            ``verify_pool.auto_workers``; None: the size it has); config ``task.verifier_workers``.
         verifier_options: math-verify's ``verify`` options (``VerifierOptions`` or a dict of its
             fields; None: math-verify's defaults).
 
@@ -64,7 +70,8 @@ class MathReasoningEnv(gym.Env[str, str]):
                  template: str = "plain", tokenizer: Any = None, reward_correct: float = 1.0,
                  reward_wrong: float = 0.0, verifier_timeout: float = 1.0,
                  max_response_chars: int = DEFAULT_MAX_RESPONSE_CHARS, verifier_budget: Optional[float] = None,
-                 verifier_options: Union[VerifierOptions, dict, None] = None, **dataset_kwargs: Any):
+                 verifier_options: Union[VerifierOptions, dict, None] = None,
+                 verifier_workers: Union[int, str, None] = None, **dataset_kwargs: Any):
         if isinstance(dataset, MathDataset):
             if split is not None or dataset_kwargs:
                 raise ValueError("split and dataset keyword arguments apply to a dataset name or path, "
@@ -87,7 +94,8 @@ class MathReasoningEnv(gym.Env[str, str]):
         charset = frozenset(string.printable) | chars | frozenset(wrapper)
         self.observation_space = spaces.Text(max_length=longest + len(wrapper), charset=charset)
         self.action_space = ResponseText(min_length=0, max_length=self.max_response_chars, charset=charset)
-        start_pool()  # the verifier's workers warm up in the background while the caller loads its model
+        self.verifier_workers = verifier_workers
+        start_pool(verifier_workers)  # the verifier's workers warm up in the background while the caller loads its model
 
         self._prompt: Optional[Prompt] = None
         self._obs = ""
@@ -168,14 +176,15 @@ class MathReasoningEnv(gym.Env[str, str]):
                             budget=self.verifier_budget, options=self.verifier_options)
 
     def score_groups(self, groups: Sequence[Group]) -> list[Group]:
-        """Set ``reward, correct, extracted, status`` on every rollout in place; return the groups."""
+        """Set ``reward, correct, extracted, status`` on every rollout in place (status ``UNVERIFIED`` where the
+        batch's budget left the answer undecided); return the groups."""
         rollouts = [(g.prompt, r) for g in groups for r in g.rollouts]
         results = self.score_batch([p for p, _ in rollouts], [r.text for _, r in rollouts])
         for (_, rollout), res in zip(rollouts, results):
             rollout.reward = self.reward(res)
             rollout.correct = bool(res.correct)
             rollout.extracted = res.extracted
-            rollout.status = res.status
+            rollout.status = UNVERIFIED if res.unverified else res.status
         return list(groups)
 
 

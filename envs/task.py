@@ -23,6 +23,9 @@ The trainer, OM-GRPO's test-time training and ``graftzoo eval`` all ask a :class
   checked by ``validate``). Evaluation sets need gold answers: ``eval.*`` datasets are read labelled
   (``load_labelled``), and ``check`` refuses a held-out or validation set carved from ``task.dataset`` that would
   hold an unlabelled prompt, naming ``eval.dataset`` / ``eval.val_dataset``.
+- **unverified answers** (``check_unverified``): a step whose share of rollouts the verifier's batch budget left
+  undecided (status ``unverified``) is over ``task.max_unverified_share`` logs a warning, or with
+  ``task.on_unverified: error`` fails before its update (``judge_unverified`` decides, docs/verifier.md#scaling-with-the-batch).
 - **benchmarks** (``load_benchmark``): any dataset name or path, a MathDataset, or ``heldout``;
   ``is_test_set`` says whether checkpoint selection on one would select on a test set.
 
@@ -50,8 +53,9 @@ from graftzoo.contract.config import RunConfig
 from graftzoo.contract.errors import ConfigError
 from graftzoo.envs.datasets import (BENCHMARKS, FILE_SUFFIXES, LABEL_FREE_HINT, DatasetError, MathDataset,
                                      MissingSplitError, bundled_names, load_dataset)
-from graftzoo.envs.env import ArithmeticEnv, MathReasoningEnv
+from graftzoo.envs.env import UNVERIFIED, ArithmeticEnv, MathReasoningEnv
 from graftzoo.envs.templates import TEMPLATES
+from graftzoo.envs.verify_pool import AUTO, AUTO_BUDGET_BASE_S, auto_budget, pool_size
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,32 @@ SCORING_DEFAULTS = {"reward_correct": 1.0, "reward_wrong": 0.0, "verifier_timeou
 EVAL_NEEDS_GOLD = "an evaluation set needs a gold answer on every row (task.label_free applies to task.dataset only)"
 #: what loading a dataset or building an env raises for a bad config value (DatasetError is a ValueError)
 LOAD_ERRORS = (ValueError, TypeError, LookupError, AttributeError, OSError, ImportError, gym.error.Error)
+
+
+class UnverifiedError(RuntimeError):
+    """A step over ``task.max_unverified_share`` with ``task.on_unverified: error`` (raised before its update)."""
+
+
+def judge_unverified(step: int, model: str, unverified: int, scored: int, spec, workers: int) -> Optional[tuple]:
+    """What a step's unverified answers call for: None when ``unverified`` of its ``scored`` rollouts is a share of at
+    most ``spec.max_unverified_share`` (``spec``: the ``task`` section), else (``spec.on_unverified``: "warn" or
+    "error", one line naming the step, the count, the share, the budget and the ``workers`` that verified them, and
+    the keys that change them)."""
+    if scored == 0 or unverified / scored <= spec.max_unverified_share:
+        return None
+    budget = spec.verifier_budget
+    if budget == AUTO:
+        budget = (f"auto: {AUTO_BUDGET_BASE_S:g} s + {spec.verifier_timeout:g} s x ceil(calls / {workers} workers), "
+                  f"at most {auto_budget(scored, spec.verifier_timeout, workers):.0f} s for this batch")
+    else:
+        budget = f"{budget:g} s"
+    fails = " (task.on_unverified=error: the step is not trained on)" if spec.on_unverified == "error" else ""
+    return spec.on_unverified, (
+        f"step {step}, model {model!r}: {unverified} of {scored} answers ({unverified / scored:.1%}) were left "
+        f"unverified by the verifier's batch budget and score as wrong without being judged, above "
+        f"task.max_unverified_share={spec.max_unverified_share:g}{fails}; task.verifier_budget={budget}, "
+        f"{workers} math-verify workers (task.verifier_workers={spec.verifier_workers}): raise task.verifier_budget "
+        f"(null: no limit) or task.verifier_workers, or change task.max_unverified_share / task.on_unverified")
 
 
 def config_error(key: str, value, fn, keys: Optional[dict] = None):
@@ -288,7 +318,20 @@ class Task:
     def env_kwargs(self) -> dict:
         """The scoring settings every env of this task shares."""
         return {**{k: getattr(self.spec, k) for k in SCORING_DEFAULTS}, "verifier_budget": self.spec.verifier_budget,
-                "verifier_options": self.spec.verifier.model_dump()}
+                "verifier_workers": self.spec.verifier_workers, "verifier_options": self.spec.verifier.model_dump()}
+
+    def check_unverified(self, step: int, model: str, groups) -> None:
+        """Apply ``judge_unverified`` to the scored rollouts of ``groups``: a warning, or ``UnverifiedError`` (the
+        trainer calls this before the step's update trains on them)."""
+        rolls = [r for g in groups for r in g.rollouts]
+        verdict = judge_unverified(step, model, sum(r.status == UNVERIFIED for r in rolls), len(rolls), self.spec,
+                                   pool_size())
+        if verdict is None:
+            return
+        action, message = verdict
+        if action == "error":
+            raise UnverifiedError(message)
+        log.warning(message)
 
     def make_env(self, split: str, size: Optional[int] = None) -> MathReasoningEnv:
         """The task's env (unwrapped) on ``split``; ``size`` prompts for a procedural task (default

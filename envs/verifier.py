@@ -19,7 +19,9 @@ Per (response, gold):
   5. otherwise run math-verify's ``verify`` with those options in a bounded pool of worker
      processes with a hard wall-clock kill per call and, optionally, a time budget per batch
      (``graftzoo.envs.verify_pool``); a batch's unboxed texts and answers go in one pool run. The workers never import the caller's ``__main__``: any script
-     may call the verifier, with or without an ``if __name__ == "__main__":`` guard.
+     may call the verifier, with or without an ``if __name__ == "__main__":`` guard. The budget may be
+     ``"auto"``: computed per batch from its number of calls, the timeout and the pool's size
+     (``auto_budget``); an answer the budget cut off is marked ``unverified`` (not judged wrong).
 
 ``reward_fn`` wraps the same pipeline as a reward function with TRL's ``reward_funcs`` signature.
 """
@@ -35,11 +37,13 @@ from importlib.metadata import version
 
 from graftzoo.envs.extract import (MAX_ANSWER_CHARS, _ALTERNATIVES, Located, braces_balanced, extract_answer,
                                    fallback_answer, locate_answer)
-from graftzoo.envs.verify_pool import DEFAULT_WORKERS, EXPIRED, close_pool, configure_pool, run_tasks, start_pool
+from graftzoo.envs.verify_pool import (AUTO, DEFAULT_WORKERS, EXPIRED, auto_budget, auto_workers, close_pool,
+                                       configure_pool, pool_size, run_tasks, start_pool)
 
 __all__ = ["VerifyResult", "VerifierOptions", "verify", "verify_batch", "answers_equivalent", "answer_classes",
            "extract_answer", "normalize_answer", "reward_fn", "configure_pool", "close_pool", "start_pool",
-           "clear_caches", "verifier_version", "VERIFIER_VERSION", "DEFAULT_WORKERS"]
+           "clear_caches", "verifier_version", "VERIFIER_VERSION", "DEFAULT_WORKERS", "auto_budget", "auto_workers",
+           "pool_size"]
 
 STATUSES = ("ok", "no_answer", "unparsable", "timeout", "multiple_answers")
 VERDICT_CACHE_SIZE = 65_536
@@ -103,11 +107,14 @@ VERIFIER_VERSION = verifier_version()
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """Verdict for one response. ``status`` is one of STATUSES; "ok" means parsed and compared."""
+    """Verdict for one response. ``status`` is one of STATUSES; "ok" means parsed and compared.
+    ``unverified``: the batch's budget ran out before math-verify decided it (status "timeout", never
+    correct, not cached), as opposed to a call that ran out of its own timeout."""
 
     correct: bool
     extracted: str | None
     status: str
+    unverified: bool = False
 
 
 # ---------------------------------------------------------------- normalization and fast path
@@ -253,10 +260,11 @@ def clear_caches() -> None:
 
 
 def _check_seconds(name: str, value, none_ok: bool = False) -> None:
-    if none_ok and value is None:
+    """A positive number of seconds; with ``none_ok`` (a budget) also None or ``"auto"``."""
+    if none_ok and (value is None or value == AUTO):
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"verifier: {name} must be a positive number of seconds{' or None' if none_ok else ''}, "
+        raise ValueError(f"verifier: {name} must be a positive number of seconds{', None or auto' if none_ok else ''}, "
                          f"got {value!r}")
 
 
@@ -270,9 +278,10 @@ def _result(kind: str, outcome: tuple, extracted: str | None) -> VerifyResult:
     """The verdict of one math-verify outcome. For a located answer (``kind`` "verify") the outcome
     is (status, verdict); for an unboxed text (``kind`` "text") it is (status, verdict, the answer
     math-verify read), and an answer read there that is over the length limit or offers
-    alternatives ("12 or 15") is not paid. ``EXPIRED`` is reported as "timeout"."""
+    alternatives ("12 or 15") is not paid. ``EXPIRED`` is reported as "timeout", marked ``unverified``."""
     status, correct, answer = (tuple(outcome) + (None,))[:3]
-    status = "timeout" if status == EXPIRED else status
+    if status == EXPIRED:
+        return VerifyResult(False, None if kind == "text" else extracted, "timeout", unverified=True)
     if kind != "text":
         return VerifyResult(correct, extracted, status)
     if status == "ok" and _ALTERNATIVES.search(answer):
@@ -304,15 +313,17 @@ def _decide(loc: Located, ref: str, opts: VerifierOptions) -> VerifyResult | tup
 
 
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0,
-                 budget: float | None = None, options: VerifierOptions | None = None) -> list[VerifyResult]:
+                 budget: float | str | None = None, options: VerifierOptions | None = None) -> list[VerifyResult]:
     """Verify ``responses[i]`` against ``golds[i]``; identical normalized pairs are computed once.
 
     ``timeout`` is the hard wall-clock limit (seconds) of each math-verify call; a call that hits
     it gets status "timeout", and that verdict is cached like any other. ``budget`` (seconds, None
     for no limit) bounds the wall-clock time of all of the batch's math-verify calls together
     (waiting for workers to start included): once it is spent, the calls not yet started get status
-    "timeout" without running, and the running ones are stopped and get "timeout" too. Those
-    verdicts are not cached (the calls never had their full ``timeout``): a later batch tries again.
+    "timeout" without running, and the running ones are stopped and get "timeout" too, marked
+    ``unverified``. Those verdicts are not cached (the calls never had their full ``timeout``): a later
+    batch tries again. ``budget="auto"``: ``auto_budget`` of the batch's math-verify calls (those the
+    fast path and the cache left), ``timeout`` and the pool's size.
     ``options``: math-verify's ``verify`` options (``VerifierOptions``; None: math-verify's defaults).
     """
     if len(responses) != len(golds):
@@ -343,6 +354,8 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
             pending.setdefault(key, []).append((i, extracted))
     if pending:
         keys, items = list(pending), opts.items()
+        if budget == AUTO:
+            budget = auto_budget(len(keys), timeout, pool_size())
         for key, outcome in zip(keys, run_tasks([(kind, ref, b, items) for kind, ref, b, _ in keys], timeout, budget)):
             _store(key, outcome, timeout)
             for i, extracted in pending[key]:
@@ -424,8 +437,9 @@ def _completion_text(completion) -> str:
     return "\n".join(texts)
 
 
-def reward_fn(gold_key: str = "answer", *, timeout: float = 2.0, budget: float | None = None,
-              options: VerifierOptions | None = None, reward_correct: float = 1.0, reward_wrong: float = 0.0):
+def reward_fn(gold_key: str = "answer", *, timeout: float = 2.0, budget: float | str | None = None,
+              options: VerifierOptions | None = None, reward_correct: float = 1.0, reward_wrong: float = 0.0,
+              workers: int | str | None = None):
     """A reward function with TRL's ``reward_funcs`` signature, backed by this verifier's pool.
 
     The returned callable takes ``(prompts, completions, **kwargs)`` and returns one float per
@@ -434,7 +448,8 @@ def reward_fn(gold_key: str = "answer", *, timeout: float = 2.0, budget: float |
     message lists (``[{"role": "assistant", "content": ...}]``). The gold answers are read from the
     dataset column named ``gold_key`` (default ``"answer"``; e.g. ``"solution"``), which TRL passes
     as a keyword argument; non-string golds (an int) are turned into strings. ``timeout``,
-    ``budget`` and ``options`` are those of ``verify_batch``. The pool starts in the background now.
+    ``budget`` and ``options`` are those of ``verify_batch``. The pool starts in the background now;
+    ``workers`` (a count or ``"auto"``) sets its size (None: the size it has, 2 unless set).
 
         from trl import GRPOTrainer
         from graftzoo.envs import reward_fn
@@ -443,7 +458,7 @@ def reward_fn(gold_key: str = "answer", *, timeout: float = 2.0, budget: float |
     _check_seconds("timeout", timeout)
     _check_seconds("budget", budget, none_ok=True)
     opts = _options(options)
-    start_pool()
+    start_pool(workers)
 
     def graftzoo_verifier_reward(prompts, completions, **kwargs) -> list:
         if gold_key not in kwargs:

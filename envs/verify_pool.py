@@ -23,6 +23,11 @@ thread), and ``close_pool`` runs at exit. The pool starts on first use, or earli
 ``start_pool``: the environments and ``reward_fn`` call it when they are built, so the workers
 import and warm math-verify in the background while the caller loads its model, and the first
 symbolic answer does not wait for them.
+
+The pool's size and the batch budget can follow the machine and the batch (docs/verifier.md#scaling-with-the-batch):
+``auto_workers`` sizes the pool from the CPUs this process may run on, ``start_pool(workers=)`` resizes a running
+pool in place (between batches; callers that share it, such as ``reward_fn``, keep working), and ``auto_budget``
+gives a batch's budget from its number of calls, the per-call timeout and the pool's size.
 """
 from __future__ import annotations
 
@@ -42,9 +47,13 @@ from collections import deque
 
 from graftzoo.envs import verify_worker
 
-__all__ = ["DEFAULT_WORKERS", "EXPIRED", "close_pool", "configure_pool", "run_tasks", "start_pool", "wait_ready"]
+__all__ = ["AUTO", "DEFAULT_WORKERS", "EXPIRED", "auto_budget", "auto_workers", "available_cpus", "close_pool",
+           "configure_pool", "pool_size", "resolve_workers", "run_tasks", "start_pool", "wait_ready"]
 
-DEFAULT_WORKERS = 2
+DEFAULT_WORKERS = 2  # the pool's size until a caller asks for another (configure_pool, start_pool(workers=))
+AUTO = "auto"  # a worker count or a budget computed from the machine and the batch
+MAX_AUTO_WORKERS = 16  # auto_workers' ceiling: each worker holds its own interpreter, sympy and math-verify
+AUTO_BUDGET_BASE_S = 10.0  # auto_budget's allowance for workers still starting and for replacing killed ones
 STARTUP_TIMEOUT_S = 120.0
 MAX_FAILED_STARTS = 3
 SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself first; the hard kill is the backstop
@@ -315,6 +324,14 @@ class _Pool:
             log.warning("verifier worker %s; retrying. Its output ended with:\n%s", why, w.tail)
         return _Worker()
 
+    def resize(self, workers: int) -> None:
+        """Start or stop workers until there are ``workers`` of them; waits for a batch that is running."""
+        with self._lock:
+            while len(self._workers) > workers:
+                self._workers.pop().kill()
+            while len(self._workers) < workers:
+                self._workers.append(_Worker())
+
     def close(self) -> None:
         with self._lock:
             for w in self._workers:
@@ -335,13 +352,64 @@ def _pool() -> _Pool:
         return _POOL
 
 
+def _check_workers(name: str, workers) -> None:
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"{name}: workers must be a positive int, got {workers!r}")
+
+
 def configure_pool(workers: int) -> None:
     """Set the number of math-verify worker processes (default 2); restarts the pool."""
     global _POOL_SIZE
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"configure_pool: workers must be a positive int, got {workers!r}")
+    _check_workers("configure_pool", workers)
     close_pool()
     _POOL_SIZE = workers
+
+
+def pool_size() -> int:
+    """The number of worker processes the pool runs (or will run when it starts)."""
+    return _POOL_SIZE
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on: its CPU affinity (``os.sched_getaffinity``, which a container's or
+    ``taskset``'s CPU set limits) where the platform has one, else ``os.cpu_count()``; at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def auto_workers(cpus: int | None = None) -> int:
+    """The pool size of ``workers: auto`` on ``cpus`` CPUs (default ``available_cpus()``): half of them, the other
+    half left to the trainer (its torch threads, the rollout engine, tokenizers, a second model's update running
+    while one model is scored), at least 1 and at most ``MAX_AUTO_WORKERS`` (each worker costs about 2 s of CPU to
+    start and its own interpreter's memory). 1 CPU: 1; 2 CPUs: 1; 16 CPUs: 8 (docs/verifier.md#scaling-with-the-batch)."""
+    cpus = available_cpus() if cpus is None else cpus
+    return max(1, min(MAX_AUTO_WORKERS, cpus // 2))
+
+
+def resolve_workers(workers) -> int | None:
+    """A worker setting as a count: ``"auto"`` -> ``auto_workers()``, a positive int as it is, None stays None
+    (the pool keeps its size)."""
+    if workers is None:
+        return None
+    if workers == AUTO:
+        return auto_workers()
+    _check_workers("verifier", workers)
+    return workers
+
+
+def auto_budget(calls: int, timeout: float, workers: int) -> float:
+    """The wall-clock budget (s) of ``budget: auto`` for a batch of ``calls`` math-verify calls on ``workers``
+    workers, each call limited to ``timeout`` seconds (docs/verifier.md#scaling-with-the-batch)::
+
+        budget = AUTO_BUDGET_BASE_S + timeout * ceil(calls / workers)
+
+    The second term is the time the calls take when the workers share them evenly and every one of them runs to
+    its own timeout: a batch whose calls end within their limits is not cut. The base (10 s) covers workers still
+    starting (about 2 s of CPU each) and a few replacements of killed workers. What the budget cuts is a batch whose
+    hung calls keep killing workers: each replacement adds about 2 s, which would otherwise add up without bound.
+    1024 calls, a 2 s timeout, 8 workers: 10 + 2 * 128 = 266 s."""
+    return AUTO_BUDGET_BASE_S + timeout * math.ceil(max(0, calls) / max(1, workers))
 
 
 def close_pool() -> None:
@@ -357,14 +425,22 @@ def close_pool() -> None:
 atexit.register(close_pool)
 
 
-def start_pool() -> None:
+def start_pool(workers: int | str | None = None) -> None:
     """Start the worker processes now if they are not running, without waiting for them: each one
     imports math-verify and warms its parser in the background (a few seconds of CPU), so that
-    the first call finds them ready. Best effort: a start that fails here (no permission to run the
+    the first call finds them ready. ``workers`` (a count or ``"auto"``: ``auto_workers()``) sets the pool's size:
+    a running pool of another size starts or stops workers in place, between batches (its other users keep it);
+    None keeps the size it has. Best effort: a start that fails here (no permission to run the
     interpreter, no processes left) is left to the first call, which starts the pool and reports why;
     building an environment never fails on it."""
+    global _POOL_SIZE
+    size = resolve_workers(workers)
+    if size is not None:
+        _POOL_SIZE = size
     try:
-        _pool()
+        pool = _pool()
+        if size is not None:
+            pool.resize(size)
     except OSError:
         return
 

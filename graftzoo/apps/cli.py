@@ -31,7 +31,8 @@ RUNTIME_ERRORS = (("graftzoo.envs.datasets", "DatasetError"), ("graftzoo.peers.s
                   ("graftzoo.contract.errors", "NonFiniteError"), ("graftzoo.training.tracking", "MetricsFileError"),
                   ("graftzoo.training.engine", "EngineError"), ("graftzoo.distributed.errors", "WorkerError"),
                   ("graftzoo.training.export", "ExportError"),
-                  ("graftzoo.distributed.errors", "RayStartError"), ("builtins", "OSError"))
+                  ("graftzoo.distributed.errors", "RayStartError"), ("graftzoo.envs.task", "UnverifiedError"),
+                  ("builtins", "OSError"))
 
 
 def anticipated(kinds) -> tuple:
