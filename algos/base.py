@@ -218,8 +218,9 @@ class Learner:
         policy, entropy and KL terms share one normaliser, the policy term's (docs/algorithms.md#loss-aggregation):
         the KL sums over its own tokens (``kl_mask``) and divides as the policy term does."""
         c = self.cfg
-        logp, ent = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True,
-                                    entropy_grad=bool(c.entropy_coeff))
+        # the update's forward code for a micro-batch: on the first minibatch it also sets theta_old
+        # (MiniBatch.logprobs, docs/algorithms.md#notation-and-conventions)
+        logp, ent = mb.logprobs(policy, with_entropy=True, entropy_grad=bool(c.entropy_coeff))
         pg = self.surrogate(ctx, logp, mb)
         tok = sequence_terms_as_tokens(pg.token_loss, pg.seq_loss, pg.seq_rows)
         mask = self.pg_mask(mb)

@@ -155,12 +155,16 @@ def moved_fraction(tmp_path, name, precision):
     try:
         pol = tr.policies[LEARNER]
         before = {n: p.detach().clone() for n, p in pol.model.named_parameters()}
+        grads = {}  # the gradients the optimizer step applies (freed right after it)
+        pol.optimizer.register_step_pre_hook(lambda *_: grads.update(
+            {n: p.grad.clone() for n, p in pol.model.named_parameters() if p.grad is not None}))
         tr.train_step(0)
+        assert all(p.grad is None for p in pol.model.parameters())  # freed after the optimizer step
         moved = total = 0
         for n, p in pol.model.named_parameters():
-            if p.grad is None:
+            if n not in grads:
                 continue
-            live = p.grad != 0
+            live = grads[n] != 0
             moved += int(((p.detach() != before[n]) & live).sum())
             total += int(live.sum())
         return moved / total, next(pol.model.parameters()).dtype, pol.autocast_dtype

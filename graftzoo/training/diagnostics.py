@@ -32,7 +32,6 @@ import torch
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.batch import TrainBatch
-from graftzoo.training.update import minibatch_old_logp
 
 SOURCES = ("own", "peer")
 
@@ -74,13 +73,15 @@ def grad_share(own: Optional[float], peer: Optional[float]) -> Optional[float]:
 def accumulate_part(ctx, policy, learner, part: list, recompute: bool) -> None:
     """Add to the parameters' gradients those of ``learner.loss`` over ``part`` (``[(minibatch index,
     micro-batches)]``, one source of ``split_by_source``) under the current weights, ``ctx.update`` set to each
-    minibatch's index as the update sets it (HACPO reads it); theta_old recomputed on each micro-batch first when
-    ``recompute`` (``minibatch_old_logp``, as the update does)."""
+    minibatch's index as the update sets it (HACPO reads it). With ``recompute`` each micro-batch's ratio base is
+    taken from its own loss forward (``MiniBatch.old_from_forward``), as the update's first minibatch takes it:
+    every forward here runs at theta_old (no optimizer step in between), so the values are those of a separate pass
+    on the micro-batch (``minibatch_old_logp``), bitwise, without the pass
+    (docs/algorithms.md#notation-and-conventions)."""
     for u, micros in part:
         ctx.update = u
         for mb in micros:
-            if recompute:
-                minibatch_old_logp(policy, mb)
+            mb.old_from_forward = recompute
             loss, _ = learner.loss(ctx, policy, mb)
             loss.backward()
             del loss

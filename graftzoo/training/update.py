@@ -17,16 +17,24 @@ from graftzoo.contract.errors import NonFiniteError
 
 
 def update_policy(ctx, policy, learner, mbs: list, recompute: bool, where: str, step=None) -> list:
-    """Train ``policy`` on ``mbs`` (each minibatch as its micro-batches, in order): theta_old of every micro-batch
-    first when ``recompute`` (``minibatch_old_logp``, before any optimizer step), then one optimizer step per
-    minibatch (``step``, default ``minibatch_update``; a worker rank's returns its raw parts for the driver to merge),
-    ``ctx.update`` set to its index. Phases ``logprob`` and ``update`` timed through ``ctx.phase``. Returns what
-    ``step`` returned for each minibatch."""
-    if recompute:
-        with ctx.phase("logprob"):
-            for micros in mbs:
-                for mb in micros:
-                    minibatch_old_logp(policy, mb)
+    """Train ``policy`` on ``mbs`` (each minibatch as its micro-batches, in order): one optimizer step per minibatch
+    (``step``, default ``minibatch_update``; a worker rank's returns its raw parts for the driver to merge),
+    ``ctx.update`` set to its index; phase ``update`` timed through ``ctx.phase``. Returns what ``step`` returned for
+    each minibatch.
+
+    theta_old (docs/algorithms.md#notation-and-conventions) takes no pass here. Every row arrives with it, computed
+    once this step by the same forward code (``Policy.logprobs``): an own row's in phase 1 (the trainer's
+    ``old_logp_pass``), a peer row's when it was localized (``ctx.localize``); or with a given ratio base
+    (``given_old``, kept). With ``recompute`` the first minibatch's micro-batches take theirs from their own loss
+    forward instead (``MiniBatch.old_from_forward``): it is the step's first forward of the update, before any
+    optimizer step, so a forward under theta_old, on these very rows and layout; detached, it makes their ratio
+    ``exp(logp - sg[logp]) = 1`` bitwise in every precision and packing, with the gradient a recomputed base gives.
+    The later minibatches keep the values the rows arrived with: theta_old, not the weights the earlier steps
+    moved, equal to their own forward under theta_old up to the rounding of another batch shape. Without
+    ``recompute`` every base is the one the rows arrived with (own rows: the engine's log-probs)."""
+    if recompute and mbs:
+        for mb in mbs[0]:
+            mb.old_from_forward = True
     out = []
     with ctx.phase("update"):
         for u, micros in enumerate(mbs):
@@ -82,11 +90,13 @@ def finish_minibatch(policy, total: float, records: list, where: str) -> dict:
 
 @torch.no_grad()
 def minibatch_old_logp(policy, mb):
-    """theta_old of a minibatch's rows by the update's own forward code on the same batch (same rows, same
-    padding or packing, ``optim.packing``), before any optimizer step of the rollout batch: the first minibatch's ratio is then exactly 1 in
-    every precision (docs/algorithms.md#notation-and-conventions). A given ratio base (``given_old``, e.g. GRAFT T2) is kept."""
-    logp, _ = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
-    mb.old_logp = torch.where(mb.given_old.unsqueeze(1), mb.old_logp, logp.to(mb.old_logp.dtype))
+    """theta_old of a micro-batch's rows by a no-grad pass of the update's own forward code on the micro-batch
+    itself (``MiniBatch.logprobs``: same rows, same padding or packing, ``optim.packing``) under the current
+    weights; a given ratio base (``given_old``, e.g. GRAFT T2) is kept. The values a loss forward under theta_old
+    takes itself (``MiniBatch.old_from_forward``, ``update_policy``), for a micro-batch whose loss does not run
+    under theta_old (docs/algorithms.md#notation-and-conventions)."""
+    mb.old_from_forward = True
+    mb.logprobs(policy)
 
 
 def mean_metrics(records: list, weights: Optional[list] = None) -> dict:
