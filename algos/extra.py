@@ -56,7 +56,8 @@ class ExTra(Learner):
 
     def __init__(self, cfg: ExTraConfig, run: LearnerFacts):
         super().__init__(cfg, run)
-        self.embedder = make_embedder(cfg.embedder, device=run.device)
+        # run.device auto: the embedder's own choice (sentence-transformers: cuda when visible), as the trainer's
+        self.embedder = make_embedder(cfg.embedder, device=None if run.device == "auto" else run.device)
         self.memory: OrderedDict = OrderedDict()   # prompt id -> {"emb": [M, d], "ema": float, "prefixes": [...]}
         self.queue: deque = deque(maxlen=cfg.queue_size)  # (guided Prompt, prefix token ids)
         self._cuts: Optional[tuple] = None

@@ -229,9 +229,11 @@ def _config_get(config: Mapping, dotted: str) -> Any:
 
 def make_summary(config: Mapping, *, models: list, peers: Mapping, status: str,
                  compute: Optional[Mapping] = None, peer_source: Optional[str] = None,
-                 peer_run_compute: Optional[Mapping] = None, error: Optional[str] = None) -> dict:
+                 peer_run_compute: Optional[Mapping] = None, error: Optional[str] = None,
+                 placement: Optional[Mapping] = None) -> dict:
     """Build a ``summary.json`` payload from the resolved config plus what the trainer knows (``error``: one line
-    saying why a run failed or was interrupted)."""
+    saying why a run failed or was interrupted; ``placement``: where each model's weights, optimizer state, engine
+    and KV cache lived, graftzoo.training.placement.describe)."""
     payload = {
         "name": _config_get(config, "run.name"),
         "algo": _config_get(config, "algo.name"),
@@ -246,6 +248,7 @@ def make_summary(config: Mapping, *, models: list, peers: Mapping, status: str,
         "compute": dict(compute or {}),
         "peer_run_compute": None if peer_run_compute is None else dict(peer_run_compute),
         "error": error,
+        "placement": None if placement is None else dict(placement),
     }
     validate_summary(payload, "summary built from config")
     return payload

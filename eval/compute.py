@@ -2,7 +2,8 @@
 
 Convention (docs/algorithms.md#evaluation-protocol-and-compute, DERIVED): ``GPU-h = Σ_phases #GPUs held × wall-clock hours``.
 Each phase is recorded per model: wall seconds, process CPU seconds (``time.process_time``: all
-threads of this process) and GPU-hours. Phases of one model should not nest or overlap (nested
+threads of this process) and GPU-hours; on a CUDA device also the phase's peak of allocated GPU memory
+(``peak_gb``: the allocator's peak since the phase began, the largest over the run's calls of that phase). Phases of one model should not nest or overlap (nested
 phases are counted twice); co-located models that share GPUs sequentially (offload, vLLM sleep)
 therefore sum correctly. Log-prob recompute of grafted text, update and evaluation are separate
 phase names, e.g. "generate", "logprob", "update", "eval".
@@ -15,7 +16,7 @@ so that two overlapping phases do not each count the other's; the CPU of a model
 
 Summary format (``ComputeMeter.summary()``, stored as ``summary.json["compute"]``)::
 
-    {"models": {"<model>": {"phases": {"generate": {"wall_s": .., "cpu_s": .., "gpu_h": ..}, ...},
+    {"models": {"<model>": {"phases": {"generate": {"wall_s": .., "cpu_s": .., "gpu_h": .., "peak_gb": ..}, ...},
                             "total": {"wall_s": .., "cpu_s": .., "gpu_h": ..}}, ...},
      "total": {"wall_s": .., "cpu_s": .., "gpu_h": ..}}
 """
@@ -29,6 +30,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 FIELDS = ("wall_s", "cpu_s", "gpu_h")
+GIB = float(1 << 30)
 
 
 def _zero() -> dict:
@@ -40,8 +42,12 @@ def _add(a: Mapping, b: Mapping) -> dict:
 
 
 def _default_gpus() -> int:
-
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _cuda_in_use() -> bool:
+    """Whether this process has put anything on a CUDA device (no CUDA context is created to find out)."""
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 class ComputeMeter:
@@ -63,27 +69,36 @@ class ComputeMeter:
         self._lock = threading.Lock()
 
     def add(self, model_id: str, phase: str, wall_s: float = 0.0, cpu_s: float = 0.0,
-            gpu_h: float = 0.0) -> None:
-        """Record an already measured amount (e.g. reported back by a Ray actor)."""
+            gpu_h: float = 0.0, peak_gb: Optional[float] = None) -> None:
+        """Record an already measured amount (e.g. reported back by a Ray actor); ``peak_gb`` (GPU memory) keeps
+        the largest value recorded for the phase."""
         if min(wall_s, cpu_s, gpu_h) < 0:
             raise ValueError(f"negative compute for {model_id}/{phase}: "
                              f"wall_s={wall_s} cpu_s={cpu_s} gpu_h={gpu_h}")
         with self._lock:
             per = self._rec.setdefault(model_id, {})
-            per[phase] = _add(per.get(phase, _zero()),
-                              {"wall_s": wall_s, "cpu_s": cpu_s, "gpu_h": gpu_h})
+            old = per.get(phase, _zero())
+            per[phase] = _add(old, {"wall_s": wall_s, "cpu_s": cpu_s, "gpu_h": gpu_h})
+            peaks = [p for p in (old.get("peak_gb"), peak_gb) if p is not None]
+            if peaks:
+                per[phase]["peak_gb"] = max(peaks)
 
     @contextmanager
     def phase(self, model_id: str, name: str, gpus: Optional[int] = None):
-        """Time the body as phase ``name`` of ``model_id`` (recorded even if the body raises)."""
+        """Time the body as phase ``name`` of ``model_id`` (recorded even if the body raises); on a CUDA device in
+        use, also its peak of allocated memory (the allocator's peak is reset when the phase begins)."""
         held = self.gpus if gpus is None else int(gpus)
+        cuda = _cuda_in_use()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         w0, c0 = self._clock(), self._cpu_clock()
         try:
             yield
         finally:
             wall = max(self._clock() - w0, 0.0)
             cpu = max(self._cpu_clock() - c0, 0.0)
-            self.add(model_id, name, wall, cpu, held * wall / 3600.0)
+            peak = torch.cuda.max_memory_allocated() / GIB if cuda or _cuda_in_use() else None
+            self.add(model_id, name, wall, cpu, held * wall / 3600.0, peak)
 
     def summary(self) -> dict:
         """Per-model per-phase figures, per-model totals and the grand total (format above)."""

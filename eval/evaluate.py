@@ -83,7 +83,7 @@ def heldout_request(cfg: RunConfig) -> dict:
 
 
 def prompt_budget(policy, max_new_tokens: int) -> int:
-    """Prompt tokens kept (the last ones, as ``Policy.encode_prompt`` does): the policy's limit,
+    """The longest prompt evaluated (a longer one is left out and counted, never cut): the policy's limit,
     lowered so that prompt + ``max_new_tokens`` fit the model's context window when it has one."""
     ctx = getattr(policy, "context_window", None)
     if not ctx or ctx >= 1 << 30:  # a model that declares no context window
@@ -125,8 +125,6 @@ def evaluate_benchmarks(policy, engine, request: dict, *, task: Optional[Task] =
             rec = score_benchmark(policy, engine, bench, k, seeds=seeds, greedy=bool(request["greedy"]),
                                   temperature=temp, max_new_tokens=max_new, seed=int(request["seed"]),
                                   group_by=group_by)
-            rec["truncated_prompts"] = sum(len(policy.tokenizer.encode(policy.render(p), add_special_tokens=False))
-                                           > policy.max_prompt_tokens for p in bench.prompts)
             if limit is not None:
                 rec["limit"] = int(limit)
             payload["benchmarks"][bench.name] = rec

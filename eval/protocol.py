@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from graftzoo.contract.errors import ConfigError
 from graftzoo.eval.metrics import BOOTSTRAP_RESAMPLES, bootstrap_ci, mean_sd_ci, pass_at_k
 
 CI_METHOD = f"95% percentile bootstrap over prompts ({BOOTSTRAP_RESAMPLES} resamples)"
@@ -124,15 +125,30 @@ def group_scores(keys: Sequence[str], correct: Optional[Sequence] = None,
     return out
 
 
+def prompts_within(policy, prompts) -> tuple[list, int]:
+    """The prompts whose rendering (``policy.encode_prompt``) is within the policy's ``max_prompt_tokens``, and how
+    many are not: those are left out of an evaluation and counted (``prompts_too_long``), never cut."""
+    kept = [p for p in prompts if len(policy.encode_prompt(p)) <= policy.max_prompt_tokens]
+    return kept, len(prompts) - len(kept)
+
+
 def score_benchmark(policy, engine, bench, k: int, *, seeds: int = 1, greedy: bool = False,
                     temperature: Optional[float] = None, max_new_tokens: Optional[int] = None,
                     seed: int = 0, group_by: Optional[str] = None) -> dict:
     """One benchmark record (eval artifact format) of ``policy`` (generating with ``engine``) on a
     loaded benchmark: ``summarize`` of ``seeds`` runs of ``k`` samples, plus greedy accuracy when
-    ``greedy``, plus ``groups`` (``group_scores``) when ``group_by`` names a prompt field."""
+    ``greedy``, plus ``groups`` (``group_scores``) when ``group_by`` names a prompt field. Prompts over the
+    policy's prompt limit are left out and counted (``prompts_too_long``; ``prompts_within``); a benchmark of which
+    none is within it is a ``ConfigError`` (no score to give)."""
     prompts, env = bench.prompts, bench.env
     if not prompts:
         raise ValueError(f"benchmark {bench.name!r} has no prompts to evaluate")
+    prompts, too_long = prompts_within(policy, prompts)
+    if not prompts:
+        raise ConfigError(f"benchmark {bench.name!r}: none of its {too_long} prompts is within model "
+                          f"{policy.model_id!r}'s prompt limit of {policy.max_prompt_tokens} tokens "
+                          f"(rollout.max_prompt_tokens, less max_new_tokens where the context window needs it; "
+                          f"prompts are left out, never cut)")
     rec: dict = {}
     correct = corr = None
     if k > 0:
@@ -149,6 +165,7 @@ def score_benchmark(policy, engine, bench, k: int, *, seeds: int = 1, greedy: bo
     if not rec:
         raise ValueError("nothing to evaluate: k = 0 and greedy is off")
     rec["dataset"] = bench.dataset
+    rec["prompts_too_long"] = too_long
     if group_by:
         rec["groups"] = group_scores([group_of(p, group_by) for p in prompts], correct, corr)
     return rec

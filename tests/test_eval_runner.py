@@ -76,28 +76,35 @@ def test_resolve_benchmarks():
 
 def test_cli_eval_artifact_fields(run_dir):
     ckpt = run_dir / "checkpoints" / "step_000000"
-    res = CliRunner().invoke(main, ["eval", "--ckpt", str(ckpt), "--benchmarks", "math500,heldout", "--k", "2",
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(ckpt), "--benchmarks", "arithmetic,heldout", "--k", "2",
                                     "--limit", "3", "--greedy", "--temperature", "0.7"])
     assert res.exit_code == 0, res.output
     for m in MODELS:
-        path = run_dir / "eval" / "cli" / "step_0-math500+heldout-k2-limit3" / f"{m}.json"
+        path = run_dir / "eval" / "cli" / "step_0-arithmetic+heldout-k2-limit3" / f"{m}.json"
         payload = json.loads(path.read_text())
         validate_eval(payload, str(path))
         assert payload["model"] == m and payload["step"] == 0
         assert payload["checkpoint"] == "checkpoints/step_000000" and payload["model_spec"]["id"] == m
-        assert set(payload["benchmarks"]) == {"math500", "heldout"}
+        assert set(payload["benchmarks"]) == {"arithmetic", "heldout"}
         for rec in payload["benchmarks"].values():
             assert rec["k"] == 2 and rec["n_items"] == 3 and rec["limit"] == 3 and len(rec["per_seed_run"]) == 2
+            assert rec["prompts_too_long"] == 0
             assert set(rec["pass_at_k"]) == {"1", "2"} and 0 <= rec["avg"] <= 1 and "greedy" in rec
             assert rec["pass_at_k"]["1"] == pytest.approx(rec["avg"])
             assert 0 <= rec["ci"][0] <= rec["avg"] <= rec["ci"][1] <= 1 and "bootstrap" in rec["ci_method"]
-        assert payload["dataset_hashes"]["math500"] == load_dataset("math500").hash
+        assert payload["dataset_hashes"]["arithmetic"] == load_dataset("arithmetic").hash
         assert payload["verifier"] == VERIFIER_VERSION and payload["engine"] == "hf"
         samp = payload["sampling"]
         assert samp["temperature"] == 0.7 and samp["k"] == 2 and samp["greedy"] is True and samp["seeds"] == 1
         assert samp["top_p"] == 1.0 and samp["max_new_tokens"] > 0
         assert payload["selection"] == {"rule": "given"}
-    assert f"{MODELS[0]}  math500" in res.output
+    assert f"{MODELS[0]}  arithmetic" in res.output
+    # math500's problems are longer than the micro models' prompt limit: left out (never cut), none left to score
+    res = CliRunner().invoke(main, ["eval", "--ckpt", str(ckpt), "--benchmarks", "math500", "--k", "1", "--limit",
+                                    "3", "--out", str(run_dir / "math500-eval")])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "benchmark 'math500': none of its 3 prompts is within model" in res.output
+    assert "prompt limit of 88 tokens" in res.output
 
 
 def test_cli_eval_runs_on_the_runs_threads(run_dir, monkeypatch):

@@ -127,7 +127,7 @@ def test_eval_stage_on_a_trained_cell(ran, tmp_path):
     (graftzoo eval in a child process); afterwards it counts as done."""
     _, out, _ = ran
     shutil.copytree(out / "grpo-micro-s0", tmp_path / "grpo-micro-s0")
-    spec = write_grid(tmp_path / "t.yaml", eval={"benchmarks": ["heldout", "amc23"], "k": 1, "limit": 2,
+    spec = write_grid(tmp_path / "t.yaml", eval={"benchmarks": ["heldout", "arithmetic"], "k": 1, "limit": 2,
                                                  "greedy": False, "seed": 3})
     grid = G.load_grid(spec, str(tmp_path))
     cell = grid.cell("grpo-micro-s0")
@@ -139,12 +139,12 @@ def test_eval_stage_on_a_trained_cell(ran, tmp_path):
     assert "[evaluate] grpo-micro-s0" in res.output and "[done] grpo-micro-s0" in res.output
     assert (cell.run_dir / "metrics.jsonl").stat().st_mtime_ns == mtime
     payload = json.loads((cell.run_dir / "eval" / "grid" / "micro-qwen-char.json").read_text())
-    assert set(payload["benchmarks"]) == {"heldout", "amc23"} and payload["sampling"]["seed"] == 3
-    assert payload["benchmarks"]["amc23"]["n_items"] == 2 and "greedy" not in payload["benchmarks"]["amc23"]
+    assert set(payload["benchmarks"]) == {"heldout", "arithmetic"} and payload["sampling"]["seed"] == 3
+    assert payload["benchmarks"]["arithmetic"]["n_items"] == 2 and "greedy" not in payload["benchmarks"]["arithmetic"]
     assert G.cell_status(cell, grid.eval) == "done"
     assert (cell.run_dir / "eval" / "micro-qwen-char.json").read_bytes() == trainer_eval  # the trainer's, kept
     table = (tmp_path / "report" / "table1.md").read_text()
-    assert "heldout" in table and "amc23" in table
+    assert "heldout" in table and "arithmetic" in table
 
 
 def test_in_process_failure_is_reported(tmp_path):

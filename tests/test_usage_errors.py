@@ -115,7 +115,7 @@ def test_eval_names_an_unknown_benchmark_or_model_and_its_closest(run, tmp_path)
     assert SUGGESTION.findall(line) == ["micro-qwen-char"], line
     one_line_error(cli_here("eval", "--ckpt", run, "--out", run / "eval"), 2, "--out")
     assert not out.exists()  # nothing was written
-    ok = cli_here("eval", "--ckpt", run, "--benchmarks", "math500", "--limit", "1", "--k", "1", "--no-greedy",
+    ok = cli_here("eval", "--ckpt", run, "--benchmarks", "arithmetic", "--limit", "1", "--k", "1", "--no-greedy",
                   "--max-new-tokens", "4", "--model", "micro-qwen-char", "--out", out)
     assert ok.returncode == 0, ok.stderr
     assert (out / "micro-qwen-char.json").is_file()

@@ -14,6 +14,7 @@ from graftzoo.contract.config import ConfigError, as_dict, load_config
 from graftzoo.training.engine import EngineError, HFEngine
 from graftzoo.training.models import build_engine, build_policy
 from graftzoo.training.trainer import Trainer, recompute_old_logp, train
+from graftzoo.training import placement
 from graftzoo.envs.task import Task
 
 TEMP = 0.7
@@ -181,7 +182,10 @@ def test_settings_that_cannot_work_are_refused_before_any_engine_starts():
     with pytest.raises(ConfigError, match="rollout.vllm.sleep_level"):
         micro_cfg("rollout.vllm.sleep_level=3")
     with pytest.raises(ConfigError, match=r"rollout.vllm.sleep_level.*GPUs only"):
-        micro_cfg("rollout.vllm.sleep_level=1")  # run.device=cpu
+        micro_cfg("rollout.vllm.sleep_level=1", "run.device=cpu")
+    # run.device auto (the default) on this CPU machine: refused when it resolves, before any model is built
+    with pytest.raises(ConfigError, match=r"run.device' \(auto\) resolved to the CPU.*rollout.vllm.sleep_level 1"):
+        placement.resolve(micro_cfg("rollout.vllm.sleep_level=1"))
     with pytest.raises(ConfigError, match=r"rollout.vllm.sleep_level.*GPUs only \(device cpu;"):
         micro_cfg("rollout.vllm.sleep_level=1", "run.device=cuda",  # one model placed on the CPU
                   "pair.models=[{id: a, kind: tiny, family: qwen2, tokenizer: char, hidden: 64, layers: 1, "

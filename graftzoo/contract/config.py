@@ -93,7 +93,12 @@ class RunSection(Section):
     variant: Optional[str] = key(None, "label used in reports, e.g. \"GRPO (n=8)\" (default: algorithm and n)")
     progress: bool = key(True, "a progress bar on the terminal")
     threads: Int = key(1, "torch intra-op threads", ge=1, le=MAX_WORKERS)
-    device: str = key("cpu", "device of the models (cpu, cuda, cuda:1); pair.models[i].device overrides")
+    device: str = key("auto", "device of the models: auto (cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1; "
+                              "pair.models[i].device overrides")
+    layout: Literal["auto", "resident", "offload"] = key(
+        "auto", "models sharing one GPU: resident (every model's training state stays on the GPU) | offload (the "
+                "idle model's fp32 weights and AdamW moments in host memory between its updates) | auto: "
+                "graftzoo plan's choice on a GPU, resident on the CPU")
     backend: Literal["inprocess", "ray"] = key("inprocess", "inprocess | ray: each model in its own Ray worker group")
     diagnostics: bool = key(False, "per-step transfer-path diagnostics diag/* (in-process models only)")
 
@@ -232,8 +237,15 @@ class TaskSection(Section):
     reward_wrong: float = key(0.0, "reward of a wrong or unparsable answer")
     verifier_timeout: float = key(2.0, "hard wall-clock limit (s) of one math-verify call", gt=0,
                                    le=MAX_WAIT_S)
-    verifier_budget: Optional[float] = key(30.0, "wall-clock limit (s) of one batch's math-verify calls", gt=0,
-                                            le=MAX_WAIT_S)
+    verifier_budget: Union[Literal["auto"], Annotated[float, Field(gt=0, le=MAX_WAIT_S)], None] = key(
+        "auto", "wall-clock limit (s) of one batch's math-verify calls; auto: 10 s + verifier_timeout * "
+                "ceil(calls / workers) (docs/verifier.md#scaling-with-the-batch); null: no limit")
+    verifier_workers: Union[Literal["auto"], Annotated[Int, Field(ge=1, le=MAX_WORKERS)]] = key(
+        "auto", "math-verify worker processes; auto: half of the CPUs this process may use, 1 to 16")
+    max_unverified_share: float = key(0.05, "a step whose share of answers the budget left unverified is above "
+                                            "this is reported (task.on_unverified)", ge=0, le=1)
+    on_unverified: Literal["warn", "error"] = key("warn", "warn | error: a step over task.max_unverified_share "
+                                                          "logs a warning, or fails before its update")
     verifier: VerifierSection = key(VerifierSection, "")
 
     @model_validator(mode="before")
@@ -269,8 +281,12 @@ class VllmSection(Section):
     kv_cache_gb: Optional[float] = key(1.0, "KV cache size; null: gpu_memory_utilization decides (GPU)", gt=0,
                                            le=MAX_MEMORY_GB)
     gpu_memory_utilization: float = key(0.4, "GPU share for weights + KV cache when kv_cache_gb is null", gt=0, le=1)
-    enforce_eager: bool = key(True, "no torch.compile / CUDA graphs: fast start-up, nothing cached on disk")
-    multiprocessing: bool = key(False, "engine core in its own process (weights then streamed to it)")
+    enforce_eager: Union[Literal["auto"], bool] = key(
+        "auto", "true: no torch.compile / CUDA graphs (fast start-up, nothing cached on disk) | false: CUDA graphs | "
+                "auto: eager on CPUs, CUDA graphs on GPUs")
+    multiprocessing: Union[Literal["auto"], bool] = key(
+        "auto", "engine core in its own process (weights then streamed to it); auto: where one process would "
+                "hold two engines on a GPU (sleep mode works for one engine per process)")
     weight_sync: Literal["auto", "tensors", "stream", "disk"] = key(
         "auto", "tensors (in-process, by reference) | stream (to the engine's process, over loopback, in memory) | "
                 "disk (a save_pretrained folder, the fallback) | auto: tensors in-process, else stream")
@@ -828,12 +844,13 @@ def check_run(cfg: RunConfig) -> None:
         if importlib.util.find_spec("vllm") is None:  # found, not imported: the import costs seconds
             raise ConfigError(f"config key 'rollout.engine' is 'vllm' but the vllm package is not installed: "
                               f"{VLLM_INSTALL}")
-        cpu = sorted({d for d in (str(s.get("device", cfg.run.device)) for s in models) if not d.startswith("cuda")})
+        cpu = sorted({d for d in (str(s.get("device") or cfg.run.device) for s in models)
+                      if not d.startswith("cuda") and d != "auto"})  # auto: resolved before the run (placement)
         if vl.sleep_level and cpu:
             raise ConfigError(f"config key 'rollout.vllm.sleep_level' ({vl.sleep_level}) needs vLLM's sleep mode, "
                               f"which runs on GPUs only (device {', '.join(cpu)}; run.device or "
                               f"pair.models[].device): set it to 0")
-        if vl.weight_sync == "tensors" and vl.multiprocessing:
+        if vl.weight_sync == "tensors" and vl.multiprocessing is True:
             raise ConfigError("config key 'rollout.vllm.weight_sync' = tensors needs rollout.vllm.multiprocessing="
                               "false: tensors do not cross to the engine core's process (use stream or auto)")
     peer = cfg.peer

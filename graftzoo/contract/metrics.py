@@ -130,12 +130,19 @@ GROUPS_ALL_SUCCESS = Metric("groups/all_success", "fraction", "groups with every
 GROUPS_MIXED = Metric("groups/mixed", "fraction", "groups with both correct and incorrect responses")
 RESPONSE_LEN_MEAN = Metric("response/len_mean", "tokens", "mean sampled response length (given prefixes left out)")
 RESPONSE_TRUNC_RATE = Metric("response/trunc_rate", "fraction", "responses cut at rollout.max_new_tokens")
-VERIFIER_TIMEOUTS = Metric("verifier/timeouts", "count", "verifier calls that ran out of time (per call or the "
-                           "batch budget); such responses score as wrong")
+VERIFIER_TIMEOUTS = Metric("verifier/timeouts", "count", "responses whose math-verify call ran out of its own time "
+                           "(task.verifier_timeout); they score as wrong")
+VERIFIER_UNVERIFIED = Metric("verifier/unverified", "count", "responses the batch's verifier budget left undecided "
+                             "(task.verifier_budget): scored as wrong without being judged, not in verifier/timeouts")
+VERIFIER_UNVERIFIED_SHARE = Metric("verifier/unverified_share", "fraction", "verifier/unverified over the step's "
+                                   "scored responses (over task.max_unverified_share: task.on_unverified)")
 ROLLOUTS_GENERATED = Metric("rollouts/generated", "count", "responses sampled in the step")
 ROLLOUTS_TOKENS = Metric("rollouts/tokens", "tokens", "tokens sampled in the step (given prefixes left out)")
 ROLLOUT_LOGP_DIFF_MAX = Metric("rollout/logp_diff_max", "nats", "max |decoding log-prob - training-path log-prob| "
                                "over own response tokens (engine / trainer mismatch)")
+ROLLOUT_PROMPTS_TOO_LONG = Metric("rollout/prompts_too_long", "count", "training prompts dropped at start-up (never "
+                                  "cut) because their rendering is over a trained model's prompt limit (the whole "
+                                  "set, the same in every step's record)")
 BATCH_TOKENS = Metric("batch/tokens", "tokens", "prompt + response tokens of the step's training rows")
 
 # ---- complementarity and peer exchange ------------------------------------------------------------------------------
@@ -184,6 +191,8 @@ TIME_LOGPROB = Metric("time/logprob", "s", "theta_old log-prob passes (recompute
 TIME_UPDATE = Metric("time/update", "s", "the optimizer updates")
 TIME_EXCHANGE = Metric("time/exchange", "s", "peer source, exchange and batch building")
 TIME_WEIGHT_SYNC = Metric("time/weight_sync", "s", "syncing the updated weights into the rollout engine")
+TIME_OFFLOAD = Metric("time/offload", "s", "moving this model's training state between its GPU and host memory "
+                      "(run.layout offload; 0 when resident)")
 TIME_STEP = Metric("time/step", "s", "wall time from the step's start to the end of this model's update (set on "
                    "every trained record)")
 PERF_TOKENS_PER_S = Metric("perf/tokens_per_s", "tokens/s", "rollouts/tokens / time/generate")
@@ -291,7 +300,7 @@ EVERY_RECORD: tuple = (
     # optimisation
     LOSS, GRAD_NORM, LR, ENTROPY, KL, RATIO_MEAN,
     ROLLOUT_LOGP_DIFF_MAX,
-    VERIFIER_TIMEOUTS,
+    VERIFIER_TIMEOUTS, VERIFIER_UNVERIFIED, VERIFIER_UNVERIFIED_SHARE,
     # responses and throughput
     RESPONSE_LEN_MEAN, RESPONSE_TRUNC_RATE, PERF_TOKENS_PER_S, ROLLOUTS_GENERATED,
     TIME_GENERATE, TIME_SCORE, TIME_LOGPROB, TIME_EXCHANGE, TIME_UPDATE, TIME_STEP,

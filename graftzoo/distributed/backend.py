@@ -25,7 +25,8 @@ import torch
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig
 from graftzoo.training.engine import Engine
-from graftzoo.training.models import check_context, load_tokenizer_of, model_stop, model_template, split_spec
+from graftzoo.training.models import (check_context, load_tokenizer_of, model_stop, model_template, resolve_device,
+                                      split_spec)
 from graftzoo.training.policy import Policy
 from graftzoo.distributed.errors import WorkerError
 from graftzoo.training.update import mean_metrics
@@ -46,7 +47,7 @@ class WorkerGroup:
         _, local = split_spec(spec)
         self.world = workers_of(spec, cfg)
         self.split_hf = self.world > 1 and bool(cfg.ray.hf_split_generate)  # HF ranks decode their own shares
-        device = str(local.get("device", cfg.run.device))
+        device = resolve_device(local.get("device") or cfg.run.device)
         r = cfg.ray
         gpus = float(r.gpus_per_worker) if device.startswith("cuda") else 0
         bundle = {"CPU": float(r.cpus_per_worker), **({"GPU": gpus} if gpus else {})}

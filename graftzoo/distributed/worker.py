@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from graftzoo.contract.config import LearnerFacts, RunConfig, with_values
 from graftzoo.algos.base import StepContext
-from graftzoo.training.models import ENGINES, build_engine, build_policy, build_sharded_policy, make_ref, wants_ref
+from graftzoo.training.models import (ENGINES, build_engine, build_policy, build_sharded_policy, make_ref, resolve_device,
+                                      wants_ref)
 from graftzoo.contract.registry import get_algo
 from graftzoo.training.update import accumulate_minibatch, update_policy
 from graftzoo.training import fsdp
@@ -71,7 +72,7 @@ class PolicyWorker:
         """Join the group (FSDP2 when it has more than one rank), build the policy, its engine and the learner
         whose loss the updates use; returns what the driver's view of the policy needs."""
         cfg, spec = self.cfg, self.spec
-        device = str(spec.get("device", cfg.run.device))
+        device = resolve_device(spec.get("device") or cfg.run.device)
         if self.world > 1:
             fsdp.init_group(self.rank, self.world, addr, port, device, cfg.ray.collective_timeout_s)
         torch.manual_seed(seed)

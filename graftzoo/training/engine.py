@@ -25,6 +25,14 @@ completes the first occurrence of one. That token is kept, with its log-prob, an
 ``Rollout.body_ids`` / ``token_count`` count every token and cross-tokenizer exchange appends the learner's
 EOS after it (``xt.append_eos_if_stopped``). ``stop_cut`` is the one definition (on the full decoded text);
 the decoding loops only use it to stop early: ``HFEngine`` checks the last few tokens of every live row each step.
+
+EOS: a response ends at any of the policy's ``eos_ids`` (the tokenizer's EOS and every EOS id of the model's
+generation config); ``min_new_tokens`` masks all of them. A rollout's ``eos_id`` is the one it ended with.
+
+Prompts are never cut: one whose tokens (``Policy.encode_prompt``) are more than the policy's
+``max_prompt_tokens`` is a ``PromptTooLongError`` naming it and the limit. Callers drop such prompts first and
+count them (the trainer's ``fitting_prompts`` at start-up, ``rollout/prompts_too_long``; evaluation's
+``prompts_too_long``).
 """
 from __future__ import annotations
 
@@ -45,6 +53,10 @@ FIT_MARGIN = 4  # a text longer than FIT_MARGIN * (longest token's characters) *
 
 class EngineError(RuntimeError):
     """A rollout engine cannot start or decode (names the model and the cause)."""
+
+
+class PromptTooLongError(EngineError):
+    """A prompt over the policy's prompt limit reached an engine (prompts are dropped, never cut)."""
 
 
 class EngineConfigError(EngineError):
@@ -107,21 +119,29 @@ def fitting_prompts(prompts: Sequence[Prompt], limits: dict, chunk: int = 512) -
     return [p for i, p in enumerate(prompts) if i not in bad], dropped
 
 
-def expand_requests(pol: Policy, prompts: Sequence[Prompt], n, prefixes=None,
-                    max_new: Optional[int] = None) -> tuple[list, list]:
+def expand_requests(pol: Policy, prompts: Sequence[Prompt], n, prefixes=None, max_new: Optional[int] = None,
+                    window: Optional[int] = None) -> tuple[list, list]:
     """The sequences to decode — (prompt index, prompt ids, given response prefix ids), ``n[i]`` times for prompt i
-    (an int: the same n for every prompt) — and one empty ``Group`` per prompt to collect them. With ``max_new``, a
-    prompt whose tokens and ``max_new`` do not fit the model's context window is an ``EngineError`` naming it."""
+    (an int: the same n for every prompt) — and one empty ``Group`` per prompt to collect them. A prompt of more
+    than ``pol.max_prompt_tokens`` tokens is a ``PromptTooLongError`` naming it and the limit (never cut). With
+    ``max_new``, a prompt whose tokens and ``max_new`` do not fit ``window`` (default: the model's context window)
+    is an ``EngineError`` naming it."""
     if isinstance(n, int):
         n = [n] * len(prompts)
     rows = []
-    window = pol.context_window if max_new is not None else None
+    limit = int(pol.max_prompt_tokens)
+    if max_new is not None and window is None:
+        window = pol.context_window
     for i, (p, k) in enumerate(zip(prompts, n)):
         pids = pol.encode_prompt(p)
+        if len(pids) > limit:
+            raise PromptTooLongError(f"model {pol.model_id!r}: prompt {p.id!r} has {len(pids)} tokens, more than "
+                                     f"the prompt limit of {limit} (rollout.max_prompt_tokens, less max_new_tokens "
+                                     f"where the context window needs it): prompts are dropped, never cut")
         pre = list(prefixes[i]) if prefixes is not None and prefixes[i] else []
-        if window is not None and len(pids) + len(pre) + max_new > window:
+        if max_new is not None and len(pids) + len(pre) + max_new > window:
             raise EngineError(f"model {pol.model_id!r}: prompt {p.id!r} has {len(pids) + len(pre)} tokens, with "
-                              f"max_new_tokens {max_new} more than its context window of {window} tokens")
+                              f"max_new_tokens {max_new} more than the engine's window of {window} tokens")
         rows += [(i, pids, pre)] * int(k)
     return rows, [Group(prompt=p, model_id=pol.model_id, rollouts=[]) for p in prompts]
 
@@ -154,22 +174,26 @@ def stop_cut(pol: Policy, pre: list, toks: list, stop) -> Optional[int]:
 def rollout_from_tokens(pol: Policy, pids: list, pre: list, toks: list, lps: list, version: int,
                         stopped: bool = False) -> Rollout:
     """The Rollout of sampled ``toks`` (with their log-probs ``lps``) after prompt ``pids`` and given response
-    prefix ``pre``: cut after the policy's EOS or after the token completing a stop string (``stop_cut``), both
-    "stop", or kept whole ("length"; "stop" when the engine says it ended them at a stop string, ``stopped``); the
-    prefix carries log-prob 0."""
+    prefix ``pre``: cut after the first of the policy's EOS ids (``eos_ids``) or after the token completing a stop
+    string (``stop_cut``), both "stop", or kept whole ("length"; "stop" when the engine says it ended them at a stop
+    string, ``stopped``); the prefix carries log-prob 0. The rollout's ``eos_id`` is the EOS id it ended with (the
+    policy's primary one when it ended otherwise)."""
     toks = list(toks)
-    if pol.eos_id in toks:
-        length, finish = toks.index(pol.eos_id) + 1, "stop"
+    eos = set(pol.eos_ids)
+    first = next((j for j, t in enumerate(toks) if t in eos), None)
+    if first is not None:
+        length, finish = first + 1, "stop"
     else:
         length, finish = len(toks), "stop" if stopped else "length"
     cut = stop_cut(pol, pre, toks[:length], pol.stop_strings)
     if cut is not None:
         length, finish = cut, "stop"
     toks = toks[:length]
-    body = toks[:-1] if toks and toks[-1] == pol.eos_id else toks
+    ended = toks[-1] if toks and toks[-1] in eos else None
+    body = toks[:-1] if ended is not None else toks
     return Rollout(prompt_id="", model_id=pol.model_id, policy_version=version, text=pol.decode(list(pre) + body),
                    token_ids=list(pre) + toks, logprobs=[0.0] * len(pre) + list(lps[:length]), finish_reason=finish,
-                   prompt_token_ids=list(pids), eos_id=pol.eos_id, prefix_len=len(pre),
+                   prompt_token_ids=list(pids), eos_id=pol.eos_id if ended is None else ended, prefix_len=len(pre),
                    tokenizer_id=pol.tokenizer_id)
 
 
@@ -242,7 +266,8 @@ class HFEngine(Engine):
         """KV-cached decoding of left-padded ``ids``: (tokens [B, T], behaviour log-probs [B, T], per row the
         length at which a stop string ended it or None).
 
-        Positions are ``cumsum(mask) - 1`` as in ``Policy.logprobs``. A row that emitted EOS or completed a stop
+        Positions are ``cumsum(mask) - 1`` as in ``Policy.logprobs``. A row that emitted an EOS id (any of
+        ``Policy.eos_ids``; all of them masked before ``min_new_tokens``) or completed a stop
         string (seen in the decoding of its last few tokens) continues with pad tokens; decoding stops when every
         row has or after ``max_new`` tokens.
         """
@@ -264,7 +289,7 @@ class HFEngine(Engine):
         done = torch.full((B,), idle, dtype=torch.bool, device=dev)  # idle: a stand-in, ended from the start
         one = torch.ones((B, 1), dtype=mask.dtype, device=dev)
         pad = torch.full((B,), pol.pad_id, dtype=torch.long, device=dev)
-        eos = torch.tensor([pol.eos_id], device=dev)
+        eos = torch.tensor(pol.eos_ids, device=dev)
         toks, lps = [], []
         stop = list(pol.stop_strings)
         ends = [None] * B
@@ -285,7 +310,7 @@ class HFEngine(Engine):
             nxt = torch.where(done, pad, scores.argmax(-1))
             toks.append(nxt)
             lps.append(F.log_softmax(sampled, dim=-1).gather(-1, nxt.unsqueeze(-1)).squeeze(-1))
-            done = done | (nxt == pol.eos_id)
+            done = done | torch.isin(nxt, eos)
             if stop:
                 live = (~done).nonzero().flatten().tolist()
                 if live:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from graftzoo.training.checkpoint import checkpoint_step, load_weights
+from graftzoo.contract.config import with_values
 from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.envs.datasets import BENCHMARKS, bundled_names
 from graftzoo.envs.task import HELDOUT, LOAD_ERRORS, Task
@@ -99,10 +100,12 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
     task = Task(cfg)
     check_benchmarks(task, req["benchmarks"], limit)  # before any model is built
     policies = build_policies(cfg, models)
+    # engines sized for the request's response limit (a vLLM engine's max_model_len), --max-new-tokens included
+    sized = with_values(cfg, {"eval.max_new_tokens": req["max_new_tokens"]}) if req["max_new_tokens"] else cfg
     engines = {}
     try:
         for m, p in policies.items():
-            engines[m] = make_eval_engine(p, cfg, req["top_p"])
+            engines[m] = make_eval_engine(p, sized, req["top_p"])
         if ckpt is not None:
             chosen = {m: (ckpt, {"rule": "given"}) for m in policies}
         else:

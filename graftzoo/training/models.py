@@ -212,6 +212,15 @@ def use_run_threads(cfg: RunConfig) -> None:
     torch.set_num_threads(cfg.run.threads)
 
 
+def resolve_device(setting) -> str:
+    """A device setting (``run.device``, ``pair.models[i].device``) with ``auto`` resolved: ``cuda`` when this
+    process sees a GPU, else ``cpu`` (docs/scaling.md#one-gpu)."""
+    setting = str(setting)
+    if setting != "auto":
+        return setting
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Policy:
     """The Policy of a pair.models entry, its whole model loaded in this process (``load_model``), in the run's
     precision, with gradient checkpointing and LoRA adapters as configured, on its device."""
@@ -224,7 +233,7 @@ def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Po
     lora = lora_mod.lora_of(local, cfg)
     if lora:  # only the adapters train (graftzoo.training.lora)
         model = lora_mod.wrap(model, lora, f"pair.models[{base['id']}].lora" if "lora" in local else "model.lora")
-    model.to(local.get("device", cfg.run.device)).train()
+    model.to(resolve_device(local.get("device") or cfg.run.device)).train()
     pol = policy_of(spec, cfg, model, tok, tok_id, autocast, lora_mod.count_parameters(model))
     if lora:
         log.info("model %r: LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%)", base["id"], lora["r"],
@@ -364,7 +373,7 @@ def sharded_model(spec: dict, cfg: RunConfig, folder: Path, files: dict, frozen:
     if frozen:
         model.eval().requires_grad_(False)
     counts = lora_mod.count_parameters(model)
-    fsdp.materialize(model, local.get("device", cfg.run.device), autocast, sources, files, loaded,
+    fsdp.materialize(model, resolve_device(local.get("device") or cfg.run.device), autocast, sources, files, loaded,
                      what=f"model '{base['id']}'")
     return model, autocast, counts
 
@@ -505,7 +514,17 @@ def build_engine(policy: Policy, cfg: RunConfig):
         raise ValueError(f"config key 'rollout.engine' must be one of {sorted(ENGINES)}, got {r.engine!r}")
     return ENGINES[r.engine](policy, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                 max_new_tokens=policy.max_response_tokens, gen_batch_size=r.gen_batch_size,
-                                settings=r.vllm.model_dump(), seed=cfg.run.seed)
+                                settings=r.vllm.model_dump(), seed=cfg.run.seed,
+                                longest_new_tokens=longest_response(policy, cfg))
+
+
+def longest_response(policy: Policy, cfg: RunConfig) -> int:
+    """The longest response a run asks a model's engine for (what a vLLM engine is sized for): the model's
+    max_new_tokens, ``eval.max_new_tokens`` and an algorithm's own response limits (``algo.*max_new_tokens``, e.g.
+    OM-GRPO's contrast answers)."""
+    own = [v for k, v in cfg.algo.model_dump().items() if k.endswith("max_new_tokens") and isinstance(v, int)]
+    return max([int(policy.max_response_tokens), int(cfg.eval.max_new_tokens or 0), *own])
+
 
 def make_eval_engine(policy, cfg: RunConfig, top_p: Optional[float] = None, engine=None):
     """A rollout engine for ``policy`` built as in training, with the eval top-p (``top_p``, else

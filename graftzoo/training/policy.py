@@ -189,6 +189,9 @@ class Policy:
         # loaded through torch.distributed.checkpoint, every pass over the model is a collective of the group
         self.sharded = False
         self._gathered = None  # (version, whole weights on rank 0) of a sharded policy, see full_state_dict
+        self._home: Optional[torch.device] = None  # where the offloaded training state returns to (``offload``)
+        self._guard = None  # the forward pre-hook that refuses a pass over an offloaded model
+        self._host: dict = {}  # id of a state tensor -> its host buffer, kept between moves (``offload``)
         if optim is not None:
             self.configure_optimizer(optim)
 
@@ -258,6 +261,7 @@ class Policy:
             raise NonFiniteError("gradient norm", float(norm), where, loss=loss_value)
         self.optimizer.step()
         self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)  # the gradients' memory is free until the next backward
         trained = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         finite = (torch.stack([torch.isfinite(_local(p)).all() for _, p in trained]) if trained
                   else torch.ones(0, dtype=bool))  # a sharded model: this rank's shards
@@ -280,7 +284,8 @@ class Policy:
     # ---- tokens ----------------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """The model's device (where an offloaded model's state returns to)."""
+        return self._home if self._home is not None else next(self.model.parameters()).device
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -289,7 +294,16 @@ class Policy:
 
     @property
     def eos_id(self) -> int:
+        """The primary EOS id (the tokenizer's): what padding and an appended EOS use."""
         return self.tokenizer.eos_token_id
+
+    @property
+    def eos_ids(self) -> list:
+        """Every id that ends a response: the tokenizer's EOS first, then each of the model's
+        ``generation_config.eos_token_id`` (an int or a list; Qwen3 and SmolLM3 list several), without repeats."""
+        extra = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        extra = [extra] if isinstance(extra, int) else list(extra or [])
+        return [int(i) for i in dict.fromkeys([self.eos_id, *extra]) if i is not None]
 
     @property
     def pad_id(self) -> int:
@@ -300,9 +314,9 @@ class Policy:
         return render_prompt(prompt.text, self.template, self.tokenizer)
 
     def encode_prompt(self, prompt: Prompt) -> list:
-        """The prompt rendered with this policy's template; keeps the last max_prompt_tokens."""
-        ids = self.tokenizer.encode(self.render(prompt), add_special_tokens=False)
-        return ids[-self.max_prompt_tokens:]
+        """The prompt rendered with this policy's template, every token of it: a prompt is never cut (one over
+        ``max_prompt_tokens`` is dropped before it reaches an engine, which refuses it)."""
+        return self.tokenizer.encode(self.render(prompt), add_special_tokens=False)
 
     def encode_text(self, text: str) -> list:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -367,7 +381,10 @@ class Policy:
         the current parameters, in eval mode, at most ``chunk`` sequences and ``max_tokens_per_micro`` padded
         tokens per forward pass (``micro_split``): the theta_old pass of the trainer and of cross-tokenizer
         exchange (docs/algorithms.md#cross-tokenizer-exchange), and ExTra's prefix mining (docs/algorithms.md#extra-prefix-regeneration). Returns one list per
-        sequence, in order (None for the entropies unless asked)."""
+        sequence, in order (None for the entropies unless asked). Each pass is ``logprobs`` on rows laid out as the
+        update lays out a micro-batch (``pad_pairs`` of the rows in order, ``micro_split``): the update's own forward
+        code, so the theta_old it gives a row is the one the update would compute, up to the rounding of another
+        batch shape; the update adds no theta_old pass of its own (docs/algorithms.md#notation-and-conventions)."""
         n = len(prompts)
         logps, ents = [None] * n, ([None] * n if with_entropy else None)
         parts = micro_split([len(p) + len(r) for p, r in zip(prompts, responses)], self.max_tokens_per_micro)
@@ -510,6 +527,67 @@ class Policy:
             for name, value in state.items():
                 value = _full(value).detach()
                 yield name, value.to(dtype) if dtype is not None else value
+
+    # ---- offload (run.layout offload, graftzoo.training.placement.Residency) ---------------------------------
+    @property
+    def offloaded(self) -> bool:
+        """Whether the training state is in host memory (``offload``)."""
+        return self._home is not None
+
+    def _state_tensors(self) -> list:
+        """The training state, each tensor once: the parameters (float32 master weights under ``bf16-mixed``), the
+        buffers, the optimizer's state (AdamW's moments and step counts)."""
+        seen, out = set(), []
+        groups = [self.model.parameters(), self.model.buffers()]
+        if self.optimizer is not None:
+            groups.append(t for st in self.optimizer.state.values() for t in st.values() if torch.is_tensor(t))
+        for t in (t for g in groups for t in g):
+            if id(t) not in seen:
+                seen.add(id(t))
+                out.append(t)
+        return out
+
+    def offload(self) -> int:
+        """Move the training state (``_state_tensors``) to host memory (pinned when it leaves a GPU) and free its
+        device copies; gradients hold nothing between steps (``apply_gradients``). Every tensor keeps its identity
+        (its ``.data`` is replaced), so the optimizer, tied weights and hooks stay valid; a forward pass over the
+        model while it is offloaded is refused, naming it. Returns the bytes moved; a no-op when offloaded."""
+        if self.offloaded:
+            return 0
+        if self.sharded:
+            raise RuntimeError(f"model {self.model_id!r}: a sharded (FSDP2) model is not offloaded by run.layout "
+                               f"offload; its ranks hold 1/N of the state each")
+        home, moved, state = self.device, 0, self._state_tensors()
+        # the host buffers are kept between moves (pinned memory is slow to allocate): one per state tensor
+        self._host = {id(t): h for t in state if (h := self._host.get(id(t))) is not None
+                      and h.shape == t.shape and h.dtype == t.dtype}
+        for t in state:
+            host = self._host.get(id(t))
+            if host is None:
+                host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+            host.copy_(t.data)
+            t.data = host
+            moved += host.numel() * host.element_size()
+        self._home = home
+
+        def refuse(module, args):
+            raise RuntimeError(f"model {self.model_id!r} is offloaded to host memory (run.layout offload): a pass "
+                               f"over it needs Policy.onload() first")
+        self._guard = self.model.register_forward_pre_hook(refuse)
+        return moved
+
+    def onload(self) -> int:
+        """Bring the training state back from host memory (``offload``) to its device, bit for bit; returns the
+        bytes moved; a no-op when it is resident."""
+        if not self.offloaded:
+            return 0
+        moved = 0
+        for t in self._state_tensors():
+            t.data = t.data.to(self._home, copy=True)
+            moved += t.numel() * t.element_size()
+        self._guard.remove()
+        self._home = self._guard = None
+        return moved
 
     def release_gathered(self) -> None:
         """Drop the gathered copy of a sharded policy's weights (after the engine took them)."""

@@ -43,7 +43,7 @@ STORE = "store"  # the trajectory store's folder (the trainer's RUN/store)
 FREE_TO_CHANGE = (
     "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
     "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags", "tracking.*",
-    "run.variant", "run.progress", "run.threads", "run.device", "store.enabled",
+    "run.variant", "run.progress", "run.threads", "run.device", "run.layout", "store.enabled",
     "run.diagnostics",  # extra measurements only: the update is bit-identical with it on or off
     # where the models run (a checkpoint of either backend, any number of ranks, resumes on the other)
     "run.backend", "ray.*",
@@ -51,7 +51,7 @@ FREE_TO_CHANGE = (
     "eval.benchmarks", "eval.allow_test_selection", "eval.top_p",
     # how the vLLM engine is hosted, not what it samples
     "rollout.vllm.kv_cache_gb", "rollout.vllm.gpu_memory_utilization", "rollout.vllm.multiprocessing",
-    "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs",
+    "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs", "rollout.vllm.enforce_eager",
 )
 
 HOSTING_MODEL_KEYS = ("device", "num_workers")  # keys of a pair.models entry that are free to change on resume

@@ -13,7 +13,9 @@ between them, which needs every model's groups, stays on the trainer's thread. W
 kept in model order, so a seeded run's metrics are those of the sequential step: the engines are seeded in model
 order before the threads start, a refill from the prompt sampler waits for the models before it (``InTurn``), the
 store is written in model order after the phase, and the driver's global RNGs must not be drawn from by the
-threads (checked: ``driver_rng_state``). The in-process backend runs every phase model by model.
+threads (checked: ``driver_rng_state``). The in-process backend runs every phase model by model, except that
+models sharing a GPU in the resident layout, each generating through a vLLM engine of its own process, collect
+at once (``placement.collect_at_once``); their updates stay one at a time.
 """
 from __future__ import annotations
 
@@ -42,12 +44,13 @@ from graftzoo.training.preemption import Interrupted, StopRequest
 from graftzoo.training.rundir import (LOCK_FILE, STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
                                      check_resume_config, default_run_name, holds_run, move_aside, name_note,
                                      resume_checkpoint)
-from graftzoo.envs.task import Task
+from graftzoo.envs.task import UNVERIFIED, Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.training.engine import EngineError, fitting_prompts
 from graftzoo.training.models import InProcess, check_models, make_eval_engine, prompt_limits, split_spec
+from graftzoo.training import placement
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.contract.registry import get_algo
@@ -150,6 +153,8 @@ def remove_if_empty(folders) -> None:
 
 
 class Trainer:
+    prompts_too_long = 0  # training prompts dropped at start-up for their length (_fitting): rollout/prompts_too_long
+
     def __init__(self, cfg: RunConfig, run_dir: Optional[str] = None, resume: bool = True, progress=None,
                  overwrite: bool = False, allow_config_change=()):
         """Everything that can be checked without building a model is checked first (ids, the task's datasets,
@@ -171,6 +176,8 @@ class Trainer:
         variant = cfg.run.variant or f"{cfg.algo.name} (n={cfg.rollout.n}{source})"
         # the resolved config (what config.yaml holds): the given one with its run name and report label
         self.cfg = cfg = with_values(cfg, {"run.name": name, "run.variant": variant})
+        # run.device auto, one vLLM engine per process, run.layout: resolved here, a GPU-sized config refused on CPU
+        self.cfg = cfg = placement.resolve(cfg)
         self.run_dir = Path(run_dir) if run_dir else Path(cfg.run.out_dir) / name
         self.resume = resume
         self.progress = progress
@@ -241,6 +248,7 @@ class Trainer:
         is within ``rollout.max_prompt_tokens``; the others are dropped, and said so in one line; none: refused."""
         limits = {s["id"]: prompt_limits(s, cfg) for s in cfg.pair.models if s["id"] in self.model_ids}
         kept, dropped = fitting_prompts(prompts, limits)
+        self.prompts_too_long = len(prompts) - len(kept)
         if len(kept) == len(prompts):
             return kept
         name = cfg.task.dataset or self.task.train_dataset.name
@@ -266,8 +274,16 @@ class Trainer:
             self.store.remove_partial_writes()  # this process holds the run directory: no other writer is alive
         # the models' phases run at once, in threads of their own, where the backend allows it (``train_step``)
         self.concurrent = bool(getattr(self.backend, "concurrent_models", False)) and len(self.model_ids) > 1
-        self.meter = ComputeMeter(per_thread=self.concurrent)
+        # phase 1 also at once in this process where the models share a GPU, resident, generating through vLLM
+        self.concurrent_collect = self.concurrent or placement.collect_at_once(cfg, self.model_ids)
+        self.meter = ComputeMeter(per_thread=self.concurrent_collect)
+        # run.layout offload: one model's training state on the device at a time (graftzoo.training.placement)
+        self.residency = placement.Residency(self.policies, self.meter, cfg.run.layout == "offload")
+        self.placement = placement.describe(cfg, self.policies, self.engines)
+        for line in placement.placement_lines(self.placement):
+            log.info("%s", line)
         self._heldout_lock = threading.Lock()
+        self._heldout: Optional[list] = None  # the fitting held-out prompts, read on first use
         self.tracker: Optional[Tracker] = None
         self.step_slots: dict = {}  # model id -> the last step's slots (own and peer groups after the exchange)
 
@@ -294,9 +310,17 @@ class Trainer:
                            model_index=mi, heldout=self._heldout_prompts)
 
     def _heldout_prompts(self) -> list:
-        """The held-out prompts (OM-GRPO's test-time training); read once, also when two models ask at once."""
+        """The held-out prompts (OM-GRPO's test-time training) that fit every trained model's prompt budget, as the
+        training prompts (``_fitting``: never cut); read once, also when two models ask at once."""
         with self._heldout_lock:
-            return list(self.task.heldout().prompts)
+            if self._heldout is None:
+                limits = {s["id"]: prompt_limits(s, self.cfg) for s in self.cfg.pair.models
+                          if s["id"] in self.model_ids}
+                self._heldout, dropped = fitting_prompts(list(self.task.heldout().prompts), limits)
+                if any(dropped.values()):
+                    log.warning("held-out prompts for test-time training: dropped %s that do not fit the prompt "
+                                "budget", ", ".join(f"{n} for model {m!r}" for m, n in dropped.items() if n))
+            return list(self._heldout)
 
     def _phase_wall(self, m: str) -> dict:
         phases = self.meter.summary()["models"].get(m, {}).get("phases", {})
@@ -310,6 +334,8 @@ class Trainer:
         recompute = {m: recompute_old_logp(self.cfg, self.policies[m], self.engines[m]) for m in self.model_ids}
         ctxs = {m: self.context(step, epoch, m, mi) for mi, m in enumerate(self.model_ids)}
         groups = self._collect_all(ctxs, prompts, recompute)
+        for m in self.model_ids:  # answers the verifier's budget left undecided: a warning, or no update on them
+            self.task.check_unverified(step, m, groups[m])
         if self.peers is not None:
             self.peers.observe(groups)
         batches, xtime = {}, {}
@@ -323,9 +349,10 @@ class Trainer:
             elif len(self.model_ids) == 2:  # co-trained without exchange: still measure complementarity (Fig. 1 right)
                 other = groups[self.model_ids[1 - self.model_ids.index(m)]]
                 ctx.metrics.update(diagnostics.complementarity(groups[m], {g.prompt.id: g for g in other}))
-            slots = self.learners[m].exchange(ctx, groups[m], peer)
-            self.step_slots[m] = slots  # what the step trains on, for the completions table (Tracker)
-            batches[m] = self.learners[m].build_batch(ctx, slots)
+            with self.residency.active(m):  # the exchange may score the peer's responses under this model
+                slots = self.learners[m].exchange(ctx, groups[m], peer)
+                self.step_slots[m] = slots  # what the step trains on, for the completions table (Tracker)
+                batches[m] = self.learners[m].build_batch(ctx, slots)
             xtime[m] = time.perf_counter() - t
         tasks = {m: partial(self._update, ctxs[m], batches[m], groups[m], recompute[m], before[m], xtime[m], t0)
                  for m in self.model_ids}
@@ -335,11 +362,12 @@ class Trainer:
         """Phase 1 of every model (``_collect``), each model's groups written to the store (model order). Model by
         model; or, with ``concurrent``, the engines seeded in model order here, then every model's phase at once,
         its refills from the sampler in model order (``InTurn``), then the store's writes."""
-        if not self.concurrent:
+        if not self.concurrent_collect:
             groups = {}
             for m, ctx in ctxs.items():
                 self.engines[m].seed(derive_seed(self.seed, ctx.step, m, "generate"))  # where the engine samples
-                groups[m] = self._collect(ctx, prompts, recompute[m])
+                with self.residency.active(m):
+                    groups[m] = self._collect(ctx, prompts, recompute[m])
                 self._store_write(ctx, groups[m])
             return groups
         for m, ctx in ctxs.items():
@@ -348,7 +376,7 @@ class Trainer:
         for i, (m, ctx) in enumerate(ctxs.items()):
             ctx.sampler = InTurn(self.sampler, [done[e] for e in list(ctxs)[:i]])
         groups = self._per_model({m: partial(self._collect, ctx, prompts, recompute[m], done=done[m])
-                                  for m, ctx in ctxs.items()})
+                                  for m, ctx in ctxs.items()}, at_once=True)
         for m, ctx in ctxs.items():
             self._store_write(ctx, groups[m])
         return groups
@@ -373,6 +401,12 @@ class Trainer:
     def _update(self, ctx: StepContext, batch, groups: list, recompute: bool, before: dict, xtime: float,
                 t0: float) -> dict:
         """Phase 3 of one model: its update on ``batch``, the engine's weight sync; returns the step's metrics."""
+        with self.residency.active(ctx.model_id):
+            return self._update_resident(ctx, batch, groups, recompute, before, xtime, t0)
+
+    def _update_resident(self, ctx: StepContext, batch, groups: list, recompute: bool, before: dict, xtime: float,
+                         t0: float) -> dict:
+        """``_update`` with the model's training state on its device."""
         m, step, pol, learner = ctx.model_id, ctx.step, ctx.policy, self.learners[ctx.model_id]
         check_policy_version(m, pol, groups)
         self.engines[m].release_memory()
@@ -407,17 +441,20 @@ class Trainer:
         met[M.TIME_UPDATE] = dt.get("update", 0.0)
         met[M.TIME_EXCHANGE] = xtime
         met[M.TIME_WEIGHT_SYNC] = sync_s
+        met[M.TIME_OFFLOAD] = dt.get("offload", 0.0)
         met[M.BATCH_TOKENS] = sum(len(r.prompt_ids) + len(r.response_ids) for r in batch.rows)
         toks = ctx.metrics.get(M.ROLLOUTS_TOKENS, 0)
         met[M.PERF_TOKENS_PER_S] = toks / met[M.TIME_GENERATE] if met[M.TIME_GENERATE] > 0 else None
         met[M.TIME_STEP] = time.perf_counter() - t0
         met[M.EPOCH] = ctx.epoch
+        met[M.ROLLOUT_PROMPTS_TOO_LONG] = self.prompts_too_long
         return met
 
-    def _per_model(self, tasks: dict) -> dict:
-        """model id -> ``tasks[m]()``: model by model, or with ``concurrent`` all at once (``run_per_model``), the
-        driver's global RNGs checked untouched by the threads (their draws' order would depend on timing)."""
-        if not self.concurrent:
+    def _per_model(self, tasks: dict, at_once: Optional[bool] = None) -> dict:
+        """model id -> ``tasks[m]()``: model by model, or with ``at_once`` (default ``concurrent``) all at once
+        (``run_per_model``), the driver's global RNGs checked untouched by the threads (their draws' order would
+        depend on timing)."""
+        if not (self.concurrent if at_once is None else at_once):
             return {m: fn() for m, fn in tasks.items()}
         rng = driver_rng_state()
         out = run_per_model(tasks)
@@ -438,7 +475,7 @@ class Trainer:
         res = {}
         for m in self.model_ids:
             engine = make_eval_engine(self.policies[m], self.cfg, req["top_p"], engine=self.engines[m])
-            with self.meter.phase(m, "eval"):
+            with self.residency.active(m), self.meter.phase(m, "eval"):
                 if final:
                     res[m], _ = evaluate_and_write(self.policies[m], engine, req, self.run_dir, **kw)
                 else:
@@ -455,8 +492,11 @@ class Trainer:
                 prc = stored_peer_cost(self.cfg.peer.path, self.peers.peer_of(self.model_ids[0]))
             except Exception:  # the original peer run's compute is optional (amortized charge only)
                 prc = None
-        return make_summary(as_dict(self.cfg), models=self.model_ids, peers=peers, status=status,
-                            compute=self.meter.summary(), peer_source=src, peer_run_compute=prc, error=error)
+        out = make_summary(as_dict(self.cfg), models=self.model_ids, peers=peers, status=status,
+                           compute=self.meter.summary(), peer_source=src, peer_run_compute=prc, error=error,
+                           placement=getattr(self, "placement", None))
+        out["prompts_too_long"] = self.prompts_too_long  # training prompts dropped for their length, never cut
+        return out
 
     def run(self) -> Path:
         """Train to ``run.steps`` (resuming when asked), evaluate, write the summary; release the run directory.
@@ -567,7 +607,7 @@ class Trainer:
 
 
 # ----------------------------------------------------------------------------------------------
-# theta_old log-probs (docs/algorithms.md#notation-and-conventions: recomputed by the trainer before the update)
+# theta_old log-probs (docs/algorithms.md#notation-and-conventions: once per step, phase 1, the training path)
 # ----------------------------------------------------------------------------------------------
 
 def recompute_old_logp(cfg: RunConfig, policy, engine) -> bool:
@@ -601,9 +641,9 @@ def old_logp_pass(policy, groups, recompute: bool) -> Optional[float]:
     ``Policy.logprobs``, the forward code of the update, one no-grad pass). Returns max |decoding log-prob -
     training-path log-prob| over their sampled response tokens (None without any). With ``recompute`` the
     training-path values replace ``Rollout.logprobs`` (given prefix tokens keep theirs), so the ratio base, the
-    peer's l_P and the store's log-prob sums are all theta_old as the update computes it; the trainer then also
-    recomputes each minibatch's ratio base on the minibatch itself (``minibatch_old_logp``), removing the
-    rounding that another batch shape would leave."""
+    peer's l_P and the store's log-prob sums are all theta_old as the update computes it. It is the step's only
+    theta_old pass over these rows: the update adds none (``update_policy``: its first minibatch takes the ratio base
+    from its own loss forward, the later ones keep these values; docs/algorithms.md#notation-and-conventions)."""
     rolls = [r for g in groups for r in g.rollouts
              if r.role == "own" and r.origin is None and len(r.token_ids) > r.prefix_len]
     if not rolls:
@@ -636,6 +676,8 @@ def outcome_metrics(groups) -> dict:
         M.RESPONSE_LEN_MEAN: statistics.fmean(lens) if lens else None,
         M.RESPONSE_TRUNC_RATE: statistics.fmean(float(r.finish_reason == "length") for r in rolls) if rolls else None,
         M.VERIFIER_TIMEOUTS: sum(r.status == "timeout" for r in rolls),
+        M.VERIFIER_UNVERIFIED: sum(r.status == UNVERIFIED for r in rolls),
+        M.VERIFIER_UNVERIFIED_SHARE: statistics.fmean(r.status == UNVERIFIED for r in rolls) if rolls else None,
     }
 
 

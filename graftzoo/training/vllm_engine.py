@@ -6,7 +6,8 @@ What it guarantees, and how:
 
 - **Token ids in and out.** Prompts go in as ``prompt_token_ids`` (the policy's own tokenization and template;
   vLLM's tokenizer is never loaded: ``skip_tokenizer_init``), responses come out as ids, decoded by the policy.
-  EOS is the policy's (``stop_token_ids``); the model's ``generation_config`` is not applied. A policy with stop
+  EOS is every one of the policy's ``eos_ids`` (``stop_token_ids``: the tokenizer's EOS and each EOS id of the
+  model's generation config); the rest of the model's ``generation_config`` is not applied. A policy with stop
   strings (``rollout.stop``) is the one exception: vLLM matches stop strings on text, so it then gets the policy's
   tokenizer (saved beside the config) to detokenize and end a sequence early; the rollout is still cut by
   ``graftzoo.training.engine.stop_cut`` on the policy's own decoding, exactly as the HF engine cuts it.
@@ -25,6 +26,12 @@ What it guarantees, and how:
   that is not the training model itself) and logs the largest difference as ``rollout/logp_diff_max``.
 - **Seeded.** Each sequence gets its own vLLM seed, drawn from torch's global generator, which the trainer seeds
   per step and model: a seeded run is reproducible, and the n samples of a prompt differ.
+- **Sized for the run.** ``max_model_len`` is the longest prompt allowed (``rollout.max_prompt_tokens``) plus the
+  longest response asked for (``max_new_tokens``, or a longer ``eval.max_new_tokens``), never more than the model's
+  context window (``model_len``), so the KV cache is sized for what the run decodes. A prompt over the policy's
+  limit is refused naming it (``engine.PromptTooLongError``), never cut; so is one whose response would not fit.
+  ``rollout.vllm.enforce_eager`` ``auto`` (``eager_mode``): eager on CPUs (fast start-up, nothing compiled to
+  disk), CUDA graphs on GPUs.
 - **Memory and shutdown.** ``rollout.vllm.kv_cache_gb`` bounds the KV cache (vLLM otherwise reserves most of the
   memory); ``sleep_level`` 1 / 2 frees the engine's GPU memory during the update (vLLM's sleep mode; GPU only);
   ``close`` shuts the engine core down (no engine process outlives a run that ends, fails or is interrupted).
@@ -58,11 +65,26 @@ def sync_mode(settings: dict) -> str:
     tensors in-process, else stream."""
     mode = settings["weight_sync"]
     if mode == "auto":
-        return "stream" if settings["multiprocessing"] else "tensors"
-    if mode == "tensors" and settings["multiprocessing"]:
+        return "stream" if settings["multiprocessing"] is True else "tensors"
+    if mode == "tensors" and settings["multiprocessing"] is True:
         raise EngineConfigError("rollout.vllm.weight_sync=tensors needs the engine core in this process "
                                 "(rollout.vllm.multiprocessing=false): tensors do not cross to another process")
     return mode
+
+
+def eager_mode(setting, device_type: str) -> bool:
+    """vLLM's ``enforce_eager`` from ``rollout.vllm.enforce_eager`` (``auto`` | true | false) on a device of
+    ``device_type``: ``auto`` is eager (no torch.compile, no CUDA graphs) everywhere but on CUDA, where CUDA graphs
+    speed decoding up."""
+    if setting == "auto":
+        return device_type != "cuda"
+    return bool(setting)
+
+
+def model_len(context: int, max_prompt_tokens: int, max_new_tokens: int) -> int:
+    """vLLM's ``max_model_len``: the longest prompt allowed and the longest response, at most ``context`` (the
+    model's window); the same as the prompt limit capped by ``context - max_new_tokens``, plus ``max_new_tokens``."""
+    return min(int(context), int(max_prompt_tokens) + int(max_new_tokens))
 
 
 def _import_vllm(multiprocessing: bool):
@@ -103,10 +125,11 @@ def _transformers_model(pol):
 class _Backend:
     """One vLLM ``LLM`` for one policy, shared by the engine and its ``with_sampling`` views."""
 
-    def __init__(self, policy, settings: dict, seed: int):
+    def __init__(self, policy, settings: dict, seed: int, max_model_len: int):
         self.policy = policy
         self.settings = settings
-        self.multiprocessing = bool(settings["multiprocessing"])
+        self.max_model_len = int(max_model_len)
+        self.multiprocessing = settings["multiprocessing"] is True  # auto: resolved by the trainer (placement)
         self.mode = sync_mode(settings)
         self.from_disk = self.mode == "disk"
         if self.from_disk:
@@ -137,10 +160,11 @@ class _Backend:
         if dtype == "auto":  # the dtype the training forward computes in
             dtype = str(pol.autocast_dtype or next(pol.model.parameters()).dtype).replace("torch.", "")
         self.dtype = getattr(torch, dtype)
+        from vllm.platforms import current_platform
         kw = dict(model=self.dir, skip_tokenizer_init=not self.matches_stop, dtype=dtype,
                   load_format="safetensors" if self.from_disk else "dummy", seed=int(seed),
-                  enforce_eager=bool(s["enforce_eager"]), logprobs_mode="processed_logprobs",
-                  generation_config="vllm", max_model_len=int(pol.context_window),
+                  enforce_eager=eager_mode(s["enforce_eager"], current_platform.device_type),
+                  logprobs_mode="processed_logprobs", generation_config="vllm", max_model_len=self.max_model_len,
                   enable_prefix_caching=bool(s["prefix_caching"]), max_num_seqs=int(s["max_num_seqs"]),
                   enable_sleep_mode=self.sleep_level > 0)
         if self.matches_stop:  # vLLM matches stop strings on its own detokenization: the policy's tokenizer
@@ -224,13 +248,15 @@ def row_seeds(rows: list, prompt_seeds) -> list:
 
 
 class VLLMEngine(Engine):
-    """``rollout.engine: vllm``. Same sampling settings as ``HFEngine``; ``settings`` are ``rollout.vllm``."""
+    """``rollout.engine: vllm``. Same sampling settings as ``HFEngine``; ``settings`` are ``rollout.vllm``.
+    ``longest_new_tokens``: the longest response any caller asks for (a longer ``eval.max_new_tokens``), default
+    ``max_new_tokens``; with the policy's prompt limit it sizes the engine (``max_model_len``, ``model_len``)."""
 
     uses_training_model = False
 
     def __init__(self, policy, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  max_new_tokens: int = 48, min_new_tokens: int = 0, settings: Optional[dict] = None, seed: int = 0,
-                 **_):
+                 longest_new_tokens: Optional[int] = None, **_):
         self.policy = policy
         self.temperature = float(temperature)
         self.top_p = float(top_p)
@@ -238,7 +264,10 @@ class VLLMEngine(Engine):
         self.max_new_tokens = int(max_new_tokens)
         self.min_new_tokens = int(min_new_tokens)
         self._owner = True
-        self._backend = _Backend(policy, {**VllmSection().model_dump(), **(settings or {})}, seed)
+        longest = max(self.max_new_tokens, int(longest_new_tokens or 0))
+        self.max_model_len = model_len(policy.context_window, policy.max_prompt_tokens, longest)
+        self._backend = _Backend(policy, {**VllmSection().model_dump(), **(settings or {})}, seed,
+                                 self.max_model_len)
         try:
             self._backend.sync()
         except BaseException:
@@ -267,11 +296,27 @@ class VLLMEngine(Engine):
         if self._owner:
             self._backend.close()
 
+    def sampling_params(self, seeds: list, greedy: bool, temperature: float, max_new: int) -> list:
+        """One ``vllm.SamplingParams`` per sequence (``seeds``: each one's seed): this engine's sampling settings at
+        ``temperature`` (greedy: temperature 0, no cut, no minimum length), at most ``max_new`` tokens, ending at
+        any of the policy's ``eos_ids`` (and, with stop strings, at those)."""
+        from vllm import SamplingParams
+        pol = self.policy
+        sample = dict(temperature=temperature, top_p=self.top_p, top_k=self.top_k,
+                      min_tokens=min(self.min_new_tokens, max_new))
+        if greedy:
+            sample = dict(temperature=0.0, top_p=1.0, top_k=0, min_tokens=0)
+        if pol.stop_strings and self._backend.matches_stop:  # ended early by vLLM's detokenization; stop_cut cuts
+            sample.update(detokenize=True, stop=list(pol.stop_strings), include_stop_str_in_output=True)
+        else:
+            sample.update(detokenize=False)
+        return [SamplingParams(n=1, max_tokens=max_new, logprobs=0, stop_token_ids=pol.eos_ids, seed=s, **sample)
+                for s in seeds]
+
     def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None,
                  prompt_seeds=None):
         """``Engine.generate``; ``prompt_seeds`` (one per prompt) fixes each sequence's seed from its prompt's seed
         and its index in the group (``row_seeds``), so a request split over ranks decodes as it would whole."""
-        from vllm import SamplingParams
         pol, back = self.policy, self._backend
         if back.llm is None:
             raise EngineError(f"model {pol.model_id!r}: the vLLM engine was closed")
@@ -279,21 +324,12 @@ class VLLMEngine(Engine):
             raise EngineError(f"model {pol.model_id!r}: the vLLM engine is asleep (generate after sync_weights)")
         temp = self.temperature if temperature is None else float(temperature)
         max_new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        rows, groups = expand_requests(pol, prompts, n, prefixes, max_new)
+        rows, groups = expand_requests(pol, prompts, n, prefixes, max_new, window=self.max_model_len)
         if not rows:
             return groups
         seeds = (torch.randint(0, 2**31 - 1, (len(rows),)).tolist() if prompt_seeds is None  # the caller's generator
                  else row_seeds(rows, prompt_seeds))
-        sample = dict(temperature=temp, top_p=self.top_p, top_k=self.top_k, min_tokens=min(self.min_new_tokens,
-                                                                                             max_new))
-        if greedy:
-            sample = dict(temperature=0.0, top_p=1.0, top_k=0, min_tokens=0)
-        if pol.stop_strings and back.matches_stop:  # ended early by vLLM on its detokenization; stop_cut cuts
-            sample.update(detokenize=True, stop=list(pol.stop_strings), include_stop_str_in_output=True)
-        else:
-            sample.update(detokenize=False)
-        params = [SamplingParams(n=1, max_tokens=max_new, logprobs=0, stop_token_ids=[pol.eos_id], seed=s,
-                                 **sample) for s in seeds]
+        params = self.sampling_params(seeds, greedy, temp, max_new)
         try:
             outs = back.llm.generate([{"prompt_token_ids": pids + pre} for _, pids, pre in rows], params,
                                      use_tqdm=False)

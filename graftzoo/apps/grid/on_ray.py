@@ -17,6 +17,7 @@ from graftzoo.apps.grid.model import Cell
 from graftzoo.apps.grid.run import run_cell_subprocess
 from graftzoo.distributed.backend import workers_of
 from graftzoo.distributed.cluster import connect, disconnect
+from graftzoo.training.placement import resolve_device
 
 
 def cell_resources(cfg: RunConfig) -> dict:
@@ -25,7 +26,7 @@ def cell_resources(cfg: RunConfig) -> dict:
         return {"num_cpus": 0, "num_gpus": 0}
     train = trained_ids(cfg)
     cuda = [s for s in cfg.pair.models
-            if s["id"] in train and str(s.get("device", cfg.run.device)).startswith("cuda")]
+            if s["id"] in train and resolve_device(s.get("device") or cfg.run.device).startswith("cuda")]
     return {"num_cpus": int(cfg.run.threads), "num_gpus": len(cuda)}
 
 
