@@ -24,6 +24,11 @@ def rank_span(ranks: list) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
+def size_text(params: int) -> str:
+    """``3.075 B`` / ``0.42 M`` parameters."""
+    return f"{params / 1e9:.3f} B" if params >= 1e9 else f"{params / 1e6:.2f} M"
+
+
 def parts_text(parts: dict) -> str:
     """``weights 11.46 + grads 11.46 + ...`` of a parts dict in GiB, its non-zero parts."""
     return " + ".join(f"{PART_NAMES[k]} {v:.2f}" for k, v in parts.items() if v > 0)
@@ -60,6 +65,7 @@ def gpu_phase_lines(row: dict, usable: float) -> list:
 
 
 def settings_text(settings: dict) -> str:
+    """``--set key=value ...`` of a layout's settings (the per-model num_workers aside: they go in the pair file)."""
     return " ".join(f"--set {k}={v:g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in settings.items()
                     if not k.startswith("pair.models"))
 
@@ -80,7 +86,7 @@ def one_gpu_lines(p: dict) -> list:
     if p["phase_1_together"]:
         out.append("  phase 1 (generate, logprob) of the models at once, each engine in its own process")
     for g in p["placement"]:
-        out.append(f"  {g['model']}: {g['params'] / 1e9:.3f} B parameters, {g['precision']} ({g['state_dtype']} "
+        out.append(f"  {g['model']}: {size_text(g['params'])} parameters, {g['precision']} ({g['state_dtype']} "
                    f"state); {engine_text(g, p['prompts'])}")
         out.append(f"    the GPU during its phases: {phases_text(g['phases_gb'])}")
     out += gpu_phase_lines(p["per_gpu"][0], usable)
@@ -138,8 +144,8 @@ def model_lines(rows: list, gpu_gb: float) -> list:
     out = []
     for p in rows:
         ckpt = "on" if p["checkpointing"] else "off"
-        size = f"{p['params'] / 1e9:.3f} B" if p["params"] >= 1e9 else f"{p['params'] / 1e6:.2f} M"
-        out.append(f"{p['model']}: {size} parameters, {p['precision']}, micro-batch {p['micro_tokens']:,} tokens")
+        out.append(f"{p['model']}: {size_text(p['params'])} parameters, {p['precision']}, micro-batch "
+                   f"{p['micro_tokens']:,} tokens")
         out.append(f"  weights + grads + AdamW (1 GPU) {p['state_gib_1gpu']:8.2f} GiB   (sharded over G GPUs by "
                    f"FSDP2)" + ("   + KL reference" if p["ref"] else ""))
         out.append(f"  update micro-batch, ckpt {ckpt:<3}  {p['activations_gib']:8.2f} GiB   (activations, logits and "

@@ -59,7 +59,11 @@ def cpu_refusal(cfg: RunConfig, host_bytes: float) -> Optional[str]:
     """Why ``cfg`` should not start on the CPU when it was not asked to (None: it may): its GPU-only settings, or
     ``graftzoo plan``'s host-memory need for it over ``HOST_USABLE`` of ``host_bytes``."""
     reasons = gpu_only_settings(cfg)
-    need = memory.host_peak_bytes(cfg)
+    try:
+        need = memory.host_peak_bytes(cfg)
+    except ConfigError as e:  # a model whose architecture is not known here (no arch, no local config)
+        log.debug("graftzoo plan cannot size %s on the CPU: %s", cfg.pair.name, e)
+        need = 0.0
     if need > HOST_USABLE * host_bytes:
         reasons.append(f"graftzoo plan puts its training on the CPU at {need / GIB:.1f} GiB of memory, this machine "
                        f"has {host_bytes / GIB:.1f} GiB")
