@@ -55,15 +55,22 @@ def gpu_only_settings(cfg: RunConfig) -> list:
     return out
 
 
+def sizable_here(cfg: RunConfig) -> bool:
+    """Whether plan can size every trained model without asking a hub: tiny models, and ``kind: hf`` models with
+    their ``arch`` or a local folder holding ``config.json``."""
+    def local(spec: dict) -> bool:
+        folder = spec.get("path") or spec["id"]
+        return spec.get("kind", "tiny") == "tiny" or bool(spec.get("arch")) or os.path.isfile(
+            os.path.join(str(folder), "config.json"))
+    return all(local(s) for s in cfg.pair.models if s["id"] in trained_ids(cfg))
+
+
 def cpu_refusal(cfg: RunConfig, host_bytes: float) -> Optional[str]:
     """Why ``cfg`` should not start on the CPU when it was not asked to (None: it may): its GPU-only settings, or
-    ``graftzoo plan``'s host-memory need for it over ``HOST_USABLE`` of ``host_bytes``."""
+    ``graftzoo plan``'s host-memory need for it over ``HOST_USABLE`` of ``host_bytes`` (where plan can size it
+    without a hub, ``sizable_here``)."""
     reasons = gpu_only_settings(cfg)
-    try:
-        need = memory.host_peak_bytes(cfg)
-    except ConfigError as e:  # a model whose architecture is not known here (no arch, no local config)
-        log.debug("graftzoo plan cannot size %s on the CPU: %s", cfg.pair.name, e)
-        need = 0.0
+    need = memory.host_peak_bytes(cfg) if sizable_here(cfg) else 0.0
     if need > HOST_USABLE * host_bytes:
         reasons.append(f"graftzoo plan puts its training on the CPU at {need / GIB:.1f} GiB of memory, this machine "
                        f"has {host_bytes / GIB:.1f} GiB")
