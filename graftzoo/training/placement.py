@@ -192,7 +192,7 @@ def collect_at_once(cfg: RunConfig, models: list) -> bool:
             and bool(cfg.ray.concurrent_models) and all(d.startswith("cuda") for d in devices.values()))
 
 
-def describe(cfg: RunConfig, policies: dict, engines: dict) -> dict:
+def describe(cfg: RunConfig, policies: dict) -> dict:
     """model id -> where its parts live: ``weights`` (dtype and device), ``optimizer_state``, ``engine`` and
     ``kv_cache``, and the run's ``layout``."""
     vl, out = cfg.rollout.vllm, {}

@@ -243,10 +243,14 @@ class Trainer:
             plan = ((s, *reversed(self.sampler.batch(s))) for s in range(self.total_steps))  # (step, epoch, prompts)
         self.peers = make_peer_source(cfg, self.model_ids, self.dataset_id, planned, plan)
 
+    def _prompt_limits(self, cfg: RunConfig) -> dict:
+        """model id -> (tokenizer, template, prompt budget) of every trained model (``prompt_limits``)."""
+        return {s["id"]: prompt_limits(s, cfg) for s in cfg.pair.models if s["id"] in self.model_ids}
+
     def _fitting(self, cfg: RunConfig, prompts: list) -> list:
         """The training prompts whose rendering leaves room for max_new_tokens in every trained model's context and
         is within ``rollout.max_prompt_tokens``; the others are dropped, and said so in one line; none: refused."""
-        limits = {s["id"]: prompt_limits(s, cfg) for s in cfg.pair.models if s["id"] in self.model_ids}
+        limits = self._prompt_limits(cfg)
         kept, dropped = fitting_prompts(prompts, limits)
         self.prompts_too_long = len(prompts) - len(kept)
         if len(kept) == len(prompts):
@@ -279,7 +283,7 @@ class Trainer:
         self.meter = ComputeMeter(per_thread=self.concurrent_collect)
         # run.layout offload: one model's training state on the device at a time (graftzoo.training.placement)
         self.residency = placement.Residency(self.policies, self.meter, cfg.run.layout == "offload")
-        self.placement = placement.describe(cfg, self.policies, self.engines)
+        self.placement = placement.describe(cfg, self.policies)
         for line in placement.placement_lines(self.placement):
             log.info("%s", line)
         self._heldout_lock = threading.Lock()
@@ -314,9 +318,8 @@ class Trainer:
         training prompts (``_fitting``: never cut); read once, also when two models ask at once."""
         with self._heldout_lock:
             if self._heldout is None:
-                limits = {s["id"]: prompt_limits(s, self.cfg) for s in self.cfg.pair.models
-                          if s["id"] in self.model_ids}
-                self._heldout, dropped = fitting_prompts(list(self.task.heldout().prompts), limits)
+                self._heldout, dropped = fitting_prompts(list(self.task.heldout().prompts),
+                                                         self._prompt_limits(self.cfg))
                 if any(dropped.values()):
                     log.warning("held-out prompts for test-time training: dropped %s that do not fit the prompt "
                                 "budget", ", ".join(f"{n} for model {m!r}" for m, n in dropped.items() if n))
