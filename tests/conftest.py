@@ -27,6 +27,16 @@ def sent(monkeypatch):
     verifier.clear_caches()
 
 
+def pytest_collection_modifyitems(items):
+    """The files with the most ``slow`` tests (real processes) first, the rest in their order: the two xdist workers
+    of ``make test`` take a file at a time, and long files started last would leave one worker idle at the end."""
+    slow: dict = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    first = {path: i for i, path in enumerate(dict.fromkeys(item.path for item in items))}
+    items.sort(key=lambda item: (-slow[item.path], first[item.path]))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _threads():
     import torch

@@ -1,4 +1,5 @@
 """Small helpers shared by several test files (imported as `from helpers import ...`)."""
+import logging
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -75,14 +76,20 @@ def one_line_error(res, code: int, *needles) -> str:
 
 def cli_here(*args, cwd=None) -> SimpleNamespace:
     """``graftzoo ARGS`` in this process (click's runner; wandb offline, no hub), run from ``cwd``: returncode,
-    stdout and stderr as a subprocess gives them."""
-    here = os.getcwd()
+    stdout and stderr as a subprocess gives them, the run's log lines included (the command's log handler is made
+    anew on this call's stderr, as in a fresh process, and the logger is left as it was found)."""
+    here, logger = os.getcwd(), logging.getLogger("graftzoo")
+    found = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers.clear()
     try:
         if cwd is not None:
             os.chdir(cwd)
         res = CliRunner().invoke(main, [str(a) for a in args], env={"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
     finally:
         os.chdir(here)
+        logger.handlers[:] = found[0]
+        logger.setLevel(found[1])
+        logger.propagate = found[2]
     return SimpleNamespace(returncode=res.exit_code, stdout=res.stdout, stderr=res.stderr)
 
 

@@ -150,6 +150,7 @@ def test_the_hf_engine_ends_a_response_at_the_token_completing_a_stop_string():
     assert check_stopped_like_cut(pol, plain, stopped, STOP) >= 6
 
 
+@pytest.mark.slow
 def test_the_vllm_engine_ends_a_response_at_the_token_completing_a_stop_string():
     pytest.importorskip("vllm")
     cfg = load_config(pair="micro", algo="grpo", overrides=[

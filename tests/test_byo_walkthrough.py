@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -19,6 +20,8 @@ from graftzoo.training.eval_checkpoints import load_run_config
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Prompt
 from graftzoo.peers.store import TrajectoryStore
+
+pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide.md"
 CHEAP = " --set run.steps=2 --set eval.size=4 --set run.progress=false --no-track"  # keys free of the run's name

@@ -75,6 +75,7 @@ def test_resume_gives_identical_metrics_and_weights(tmp_path):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_kill_9_loses_at_most_the_current_step(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "grpo", "--pair", "micro", "--no-track",

@@ -7,6 +7,7 @@ import sys
 import warnings
 from types import SimpleNamespace
 
+import pytest
 import yaml
 from rich.console import Console
 from rich.progress import TimeElapsedColumn
@@ -59,6 +60,7 @@ def _quick_demo(tmp_path):
     return out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_quick_demo_prints_its_own_progress_only(tmp_path):
     text = _quick_demo(tmp_path)
     assert "1. building and warming up" in text and "[done] grpo-n8-micro-s0" in text

@@ -1,6 +1,7 @@
 """The demo's verdict rests on seeds: words from the seed means and their spread, never one run."""
 import json
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -8,6 +9,8 @@ from graftzoo.apps.cli import main
 from graftzoo.apps.demo import conclusion, verdict
 from graftzoo.apps.grid import Cell
 from graftzoo.contract.config import packaged_configs, read_yaml
+
+pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
 
 def test_a_gap_inside_the_seed_spread_is_no_clear_difference():

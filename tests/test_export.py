@@ -90,6 +90,7 @@ def test_export_loads_in_transformers_with_the_checkpoints_logits_and_prompt(run
         assert meta["eval"][f"eval/{m}.json"]["overall"] == trainer_eval["overall"]["avg"]
 
 
+@pytest.mark.slow
 def test_exported_folders_generate_in_vllm_as_in_transformers(exported):
     vllm = pytest.importorskip("vllm")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -1,7 +1,9 @@
-"""Faults a new user meets, driven through the ``graftzoo`` command in real subprocesses: a run directory
-belongs to one run, a changed config is refused on resume, a diverging run fails loudly, signals stop a run cleanly
-and a rerun resumes it exactly, checkpoints load safely and survive corruption, and every anticipated error is one
-line naming its culprit (no traceback)."""
+"""Faults a new user meets, driven through the ``graftzoo`` command: a run directory belongs to one run, a changed
+config is refused on resume, a diverging run fails loudly, signals stop a run cleanly and a rerun resumes it exactly,
+checkpoints load safely and survive corruption, and every anticipated error is one line naming its culprit (no
+traceback). In real subprocesses where the process is the point (signals, a second process on the run directory, a
+plugin on PYTHONPATH, a full disk, another user); the rest through click's runner in this process
+(``helpers.cli_here``: the same command, its stderr and log lines, without an interpreter start per call)."""
 import json
 import os
 import pickle
@@ -12,35 +14,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from click.testing import CliRunner
 
-from graftzoo.apps.cli import main
 from graftzoo.training.checkpoint import list_checkpoints
 from graftzoo.contract.config import load_config
 from graftzoo.training.rundir import RunDirError
 from graftzoo.training.trainer import Trainer, train
-from helpers import one_line_error, plugin_site
+from helpers import cli_here, one_line_error, plugin_site
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
 MICRO = ["train", "--algo", "grpo", "--pair", "micro", "--no-track"]
 MODELS = ("micro-qwen-char", "micro-gpt2-pair")
-
-
-def cli(*args, cwd=None, timeout=300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", *map(str, args)], env=ENV, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def cli_here(*args) -> SimpleNamespace:
-    """``cli`` through click's runner in this process (errors raised before any model is built: an interpreter per
-    call would spend ~7 s importing); exit code and streams as ``cli`` gives them."""
-    res = CliRunner().invoke(main, [str(a) for a in args], env={"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
-    return SimpleNamespace(returncode=res.exit_code, stdout=res.stdout, stderr=res.stderr)
 
 
 def train_args(out, *sets, name="x"):
@@ -74,14 +61,14 @@ def final_weights(run_dir) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def test_no_resume_over_a_run_is_refused_and_overwrite_moves_it_aside(tmp_path):
-    assert cli(*train_args(tmp_path, "run.steps=3")).returncode == 0
+    assert cli_here(*train_args(tmp_path, "run.steps=3")).returncode == 0
     run = tmp_path / "x"
     old_ckpts = [p.name for p in list_checkpoints(run)]
-    res = cli(*train_args(tmp_path, "run.steps=2"), "--no-resume")
+    res = cli_here(*train_args(tmp_path, "run.steps=2"), "--no-resume")
     one_line_error(res, 2, str(run), "--overwrite")
     assert [p.name for p in list_checkpoints(run)] == old_ckpts  # nothing touched
 
-    res = cli(*train_args(tmp_path, "run.steps=2"), "--overwrite")
+    res = cli_here(*train_args(tmp_path, "run.steps=2"), "--overwrite")
     assert res.returncode == 0, res.stderr[-3000:]
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("x.replaced-")]
     assert len(aside) == 1 and [p.name for p in list_checkpoints(aside[0])] == old_ckpts  # the old run, intact
@@ -92,14 +79,14 @@ def test_no_resume_over_a_run_is_refused_and_overwrite_moves_it_aside(tmp_path):
 
 
 def test_resume_with_a_changed_config_is_refused_unless_allowed(tmp_path):
-    assert cli(*train_args(tmp_path, "run.steps=1", "run.save_every=1")).returncode == 0
+    assert cli_here(*train_args(tmp_path, "run.steps=1", "run.save_every=1")).returncode == 0
     run = tmp_path / "x"
-    res = cli(*train_args(tmp_path, "run.steps=2", "optim.lr=5e-4", "run.seed=3"))
+    res = cli_here(*train_args(tmp_path, "run.steps=2", "optim.lr=5e-4", "run.seed=3"))
     line = one_line_error(res, 2, "optim.lr: 0.0001 -> 0.0005", "run.seed: 0 -> 3", "--allow-config-change")
     assert "run.steps" not in line  # a longer run is not a change of identity
     assert len(metric_rows(run)) == 2 and stored_config(run)["optim"]["lr"] == 1e-4  # nothing touched
 
-    res = cli(*train_args(tmp_path, "run.steps=2", "optim.lr=5e-4"), "--allow-config-change", "optim.lr")
+    res = cli_here(*train_args(tmp_path, "run.steps=2", "optim.lr=5e-4"), "--allow-config-change", "optim.lr")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "continuing from step_000000 under a changed config" in res.stderr
     lrs = {r["step"]: r["lr"] for r in metric_rows(run)}
@@ -111,6 +98,7 @@ def test_resume_with_a_changed_config_is_refused_unless_allowed(tmp_path):
 # 3. a diverging run; values that cannot train
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_diverging_run_fails_before_the_update_and_keeps_nan_visible(tmp_path):
     site = plugin_site(tmp_path)
     args = [a if a != "grpo" else "no_eps" for a in train_args(tmp_path, "run.steps=4", "run.save_every=1")]
@@ -139,7 +127,7 @@ def test_values_that_cannot_train_are_one_line_errors_before_any_model_is_built(
 
 def test_a_peer_algorithm_without_a_peer_fails_before_models_are_built(tmp_path):
     t = time.perf_counter()
-    res = cli("train", "--algo", "graft", "--pair", "micro", "--no-track", "--set", f"run.out_dir={tmp_path}")
+    res = cli_here("train", "--algo", "graft", "--pair", "micro", "--no-track", "--set", f"run.out_dir={tmp_path}")
     one_line_error(res, 2, "--peer")
     assert not any(tmp_path.iterdir())
     print(f"graft without --peer rejected in {time.perf_counter() - t:.1f} s")
@@ -157,7 +145,7 @@ def test_data_file_and_option_errors_are_one_line(tmp_path):
     run.mkdir()
     (run / "config.yaml").write_text("run: {steps: [1, 2\n")
     (run / "checkpoints" / "step_000000").mkdir(parents=True)
-    res = cli("eval", "--ckpt", run)
+    res = cli_here("eval", "--ckpt", run)
     one_line_error(res, 1, "garbled/config.yaml", "invalid YAML")
 
 
@@ -181,6 +169,7 @@ def _wait_for_step(run_dir, step, proc, limit=240):
     raise AssertionError(f"no step {step} within {limit} s")
 
 
+@pytest.mark.slow
 def test_lock_then_sigterm_checkpoints_and_the_rerun_equals_an_uninterrupted_run(tmp_path):
     steps = ["run.steps=30", "run.save_every=7"]
     proc = _start(tmp_path, *steps)
@@ -205,7 +194,7 @@ def test_lock_then_sigterm_checkpoints_and_the_rerun_equals_an_uninterrupted_run
     assert list_checkpoints(run)[-1].name == f"step_{done:06d}"  # the last completed step is saved
     assert done < 29
 
-    res = cli(*train_args(tmp_path, *steps))  # rerun the same command: resumes
+    res = cli_here(*train_args(tmp_path, *steps))  # rerun the same command: resumes
     assert res.returncode == 0, res.stderr[-3000:]
     assert "took over the lock" not in res.stderr  # the interrupted run released it cleanly
     ref = train(load_config(pair="micro", algo="grpo", overrides=[
@@ -214,6 +203,7 @@ def test_lock_then_sigterm_checkpoints_and_the_rerun_equals_an_uninterrupted_run
     assert all(torch.equal(a[m][k], b[m][k]) for m in MODELS for k in a[m])
 
 
+@pytest.mark.slow
 def test_second_sigint_stops_at_once_and_a_stale_lock_is_taken_over(tmp_path):
     run = tmp_path / "x"
     run.mkdir()
@@ -246,18 +236,18 @@ class _Planted:
 
 
 def test_a_planted_pickle_does_not_run_on_eval(tmp_path):
-    assert cli(*train_args(tmp_path, "run.steps=1")).returncode == 0
+    assert cli_here(*train_args(tmp_path, "run.steps=1")).returncode == 0
     ck = list_checkpoints(tmp_path / "x")[-1]
     marker = tmp_path / "pwned"
     with open(ck / f"{MODELS[0]}.pt", "wb") as f:
         pickle.dump({"policy": _Planted(marker)}, f)
-    res = cli("eval", "--ckpt", ck, "--limit", "2")
+    res = cli_here("eval", "--ckpt", ck, "--limit", "2")
     one_line_error(res, 1, f"{MODELS[0]}.pt")
     assert not marker.exists()
 
 
 def test_corrupt_latest_checkpoint_torn_metrics_and_leftovers_resume_from_the_intact_one(tmp_path):
-    assert cli(*train_args(tmp_path, "run.steps=3", "run.save_every=1", "run.keep_checkpoints=3")).returncode == 0
+    assert cli_here(*train_args(tmp_path, "run.steps=3", "run.save_every=1", "run.keep_checkpoints=3")).returncode == 0
     run = tmp_path / "x"
     latest = list_checkpoints(run)[-1]
     data = (latest / f"{MODELS[1]}.pt").read_bytes()
@@ -268,7 +258,7 @@ def test_corrupt_latest_checkpoint_torn_metrics_and_leftovers_resume_from_the_in
     leftover.mkdir()
     (leftover / "x.pt").write_bytes(b"0" * 1000)
 
-    res = cli(*train_args(tmp_path, "run.steps=4", "run.save_every=1", "run.keep_checkpoints=3"))
+    res = cli_here(*train_args(tmp_path, "run.steps=4", "run.save_every=1", "run.keep_checkpoints=3"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert latest.name in res.stderr and "torn last line" in res.stderr and ".tmp-step_000003" in res.stderr
     assert not leftover.exists()
@@ -283,9 +273,9 @@ def test_corrupt_latest_checkpoint_torn_metrics_and_leftovers_resume_from_the_in
 
 
 def test_corrupt_store_meta_names_the_file(tmp_path):
-    assert cli(*train_args(tmp_path, "run.steps=1")).returncode == 0
+    assert cli_here(*train_args(tmp_path, "run.steps=1")).returncode == 0
     (tmp_path / "x" / "store" / "meta.json").write_text("{not json")
-    res = cli(*train_args(tmp_path, "run.steps=2"))
+    res = cli_here(*train_args(tmp_path, "run.steps=2"))
     one_line_error(res, 1, "meta.json")
 
 
@@ -293,6 +283,7 @@ def test_corrupt_store_meta_names_the_file(tmp_path):
 # 9. disk full, read-only run directory
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root to mount a small tmpfs")
 def test_a_full_disk_is_one_line_naming_the_run_directory(tmp_path):
     """The run directory on a 400 KiB tmpfs (in a private mount namespace): the first checkpoint fills it."""
@@ -310,6 +301,7 @@ def test_a_full_disk_is_one_line_naming_the_run_directory(tmp_path):
     assert '"status": "failed"' in res.stdout  # the summary still says what happened
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                     reason="needs root to drop to an unprivileged user (root ignores directory permissions)")
 def test_a_read_only_run_directory_is_one_line(tmp_path):

@@ -191,6 +191,7 @@ def groups(tmp_path_factory):
     return {mode: json.loads((tmp / f"{mode}.json").read_text()) for mode in ("meta", "whole")}, size
 
 
+@pytest.mark.slow
 def test_meta_build_is_the_ordinary_build(groups):
     """The micro pair's models in fp32 (a Qwen2 with rotary buffers, a GPT-2; tied embeddings) and a kind: hf Llama
     from sharded safetensors (loaded in bf16 and trained bf16-mixed, an odd vocabulary: uneven shards) are, built on
@@ -209,6 +210,7 @@ def test_meta_build_is_the_ordinary_build(groups):
     assert cases["small-hf/auto"]["meta"]["autocast"] == "torch.bfloat16"
 
 
+@pytest.mark.slow
 def test_meta_build_forward_matches_one_process(groups):
     """The loss of the meta-built group's forward, each rank on its half of a batch, is one process's (fp32)."""
     results, _ = groups
@@ -224,6 +226,7 @@ def test_meta_build_forward_matches_one_process(groups):
         assert results["meta"]["cases"][f"{model_id}/fp32"]["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_meta_build_peak_memory_is_a_shard(groups):
     """Building, sharding and loading the 77 M-parameter model grows a rank's peak resident set by well under the
     model's float32 size the meta way (at most an upper bound of 0.75 of it, 2 ranks), by at least the whole of it

@@ -19,6 +19,8 @@ from graftzoo.contract.config import load_config
 from graftzoo.training.models import build_policy
 from test_ray_backend import finish, loopback
 
+pytestmark = pytest.mark.slow  # real processes: see pytest.ini
+
 MODEL = "micro-gpt2-pair"
 
 _RANKS = r'''

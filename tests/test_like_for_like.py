@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -113,6 +114,7 @@ def test_report_groups_runs_by_method_and_task(tmp_path):
         ("a.jsonl", "GRAFT", "0"), ("a.jsonl", "GRPO (n=8)", "0"), ("b.jsonl", "GRPO (n=8)", "1")]
 
 
+@pytest.mark.slow
 def test_train_warns_about_a_tiny_heldout_split_and_repeated_prompts(tmp_path):
     """20 rows: the held-out slice is 2 prompts (a tenth), and 32 prompts per step out of the 18 left repeat 14 of
     them in every step; each said in one line with the numbers, as a user types the command."""

@@ -100,6 +100,7 @@ def test_merged_weights_ref_and_export_of_a_lora_policy(model_id):
     assert all(torch.equal(p, base_before[n]) for n, p in pol.model.named_parameters() if ".lora_" not in n)
 
 
+@pytest.mark.slow
 def test_vllm_decodes_with_the_merged_lora_weights_after_a_sync():
     pytest.importorskip("vllm")
     cfg = micro_cfg(LORA, "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", "rollout.temperature=0.7")

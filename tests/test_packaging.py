@@ -21,6 +21,8 @@ import yaml
 
 from graftzoo.contract import config as config_mod
 
+pytestmark = pytest.mark.slow  # real processes: see pytest.ini
+
 ROOT = Path(__file__).resolve().parents[1]
 # everything setup.py builds from: itself and the package roots of its ROOTS mapping
 ROOTS_LINE = re.search(r"^ROOTS = (\{.*?\})$", (ROOT / "setup.py").read_text(), re.M | re.S)

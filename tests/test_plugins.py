@@ -4,7 +4,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from helpers import one_run
+
+pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
 PLUGIN = '''
 from graftzoo import Learner, LearnerConfig

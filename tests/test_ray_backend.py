@@ -31,6 +31,8 @@ from graftzoo.api import train_run as train
 from graftzoo.training.eval_runner import evaluate_checkpoint
 from helpers import plugin_site
 
+pytestmark = pytest.mark.slow  # real processes: see pytest.ini
+
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
 SETS = ["task.difficulty=1", "rollout.n=8", "optim.max_tokens_per_micro=200", "run.steps=3", "run.save_every=1",
         "eval.size=4", "run.keep_checkpoints=3"]
@@ -140,6 +142,22 @@ def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
     assert any(not torch.equal(ws[n], v) for n, v in fresh.items())   # it trained
     out = evaluate_checkpoint(run, benchmarks=["heldout"], k=1, limit=2)
     assert sorted(Path(p).name for p in out) == sorted(f"{m}.json" for m in (A, B))
+
+
+def test_the_models_one_after_the_other_give_the_metrics_of_the_models_at_once(ray_run):
+    """The shared run steps its two models at once (``ray.concurrent_models``, the default); the same seeded run with
+    the models one after the other has every non-wall-clock metric equal, exactly."""
+    tmp, pair, run = ray_run
+    out = tmp / "sequential"
+    t = time.perf_counter()
+    code, log = finish(loopback(train_cmd(out, pair, "ray.concurrent_models=false")))
+    assert code == 0, log[-4000:]
+    print(f"\nRay run, concurrent_models=false: {time.perf_counter() - t:.1f} s")
+    seq, conc = metrics(out / "r"), metrics(run)
+    assert len(seq) == 6 and sorted(conc) == sorted(seq)
+    for key, row in seq.items():
+        assert conc[key] == row, key
+    assert any(abs(r["loss"]) > 1e-4 for r in seq.values())
 
 
 def test_kill_9_of_the_driver_then_the_same_command_resumes_exactly(ray_run):

@@ -3,8 +3,8 @@ their update / weight-sync phase run in one driver thread per model, with the se
 
 In-process and fast: ``Trainer.train_step`` over a backend that says its models may run at once and whose calls
 wait (as a remote call does) before they run; the phases overlap in time, the metrics are the sequential ones, a
-failure surfaces as itself without waiting for the other model. On Ray: the same seeded run with
-``ray.concurrent_models`` off and on gives the same metrics.
+failure surfaces as itself without waiting for the other model. On Ray, the same seeded run with
+``ray.concurrent_models`` off and on gives the same metrics (tests/test_ray_backend.py, beside the run it shares).
 """
 import threading
 import time
@@ -19,7 +19,7 @@ from graftzoo.eval.compute import ComputeMeter
 from graftzoo.training import trainer as trainer_mod
 from graftzoo.training.models import InProcess
 from graftzoo.training.trainer import Trainer
-from test_ray_backend import SKIP_KEYS, finish, loopback, metrics, pair_file, train_cmd
+from test_ray_backend import SKIP_KEYS
 
 DELAY = 0.2  # seconds every call of the fake backend waits before it runs (a remote call in flight)
 SETS = ["task.difficulty=1", "rollout.n=8", "run.track=false"]  # groups with mixed outcomes: the pair trains
@@ -221,27 +221,3 @@ def test_per_thread_cpu_does_not_count_the_other_models_work():
             assert cpu["a"] < 0.05
         else:
             assert cpu["a"] >= 0.29   # the process clock: the double count that per_thread avoids
-
-
-# ---------------------------------------------------------------------------------------------
-# on Ray: the same seeded run, the models one after the other and at once
-# ---------------------------------------------------------------------------------------------
-
-def test_ray_run_with_concurrent_models_has_the_sequential_metrics(tmp_path):
-    """3 seeded GRAFT steps of the micro pair (1 + 2 workers, FSDP2 on the second) on Ray, with
-    ``ray.concurrent_models`` off and on: every non-wall-clock metric equal, exactly."""
-    pair = pair_file(tmp_path)
-    runs = {}
-    for flag in ("false", "true"):
-        out = tmp_path / flag
-        t = time.perf_counter()
-        code, log = finish(loopback(train_cmd(out, pair, f"ray.concurrent_models={flag}", "run.eval_at_end=false",
-                                              "run.save_every=0")))
-        assert code == 0, log[-4000:]
-        print(f"\nRay run, concurrent_models={flag}: {time.perf_counter() - t:.1f} s")
-        runs[flag] = metrics(out / "r")
-    seq, conc = runs["false"], runs["true"]
-    assert len(seq) == 6 and sorted(conc) == sorted(seq)
-    for key, row in seq.items():
-        assert conc[key] == row, key
-    assert any(abs(r["loss"]) > 1e-4 for r in seq.values())

@@ -135,6 +135,7 @@ def _copy_pair(src: dict, name: str, models: list) -> dict:
     return dict(src, name=name, models=[src["models"][i] for i in models])
 
 
+@pytest.mark.slow
 def test_grid_writes_the_regime_map(tmp_path, monkeypatch):
     """End to end through ``graftzoo grid``: a user's ./configs/pairs, a 2 × 2 map on copies of the micro pair (the
     second row's learner is micro's second model), GRPO on a one-model pair of the first row's learner only (outside

@@ -138,6 +138,7 @@ def gpt2_vllm():
         engine.close()
 
 
+@pytest.mark.slow
 def test_vllm_is_sized_for_the_prompt_limit_plus_the_longest_response_and_eager_on_cpu(gpt2_vllm):
     pol, engine = gpt2_vllm
     assert engine.max_new_tokens == 32 and pol.context_window == 128
@@ -147,6 +148,7 @@ def test_vllm_is_sized_for_the_prompt_limit_plus_the_longest_response_and_eager_
     assert running.model_config.enforce_eager is True  # auto, on this CPU
 
 
+@pytest.mark.slow
 def test_vllm_sampling_params_stop_on_every_eos_id(gpt2_vllm):
     pol, engine = gpt2_vllm
     other = second_eos(pol)
@@ -158,6 +160,7 @@ def test_vllm_sampling_params_stop_on_every_eos_id(gpt2_vllm):
     assert greedy.temperature == 0.0 and list(greedy.stop_token_ids) == [pol.eos_id, other]
 
 
+@pytest.mark.slow
 def test_vllm_per_request_seeds_reproduce(gpt2_vllm):
     pol, engine = gpt2_vllm
 
@@ -170,6 +173,7 @@ def test_vllm_per_request_seeds_reproduce(gpt2_vllm):
     assert other[:2] == a[:2] and other[2] != a[2]  # a sequence's seed is its prompt's and its index only
 
 
+@pytest.mark.slow
 def test_vllm_stops_on_the_second_eos_id_and_masks_every_eos_before_min_new_tokens(gpt2_vllm):
     pol, engine = gpt2_vllm
     other = second_eos(pol)
@@ -193,6 +197,7 @@ def test_vllm_stops_on_the_second_eos_id_and_masks_every_eos_before_min_new_toke
         engine.sync_weights()
 
 
+@pytest.mark.slow
 def test_vllm_refuses_a_prompt_over_the_limit_and_a_response_past_its_window(gpt2_vllm):
     pol, engine = gpt2_vllm
     with pytest.raises(PromptTooLongError, match=r"prompt 'the-long-one' has \d+ tokens.*limit of 40"):

@@ -72,6 +72,7 @@ def sweep(tmp_path_factory):
     return out, first, second, plain
 
 
+@pytest.mark.slow
 def test_an_lr_sweep_trains_one_run_directory_per_value(sweep):
     out, first, second, _ = sweep
     a, b = run_dir_of(first.stdout), run_dir_of(second.output)
@@ -137,6 +138,7 @@ def test_train_and_a_grid_cell_name_a_preset_run_alike(tmp_path):
     assert run.name == cells[0] and done(run)
 
 
+@pytest.mark.slow
 def test_the_hash_is_the_same_in_every_process(sweep):
     """The command of the sweep's first run, named again in this process and in another one (other hash seeds)."""
     out, first, _, _ = sweep

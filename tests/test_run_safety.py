@@ -77,6 +77,7 @@ def copy_run(base: Path, out: Path, name: str = "x") -> Path:
 # every checkpoint corrupt
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_run_whose_every_checkpoint_is_corrupt_refuses_to_resume_and_keeps_everything(base, tmp_path):
     run = copy_run(base, tmp_path)
     for ck in list_checkpoints(run):
@@ -207,6 +208,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_wandb_with_an_api_key_and_no_server_logs_offline_at_once(tmp_path):
     env = {k: v for k, v in ENV.items() if not k.startswith("WANDB_")}
     env.update(WANDB_API_KEY="0123456789abcdef0123456789abcdef01234567", WANDB_SILENT="true",
@@ -242,6 +244,7 @@ def test_the_wandb_mode_of_a_run(monkeypatch):
 # leftovers of killed store writes
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_leftovers_of_killed_store_writes_are_removed_on_resume(base, tmp_path):
     run = copy_run(base, tmp_path)
     part = run / "store" / MODELS[0] / ".tmp-4242-step_000002.parquet"
@@ -279,6 +282,7 @@ def _no_models(monkeypatch, module):
     monkeypatch.setattr(module, "build_policies", refuse)
 
 
+@pytest.mark.slow
 def test_eval_into_an_unwritable_run_fails_before_computing_and_out_writes_elsewhere(base, tmp_path, monkeypatch):
     from graftzoo.training import eval_runner
     run = copy_run(base, tmp_path)
@@ -300,6 +304,7 @@ def test_eval_into_an_unwritable_run_fails_before_computing_and_out_writes_elsew
         (run / "eval").chmod(0o755)
 
 
+@pytest.mark.slow
 def test_export_to_an_unwritable_folder_fails_before_building_the_models(base, tmp_path, monkeypatch):
     from graftzoo.training import export
     run = copy_run(base, tmp_path)

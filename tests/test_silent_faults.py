@@ -78,6 +78,7 @@ def test_a_store_shorter_than_the_run_is_refused_before_any_model_is_built(short
     assert not (tmp_path / "g").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", ["peer.missing", "peers.stored.missing"])  # the second: its other spelling
 def test_skip_trains_the_missing_steps_without_a_peer_and_counts_them(short_peer, tmp_path, key):
     res = cli(*stored_graft(tmp_path, short_peer, f"{key}=skip"))
@@ -165,6 +166,7 @@ def test_the_check_reads_the_learners_declaration_not_its_name():
         load_config(pair="micro", algo="test_silent_faults_inherits", overrides=["rollout.n=1"])
 
 
+@pytest.mark.slow
 def test_a_learning_rate_of_zero_is_said_at_start(tmp_path):
     res = cli("train", "--algo", "grpo", "--pair", "micro", *QUIET, "--set", f"run.out_dir={tmp_path}",
               "--set", "run.steps=1", "--set", f"pair.train=[{A}]", "--set", "optim.lr=0")
@@ -181,6 +183,7 @@ def rows(n, long=()):
     return out + [{"id": f"long{j}", "problem": text, "answer": "1"} for j, text in enumerate(long)]
 
 
+@pytest.mark.slow
 def test_a_huge_problem_is_dropped_cheaply_and_counted(tmp_path):
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(12, long=["1+" * 2_500_000 + "1"])))  # one 5 MB row

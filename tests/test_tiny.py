@@ -140,6 +140,7 @@ def test_a_cache_of_other_code_is_not_reused(tmp_path, monkeypatch):
         W.code_fingerprint.cache_clear()
 
 
+@pytest.mark.slow
 def test_warmup_pair_runs_both_in_parallel(tmp_path):
     specs = [small_spec("qwen2", "char", steps=2), small_spec("gpt2", "digit_pair", steps=2)]
     paths = warmup_pair(specs, 0, cache_dir=tmp_path, parallel=True)

@@ -163,6 +163,7 @@ def test_a_store_of_other_runs_is_a_usage_error(tmp_path):
 # a start refused while the models are built leaves nothing behind
 # ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_start_refused_by_the_engine_exits_2_and_leaves_no_run_folder(tmp_path):
     pair = {"name": "h24", "models": [{"id": "h24", "kind": "tiny", "family": "gpt2", "tokenizer": "digit_pair",
                                        "hidden": 96, "layers": 1, "heads": 4, "ffn": 64, "warmup": {"steps": 0}}]}

@@ -176,6 +176,7 @@ DYING_PARENT = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_die_with_their_parent():
     """A parent killed with SIGKILL (no atexit) leaves no worker behind, not even a busy one."""

@@ -17,6 +17,8 @@ from graftzoo.training.trainer import Trainer, recompute_old_logp, train
 from graftzoo.training import placement
 from graftzoo.envs.task import Task
 
+pytestmark = pytest.mark.slow  # real processes: see pytest.ini
+
 TEMP = 0.7
 VLLM = ["rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", f"rollout.temperature={TEMP}", "run.track=false"]
 TOL = 1e-4  # float32 engine vs training path

@@ -21,6 +21,8 @@ from graftzoo.contract.registry import get_algo
 from graftzoo.training import models as models_module
 from graftzoo.training.trainer import Trainer, train
 
+pytestmark = pytest.mark.slow  # real processes: see pytest.ini
+
 ONE_MODEL = ["pair.train=[micro-qwen-char]", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625",
              "rollout.vllm.multiprocessing=true", "run.track=false", "run.eval_at_end=false"]
 
@@ -101,17 +103,6 @@ def test_the_engine_process_trains_with_the_run_and_ends_with_it(tmp_path, engin
     assert written == []  # the weights went to the engine's process in memory
 
 
-def test_the_disk_fallback_says_why_and_writes_the_folder(tmp_path, monkeypatch, caplog):
-    written = weights_written(monkeypatch)
-    with caplog.at_level(logging.INFO, logger="graftzoo"):
-        run = train(load_config(pair="micro", algo="grpo", overrides=[
-            *ONE_MODEL, "rollout.vllm.weight_sync=disk", f"run.out_dir={tmp_path}", "run.name=x", "run.steps=1"]))
-    assert "save_pretrained" in written
-    assert any("rollout.vllm.weight_sync=disk" in r.getMessage() for r in caplog.records)
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert all(r["rollout/logp_diff_max"] <= 1e-5 for r in rows if r.get("time/weight_sync") is not None)
-
-
 def test_a_failed_run_ends_its_engine_process(tmp_path, engine_processes, monkeypatch):
     seen, before = engine_processes
     learner = get_algo("grpo")
@@ -132,8 +123,13 @@ def test_a_failed_run_ends_its_engine_process(tmp_path, engine_processes, monkey
     assert children() - before == set()
 
 
-def test_an_interrupted_run_ends_its_engine_process(tmp_path, engine_processes, monkeypatch):
+def test_an_interrupted_run_ends_its_engine_process_and_the_disk_fallback_says_why(tmp_path, engine_processes,
+                                                                                    monkeypatch, caplog):
+    """SIGTERM during step 1: the run finishes the step, checkpoints, stops and ends its engine process. The run
+    syncs its weights through the disk fallback (``weight_sync: disk``): it says why, writes the folder, and the
+    engine follows the weights as closely as the stream does."""
     seen, before = engine_processes
+    written = weights_written(monkeypatch)
     step = Trainer.train_step  # the counting one
 
     def sigterm_during_step_one(self, s):
@@ -142,9 +138,15 @@ def test_an_interrupted_run_ends_its_engine_process(tmp_path, engine_processes, 
         return step(self, s)
 
     monkeypatch.setattr(Trainer, "train_step", sigterm_during_step_one)
-    with pytest.raises(Interrupted):
-        train(load_config(pair="micro", algo="grpo", overrides=[*ONE_MODEL, f"run.out_dir={tmp_path}",
-                                                                "run.name=x", "run.steps=50"]))
+    with caplog.at_level(logging.INFO, logger="graftzoo"), pytest.raises(Interrupted):
+        train(load_config(pair="micro", algo="grpo", overrides=[*ONE_MODEL, "rollout.vllm.weight_sync=disk",
+                                                                f"run.out_dir={tmp_path}", "run.name=x",
+                                                                "run.steps=50"]))
     assert len(seen) == 2 and all(engines(s - before) for s in seen)
     assert children() - before == set()
     assert json.loads((tmp_path / "x" / "summary.json").read_text())["status"] == "interrupted"
+    assert "save_pretrained" in written
+    assert any("rollout.vllm.weight_sync=disk" in r.getMessage() for r in caplog.records)
+    rows = [json.loads(x) for x in (tmp_path / "x" / "metrics.jsonl").read_text().splitlines()]
+    synced = [r for r in rows if r.get("time/weight_sync") is not None]
+    assert synced and all(r["rollout/logp_diff_max"] <= 1e-5 for r in synced), synced
