@@ -33,7 +33,9 @@ from helpers import plugin_site
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
-ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+# PYTHONFAULTHANDLER: a process that crashes (a rank aborted by a C++ library) prints the Python stack of each thread
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
+           PYTHONFAULTHANDLER="1")
 SETS = ["task.difficulty=1", "rollout.n=8", "optim.max_tokens_per_micro=200", "run.steps=3", "run.save_every=1",
         "eval.size=4", "run.keep_checkpoints=3"]
 A, B = "micro-qwen-char", "micro-gpt2-pair"

@@ -77,7 +77,6 @@ def copy_run(base: Path, out: Path, name: str = "x") -> Path:
 # every checkpoint corrupt
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
 def test_a_run_whose_every_checkpoint_is_corrupt_refuses_to_resume_and_keeps_everything(base, tmp_path):
     run = copy_run(base, tmp_path)
     for ck in list_checkpoints(run):
@@ -86,7 +85,7 @@ def test_a_run_whose_every_checkpoint_is_corrupt_refuses_to_resume_and_keeps_eve
     before = snapshot(run)
     stored = {k: v for k, v in before.items() if not k.startswith("checkpoints")}
 
-    res = cli(*train_args(tmp_path, "run.steps=3", "run.save_every=1"))
+    res = cli_here(*train_args(tmp_path, "run.steps=3", "run.save_every=1"))
     line = one_line_error(res, 2, str(run), "no intact checkpoint", "step_000000.corrupt", "step_000001.corrupt",
                           "--overwrite")
     assert "previous intact" not in res.stderr and "resuming" not in res.stderr, res.stderr
@@ -96,11 +95,11 @@ def test_a_run_whose_every_checkpoint_is_corrupt_refuses_to_resume_and_keeps_eve
         assert {k.replace(f"{ck}.corrupt", ck): v for k, v in after.items() if k.startswith(f"checkpoints/{ck}")} \
             == {k: v for k, v in before.items() if k.startswith(f"checkpoints/{ck}/")}
 
-    again = cli(*train_args(tmp_path, "run.steps=3", "run.save_every=1"))  # renamed aside: still no start over
+    again = cli_here(*train_args(tmp_path, "run.steps=3", "run.save_every=1"))  # renamed aside: still no start over
     assert one_line_error(again, 2, "no intact checkpoint") == line
     assert snapshot(run) == after
 
-    res = cli(*train_args(tmp_path, "run.steps=1"), "--overwrite")
+    res = cli_here(*train_args(tmp_path, "run.steps=1"), "--overwrite")
     assert res.returncode == 0, res.stderr[-3000:]
     aside, = [p for p in tmp_path.iterdir() if p.name.startswith("x.replaced-")]
     assert snapshot(aside) == after  # the old run, whole, beside the new one
@@ -244,14 +243,13 @@ def test_the_wandb_mode_of_a_run(monkeypatch):
 # leftovers of killed store writes
 # ------------------------------------------------------------------------------------------------
 
-@pytest.mark.slow
 def test_leftovers_of_killed_store_writes_are_removed_on_resume(base, tmp_path):
     run = copy_run(base, tmp_path)
     part = run / "store" / MODELS[0] / ".tmp-4242-step_000002.parquet"
     part.write_bytes(b"PAR1" + b"0" * 5000)
     meta = run / "store" / ".tmp-4242-meta.json"
     meta.write_text('{"schema_')
-    res = cli(*train_args(tmp_path, "run.steps=3", "run.save_every=1"))
+    res = cli_here(*train_args(tmp_path, "run.steps=3", "run.save_every=1"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert not part.exists() and not meta.exists()
     assert str(part) in res.stderr and str(meta) in res.stderr  # said, with the file
@@ -282,13 +280,12 @@ def _no_models(monkeypatch, module):
     monkeypatch.setattr(module, "build_policies", refuse)
 
 
-@pytest.mark.slow
 def test_eval_into_an_unwritable_run_fails_before_computing_and_out_writes_elsewhere(base, tmp_path, monkeypatch):
     from graftzoo.training import eval_runner
     run = copy_run(base, tmp_path)
     blocked = _unwritable(run)
     try:
-        res = cli("eval", "--ckpt", run, "--benchmarks", "heldout", "--k", "1", "--limit", "2")
+        res = cli_here("eval", "--ckpt", run, "--benchmarks", "heldout", "--k", "1", "--limit", "2")
         one_line_error(res, 1, str(blocked), "--out")
         assert "avg@" not in res.stdout and "wrote" not in res.stdout  # nothing computed, nothing lost
         with monkeypatch.context() as m:  # the Python API: the same check, before any model is built
@@ -296,21 +293,20 @@ def test_eval_into_an_unwritable_run_fails_before_computing_and_out_writes_elsew
             with pytest.raises(OSError, match="out=DIR"):
                 graftzoo.evaluate(str(run), benchmarks=["heldout"], k=1, limit=2)
 
-        res = cli("eval", "--ckpt", run, "--benchmarks", "heldout", "--k", "1", "--limit", "2",
-                  "--out", tmp_path / "scores")
+        res = cli_here("eval", "--ckpt", run, "--benchmarks", "heldout", "--k", "1", "--limit", "2",
+                       "--out", tmp_path / "scores")
         assert res.returncode == 0, res.stderr[-3000:]
         assert sorted(p.name for p in (tmp_path / "scores").iterdir()) == sorted(f"{m}.json" for m in MODELS)
     finally:
         (run / "eval").chmod(0o755)
 
 
-@pytest.mark.slow
 def test_export_to_an_unwritable_folder_fails_before_building_the_models(base, tmp_path, monkeypatch):
     from graftzoo.training import export
     run = copy_run(base, tmp_path)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    res = cli("export", run, "--out", blocker / "hf")
+    res = cli_here("export", run, "--out", blocker / "hf")
     one_line_error(res, 1, str(blocker), "--out")
     assert "->" not in res.stdout
     _no_models(monkeypatch, export)

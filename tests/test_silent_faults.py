@@ -3,9 +3,6 @@ them: a stored peer that does not cover the run (too short, killed early, other 
 update is identically zero (groups of one, greedy sampling, a learning rate of 0), and prompts that do not fit the
 model's context (docs/reliability.md#values-that-cannot-train, docs/guide.md#bring-your-own-data)."""
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,16 +14,16 @@ from graftzoo.contract.config import load_config
 from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.types import Prompt
 from graftzoo.peers.store import TrajectoryStore
+from helpers import cli_here as run_here
 
-ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
 A, B = "micro-qwen-char", "micro-gpt2-pair"
 QUIET = ["--no-track", "--set", "run.eval_at_end=false", "--set", "run.save_every=0"]
 
 
-def cli(*args, timeout=300) -> subprocess.CompletedProcess:
-    """``graftzoo ARGS`` in its own interpreter (what a run logs at start is on its stderr)."""
-    return subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", *map(str, args)], env=ENV, capture_output=True,
-                          text=True, timeout=timeout)
+def cli(*args):
+    """``graftzoo ARGS`` through click's runner, reported as a subprocess reports it (exit code, stdout, and stderr
+    with what the run logs at start): ``helpers.cli_here``."""
+    return run_here(*args)
 
 
 def cli_here(*args):
@@ -78,7 +75,6 @@ def test_a_store_shorter_than_the_run_is_refused_before_any_model_is_built(short
     assert not (tmp_path / "g").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", ["peer.missing", "peers.stored.missing"])  # the second: its other spelling
 def test_skip_trains_the_missing_steps_without_a_peer_and_counts_them(short_peer, tmp_path, key):
     res = cli(*stored_graft(tmp_path, short_peer, f"{key}=skip"))
@@ -166,7 +162,6 @@ def test_the_check_reads_the_learners_declaration_not_its_name():
         load_config(pair="micro", algo="test_silent_faults_inherits", overrides=["rollout.n=1"])
 
 
-@pytest.mark.slow
 def test_a_learning_rate_of_zero_is_said_at_start(tmp_path):
     res = cli("train", "--algo", "grpo", "--pair", "micro", *QUIET, "--set", f"run.out_dir={tmp_path}",
               "--set", "run.steps=1", "--set", f"pair.train=[{A}]", "--set", "optim.lr=0")
@@ -183,7 +178,6 @@ def rows(n, long=()):
     return out + [{"id": f"long{j}", "problem": text, "answer": "1"} for j, text in enumerate(long)]
 
 
-@pytest.mark.slow
 def test_a_huge_problem_is_dropped_cheaply_and_counted(tmp_path):
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(12, long=["1+" * 2_500_000 + "1"])))  # one 5 MB row
