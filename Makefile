@@ -20,13 +20,14 @@ install: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/python tests/test_layers.py
 
-# two pytest workers on the machine's 2 cores, a test file at a time each (a module's shared run is built once)
+# two pytest workers on the machine's 2 cores, a test file at a time each (a module's shared run is built once), in
+# the order tests/conftest.py gives (the files with the most slow tests first), not re-sorted by test count
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=10 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10 tests
 
 # the edit-test loop: everything but the tests that start real processes (Ray, vLLM engine cores, subprocesses)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
 demo: $(STAMP)
 	$(BIN)/graftzoo demo
