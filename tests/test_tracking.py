@@ -44,6 +44,12 @@ def _tables(run_dir):
     return out
 
 
+def _offline_run_ids(run_dir) -> list:
+    """The wandb run id of each offline run folder, read from its ``run-ID.wandb`` file (the folder's name ends with
+    the id, or with ``-1`` after it when two runs start within the same second)."""
+    return sorted(f.stem[len("run-"):] for f in run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+
+
 def test_completions_table_and_resume_into_the_same_wandb_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -60,9 +66,9 @@ def test_completions_table_and_resume_into_the_same_wandb_run(tmp_path, monkeypa
     columns, rows = tables[(1, "micro-gpt2-pair")]
     assert columns == COMPLETION_COLUMNS and len(rows) == 3             # tracking.completions_rows
     assert all(r["prompt"] and r["source"] in ("own", "peer") and r["reward"] in (0.0, 1.0) for r in rows)
-    first = sorted(p.name for p in run_dir.glob("wandb/offline-run-*"))
+    first = _offline_run_ids(run_dir)
     assert len(first) == 1
-    run_id = first[0].rsplit("-", 1)[-1]
+    run_id = first[0]
     # tracking.entity: the run's wandb path (entity/project/id) as wandb records it in the offline run's config
     tracker = Tracker(tmp_path / "entity", load_run_config(run_dir))
     try:
@@ -73,6 +79,5 @@ def test_completions_table_and_resume_into_the_same_wandb_run(tmp_path, monkeypa
     # rerun the command with more steps: it resumes from the checkpoint into the same wandb run
     train(load_config(pair="micro", algo="graft", overrides=overrides[:1] + ["run.steps=3"] + overrides[2:]),
           run_dir=str(run_dir))
-    runs = sorted(p.name for p in run_dir.glob("wandb/offline-run-*"))
-    assert len(runs) == 2 and {r.rsplit("-", 1)[-1] for r in runs} == {run_id}
+    assert _offline_run_ids(run_dir) == [run_id, run_id]
     assert (2, "micro-qwen-char") in _tables(run_dir)
