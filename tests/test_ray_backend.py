@@ -33,9 +33,10 @@ from helpers import plugin_site
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
-# PYTHONFAULTHANDLER: a process that crashes (a rank aborted by a C++ library) prints the Python stack of each thread
+# PYTHONFAULTHANDLER: a process that crashes (a rank aborted by a C++ library) prints the Python stack of each thread;
+# GLOO_SOCKET_IFNAME: the ranks that tests start themselves use gloo on loopback, as a Ray run's ranks do (ray_env)
 ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-           PYTHONFAULTHANDLER="1")
+           PYTHONFAULTHANDLER="1", GLOO_SOCKET_IFNAME="lo")
 SETS = ["task.difficulty=1", "rollout.n=8", "optim.max_tokens_per_micro=200", "run.steps=3", "run.save_every=1",
         "eval.size=4", "run.keep_checkpoints=3"]
 A, B = "micro-qwen-char", "micro-gpt2-pair"
