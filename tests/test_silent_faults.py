@@ -20,12 +20,6 @@ A, B = "micro-qwen-char", "micro-gpt2-pair"
 QUIET = ["--no-track", "--set", "run.eval_at_end=false", "--set", "run.save_every=0"]
 
 
-def cli(*args):
-    """``graftzoo ARGS`` through click's runner, reported as a subprocess reports it (exit code, stdout, and stderr
-    with what the run logs at start): ``helpers.cli_here``."""
-    return run_here(*args)
-
-
 def cli_here(*args):
     """``graftzoo ARGS`` through click's runner (errors raised before any model is built)."""
     return CliRunner().invoke(main, [str(a) for a in args], env={"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"})
@@ -77,7 +71,7 @@ def test_a_store_shorter_than_the_run_is_refused_before_any_model_is_built(short
 
 @pytest.mark.parametrize("key", ["peer.missing", "peers.stored.missing"])  # the second: its other spelling
 def test_skip_trains_the_missing_steps_without_a_peer_and_counts_them(short_peer, tmp_path, key):
-    res = cli(*stored_graft(tmp_path, short_peer, f"{key}=skip"))
+    res = run_here(*stored_graft(tmp_path, short_peer, f"{key}=skip"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "steps 1-2 are not in the store" in res.stderr and "peer.missing=skip" in res.stderr
     recs = records(tmp_path / "g")
@@ -163,8 +157,8 @@ def test_the_check_reads_the_learners_declaration_not_its_name():
 
 
 def test_a_learning_rate_of_zero_is_said_at_start(tmp_path):
-    res = cli("train", "--algo", "grpo", "--pair", "micro", *QUIET, "--set", f"run.out_dir={tmp_path}",
-              "--set", "run.steps=1", "--set", f"pair.train=[{A}]", "--set", "optim.lr=0")
+    res = run_here("train", "--algo", "grpo", "--pair", "micro", *QUIET, "--set", f"run.out_dir={tmp_path}",
+                   "--set", "run.steps=1", "--set", f"pair.train=[{A}]", "--set", "optim.lr=0")
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"model '{A}': optim.lr is 0: its weights never change" in res.stderr
 
@@ -182,9 +176,9 @@ def test_a_huge_problem_is_dropped_cheaply_and_counted(tmp_path):
     data = tmp_path / "mine.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(12, long=["1+" * 2_500_000 + "1"])))  # one 5 MB row
     t = time.perf_counter()
-    res = cli("train", "--algo", "grpo", "--pair", "micro", *QUIET, "--set", f"run.out_dir={tmp_path}",
-              "--set", "run.name=r", "--set", f"task.dataset={data}", "--set", "eval.dataset=math500",
-              "--set", "task.prompts_per_step=13", "--set", "optim.minibatches=1", "--set", "run.steps=1")
+    res = run_here("train", "--algo", "grpo", "--pair", "micro", *QUIET, "--set", f"run.out_dir={tmp_path}",
+                   "--set", "run.name=r", "--set", f"task.dataset={data}", "--set", "eval.dataset=math500",
+                   "--set", "task.prompts_per_step=13", "--set", "optim.minibatches=1", "--set", "run.steps=1")
     took = time.perf_counter() - t
     assert res.returncode == 0, res.stderr[-3000:]
     assert "mine.jsonl: dropped 1 of 13 training prompts that do not fit" in res.stderr, res.stderr[-3000:]
