@@ -1,19 +1,17 @@
-"""What `graftzoo demo` prints: its own progress only (the libraries' warnings and progress bars only with --debug),
-and a progress bar per run whose clock counts from that run's start."""
+"""What `graftzoo demo` prints: its own progress only (the libraries' warnings and progress bars only with --debug;
+the quick demo's whole output is checked in tests/test_packaging.py, where the installed wheel runs it), and a
+progress bar per run whose clock counts from that run's start."""
 import io
 import os
-import subprocess
-import sys
 import warnings
 from types import SimpleNamespace
 
-import pytest
-import yaml
 from rich.console import Console
 from rich.progress import TimeElapsedColumn
 
 from graftzoo.apps.demo import QUIET_ENV, RunBars, quiet_libraries
 
+# what the libraries print when the demo does not quiet them
 NOISE = ("attention_mask", "Writing model shards", "Loading weights", "Warning", "it/s]")
 
 
@@ -37,34 +35,6 @@ def test_each_bar_counts_from_its_own_run_start():
     assert (a.elapsed, b.elapsed) == (400.0, 46.0)  # each stops when its run ends
     out = bars.progress.console.file.getvalue()
     assert "[done] a (400 s)" in out and "[FAILED] b" in out  # printed as text, not eaten as rich markup
-
-
-def _quick_demo(tmp_path):
-    """`graftzoo demo --quick` in a child process, on a one-run plan of the current directory's ./configs, with an
-    empty model cache (the warm-up is where the libraries print)."""
-    work = tmp_path / "work"
-    (work / "configs" / "demo").mkdir(parents=True)
-    small = {"run.steps": 1, "rollout.n": 4, "task.prompts_per_step": 4, "eval.size": 4, "eval.k": 1,
-             "run.save_every": 0, "run.progress": False, "run.track": False}
-    (work / "configs" / "demo" / "quick.yaml").write_text(yaml.safe_dump({
-        "name": "q", "pairs": ["micro"], "seeds": [0], "set": small, "algorithms": ["grpo_n8"],
-        "report": {"baseline": "GRPO (n=8)"}}, sort_keys=False))
-    (work / "configs" / "demo" / "demo.yaml").write_text(
-        yaml.safe_dump({"quick": {"grid": "quick", "complementarity_size": 4}}))
-    env = {k: v for k, v in os.environ.items() if k not in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS",
-                                                            "PYTHONWARNINGS", "GRAFTZOO_DEBUG")}
-    env.update(GRAFTZOO_CACHE=str(tmp_path / "cache"), COLUMNS="200")
-    out = subprocess.run([sys.executable, "-m", "graftzoo.apps.cli", "demo", "--quick", "--out", "out"],
-                         cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    return out.stdout + out.stderr
-
-
-@pytest.mark.slow
-def test_quick_demo_prints_its_own_progress_only(tmp_path):
-    text = _quick_demo(tmp_path)
-    assert "1. building and warming up" in text and "[done] grpo-n8-micro-s0" in text
-    assert not [n for n in NOISE if n in text], text[-3000:]
 
 
 def test_debug_leaves_the_libraries_alone_and_quiet_is_undone_on_exit(monkeypatch):

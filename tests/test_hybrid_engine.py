@@ -25,7 +25,6 @@ import torch
 from graftzoo.contract.config import load_config
 from graftzoo.distributed.backend import dp_shares
 from graftzoo.envs.task import Task
-from graftzoo.training.engine import HFEngine
 from graftzoo.training.models import build_engine, build_policy
 from graftzoo.training.vllm_engine import row_seeds
 from graftzoo.training.weight_stream import WeightReceiver, WeightServer, WeightStreamError, receive_tensors
@@ -150,36 +149,40 @@ def test_a_stream_cut_short_is_an_error_not_a_partial_model():
     server.close()
 
 
-# ---- a sharded group with a vLLM engine on every rank, on Ray ------------------------------------------------
+# ---- a sharded group on Ray: a vLLM engine on every rank, then the HF engine with each rank on its own share --
 
 _SCRIPT = r'''
 import os, sys
 os.environ["TMPDIR"] = sys.argv[2]  # where the engines' folders go, for the test to search
 import json, torch
 from graftzoo.contract.config import load_config
-from graftzoo.distributed.backend import RayBackend
+from graftzoo.distributed.backend import RayBackend, dp_shares
 from graftzoo.envs.task import Task
+from graftzoo.training.models import build_engine, build_policy
 
-out = sys.argv[1]
-cfg = load_config(pair="micro", algo="grpo", overrides=[
-    "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", "ray.num_workers=2", "run.track=false",
-    "rollout.temperature=0.8", "rollout.max_new_tokens=12"])
-model = cfg.pair.models[1]["id"]
-backend = RayBackend()
-res = {}
-try:
-    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s["id"] == model], [model], seed=0)
-    pol, eng, group = pols[model], engines[model], backend.groups[model]
-    prompts = list(Task(cfg).make_env("test", size=6).dataset)
-    n = [3, 1, 2, 4, 2, 3]
-    calls = []
+
+def spied(group, sizes):
+    """``group.call`` recording the size of each rank's part of every ``generate`` answer in ``sizes``."""
     call = group.call
     def spy(method, *a, **kw):
         got = call(method, *a, **kw)
         if method == "generate":
-            calls.append([len(part) for part in got])
+            sizes.append([len(part) for part in got])
         return got
     group.call = spy
+    return call
+
+
+def vllm_checks(backend, res):
+    cfg = load_config(pair="micro", algo="grpo", overrides=[
+        "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", "ray.num_workers=2", "run.track=false",
+        "rollout.temperature=0.8", "rollout.max_new_tokens=12"])
+    model = cfg.pair.models[1]["id"]
+    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s["id"] == model], [model], seed=0)
+    pol, eng, group = pols[model], engines[model], backend.groups[model]
+    prompts = list(Task(cfg).make_env("test", size=6).dataset)
+    n, calls = [3, 1, 2, 4, 2, 3], []
+    call = spied(group, calls)
     def rollouts(seed):
         eng.seed(seed)
         gs = eng.generate(prompts, n)
@@ -210,8 +213,49 @@ try:
     res["policy_version"] = pol.version
     res["logp_diff_after_sync"] = max(abs(x - y) for r, l in zip(ros, lps) for x, y in zip(r.logprobs, l))
     res["changed"] = [x[1] for x in a] != [[r.token_ids for r in g.rollouts] for g in gs]
+
+
+def hf_split_checks(backend, res):
+    """``ray.hf_split_generate``: each rank decodes its own share with the sharded model; a rank with fewer rows
+    keeps running the forward passes the busiest rank needs (stand-ins), so FSDP's gathers match and nothing
+    hangs. Batches of 2 sequences: rank 0's 5 rows take 3 chunks, rank 1's 9 rows 5."""
+    cfg = load_config(pair="micro", algo="grpo", overrides=[
+        "ray.num_workers=2", "ray.hf_split_generate=true", "run.track=false", "rollout.max_new_tokens=12",
+        "rollout.gen_batch_size=2"])
+    model = cfg.pair.models[1]["id"]
+    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s["id"] == model], [model], seed=0)
+    eng, parts = engines[model], []
+    spied(backend.groups[model], parts)
+    prompts = list(Task(cfg).make_env("test", size=6).dataset)
+    n = [5, 5, 1, 1, 1, 1]
+    def rollouts(seed, greedy=False):
+        eng.seed(seed)
+        return [[g.prompt.id, [r.token_ids for r in g.rollouts]] for g in eng.generate(prompts, n, greedy=greedy)]
+    a, b = rollouts(3), rollouts(3)
+    res["hf_order"] = [x[0] for x in a] == [p.id for p in prompts]
+    res["hf_counts"] = [len(x[1]) for x in a]
+    res["hf_same_seed"] = a == b
+    res["hf_shares"] = parts[0]
+    # greedy: each rank's rollouts are those one process decodes for the same share
+    split = [x[1] for x in rollouts(0, greedy=True)]
+    one = build_engine(build_policy(cfg.pair.models[1], cfg, seed=0), cfg)
+    want = [[r.token_ids for r in g.rollouts] for lo, hi in dp_shares(n, 2)
+            for g in one.generate(prompts[lo:hi], n[lo:hi], greedy=True)]
+    res["hf_greedy_equals_one_process"] = split == want
+
+
+out = sys.argv[1]
+res = {}
+vllm_backend, hf_backend = RayBackend(), RayBackend()  # the first starts the cluster, the second joins it
+try:
+    vllm_checks(vllm_backend, res)
+    for g in vllm_backend.groups.values():  # the engines end; the cluster stays for the HF group
+        g.close()
+    vllm_backend.groups = {}
+    hf_split_checks(hf_backend, res)
 finally:
-    backend.close()
+    hf_backend.close()
+    vllm_backend.close()
 json.dump(res, open(out, "w"))
 '''
 
@@ -237,7 +281,13 @@ def own_cache():
 
 
 @pytest.mark.slow
-def test_dp_generation_and_weight_sync_in_memory_on_a_sharded_group(tmp_path, own_cache):
+def test_dp_generation_weight_sync_and_hf_split_on_a_sharded_group(tmp_path, own_cache):
+    """One Ray cluster, micro-gpt2-pair sharded over 2 ranks, first with a vLLM engine on each rank, then with the
+    HF engine and ``ray.hf_split_generate``. Both: each rank decodes its share, the groups come back in the
+    request's order, the same seed gives the same rollouts. vLLM: the split equals rank 0 decoding the whole request
+    with the same prompt seeds; after new weights and the in-memory sync the engines decode with them (log-probs equal
+    the training path's to 1e-5), no weight file written. HF: greedy rollouts equal one process's decode of each
+    share (the rank with fewer rows runs stand-in forward passes, so nothing hangs)."""
     tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # short: Ray's socket paths under it must fit 107 bytes
     script = tmp_path / "hybrid.py"
     script.write_text(_SCRIPT)
@@ -258,113 +308,9 @@ def test_dp_generation_and_weight_sync_in_memory_on_a_sharded_group(tmp_path, ow
     assert res["versions"] == [res["policy_version"]] and res["changed"]
     assert res["logp_diff_after_sync"] <= 1e-5  # float32 engine vs the sharded training model
     assert weight_files(cache) == before
-
-
-# ---- the HF engine on a sharded group, each rank decoding its own share --------------------------------------
-
-_HF_RANKS = r'''
-import json, sys, torch, torch.multiprocessing as mp
-from functools import partial
-from graftzoo.contract.config import load_config
-from graftzoo.distributed.cluster import free_port
-from graftzoo.distributed.worker import group_max
-from graftzoo.envs.task import Task
-from graftzoo.training import fsdp
-from graftzoo.training.engine import HFEngine
-from graftzoo.training.models import build_policy
-
-SHARES = {0: (0, 5), 1: (5, 6)}   # rank 1 has one prompt, rank 0 five: more chunks, longer decoding
-
-def rank(r, world, port, out):
-    torch.set_num_threads(1)
-    fsdp.init_group(r, world, "127.0.0.1", port, "cpu", 120)   # a mismatch of passes would hang, then fail
-    cfg = load_config(pair="micro", algo="grpo", overrides=["rollout.max_new_tokens=16"])
-    spec = cfg.pair.models[1]
-    pol = build_policy(spec, cfg, seed=0)
-    fsdp.shard_policy(pol)
-    prompts = list(Task(cfg).make_env("test", size=6).dataset)
-    a, b = SHARES[r]
-    eng = HFEngine(pol, temperature=0.9, max_new_tokens=16, gen_batch_size=4)
-    eng.group_max = partial(group_max, pol.device)
-    greedy = eng.generate(prompts[a:b], 2, greedy=True)
-    torch.manual_seed(100 + r)
-    sampled = eng.generate(prompts[a:b], 2)
-    json.dump({"greedy": [[x.token_ids for x in g.rollouts] for g in greedy],
-               "sampled": [[x.token_ids for x in g.rollouts] for g in sampled]}, open(f"{out}.{r}", "w"))
-    torch.distributed.destroy_process_group()
-
-if __name__ == "__main__":
-    mp.start_processes(rank, args=(2, free_port("127.0.0.1"), sys.argv[1]), nprocs=2, start_method="spawn")
-'''
-
-
-@pytest.mark.slow
-def test_hf_ranks_of_a_sharded_model_decode_their_own_shares(tmp_path):
-    """Each rank decodes its own prompts with the sharded model (``ray.hf_split_generate``): a rank with fewer
-    rows keeps running the forward passes the busiest rank needs (stand-ins), so FSDP's gathers match and nothing
-    hangs, and each rank's rollouts are those one process decodes for the same prompts and seed."""
-    script, out = tmp_path / "hf_ranks.py", tmp_path / "hf"
-    script.write_text(_HF_RANKS)
-    code, log = finish(loopback([sys.executable, str(script), str(out)]), timeout=300)
-    assert code == 0, log[-3000:]
-    cfg = load_config(pair="micro", algo="grpo", overrides=["rollout.max_new_tokens=16"])
-    pol = build_policy(cfg.pair.models[1], cfg, seed=0)
-    prompts = list(Task(cfg).make_env("test", size=6).dataset)
-    for r, (a, b) in {0: (0, 5), 1: (5, 6)}.items():
-        got = json.loads(Path(f"{out}.{r}").read_text())
-        eng = HFEngine(pol, temperature=0.9, max_new_tokens=16, gen_batch_size=4)
-        assert got["greedy"] == [[x.token_ids for x in g.rollouts] for g in eng.generate(prompts[a:b], 2, greedy=True)]
-        torch.manual_seed(100 + r)
-        want = [[x.token_ids for x in g.rollouts] for g in eng.generate(prompts[a:b], 2)]
-        if r == 1:  # one chunk: its random stream is the one process's (rank 0 runs several, stand-ins after)
-            assert got["sampled"] == want
-        assert len(got["sampled"]) == b - a and all(len(g) == 2 for g in got["sampled"])
-
-
-_HF_SPLIT_SCRIPT = r'''
-import json, sys, torch
-from graftzoo.contract.config import load_config
-from graftzoo.distributed.backend import RayBackend
-from graftzoo.envs.task import Task
-
-cfg = load_config(pair="micro", algo="grpo", overrides=[
-    "ray.num_workers=2", "ray.hf_split_generate=true", "run.track=false", "rollout.max_new_tokens=12"])
-model = cfg.pair.models[1]["id"]
-backend = RayBackend()
-res = {}
-try:
-    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s["id"] == model], [model], seed=0)
-    eng, group = engines[model], backend.groups[model]
-    prompts = list(Task(cfg).make_env("test", size=5).dataset)
-    n = [4, 1, 1, 1, 4]
-    call, parts = group.call, []
-    def spy(method, *a, **kw):
-        got = call(method, *a, **kw)
-        if method == "generate":
-            parts.append([len(p) for p in got])
-        return got
-    group.call = spy
-    def rollouts(seed):
-        eng.seed(seed)
-        return [[g.prompt.id, [r.token_ids for r in g.rollouts]] for g in eng.generate(prompts, n)]
-    a, b = rollouts(3), rollouts(3)
-    res = {"order": [x[0] for x in a] == [p.id for p in prompts], "counts": [len(x[1]) for x in a],
-           "same_seed": a == b, "shares": parts[0]}
-finally:
-    backend.close()
-json.dump(res, open(sys.argv[1], "w"))
-'''
-
-
-@pytest.mark.slow
-def test_hf_split_generation_on_ray_is_seeded_and_in_order(tmp_path):
-    script = tmp_path / "hf_split.py"
-    script.write_text(_HF_SPLIT_SCRIPT)
-    code, log = finish(loopback([sys.executable, str(script), str(tmp_path / "out.json")]), timeout=400)
-    assert code == 0, log[-4000:]
-    res = json.loads((tmp_path / "out.json").read_text())
-    assert res["order"] and res["counts"] == [4, 1, 1, 1, 4] and res["same_seed"], res
-    assert res["shares"] == [3, 2], res  # 11 sequences: 4 + 1 + 1 on rank 0, 1 + 4 on rank 1
+    assert res["hf_order"] and res["hf_counts"] == [5, 5, 1, 1, 1, 1] and res["hf_same_seed"], res
+    assert res["hf_shares"] == [1, 5], res  # 14 sequences: 5 on rank 0, 5 + 1 + 1 + 1 + 1 on rank 1
+    assert res["hf_greedy_equals_one_process"], res
 
 
 @pytest.mark.slow

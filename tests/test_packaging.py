@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from graftzoo.contract import config as config_mod
+from test_demo_output import NOISE
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
@@ -148,12 +149,19 @@ def test_named_configs_come_from_the_package_and_a_local_configs_folder_comes_fi
 
 def test_installed_wheel_runs_the_quick_demo_end_to_end_from_another_directory(installed, tmp_path):
     """`graftzoo demo --quick` of the installed wheel, run elsewhere: warm-up, complementarity, GRPO / GRAFT / stored
-    GRAFT runs, report, figures and the conclusion."""
+    GRAFT runs, report, figures and the conclusion. It prints its own progress only: with an empty model cache (the
+    warm-up builds the models, where the libraries print) and none of the settings that quiet the libraries, none of
+    their warnings or progress bars."""
     venv, _, work = installed
-    env = dict(_env(), COLUMNS="120")
+    env = {k: v for k, v in _env().items() if k not in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS",
+                                                        "PYTHONWARNINGS", "GRAFTZOO_DEBUG")}
+    env.update(COLUMNS="120", GRAFTZOO_CACHE=str(tmp_path / "cache"))
     out = subprocess.run([str(venv / "bin" / "graftzoo"), "demo", "--quick", "--out", str(tmp_path)], cwd=work,
                          env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    text = out.stdout + out.stderr
+    assert "1. building and warming up" in text and "[done] grpo-n8-micro-s0" in text, text[-3000:]
+    assert not [n for n in NOISE if n in text], text[-3000:]
     root = tmp_path / "quick"
     comp = json.loads((root / "complementarity.json").read_text())
     assert set(comp) == {"micro-qwen-char", "micro-gpt2-pair"}
