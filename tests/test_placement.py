@@ -74,8 +74,10 @@ def test_a_tiny_config_runs_on_the_cpu_and_records_where(tmp_path, caplog):
 
 
 def gpu_pair(monkeypatch, gpu_gb, *overrides):
-    """pair1 with both models on cuda:0 of a GPU of ``gpu_gb`` GiB (the memory query answered here)."""
+    """pair1 with both models on cuda:0 of a GPU of ``gpu_gb`` GiB (the memory query and the device count answered
+    here)."""
     monkeypatch.setattr(placement, "gpu_gb_of", lambda device: gpu_gb)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     return pair1("run.device=cuda:0", *overrides)
 
 

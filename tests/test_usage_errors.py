@@ -8,9 +8,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from graftzoo.contract.config import load_config, packaged_configs
+from graftzoo.contract.errors import ConfigError
+from graftzoo.training.models import usable_device
 from graftzoo.training.trainer import train
 from helpers import cli_here, one_line_error
 
@@ -173,3 +176,58 @@ def test_a_start_refused_by_the_engine_exits_2_and_leaves_no_run_folder(tmp_path
                    "--set", f"run.out_dir={out}", "--set", "rollout.engine=vllm", "--set", "run.steps=1")
     one_line_error(res, 2, "model 'h24': head size 24", "rollout.engine=hf")
     assert not (tmp_path / "runs").exists(), sorted(tmp_path.rglob("*"))
+
+
+# ------------------------------------------------------------------------------------------------
+# a device or dtype torch would refuse: one line naming the key, before anything is built
+# ------------------------------------------------------------------------------------------------
+
+GPUS = torch.cuda.device_count()
+FORMS = "must be auto, cpu, cuda or cuda:N"
+MISSING = "but this machine has"
+
+
+@pytest.mark.parametrize("value, why", [
+    ("gpu", FORMS), ("cuda:x", FORMS), ("''", FORMS), ("mps", FORMS), ("cuda:-1", FORMS), ("CUDA", FORMS),
+    ("cpu:0", FORMS), ("cuda:0,1", FORMS), ("3", "must be a string"),
+    (f"cuda:{GPUS}", MISSING),  # one past this machine's last GPU
+    *([("cuda", MISSING), ("cuda:0", MISSING)] if GPUS == 0 else [])])
+def test_a_device_this_machine_cannot_use_is_one_line_exit_2_and_no_run_folder(tmp_path, value, why):
+    out = tmp_path / "runs"
+    res = cli_here(*train_args(out, f"run.device={value}"))
+    line = one_line_error(res, 2, "config key 'run.device'", why)
+    if why == MISSING:
+        assert ("use auto or cpu" if GPUS == 0 else f"{GPUS} GPU") in line, line
+    assert not out.exists(), sorted(tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("device", "tpu", FORMS), ("device", f"cuda:{GPUS}", MISSING), ("dtype", "bf16", "must be one of float32, "
+                                                                              "bfloat16, float16")])
+def test_a_models_own_device_or_dtype_is_checked_as_run_device_is(tmp_path, key, value, why):
+    """A pair file's model entry: its ``device`` (checked as run.device is, named by the entry's key) and its
+    ``dtype`` (the torch dtype its weights load in)."""
+    pair = yaml.safe_load((packaged_configs() / "pairs" / "micro.yaml").read_text())
+    pair["models"][1][key] = value
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(pair))
+    out = tmp_path / "runs"
+    res = cli_here("train", "--pair", tmp_path / "p.yaml", "--algo", "grpo", "--no-track", "--set",
+                   f"run.out_dir={out}", "--set", "run.steps=1", "--set", "run.eval_at_end=false")
+    one_line_error(res, 2, f"config key 'pair.models[{pair['models'][1]['id']}].{key}'", why)
+    assert not out.exists(), sorted(tmp_path.rglob("*"))
+
+
+def test_a_private_ray_cluster_is_this_machine_so_its_gpus_are_checked_before_ray_starts(tmp_path):
+    out = tmp_path / "runs"
+    res = cli_here(*train_args(out, f"run.device=cuda:{GPUS}", "run.backend=ray"))
+    one_line_error(res, 2, f"config key 'run.device' is 'cuda:{GPUS}', but this machine has")
+    assert not out.exists(), sorted(tmp_path.rglob("*"))
+
+
+def test_a_device_on_the_python_path_is_checked_too():
+    """``load_config`` (what a researcher calls from Python) refuses the same values, with the same line."""
+    with pytest.raises(ConfigError, match=r"config key 'run.device' must be auto, cpu, cuda or cuda:N"):
+        load_config(pair="micro", algo="grpo", overrides=["run.device=gpu"])
+    with pytest.raises(ConfigError, match=rf"config key 'run.device' is 'cuda:{GPUS}', but this machine has"):
+        usable_device(f"cuda:{GPUS}", "run.device")
+    assert usable_device("cpu", "run.device") == "cpu" and usable_device("auto", "run.device") in ("cpu", "cuda")

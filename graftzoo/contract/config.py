@@ -62,11 +62,21 @@ MAX_WAIT_S = 7 * 24 * 3600.0  # timeouts, in seconds
 MAX_RUN_NAME = 200            # characters; RUN.replaced-<time> must still fit a file name (255)
 Level = Annotated[Int, Field(ge=1, le=MAX_LEVEL)]
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N (N: a GPU's index)"
 
 
 # ------------------------------------------------------------------------------------------------
 # the sections
 # ------------------------------------------------------------------------------------------------
+
+def device_form(key: str, value) -> str:
+    """``value`` of the device key ``key``, refused with a one-line ``ConfigError`` unless it has one of the forms
+    of ``DEVICE_FORMS`` (whether this machine has that GPU is checked where torch is: ``placement.resolve``)."""
+    if not isinstance(value, str) or not DEVICE.fullmatch(value):
+        raise ConfigError(f"config key '{key}' must be {DEVICE_FORMS}, got {value!r}")
+    return value
+
 
 class RunSection(Section):
     name: Optional[str] = key(None, "run directory name under out_dir (default: the algorithm or preset label, "
@@ -101,6 +111,11 @@ class RunSection(Section):
                 "graftzoo plan's choice on a GPU, resident on the CPU")
     backend: Literal["inprocess", "ray"] = key("inprocess", "inprocess | ray: each model in its own Ray worker group")
     diagnostics: bool = key(False, "per-step transfer-path diagnostics diag/* (in-process models only)")
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v):
+        return device_form("run.device", v)
 
     @field_validator("name")
     @classmethod
@@ -197,6 +212,8 @@ class PairSection(Section):
                                   f"got {spec!r}")
             own = {k: spec[k] for k in ModelKeys.model_fields if k in spec}
             checked = validate_section(ModelKeys, own, f"pair.models[{spec['id']}].")
+            if checked.device is not None:
+                device_form(f"pair.models[{spec['id']}].device", checked.device)
             spec = dict(spec)
             if spec.get("lora") is not None:
                 spec["lora"] = checked.lora.model_dump()

@@ -61,21 +61,36 @@ def tiny_spec(spec: dict) -> TinyModelSpec:
     return TinyModelSpec.from_dict({k: v for k, v in base.items() if k not in ("dtype", "arch")})
 
 
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def spec_dtype(spec: dict, default: Optional[str]) -> Optional[torch.dtype]:
+    """The torch dtype a pair.models entry's ``dtype`` names (``default`` when it names none), refused with a
+    one-line ``ConfigError`` naming the key unless one of ``MODEL_DTYPES``."""
+    name = spec.get("dtype", default)
+    if name is None:
+        return None
+    if name not in MODEL_DTYPES:
+        raise ConfigError(f"config key 'pair.models[{spec.get('id')}].dtype' must be one of {', '.join(MODEL_DTYPES)}, "
+                          f"got {name!r}")
+    return getattr(torch, name)
+
+
 def load_model(spec: dict, seed: int = 0, progress=None):
     """(model, tokenizer, tokenizer_id) for a spec (without the per-model keys)."""
     hf_logging.disable_progress_bar()  # "Loading weights" bars for every model load clutter the run output
     kind = spec.get("kind", "tiny")
     if kind == "tiny":
         ts = tiny_spec(spec)
-        dtype = spec.get("dtype")  # e.g. bfloat16, to train a tiny model as a real one would be
+        dtype = spec_dtype(spec, None)  # e.g. bfloat16, to train a tiny model as a real one would be
         path = load_or_warmup(ts, progress=progress)
         model, tok = load_tiny(path)
         if dtype is not None:
-            model.to(getattr(torch, dtype))
+            model.to(dtype)
         return model, tok, f"{ts.tokenizer}"
     if kind == "hf":
         path, local_only = check_hf_model(spec)
-        dtype = getattr(torch, spec.get("dtype", "bfloat16"))
+        dtype = spec_dtype(spec, "bfloat16")
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
         except (OSError, ValueError) as e:
@@ -221,6 +236,31 @@ def resolve_device(setting) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def usable_device(setting, key: str) -> str:
+    """``resolve_device(setting)``, refused with a one-line ``ConfigError`` naming ``key`` (the config key that set
+    it) when it is a GPU this process cannot use: no CUDA device visible, or an index past the last one."""
+    device = resolve_device(setting)
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count()
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= count:
+            has = (f"{count} GPU{'s' if count > 1 else ''}" if count else
+                   f"no GPU torch can use (torch {torch.__version__}, "
+                   f"{'a CUDA build' if torch.backends.cuda.is_built() else 'a CPU-only build'})")
+            use = f"cuda:0 to cuda:{count - 1}, or auto" if count else "auto or cpu"
+            raise ConfigError(f"config key '{key}' is {setting!r}, but this machine has {has}: use {use}")
+    return device
+
+
+def device_of(spec: dict, cfg: RunConfig) -> tuple:
+    """(the device setting of a pair.models entry, the config key that set it): its own ``device``, else
+    ``run.device``."""
+    _, local = split_spec(spec)
+    if local.get("device") is not None:
+        return str(local["device"]), f"pair.models[{spec['id']}].device"
+    return str(cfg.run.device), "run.device"
+
+
 def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Policy:
     """The Policy of a pair.models entry, its whole model loaded in this process (``load_model``), in the run's
     precision, with gradient checkpointing and LoRA adapters as configured, on its device."""
@@ -233,7 +273,7 @@ def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Po
     lora = lora_mod.lora_of(local, cfg)
     if lora:  # only the adapters train (graftzoo.training.lora)
         model = lora_mod.wrap(model, lora, f"pair.models[{base['id']}].lora" if "lora" in local else "model.lora")
-    model.to(resolve_device(local.get("device") or cfg.run.device)).train()
+    model.to(usable_device(*device_of(spec, cfg))).train()
     pol = policy_of(spec, cfg, model, tok, tok_id, autocast, lora_mod.count_parameters(model))
     if lora:
         log.info("model %r: LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%)", base["id"], lora["r"],
@@ -322,7 +362,7 @@ def load_dtype(base: dict, config, files: dict) -> torch.dtype:
     """The dtype ``load_model`` loads a model's weights in: a ``kind: hf`` model's ``dtype`` (default
     bfloat16), a tiny model's saved dtype (its config's, else its first floating-point tensor's)."""
     if base.get("kind", "tiny") == "hf":
-        return getattr(torch, base.get("dtype", "bfloat16"))
+        return spec_dtype(base, "bfloat16")
     dtype = getattr(config, "dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
@@ -351,7 +391,7 @@ def meta_skeleton(spec: dict, cfg: RunConfig, folder: Path, files: dict) -> tupl
     if (folder / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
     if base.get("kind", "tiny") == "tiny" and base.get("dtype") is not None:
-        model.to(getattr(torch, base["dtype"]))
+        model.to(spec_dtype(base, None))
     loaded = {n: t.dtype for n, t in model.state_dict(keep_vars=True).items()}
     autocast = apply_precision(model, cfg.optim.precision)
     if local.get("gradient_checkpointing", cfg.model.gradient_checkpointing):
@@ -373,7 +413,7 @@ def sharded_model(spec: dict, cfg: RunConfig, folder: Path, files: dict, frozen:
     if frozen:
         model.eval().requires_grad_(False)
     counts = lora_mod.count_parameters(model)
-    fsdp.materialize(model, resolve_device(local.get("device") or cfg.run.device), autocast, sources, files, loaded,
+    fsdp.materialize(model, usable_device(*device_of(spec, cfg)), autocast, sources, files, loaded,
                      what=f"model '{base['id']}'")
     return model, autocast, counts
 

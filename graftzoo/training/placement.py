@@ -29,7 +29,7 @@ import torch
 
 from graftzoo.contract.config import ConfigError, RunConfig, trained_ids, with_values
 from graftzoo.training import memory
-from graftzoo.training.models import resolve_device
+from graftzoo.training.models import resolve_device, usable_device
 
 log = logging.getLogger("graftzoo")
 
@@ -155,8 +155,12 @@ def fit_update(cfg: RunConfig, gpus: int, gpu_gb: float) -> dict:
 def resolve(cfg: RunConfig, host_bytes: Optional[float] = None) -> RunConfig:
     """``cfg`` with its placement settings resolved (module docstring): ``run.device`` and every trained model's
     ``device``, ``rollout.vllm.multiprocessing`` and ``run.layout``. Raises ``ConfigError`` when a device setting
-    of ``auto`` resolved to the CPU for a config ``cpu_refusal`` refuses there."""
+    of ``auto`` resolved to the CPU for a config ``cpu_refusal`` refuses there, or a GPU this machine does not have
+    (``usable_device``)."""
     devices = _devices(cfg)
+    if cfg.run.backend == "inprocess" or cfg.ray.address is None:  # this machine's GPUs (a private Ray cluster's
+        for d, where in devices.values():  # too): one it lacks refused before anything is built; the workers of a
+            usable_device(d, where)         # cluster at ray.address check the GPUs it gives them
     auto_cpu = [where for d, where in devices.values() if d == "auto" and resolve_device(d) == "cpu"]
     if auto_cpu:
         why = cpu_refusal(cfg, host_memory_bytes() if host_bytes is None else host_bytes)
