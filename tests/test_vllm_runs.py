@@ -7,7 +7,12 @@ raised, with the Python session still alive (vLLM's own exit hooks would hide a 
 import json
 import logging
 import os
+import re
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -150,3 +155,83 @@ def test_an_interrupted_run_ends_its_engine_process_and_the_disk_fallback_says_w
     rows = [json.loads(x) for x in (tmp_path / "x" / "metrics.jsonl").read_text().splitlines()]
     synced = [r for r in rows if r.get("time/weight_sync") is not None]
     assert synced and all(r["rollout/logp_diff_max"] <= 1e-5 for r in synced), synced
+
+
+# ---- an engine process that dies, a trainer that is killed: through the command, in real processes ----------
+
+CLI = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "grpo", "--pair", "micro", "--no-track",
+       *[a for s in [*ONE_MODEL, "run.progress=false", "run.save_every=1"] for a in ("--set", s)]]
+
+
+def wait_for(p: subprocess.Popen, path: Path, what: str, timeout: float = 240, log=None) -> None:
+    """Until ``path`` exists; the run's output in the failure (``log``: the file it goes to, else its pipes)."""
+    deadline = time.time() + timeout
+    while not path.exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    if not path.exists():
+        p.kill()
+        out = log.read_text() if log else "".join(p.communicate())
+        pytest.fail(f"{what} never came (exit {p.returncode}):\n{out[-3000:]}")
+
+
+def engine_pids(p: subprocess.Popen) -> dict:
+    """pid -> psutil.Process of the vLLM processes below ``p``."""
+    return {c.pid: c for c in psutil.Process(p.pid).children(recursive=True) if "VLLM" in " ".join(c.cmdline())}
+
+
+def test_a_killed_engine_core_fails_the_run_in_seconds_with_one_line_and_the_rerun_resumes(tmp_path):
+    """kill -9 of the engine core (its own process) mid-run: the run stops within seconds with one line naming the
+    model, the engine and the signal (vLLM's client alone waits for the dead process forever), the summary says
+    failed, and the same command resumes from the last checkpoint to the metrics of a run never interrupted."""
+    cmd = [*CLI, "--set", f"run.out_dir={tmp_path}", "--set", "run.name=x", "--set", "run.steps=3"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(p, tmp_path / "x" / "checkpoints" / "step_000001" / "manifest.json", "the step-1 checkpoint")
+    core = [c for c in engine_pids(p).values() if "EngineCore" in " ".join(c.cmdline())]
+    assert core, "no engine core process"
+    core[0].kill()
+    t = time.time()
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1, (out + err)[-3000:]
+    assert time.time() - t < 30
+    lines = [x for x in err.splitlines() if x.startswith("Error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert re.search(r"model 'micro-qwen-char': the vLLM engine died while it \w+.*VLLM::EngineCore \(pid \d+\) "
+                     r"was killed by SIGKILL", lines[0]), lines
+    assert json.loads((tmp_path / "x" / "summary.json").read_text())["status"] == "failed"
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resuming from step_00000" in rerun.stderr, rerun.stderr[-3000:]
+    ref = train(load_config(pair="micro", algo="grpo", overrides=[*ONE_MODEL, "run.save_every=1", "run.steps=3",
+                                                                  f"run.out_dir={tmp_path}", "run.name=ref"]))
+    got, want = step_rows(tmp_path / "x"), step_rows(ref)
+    assert sorted(got) == sorted(want) == [0, 1, 2]
+    for s, row in want.items():
+        for k in ("loss", "reward/mean", "rollout/logp_diff_max"):
+            assert got[s][k] == pytest.approx(row[k], rel=1e-6, abs=1e-7), (s, k)
+
+
+def step_rows(run: Path) -> dict:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if r.get("step", -1) >= 0 and r.get("loss") is not None}
+
+
+def test_a_killed_trainer_takes_its_engine_processes_along(tmp_path):
+    """kill -9 of the trainer: its engine core and the core's workers end within seconds (they are tied to the
+    trainer's life), instead of holding memory (a GPU) for minutes."""
+    cmd = [*CLI, "--set", f"run.out_dir={tmp_path}", "--set", "run.name=x", "--set", "run.steps=50"]
+    log = tmp_path / "log"
+    with open(log, "w") as f:  # not a pipe: a process that outlives the trainer would hold it open
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    wait_for(p, tmp_path / "x" / "checkpoints" / "step_000001" / "manifest.json", "the step-1 checkpoint", log=log)
+    engines = engine_pids(p)
+    assert any("EngineCore" in " ".join(c.cmdline()) for c in engines.values()), engines
+    p.kill()
+    p.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+                                         for c in engines.values()):
+        time.sleep(0.2)
+    alive = [c for c in engines.values() if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    for c in alive:  # a failed test leaves nothing behind
+        c.kill()
+    assert not alive, f"engine processes outlived the killed trainer: {[c.pid for c in alive]}"

@@ -45,7 +45,9 @@ import gc
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from typing import Optional
 
@@ -53,6 +55,7 @@ import torch
 
 from graftzoo.contract.config import VLLM_INSTALL, VllmSection
 from graftzoo.training.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
+from graftzoo.training.guardian import descendants, guard, start_time
 from graftzoo.training.weight_stream import WeightReceiver, WeightServer
 
 _SET_NUM_THREADS = torch.set_num_threads
@@ -140,11 +143,15 @@ class _Backend:
         self.matches_stop = bool(policy.stop_strings)  # started with the policy's tokenizer to match stop strings
         self.version = -1
         self.llm = None
+        self.procs: dict = {}  # pid -> (start time, name) of the engine's own processes
+        self.cores: dict = {}  # pid -> multiprocessing.Process of its engine cores (their exit codes)
+        self.guard = None
         self.dir = tempfile.mkdtemp(prefix="graftzoo-vllm-")
         try:
             self.llm = self._start(seed)
+            self._watch()
         except BaseException:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.close()
             raise
 
     def _start(self, seed: int):
@@ -189,12 +196,69 @@ class _Backend:
             torch.set_num_threads(threads)
         return llm
 
+    def _watch(self) -> None:
+        """With its engine core in a process of its own: note that process and its workers (each waited call
+        checks them, ``wait``) and tie them to this process's life (``guardian.guard``: they die with it, also
+        when it is killed)."""
+        client = getattr(self.llm.llm_engine, "engine_core", None)
+        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
+        self.cores = {p.pid: p for p in getattr(manager, "processes", []) if p.pid}
+        for pid in descendants(list(self.cores)):  # the engine cores first
+            self.procs[pid] = (start_time(pid), process_name(pid))
+        if self.procs:
+            self.guard = guard(list(self.procs))
+
+    def dead(self) -> Optional[str]:
+        """How the engine's first process to have ended ended (its name and pid), None while all live."""
+        for pid, (born, name) in self.procs.items():
+            if born is None or start_time(pid) == born:
+                continue
+            code = self.cores[pid].exitcode if pid in self.cores else None
+            if code is None and pid in self.cores:
+                try:
+                    got, status = os.waitpid(pid, os.WNOHANG)
+                    code = (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)) if got else None
+                except (ChildProcessError, OSError):
+                    pass
+            how = ("ended" if code is None else f"was killed by {signal.Signals(-code).name}" if code < 0 else
+                   f"exited with code {code}")
+            return f"its process {name} (pid {pid}) {how}"
+        return None
+
+    def wait(self, what: str, fn, *args, **kwargs):
+        """``fn(*args, **kwargs)``, a call that waits on the engine core: when one of the engine's processes dies
+        meanwhile, an ``EngineError`` naming the model, the engine and how the process ended, within a second
+        (vLLM's client would wait for the dead process forever). In-process engines are called directly."""
+        if not self.procs:
+            return fn(*args, **kwargs)
+        box, done = {}, threading.Event()
+
+        def call():
+            try:
+                box["out"] = fn(*args, **kwargs)
+            except BaseException as e:
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=call, daemon=True, name=f"graftzoo-vllm-{what}").start()
+        while not done.wait(0.5):
+            why = self.dead()
+            if why:  # the thread stays blocked in vLLM's client, a daemon: nothing else waits for it
+                raise EngineError(f"model {self.policy.model_id!r}: the vLLM engine died while it {what}: {why}; "
+                                  f"rerun the command to resume from the last checkpoint")
+        if "error" in box:
+            raise box["error"]
+        return box["out"]
+
     # ------------------------------------------------------------------------------------------
     def sync(self) -> float:
         """Load the policy's current parameters into the engine (waking it first); seconds taken."""
         t = time.perf_counter()
         try:
             self._load()
+        except EngineError:
+            raise
         except Exception as e:
             raise EngineError(f"model {self.policy.model_id!r}: vLLM could not load the policy's weights: "
                               f"{type(e).__name__}: {' '.join(str(e).split())[:600]}") from e
@@ -203,37 +267,54 @@ class _Backend:
     def _load(self) -> None:
         pol = self.policy
         if self.asleep:
-            self.llm.wake_up(tags=["weights"])
+            self.wait("woke up", self.llm.wake_up, tags=["weights"])
         if self.from_disk:
             with torch.no_grad():
                 state = pol.full_state_dict()  # a sharded policy's parameters gathered (its group's collective)
             _transformers_model(pol).save_pretrained(self.dir, state_dict=state, safe_serialization=True)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": self.dir})
+            self.wait("reloaded its weights", self.llm.collective_rpc, "reload_weights",
+                      kwargs={"weights_path": self.dir})
         elif self.mode == "stream":  # one tensor at a time over loopback to the engine core's process
-            WeightServer().stream(pol.iter_weights(self.dtype),
-                                  lambda host, port: self.llm.collective_rpc("graftzoo_pull_weights", args=(host, port)))
+            WeightServer().stream(pol.iter_weights(self.dtype), lambda host, port: self.wait(
+                "took the weights", self.llm.collective_rpc, "graftzoo_pull_weights", args=(host, port)))
         else:  # in this process: each tensor handed over by reference as it is gathered and cast
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": pol.iter_weights(self.dtype)})
         if self.asleep:
-            self.llm.wake_up(tags=["kv_cache"])
+            self.wait("woke up", self.llm.wake_up, tags=["kv_cache"])
             self.asleep = False
-        self.llm.reset_prefix_cache()
+        self.wait("reset its prefix cache", self.llm.reset_prefix_cache)
         self.version = pol.version
 
     def release(self) -> None:
         if self.sleep_level > 0 and not self.asleep:
-            self.llm.sleep(level=self.sleep_level)
+            self.wait("went to sleep", self.llm.sleep, level=self.sleep_level)
             self.asleep = True
 
     def close(self) -> None:
         llm, self.llm = self.llm, None
-        if llm is not None:
-            try:
+        try:
+            if llm is not None:
                 llm.llm_engine.engine_core.shutdown()
-            finally:
-                del llm
-                gc.collect()
-                shutil.rmtree(self.dir, ignore_errors=True)
+        finally:
+            del llm
+            gc.collect()
+            if self.guard is not None:  # what shutdown left alive ends now
+                self.guard.close()
+                self.guard = None
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def process_name(pid: int) -> str:
+    """The name a process shows (vLLM titles its own: ``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    for path, sep in ((f"/proc/{pid}/cmdline", "\0"), (f"/proc/{pid}/comm", "\n")):
+        try:
+            with open(path) as f:
+                name = f.read().split(sep)[0].strip()
+            if name:
+                return name
+        except OSError:
+            pass
+    return "?"
 
 
 def row_seeds(rows: list, prompt_seeds) -> list:
@@ -331,8 +412,10 @@ class VLLMEngine(Engine):
                  else row_seeds(rows, prompt_seeds))
         params = self.sampling_params(seeds, greedy, temp, max_new)
         try:
-            outs = back.llm.generate([{"prompt_token_ids": pids + pre} for _, pids, pre in rows], params,
-                                     use_tqdm=False)
+            outs = back.wait("generated", back.llm.generate, [{"prompt_token_ids": pids + pre} for _, pids, pre in rows],
+                             params, use_tqdm=False)
+        except EngineError:
+            raise
         except Exception as e:
             raise EngineError(f"model {pol.model_id!r}: vLLM failed to generate: {type(e).__name__}: "
                               f"{' '.join(str(e).split())[:600]}") from e

@@ -1,0 +1,101 @@
+"""Processes that die with the process that started them, however it ends (kill -9 included).
+
+vLLM's engine core runs in a process of its own (``rollout.vllm.multiprocessing``) and does not watch its parent:
+a trainer killed with SIGKILL would leave it, its workers and what they hold (host memory, a GPU) behind.
+``guard(pids)`` starts a small watcher process holding the read end of a pipe whose write end only the starting
+process holds. When that process ends, for any reason, the pipe reaches end-of-file and the watcher kills the
+guarded processes and their descendants (each checked by its start time, so that a reused PID is never hit). A
+process that closes its engines first closes the pipe itself (``Guard.close``): what is still alive then is
+killed the same way. docs/reliability.md#engines-and-their-processes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def start_time(pid: int):
+    """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat``), None when it has ended (gone, or
+    a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def parents() -> dict:
+    """pid -> parent pid of every process this one can see."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    out[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def descendants(pids: list) -> list:
+    """``pids`` and every process below them."""
+    children: dict = {}
+    for pid, ppid in parents().items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+class Guard:
+    """The watcher of ``guard``: ``close()`` ends it, killing what it guards that is still alive."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def guard(pids: list) -> Guard:
+    """Start the watcher of ``pids`` (module docstring); None of them is touched while this process lives."""
+    return Guard(subprocess.Popen([sys.executable, "-I", __file__, *map(str, pids)], stdin=subprocess.PIPE,
+                                  stdout=subprocess.DEVNULL, close_fds=True, start_new_session=True))
+
+
+def main(pids: list) -> None:
+    """Wait for end-of-file on stdin, then kill ``pids`` and their descendants that are the processes seen at the
+    start (the descendants as they are at that moment: those started later are theirs)."""
+    born = {pid: start_time(pid) for pid in pids}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the terminal is the trainer's to handle
+    while sys.stdin.buffer.read(65536):
+        pass
+    alive = [pid for pid in pids if born[pid] is not None and start_time(pid) == born[pid]]
+    victims = {pid: start_time(pid) for pid in descendants(alive)}
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # a moment to end cleanly, then for sure
+        for pid, t in victims.items():
+            if t is not None and start_time(pid) == t:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(start_time(p) == t for p, t in victims.items() if t):
+            time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    main([int(a) for a in sys.argv[1:]])
