@@ -17,28 +17,43 @@ import sys
 import time
 
 
-def start_time(pid: int):
-    """The start time of ``pid`` in clock ticks since boot (``/proc/PID/stat``), None when it has ended (gone, or
-    a zombie waiting for its parent)."""
+def _stat(pid) -> list:
+    """The fields of ``/proc/PID/stat`` after the command name (state, parent pid, ...), [] when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return None if fields[0] in ("Z", "X") else int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def start_time(pid: int):
+    """The start time of ``pid`` in clock ticks since boot, None when it has ended (gone, or a zombie waiting for
+    its parent)."""
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[0] not in ("Z", "X") else None
 
 
 def parents() -> dict:
     """pid -> parent pid of every process this one can see."""
     out = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    out[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
+        fields = _stat(name) if name.isdigit() else []
+        if len(fields) > 1:
+            out[int(name)] = int(fields[1])
     return out
+
+
+def process_name(pid: int) -> str:
+    """The name a process shows (vLLM titles its own: ``VLLM::EngineCore``, ``VLLM::Worker``)."""
+    for path, sep in ((f"/proc/{pid}/cmdline", "\0"), (f"/proc/{pid}/comm", "\n")):
+        try:
+            with open(path) as f:
+                name = f.read().split(sep)[0].strip()
+            if name:
+                return name
+        except OSError:
+            pass
+    return "?"
 
 
 def descendants(pids: list) -> list:

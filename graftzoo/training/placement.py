@@ -29,7 +29,7 @@ import torch
 
 from graftzoo.contract.config import ConfigError, RunConfig, trained_ids, with_values
 from graftzoo.training import memory
-from graftzoo.training.models import resolve_device, usable_device
+from graftzoo.training.models import device_of, resolve_device, usable_device
 
 log = logging.getLogger("graftzoo")
 
@@ -79,13 +79,7 @@ def cpu_refusal(cfg: RunConfig, host_bytes: float) -> Optional[str]:
 
 def _devices(cfg: RunConfig) -> dict:
     """model id -> (its device setting, where it was set) of the trained models."""
-    out = {}
-    for spec in cfg.pair.models:
-        if spec["id"] in trained_ids(cfg):
-            given = "device" in spec and spec["device"] is not None
-            out[spec["id"]] = (str(spec["device"] if given else cfg.run.device),
-                               f"pair.models[{spec['id']}].device" if given else "run.device")
-    return out
+    return {spec["id"]: device_of(spec, cfg) for spec in cfg.pair.models if spec["id"] in trained_ids(cfg)}
 
 
 def gpu_gb_of(device: str) -> float:

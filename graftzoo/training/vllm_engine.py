@@ -55,7 +55,7 @@ import torch
 
 from graftzoo.contract.config import VLLM_INSTALL, VllmSection
 from graftzoo.training.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
-from graftzoo.training.guardian import descendants, guard, start_time
+from graftzoo.training.guardian import descendants, guard, process_name, start_time
 from graftzoo.training.weight_stream import WeightReceiver, WeightServer
 
 _SET_NUM_THREADS = torch.set_num_threads
@@ -213,13 +213,7 @@ class _Backend:
         for pid, (born, name) in self.procs.items():
             if born is None or start_time(pid) == born:
                 continue
-            code = self.cores[pid].exitcode if pid in self.cores else None
-            if code is None and pid in self.cores:
-                try:
-                    got, status = os.waitpid(pid, os.WNOHANG)
-                    code = (-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)) if got else None
-                except (ChildProcessError, OSError):
-                    pass
+            code = self.cores[pid].exitcode if pid in self.cores else None  # reaps a dead core (waitpid)
             how = ("ended" if code is None else f"was killed by {signal.Signals(-code).name}" if code < 0 else
                    f"exited with code {code}")
             return f"its process {name} (pid {pid}) {how}"
@@ -302,19 +296,6 @@ class _Backend:
                 self.guard.close()
                 self.guard = None
             shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def process_name(pid: int) -> str:
-    """The name a process shows (vLLM titles its own: ``VLLM::EngineCore``, ``VLLM::Worker``)."""
-    for path, sep in ((f"/proc/{pid}/cmdline", "\0"), (f"/proc/{pid}/comm", "\n")):
-        try:
-            with open(path) as f:
-                name = f.read().split(sep)[0].strip()
-            if name:
-                return name
-        except OSError:
-            pass
-    return "?"
 
 
 def row_seeds(rows: list, prompt_seeds) -> list:
