@@ -84,6 +84,27 @@ def test_rerun_skips_finished_cells(ran):
     assert "grid t: 4 skipped" in res.output and (out / "report" / "table1.md").is_file()
 
 
+def test_a_second_grid_that_reopens_a_cell_the_first_finished_leaves_it_done(ran, tmp_path, monkeypatch):
+    """Two grids on one folder: the second saw a cell unfinished ("resume") and runs it after the first finished
+    it. The cell's trainer does nothing, so its summary never reads "running" and the first grid's report, written
+    meanwhile, has every row."""
+    from graftzoo.training import trainer
+    spec, out, _ = ran
+    grid = G.load_grid(spec, str(out))
+    cell = grid.cell("rloo-micro-s1")
+    files = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in cell.run_dir.rglob("*")
+             if p.is_file() and p.name != ".lock"}
+    seen = []
+    real_summary = trainer.write_summary
+    monkeypatch.setattr(trainer, "write_summary", lambda d, s: (seen.append(s["status"]), real_summary(d, s)))
+    assert G.run_cell_inprocess(cell, "resume", None, tmp_path) is None
+    assert seen == []   # no status written, "running" included
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files} == files
+    report = G.write_report(grid, G.select_cells(grid, ()), echo=lambda _: None, warn=lambda _: None)
+    table = (report / "table1.md").read_text()
+    assert "| RLOO | 4 |" in table and "| grpo | 4 |" in table
+
+
 def test_unfinished_cell_is_resumed(ran, tmp_path):
     spec, out, _ = ran
     grid = G.load_grid(spec, str(out))

@@ -213,6 +213,19 @@ def vllm_checks(backend, res):
     res["policy_version"] = pol.version
     res["logp_diff_after_sync"] = max(abs(x - y) for r, l in zip(ros, lps) for x, y in zip(r.logprobs, l))
     res["changed"] = [x[1] for x in a] != [[r.token_ids for r in g.rollouts] for g in gs]
+    # rank 1's engine core killed: the next generate fails within seconds, naming the model, the engine and the signal
+    import psutil, signal, time
+    cores = [c for c in psutil.Process(group.pids[1]).children(recursive=True) if "EngineCore" in c.name()]
+    res["cores_on_rank_1"] = len(cores)
+    for c in cores:
+        c.send_signal(signal.SIGKILL)
+    t = time.perf_counter()
+    try:
+        eng.generate(prompts, n)
+        res["engine_death"] = None
+    except Exception as e:
+        res["engine_death"] = f"{type(e).__name__}: {e}"
+    res["engine_death_s"] = time.perf_counter() - t
 
 
 def hf_split_checks(backend, res):
@@ -286,7 +299,8 @@ def test_dp_generation_weight_sync_and_hf_split_on_a_sharded_group(tmp_path, own
     HF engine and ``ray.hf_split_generate``. Both: each rank decodes its share, the groups come back in the
     request's order, the same seed gives the same rollouts. vLLM: the split equals rank 0 decoding the whole request
     with the same prompt seeds; after new weights and the in-memory sync the engines decode with them (log-probs equal
-    the training path's to 1e-5), no weight file written. HF: greedy rollouts equal one process's decode of each
+    the training path's to 1e-5), no weight file written; rank 1's engine core killed, the next generate fails in
+    seconds naming the model, the engine process, the signal and the rank. HF: greedy rollouts equal one process's decode of each
     share (the rank with fewer rows runs stand-in forward passes, so nothing hangs)."""
     tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # short: Ray's socket paths under it must fit 107 bytes
     script = tmp_path / "hybrid.py"
@@ -307,6 +321,12 @@ def test_dp_generation_weight_sync_and_hf_split_on_a_sharded_group(tmp_path, own
     assert res["whole_equals_split"]
     assert res["versions"] == [res["policy_version"]] and res["changed"]
     assert res["logp_diff_after_sync"] <= 1e-5  # float32 engine vs the sharded training model
+    assert res["cores_on_rank_1"] == 1, res
+    assert res["engine_death"] is not None and res["engine_death_s"] < 30, res
+    assert res["engine_death"].startswith("EngineError: model 'micro-gpt2-pair': the vLLM engine died while it "
+                                          "generated: its process VLLM::EngineCore (pid "), res["engine_death"]
+    assert "was killed by SIGKILL" in res["engine_death"] and "[model 'micro-gpt2-pair', worker rank 1]" in \
+        res["engine_death"], res["engine_death"]
     assert weight_files(cache) == before
     assert res["hf_order"] and res["hf_counts"] == [5, 5, 1, 1, 1, 1] and res["hf_same_seed"], res
     assert res["hf_shares"] == [1, 5], res  # 14 sequences: 5 on rank 0, 5 + 1 + 1 + 1 + 1 on rank 1

@@ -134,7 +134,7 @@ def test_stateful_learners_resume_through_weights_only(tmp_path):
         saved = {m: torch.load(ck / f"{m}.pt", weights_only=True)["learner"] for m in MODELS}
         if algo != "sgt":
             assert any(saved.values()), f"{algo}: no learner state saved, the check would be vacuous"
-        tr = Trainer(micro_cfg("run.steps=2", *extra, algo=algo), run_dir=str(run))
+        tr = Trainer(micro_cfg("run.steps=2", *extra, algo=algo), run_dir=str(tmp_path / f"{algo}-fresh"))
         try:
             load_checkpoint(ck, tr.policies, tr.learners)
             for m in MODELS:

@@ -212,6 +212,49 @@ def test_a_dead_worker_fails_the_run_naming_model_and_rank(ray_run):
     assert summary["status"] == "failed" and "worker rank" in summary["error"]
 
 
+class _Ref:
+    def __init__(self, rank, outcome):
+        self.rank, self.outcome = rank, outcome
+
+
+@pytest.mark.parametrize("other", ["died", "ok", "own error"])
+def test_a_rank_failing_in_a_collective_is_reported_after_the_rank_that_died(monkeypatch, other):
+    """Rank 0's gloo error reaches the driver before Ray sees that rank 1 died: the line names the dead rank (the
+    cause). When no rank died, rank 0's own error is reported as it was raised."""
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+    from graftzoo.distributed.backend import WorkerGroup
+    from graftzoo.distributed.errors import WorkerDied
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection reset by peer")
+    outcomes = {0: RayTaskError("step", "tb", gloo),
+                1: {"died": RayActorError(), "ok": 1.0, "own error": RayTaskError("step", "tb", ValueError("x"))}[other]}
+
+    class Actor:
+        def __init__(self, rank):
+            self.step = type("M", (), {"remote": lambda _, *a, **k: _Ref(rank, outcomes[rank])})()
+
+    def get(ref):
+        if isinstance(ref, list):
+            return [get(r) for r in ref]
+        if isinstance(ref.outcome, BaseException):
+            raise ref.outcome
+        return ref.outcome
+
+    monkeypatch.setattr(ray, "wait", lambda pending, num_returns=1, timeout=None: (pending[:1], pending[1:]))
+    monkeypatch.setattr(ray, "get", get)
+    group = WorkerGroup.__new__(WorkerGroup)
+    group.model_id, group.world, group.pids, group.broken = "m", 2, [11, 22], False
+    group.actors = [Actor(0), Actor(1)]
+    if other == "died":
+        with pytest.raises(WorkerDied, match=r"model 'm': worker rank 1 \(pid 22\) died during step"):
+            group.call("step")
+    else:
+        with pytest.raises(RuntimeError, match=r"Connection reset by peer \[model 'm', worker rank 0\]"):
+            group.call("step")
+    assert group.broken
+
+
 def test_a_plugin_learner_resolves_in_the_workers_and_its_failure_comes_back_whole(tmp_path):
     """An algorithm registered by entry point (a plugin on PYTHONPATH) is built inside the workers, and a
     non-finite loss raised there reaches the user as the in-process trainer reports it."""

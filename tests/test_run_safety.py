@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 import graftzoo
@@ -71,6 +72,50 @@ def base(tmp_path_factory):
 def copy_run(base: Path, out: Path, name: str = "x") -> Path:
     out.mkdir(parents=True, exist_ok=True)
     return Path(shutil.copytree(base, out / name, ignore=shutil.ignore_patterns(".lock")))
+
+
+# ------------------------------------------------------------------------------------------------
+# a finished run stays finished
+# ------------------------------------------------------------------------------------------------
+
+def test_rerunning_a_finished_run_rewrites_nothing_and_builds_no_model(base, tmp_path, monkeypatch):
+    """The same command on a finished run: exit 0 with its summary, no model built and not one byte or mtime
+    changed, so that a report read meanwhile (a second grid on the same folder) never sees it "running". More
+    steps or another final evaluation make it a run to resume, and an unfinished run resumes as before."""
+    from graftzoo.training import trainer
+    from graftzoo.training.rundir import finished_run
+    run = copy_run(base, tmp_path)
+    before = snapshot(run)
+    stamps = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+
+    def refuse(*a, **kw):
+        raise AssertionError("a model was built for a finished run")
+    monkeypatch.setattr(trainer.Trainer, "_build", refuse)
+    res = cli_here(*train_args(tmp_path, "run.steps=2", "run.keep_checkpoints=0"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "this run is finished (summary.json says done), nothing to do" in res.stderr
+    assert res.stdout.startswith("done: 2 of 2 steps"), res.stdout
+    assert snapshot(run) == before
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+
+    def cfg(*sets):
+        return load_config(pair="micro", algo="grpo", overrides=[
+            "run.track=false", "run.eval_at_end=false", "run.progress=false", "run.steps=2", *sets])
+    # cadence, hosting, and the settings of a final evaluation that is not asked for: still finished
+    assert finished_run(run, cfg("run.save_every=5", "run.threads=1", "eval.size=8"))
+    for more in ("run.steps=3", "run.eval_at_end=true", "run.epochs=1"):
+        assert not finished_run(run, cfg(more)), more
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    stored["run"]["eval_at_end"] = True   # a run that ended with its final evaluation
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+    assert finished_run(run, cfg("run.eval_at_end=true"))
+    assert not finished_run(run, cfg("run.eval_at_end=true", "eval.size=5"))   # another final evaluation
+    summary = json.loads((run / "summary.json").read_text())
+    for status in ("running", "interrupted", "failed"):
+        (run / "summary.json").write_text(json.dumps({**summary, "status": status}))
+        assert not finished_run(run, cfg())
+    (run / "summary.json").write_text("{")   # a torn summary is not a finished run
+    assert not finished_run(run, cfg())
 
 
 # ------------------------------------------------------------------------------------------------

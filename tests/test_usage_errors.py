@@ -130,13 +130,14 @@ def test_eval_names_an_unknown_benchmark_or_model_and_its_closest(run, tmp_path)
 
 def test_the_suggested_allow_config_change_resumes(run, tmp_path):
     shutil.copytree(run, tmp_path / "x", ignore=shutil.ignore_patterns(".lock"))
-    changed = train_args(tmp_path, "task.prompts_per_step=3", "optim.lr=3e-5")
+    changed = train_args(tmp_path, "task.prompts_per_step=3", "optim.lr=3e-5", "run.steps=2")  # one more step
     line = one_line_error(cli_here(*changed), 2, "resuming with a changed config", "task.prompts_per_step",
                           "optim.lr")
     fix = re.search(r"pass (--allow-config-change \S+)", line).group(1).split()
     res = cli_here(*changed, *fix)
     assert res.returncode == 0, res.stderr
     assert yaml.safe_load((tmp_path / "x" / "config.yaml").read_text())["task"]["prompts_per_step"] == 3
+    assert res.stdout.startswith("done: 2 of 2 steps"), res.stdout
 
 
 def test_the_suggested_overwrite_starts_over_and_keeps_the_old_run(run, tmp_path):

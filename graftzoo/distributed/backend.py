@@ -28,7 +28,7 @@ from graftzoo.training.engine import Engine
 from graftzoo.training.models import (check_context, load_tokenizer_of, model_stop, model_template, resolve_device,
                                       split_spec)
 from graftzoo.training.policy import Policy
-from graftzoo.distributed.errors import WorkerError
+from graftzoo.distributed.errors import WorkerDied, WorkerError
 from graftzoo.training.update import mean_metrics
 from graftzoo.distributed.cluster import connect, disconnect
 from graftzoo.distributed.worker import PolicyWorker
@@ -105,10 +105,35 @@ class WorkerGroup:
                                   f"answer {method} within {timeout:.0f} s")
             try:
                 self._check(done[0], where[done[0]], method)
+            except WorkerDied:
+                self.broken = True
+                raise
+            except Exception:
+                self.broken = True
+                self._name_a_dead_rank(pending, where, method)
+                raise
             except BaseException:
                 self.broken = True
                 raise
         return ray.get(refs)
+
+    def _name_a_dead_rank(self, pending: list, where: dict, method: str, grace: float = 5.0) -> None:
+        """A rank's error in a collective is often the echo of another rank's death (gloo: "connection reset by
+        peer"). Before that error is reported, the other ranks get ``grace`` seconds to show whether one of them
+        died; a dead rank is the cause, so it is the one named (``WorkerDied``)."""
+        import ray
+        from ray.exceptions import RayActorError
+        deadline = time.monotonic() + grace
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                return
+            try:
+                ray.get(done[0])
+            except RayActorError:
+                self._check(done[0], where[done[0]], method)  # raises WorkerDied naming the dead rank
+            except Exception:  # noqa: BLE001 - another rank's own error: the first one is reported
+                pass
 
     def _check(self, ref, rank: int, method: str) -> None:
         import ray
@@ -117,7 +142,7 @@ class WorkerGroup:
             ray.get(ref)
         except RayActorError as e:
             pid = self.pids[rank] if rank < len(self.pids) else "?"
-            raise WorkerError(f"model {self.model_id!r}: worker rank {rank} (pid {pid}) died during {method}: "
+            raise WorkerDied(f"model {self.model_id!r}: worker rank {rank} (pid {pid}) died during {method}: "
                               f"{_first_line(e)}; rerun the command to resume from the last checkpoint") from None
         except RayTaskError as e:
             cause = getattr(e, "cause", None)

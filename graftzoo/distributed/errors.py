@@ -6,5 +6,9 @@ class WorkerError(RuntimeError):
     re-raise as it was; the message names the model and the rank."""
 
 
+class WorkerDied(WorkerError):
+    """A worker process of a model's group is gone (killed, crashed, out of memory)."""
+
+
 class RayStartError(RuntimeError):
     """Ray could not be started or reached."""

@@ -11,6 +11,9 @@
   then moved aside to a sibling ``RUN.replaced-<time>`` folder, never deleted. A resume that finds no intact
   checkpoint where some failed their check refuses too (``resume_checkpoint``): starting over would rewrite the
   run's metrics and store.
+- **A finished run stays finished**: resuming a run whose summary says "done" under a config that asks for no
+  more steps and no other final evaluation does nothing (``finished_run``): no file is rewritten, so a report read
+  meanwhile (another grid on the same folder) still sees it done.
 - **A stored peer is another run**: a peer store inside the run directory is refused (``check_peer_path``) before
   anything is moved.
 """
@@ -284,6 +287,27 @@ def config_changes(stored: dict, requested: dict) -> dict:
         if a.get(key) != b.get(key):
             out[key] = (a.get(key), b.get(key))
     return out
+
+
+# keys that make a finished run do more when they change: more steps, a final evaluation (of other settings)
+MORE_WORK_KEYS = ("run.steps", "run.epochs", "run.eval_at_end")
+FINAL_EVAL_KEYS = ("eval.*",)
+
+
+def finished_run(run_dir, requested: RunConfig) -> bool:
+    """Whether ``run_dir`` holds a finished run (``summary.json`` says "done") that ``requested`` would not extend:
+    the same ``MORE_WORK_KEYS`` values as its stored ``config.yaml``, and, when it asks for a final evaluation, the
+    same ``FINAL_EVAL_KEYS``. Resuming it has nothing to do."""
+    try:
+        if json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8")).get("status") != "done":
+            return False
+        stored = flatten(read_yaml(Path(run_dir) / CONFIG))
+    except (OSError, ValueError, AttributeError):
+        return False
+    asked = flatten(as_dict(requested))
+    patterns = MORE_WORK_KEYS + (FINAL_EVAL_KEYS if asked.get("run.eval_at_end") else ())
+    keys = {k for k in set(stored) | set(asked) if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    return all(stored.get(k) == asked.get(k) for k in keys)
 
 
 def check_resume_config(run_dir, requested: RunConfig, allow: Iterable[str] = ()) -> dict:

@@ -42,8 +42,8 @@ from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_i
 from graftzoo.contract.errors import ConfigError, NonFiniteError
 from graftzoo.training.preemption import Interrupted, StopRequest
 from graftzoo.training.rundir import (LOCK_FILE, STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
-                                     check_resume_config, default_run_name, holds_run, move_aside, name_note,
-                                     resume_checkpoint)
+                                     check_resume_config, default_run_name, finished_run, holds_run, move_aside,
+                                     name_note, resume_checkpoint)
 from graftzoo.envs.task import UNVERIFIED, Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
@@ -153,6 +153,7 @@ def remove_if_empty(folders) -> None:
 
 
 class Trainer:
+    finished = False  # resumed a finished run that the config does not extend (rundir.finished_run): run does nothing
     prompts_too_long = 0  # training prompts dropped at start-up for their length (_fitting): rollout/prompts_too_long
 
     def __init__(self, cfg: RunConfig, run_dir: Optional[str] = None, resume: bool = True, progress=None,
@@ -193,6 +194,8 @@ class Trainer:
         self.resume_from = None
         made = [d for d in (self.run_dir, *self.run_dir.parents) if not d.exists()]  # what this start creates
         self.lock = self._open_run_dir(overwrite, allow_config_change)
+        if self.finished:  # nothing to train or evaluate: no model is built, no file rewritten (run says so)
+            return
         try:
             self._build(cfg, specs, train_ids)
         except BaseException:
@@ -219,7 +222,9 @@ class Trainer:
                 self.resume = False
             elif self.resume:
                 self.config_changes = check_resume_config(self.run_dir, self.cfg, allow_config_change)
-                self.resume_from = resume_checkpoint(self.run_dir)  # refuses when every checkpoint failed its check
+                self.finished = finished_run(self.run_dir, self.cfg)
+                if not self.finished:  # refuses when every checkpoint failed its check
+                    self.resume_from = resume_checkpoint(self.run_dir)
         except BaseException:
             lock.release()
             raise
@@ -505,6 +510,10 @@ class Trainer:
         """Train to ``run.steps`` (resuming when asked), evaluate, write the summary; release the run directory.
         A failure that a full disk or a read-only directory causes is re-raised as ``RunDirError`` naming it."""
         try:
+            if self.finished:
+                log.warning("%s: this run is finished (summary.json says done), nothing to do; pass --overwrite to "
+                            "run it again from the start, or raise run.steps to continue it", self.run_dir)
+                return self.run_dir
             return self._run()
         except (OSError, RuntimeError) as e:
             reason = _disk_error(e)
