@@ -299,6 +299,16 @@ class RunRecord:
         return [s for s, _ in pts], [v for _, v in pts]
 
 
+def summary_status(run_dir) -> Optional[str]:
+    """The ``status`` of a run directory's ``summary.json`` ("done" once training finished), or None when it has
+    none that can be read (missing, torn, not an object)."""
+    try:
+        payload = json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return payload.get("status") if isinstance(payload, dict) else None
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))

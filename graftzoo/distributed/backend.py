@@ -105,15 +105,10 @@ class WorkerGroup:
                                   f"answer {method} within {timeout:.0f} s")
             try:
                 self._check(done[0], where[done[0]], method)
-            except WorkerDied:
+            except BaseException as e:
                 self.broken = True
-                raise
-            except Exception:
-                self.broken = True
-                self._name_a_dead_rank(pending, where, method)
-                raise
-            except BaseException:
-                self.broken = True
+                if isinstance(e, Exception) and not isinstance(e, WorkerDied):
+                    self._name_a_dead_rank(pending, where, method)
                 raise
         return ray.get(refs)
 

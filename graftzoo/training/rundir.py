@@ -34,7 +34,7 @@ from typing import Iterable, Optional
 from graftzoo.training.checkpoint import CHECKPOINTS, prepare_resume, set_aside_checkpoints
 from graftzoo.contract.config import MAX_RUN_NAME, RunConfig, as_dict, defaults, read_yaml
 from graftzoo.contract.names import label_slug
-from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY
+from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY, summary_status
 
 log = logging.getLogger("graftzoo")
 
@@ -298,9 +298,9 @@ def finished_run(run_dir, requested: RunConfig) -> bool:
     """Whether ``run_dir`` holds a finished run (``summary.json`` says "done") that ``requested`` would not extend:
     the same ``MORE_WORK_KEYS`` values as its stored ``config.yaml``, and, when it asks for a final evaluation, the
     same ``FINAL_EVAL_KEYS``. Resuming it has nothing to do."""
+    if summary_status(run_dir) != "done":
+        return False
     try:
-        if json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8")).get("status") != "done":
-            return False
         stored = flatten(read_yaml(Path(run_dir) / CONFIG))
     except (OSError, ValueError, AttributeError):
         return False

@@ -29,7 +29,7 @@ from graftzoo.training.checkpoint import checkpoint_step, latest_checkpoint
 from graftzoo.api import train_run as train
 from graftzoo.contract.config import as_dict, read_yaml
 from graftzoo.envs.verify_worker import die_with_parent
-from graftzoo.eval.artifacts import CONFIG, EVAL_DIR, GRID_EVAL_DIR, eval_file_name
+from graftzoo.eval.artifacts import CONFIG, EVAL_DIR, GRID_EVAL_DIR, eval_file_name, summary_status
 from graftzoo.eval.report import COMPARABLE_KEYS
 from graftzoo.training.eval_checkpoints import load_run_config, trained_specs
 from graftzoo.eval.evaluate import eval_request
@@ -42,17 +42,6 @@ logger = logging.getLogger("graftzoo")
 # ---------------------------------------------------------------------------------------------
 # status of a cell
 # ---------------------------------------------------------------------------------------------
-
-def summary_status(run_dir: Path) -> Optional[str]:
-    """The ``status`` of a run directory's ``summary.json`` ("done" once training finished), or None."""
-    p = run_dir / "summary.json"
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text(encoding="utf-8")).get("status")
-    except json.JSONDecodeError:
-        return None
-
 
 def grid_eval_dir(cell: Cell) -> Path:
     """Where the grid's evaluation of a cell goes (``RUN/eval/grid``; the report prefers it to the trainer's)."""
