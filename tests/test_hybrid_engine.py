@@ -25,6 +25,7 @@ import torch
 from graftzoo.contract.config import load_config
 from graftzoo.distributed.backend import dp_shares
 from graftzoo.envs.task import Task
+from graftzoo.training.engine import EngineError
 from graftzoo.training.models import build_engine, build_policy
 from graftzoo.training.vllm_engine import row_seeds
 from graftzoo.training.weight_stream import WeightReceiver, WeightServer, WeightStreamError, receive_tensors
@@ -121,12 +122,35 @@ def test_a_failing_engine_ends_the_stream_with_its_error():
 
 def test_an_engine_that_never_connects_fails_in_time():
     def pull(host, port):
+        time.sleep(0.5)  # the server waits in accept by then
         raise ConnectionError(f"no engine at {host}:{port}")
 
-    with pytest.raises(ConnectionError, match="no engine"):
-        WeightServer(5).stream([("w", torch.ones(2))], pull)
+    t = time.perf_counter()
+    with pytest.raises(ConnectionError, match="no engine"):  # the accept ends at once, not at the server's timeout
+        WeightServer(300).stream([("w", torch.ones(2))], pull)
+    assert time.perf_counter() - t < 10
     with pytest.raises(WeightStreamError, match="did not connect"):
         WeightServer(1).stream([("w", torch.ones(2))], lambda host, port: time.sleep(3))
+
+
+def test_an_engine_that_dies_while_the_weights_are_sent_ends_the_stream_at_once():
+    """The engine's process dies with the connection still open (a worker of its own keeps it, reading nothing): the
+    pull's error (the engine watch's) ends the send blocked on a full socket, not the server's 300 s timeout."""
+    held = []
+
+    def pull(host, port):
+        held.append(socket.create_connection((host, port)))  # connected, never read
+        time.sleep(1.0)
+        raise EngineError("the vLLM engine died while it took the weights")
+
+    t = time.perf_counter()
+    try:
+        with pytest.raises(EngineError, match="engine died"):
+            WeightServer(300).stream(((f"w{i}", torch.randn(512, 512)) for i in range(64)), pull)
+    finally:
+        for c in held:
+            c.close()
+    assert time.perf_counter() - t < 10
 
 
 def test_a_stream_cut_short_is_an_error_not_a_partial_model():
@@ -158,6 +182,7 @@ import json, torch
 from graftzoo.contract.config import load_config
 from graftzoo.distributed.backend import RayBackend, dp_shares
 from graftzoo.envs.task import Task
+from graftzoo.training.engine import EngineError
 from graftzoo.training.models import build_engine, build_policy
 
 

@@ -85,17 +85,19 @@ class WeightServer:
     def stream(self, items: Iterable[tuple[str, torch.Tensor]], pull: Callable[[str, int], object]) -> tuple:
         """Serve ``items`` to the connection ``pull(host, port)`` opens; returns (tensors, bytes sent, pull's
         result)."""
-        result, error = {}, {}
+        result, error, open_conn = {}, {}, {}
 
         def run_pull():
             try:
                 result["value"] = pull(*self.address)
             except BaseException as e:  # noqa: BLE001 - re-raised in the serving thread
                 error["pull"] = e
-                try:
-                    self.sock.close()  # an accept still waiting ends at once
-                except OSError:
-                    pass
+                for s in (self.sock, open_conn.get("conn")):  # an accept or a send still waiting ends at once
+                    if s is not None:       # (closing a socket from another thread would not wake it)
+                        try:
+                            s.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
 
         th = threading.Thread(target=run_pull, name="graftzoo-weight-pull", daemon=True)
         th.start()
@@ -109,7 +111,10 @@ class WeightServer:
                 raise WeightStreamError(f"the engine did not connect for its weights: {e}") from e
             with conn:
                 conn.settimeout(self.timeout_s)
+                open_conn["conn"] = conn
                 try:
+                    if "pull" in error:  # failed while the connection was being accepted
+                        raise OSError("the engine's pull failed")
                     sent = send_tensors(conn, items)
                 except OSError as e:
                     th.join(self.timeout_s)
