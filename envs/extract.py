@@ -49,12 +49,14 @@ _NUMBER_TOKEN = re.compile(r"(?<![\w.,])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?
 class Located:
     """Where a response's answer is. ``kind`` is "boxes" (``parts`` are the box contents, in order)
     or "text" (no box: ``text`` is the scanned tail for math-verify to read); ``status`` is "ok",
-    "multiple_answers" (a hedge), "unparsable" (a broken or over-limit box) or "no_answer"."""
+    "multiple_answers" (a hedge), "unparsable" (a broken or over-limit box) or "no_answer";
+    ``boxes`` counts the boxes of the scanned text."""
 
     kind: str
     status: str
     parts: tuple = ()
     text: str = ""
+    boxes: int = 0  # boxes in the scanned text (math-verify would read them all)
 
     @property
     def answer(self) -> str | None:
@@ -134,7 +136,7 @@ def _final_boxes(text: str, macros: list) -> Located:
     """The last box and the boxes joined to it (see the module docstring)."""
     content, end = _box_at(text, macros[-1])
     if not content:
-        return Located("boxes", "unparsable")
+        return Located("boxes", "unparsable", boxes=len(macros))
     parts, status = [content], "ok"
     for m in reversed(macros[-MAX_BOXES:-1]):
         prev, prev_end = _box_at(text, m)
@@ -147,10 +149,10 @@ def _final_boxes(text: str, macros: list) -> Located:
             break
         parts.insert(0, prev)
     if any(len(p) > MAX_ANSWER_CHARS or not braces_balanced(p) for p in parts):
-        return Located("boxes", "unparsable")
+        return Located("boxes", "unparsable", boxes=len(macros))
     if status == "ok" and any(_ALTERNATIVES.search(p) for p in parts):
         status = "multiple_answers"
-    return Located("boxes", status, tuple(parts))
+    return Located("boxes", status, tuple(parts), boxes=len(macros))
 
 
 def locate_answer(response: str) -> Located:

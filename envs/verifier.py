@@ -31,7 +31,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
 from importlib.metadata import version
 
@@ -40,7 +40,7 @@ from graftzoo.envs.extract import (MAX_ANSWER_CHARS, _ALTERNATIVES, Located, bra
 from graftzoo.envs.verify_pool import (AUTO, DEFAULT_WORKERS, EXPIRED, auto_budget, auto_workers, close_pool,
                                        configure_pool, pool_size, run_tasks, start_pool)
 
-__all__ = ["VerifyResult", "VerifierOptions", "verify", "verify_batch", "answers_equivalent", "answer_classes",
+__all__ = ["VerifyResult", "VerifierOptions", "REFUSALS", "NORMALIZATIONS", "verify", "verify_batch", "answers_equivalent", "answer_classes",
            "extract_answer", "normalize_answer", "reward_fn", "configure_pool", "close_pool", "start_pool",
            "clear_caches", "verifier_version", "VERIFIER_VERSION", "DEFAULT_WORKERS", "auto_budget", "auto_workers",
            "pool_size"]
@@ -105,16 +105,48 @@ def _options(options) -> VerifierOptions:
 VERIFIER_VERSION = verifier_version()
 
 
+# Why a verdict may be wrong where plain math-verify (``verify(parse(gold), parse(response))``) pays:
+# each refusal is named in ``VerifyResult.reason`` (docs/verifier.md "Dominance").
+REFUSALS = {
+    "hedge": 'the answer offers alternatives ("12 or 15", boxes joined by "or")',
+    "last_box": "several boxes that are not one answer: the last one and the boxes joined to it are read, "
+                "where math-verify joins every box of the text",
+    "boxes_apart": "boxes joined into one answer are read as a set, never merged into one number",
+    "fragment": "math-verify reads a piece of the answer or of the gold (the 1 of 3t - 1, the 4 of 4 4/9); "
+                "graftzoo reads the whole",
+    "relation_lhs": "the answer states a relation whose left side differs from the gold's",
+    "gold_relation": "the gold is an equation of several terms (a + z = 0), which a value does not answer",
+    "unreadable": "a box that is broken, or an answer over the length or nesting limits",
+    "timeout": "its math-verify call ran out of its timeout",
+    "budget": "the batch's budget ran out before its call finished (unverified)",
+}
+# Why a verdict may be correct where plain math-verify does not pay: the reading that paid, each kept
+# apart from a different answer by its own test (tests/test_verifier_suite.py).
+NORMALIZATIONS = {
+    "same_string": "the answer and the gold are the same string once normalized (``normalize_answer``)",
+    "same_number": "plain numbers (integers, decimals, integer fractions, tuples and intervals of them) of equal value",
+    "gold_as_answer": "the gold read as a boxed answer, where math-verify reads the gold as written otherwise "
+                      "([0,1) or 7:30 bare: nothing, or a piece of it)",
+    "bare_answer": "a short unboxed answer read whole, as if boxed",
+    "box_prose": "a box holding prose read as math-verify reads prose",
+    "gold_prose": "a gold in prose or with units read as math-verify reads it",
+    "mixed_number": 'a mixed number in prose ("4 4/9") read whole (40/9), not as its integer part',
+}
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     """Verdict for one response. ``status`` is one of STATUSES; "ok" means parsed and compared.
     ``unverified``: the batch's budget ran out before math-verify decided it (status "timeout", never
-    correct, not cached), as opposed to a call that ran out of its own timeout."""
+    correct, not cached), as opposed to a call that ran out of its own timeout. ``reason``: for a
+    wrong verdict the refusal that applied (a key of ``REFUSALS``), for a correct one the lenient
+    reading that paid (a key of ``NORMALIZATIONS``); None otherwise."""
 
     correct: bool
     extracted: str | None
     status: str
     unverified: bool = False
+    reason: str | None = field(default=None, compare=False)  # explains the verdict; not part of it
 
 
 # ---------------------------------------------------------------- normalization and fast path
@@ -125,6 +157,7 @@ class VerifyResult:
 # Dollars, escaped or not, the negative space "\\!" and \\left/\\right are dropped.
 _DROP = re.compile(r"(\\\\)|(\\[,;: ]|~)|\\?\$|\\(?:left|right)\.|\\(?:left|right)(?![A-Za-z])|\\! *|\\displaystyle")
 _SMALL_FRAC = re.compile(r"\\[dt]frac(?![A-Za-z])")
+_UPRIGHT_E = re.compile(r"\\mathrm\s*\{\s*e\s*\}")  # Euler's number set upright; math-verify reads e, not \mathrm{e}
 # A space next to a symbol other than a comma (a comma's spaces tell "32, 349" from 32349).
 _SPACE_NEAR_SYMBOL = re.compile(r"\s+(?=[^A-Za-z0-9,\s])|(?<=[^A-Za-z0-9,\s])\s+")
 _WHITESPACE = re.compile(r"[ \t\n\r]+")  # ASCII only: "\f" in "\frac" typed as a form feed stays as it is
@@ -142,10 +175,11 @@ def normalize_answer(s: str) -> str:
 
     Drops ``$`` and ``\\$``, ``\\!`` (with the spaces after it, as math-verify does: "32,\\! 349" is 32349), ``\\left``/``\\right``, ``\\displaystyle``; turns the
     spacing macros (``\\,`` ``\\;`` ``\\:`` ``\\ `` ``~``) into spaces; maps ``\\dfrac``/``\\tfrac``
-    to ``\\frac``; removes spaces next to symbols other than commas (and before a comma that
+    to ``\\frac`` and ``\\mathrm{e}`` (Euler's number set upright) to ``e``; removes spaces next to symbols other than commas (and before a comma that
     follows no digit), a final period and a final row break. Two different answers never normalize to one string:
     the spaces that separate numbers ("32, 349", "1 234") stay.
     """
+    s = _UPRIGHT_E.sub("e", s)
     s = _SMALL_FRAC.sub(r"\\frac", _DROP.sub(lambda m: m.group(1) or (" " if m.group(2) else ""), s))
     s = _SPACE_NEAR_SYMBOL.sub("", _WHITESPACE.sub(" ", s).strip())
     return _TRAILING_BREAK.sub("", _SPACE_BEFORE_COMMA.sub(",", s).rstrip("."))
@@ -274,42 +308,56 @@ def _pred_key(parts: tuple) -> str | tuple:
     return normalized[0] if len(normalized) == 1 else normalized
 
 
-def _result(kind: str, outcome: tuple, extracted: str | None) -> VerifyResult:
-    """The verdict of one math-verify outcome. For a located answer (``kind`` "verify") the outcome
-    is (status, verdict); for an unboxed text (``kind`` "text") it is (status, verdict, the answer
-    math-verify read), and an answer read there that is over the length limit or offers
-    alternatives ("12 or 15") is not paid. ``EXPIRED`` is reported as "timeout", marked ``unverified``."""
-    status, correct, answer = (tuple(outcome) + (None,))[:3]
+def _result(kind: str, outcome: tuple, extracted: str | None, refusal: str | None = None) -> VerifyResult:
+    """The verdict of one math-verify outcome: (status, verdict, the answer read in prose or None,
+    reason) (a call that failed or ran out of time gives the first two only). An answer read in
+    prose that is over the length limit or offers alternatives ("12 or 15") is not paid. ``EXPIRED``
+    is reported as "timeout", marked ``unverified``. ``refusal``: the reason of a wrong verdict on
+    the located boxes ("last_box", "boxes_apart") when the workers give none."""
+    status, correct, answer, reason = (tuple(outcome) + (None, None))[:4]
     if status == EXPIRED:
-        return VerifyResult(False, None if kind == "text" else extracted, "timeout", unverified=True)
-    if kind != "text":
-        return VerifyResult(correct, extracted, status)
-    if status == "ok" and _ALTERNATIVES.search(answer):
-        return VerifyResult(False, answer, "multiple_answers")
-    if status == "ok" and len(answer) > MAX_ANSWER_CHARS:
-        return VerifyResult(False, answer, "unparsable")
-    return VerifyResult(bool(correct) and status == "ok", answer, status)
+        return VerifyResult(False, None if kind == "text" else extracted, "timeout", True, "budget")
+    if status == "timeout":
+        return VerifyResult(False, None if kind == "text" else extracted, "timeout", reason="timeout")
+    shown = answer if kind == "text" else extracted
+    if status == "ok" and answer is not None and _ALTERNATIVES.search(answer):
+        return VerifyResult(False, shown, "multiple_answers", reason="hedge")
+    if status == "ok" and answer is not None and len(answer) > MAX_ANSWER_CHARS:
+        return VerifyResult(False, shown, "unparsable", reason="unreadable")
+    correct = bool(correct) and status == "ok"
+    return VerifyResult(correct, shown, status, reason=reason if correct or reason else refusal if status == "ok" else None)
 
 
-def _decide(loc: Located, ref: str, opts: VerifierOptions) -> VerifyResult | tuple:
-    """The verdict of a located answer against the normalized gold ``ref`` when the caller can give
-    it (no answer, a hedge, a limit, the fast exact path), else (the key of the math-verify call
-    that decides it, the extracted answer): the unboxed text, or the boxed answer(s)."""
+MAX_BARE_CHARS = 300  # an unboxed response this short is also read whole, as a bare answer
+_STATUS_REASON = {"multiple_answers": "hedge", "unparsable": "unreadable"}
+
+
+def _decide(loc: Located, gold: str, ref: str, opts: VerifierOptions) -> VerifyResult | tuple:
+    """The verdict of a located answer against the gold (``ref``: normalized) when the caller can
+    give it (no answer, a hedge, a limit, the fast exact path, an unboxed answer identical to the
+    gold), else (the key of the math-verify call that decides it, the extracted answer, the refusal
+    of a wrong verdict on several boxes): the unboxed text (with its normalized form when it is short
+    enough to be a bare answer), or the boxed answer(s)."""
     parts, status = loc.parts, loc.status
     if loc.kind == "text" and status == "ok":
-        return ("text", ref, loc.text, opts), None
+        bare = normalize_answer(loc.text) if len(loc.text.strip()) <= MAX_BARE_CHARS else None
+        if bare == ref:
+            return VerifyResult(True, bare, "ok", reason="same_string")
+        return ("text", ref, loc.text, opts, gold, bare), None, None
     if loc.kind == "text":
         parts = (fallback_answer(loc.text),) if loc.text and fallback_answer(loc.text) else ()
     extracted = ", ".join(parts) if parts else None
     if status == "ok" and any(len(p) > MAX_ANSWER_CHARS or not braces_balanced(p) for p in parts):
         extracted, status = None, "unparsable"
     if status != "ok":
-        return VerifyResult(False, extracted, status)
+        return VerifyResult(False, extracted, status, reason=_STATUS_REASON.get(status))
+    refusal = "last_box" if loc.boxes > len(parts) else "boxes_apart" if len(parts) > 1 else None
     pred = _pred_key(parts)
     fast = _fast_verdict(pred, ref, opts) if isinstance(pred, str) else None
     if fast is not None:
-        return VerifyResult(fast, extracted, "ok")
-    return ("verify", ref, pred, opts), extracted
+        paid = "same_string" if pred == ref else "same_number"
+        return VerifyResult(fast, extracted, "ok", reason=paid if fast else refusal)
+    return ("verify", ref, pred, opts, gold, parts[0] if len(parts) == 1 else None), extracted, refusal
 
 
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0,
@@ -338,28 +386,29 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
     refs = {gold: normalize_answer(gold) for gold in set(golds)}
     results: list[VerifyResult | None] = [None] * len(responses)
     decided: dict[tuple, VerifyResult | tuple] = {}  # a group repeats its answers: each is decided once
-    pending: dict[tuple, list[tuple[int, str | None]]] = {}
+    pending: dict[tuple, list[tuple[int, str | None, str | None]]] = {}
     for i, (loc, gold) in enumerate(zip(map(locate_answer, responses), golds)):
         d = decided.get((loc, gold))
         if d is None:
-            d = decided[(loc, gold)] = _decide(loc, refs[gold], opts)
+            d = decided[(loc, gold)] = _decide(loc, gold, refs[gold], opts)
         if isinstance(d, VerifyResult):
             results[i] = d
             continue
-        key, extracted = d
+        key, extracted, refusal = d
         cached = _cached(key, timeout)
         if cached is not None:
-            results[i] = _result(key[0], cached, extracted)
+            results[i] = _result(key[0], cached, extracted, refusal)
         else:
-            pending.setdefault(key, []).append((i, extracted))
+            pending.setdefault(key, []).append((i, extracted, refusal))
     if pending:
         keys, items = list(pending), opts.items()
         if budget == AUTO:
             budget = auto_budget(len(keys), timeout, pool_size())
-        for key, outcome in zip(keys, run_tasks([(kind, ref, b, items) for kind, ref, b, _ in keys], timeout, budget)):
+        tasks = [(kind, ref, b, items, raw, bare) for kind, ref, b, _, raw, bare in keys]
+        for key, outcome in zip(keys, run_tasks(tasks, timeout, budget)):
             _store(key, outcome, timeout)
-            for i, extracted in pending[key]:
-                results[i] = _result(key[0], outcome, extracted)
+            for i, extracted, refusal in pending[key]:
+                results[i] = _result(key[0], outcome, extracted, refusal)
     return results
 
 

@@ -140,20 +140,19 @@ COMPARE_MEMO_SIZE = 8192  # remembered comparisons of a gold with a parsed answe
 _COMPARED: OrderedDict = OrderedDict()
 
 
-def _compare(gold: str, pred: list, options: tuple) -> bool:
-    """math-verify's ``verify`` of the parsed ``gold`` text against a parsed answer (math-verify's
-    list of values and matched strings), remembered by the gold's text, the answer's values (each
-    one's ``srepr``: types, assumptions, a float's precision) and the options, of which it is a pure
-    function: ``verify`` is true when one gold item equals one answer item, and a string equals
-    only a string, so the answer's strings count only against a gold that has one. One answer read
-    in a box and in prose is thus compared with its gold once. A call that is interrupted or raises
-    is not remembered."""
+def _compare(gold_key: tuple, parsed: list, pred: list, options: tuple) -> bool:
+    """math-verify's ``verify`` of a parsed gold reading (``gold_key``: its name and the gold's
+    text) against a parsed answer (math-verify's list of values and matched strings), remembered by
+    the gold key, the answer's values (each one's ``srepr``: types, assumptions, a float's precision)
+    and the options, of which it is a pure function: ``verify`` is true when one gold item equals
+    one answer item, and a string equals only a string, so the answer's strings count only against
+    a gold that has one. One answer read in a box and in prose is thus compared with its gold once.
+    A call that is interrupted or raises is not remembered."""
     from math_verify import verify as mv_verify
     from sympy import srepr
-    parsed = _parse_gold(gold)
     strings = any(isinstance(g, str) for g in parsed)
     try:
-        key = (gold, tuple(x if isinstance(x, str) else srepr(x) for x in pred if strings or not isinstance(x, str)),
+        key = (gold_key, tuple(x if isinstance(x, str) else srepr(x) for x in pred if strings or not isinstance(x, str)),
                options)
     except Exception:  # a value without srepr: compared, not remembered
         key = None
@@ -168,35 +167,244 @@ def _compare(gold: str, pred: list, options: tuple) -> bool:
     return verdict
 
 
+# ---------------------------------------------------------------- readings (docs/verifier.md "Readings")
+
+# What may surround an answer in prose or after a number without being part of it: \text{} notes,
+# unit exponents, currency, percent and degree marks, spacing macros, sentence punctuation.
+_NOTES = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mbox|operatorname)\s*\{[^{}]*\}|\^\{?[23]\}?|\\[%$,;:! ]"
+                    r"|[%$€£°²³]|\\circ|\\degree|\\!|^\s*#+")  # "#### 72": GSM8K's answer mark
+# Words: runs of two or more letters, or a one-letter unit (m, g, s, h, L, K, N, J, W, V, A).
+_WORDS = re.compile(r"(?:[A-Za-z]{2,}|[mgshLKNJWVA])(?:[\s.,:;!?'\"]+(?:[A-Za-z]{2,}|[mgshLKNJWVA]))*")
+# Prose: a word of three letters or more that is not a function's name or a macro's argument
+# (\begin{pmatrix}), or a \text{} note.
+_WORD = re.compile(r"(?<![\\A-Za-z{])(?!(?:sin|cos|tan|cot|sec|csc|log|exp|max|min|gcd|lcm|mod|deg|det|arg)(?![A-Za-z]))"
+                   r"[A-Za-z]{3,}")
+_PROSE = re.compile(_WORD.pattern + r"|\\(?:text|textbf|textit|textrm|mbox)\s*\{")
+# A mixed number ("4 4/9" is 40/9; math-verify reads 4 in prose, 16/9 in a box).
+_MIXED = re.compile(r"(?P<whole>[-+]?\d{1,3}(?: \d{3})*) +(?P<num>\d+) */ *(?P<den>\d+)"
+                    r"(?P<percent>\s*(?:\\?%|percent(?:age)?|pct))?")
+# A relation stated just before an answer read in prose ("so $y = $ 2", "f(x) = 3"): a name, a name
+# with a subscript or primes, a function of it, or a macro applied to one (\sin x), then the relation.
+_STATED = re.compile(r"(?:^|(?<=[\s$(]))((?:\\[A-Za-z]+\s*)?[A-Za-z](?:_\{?\w+\}?)?'*(?:\([^()=<>]*\))?)\s*"
+                     r"(=|<|>|\\le|\\ge|\\leq|\\geq|\\ne|\\neq)\s*\$?\s*\Z")
+
+
+def _only_words(rest: str) -> bool:
+    """Whether ``rest`` (what surrounds an answer) is prose or units: words, notes and punctuation, with no
+    digit, operator or bracket (``" meters"``, ``"The answer is "``; not ``"g(t) = 3t - "`` or ``"{y + , y}"``)."""
+    rest = _NOTES.sub(" ", rest).strip(" \t\n.,:;!?'\"")
+    return not rest or _WORDS.fullmatch(rest) is not None
+
+
+def _around(text: str, matched: str) -> str | None:
+    """``text`` without the last occurrence of ``matched``; None when ``matched`` is not in it."""
+    at = text.rfind(matched)
+    return None if at < 0 or not matched else text[:at] + " " + text[at + len(matched):]
+
+
+def _is_relation(value) -> bool:
+    from math_verify.grader import is_relation
+    try:
+        return is_relation(value)
+    except Exception:
+        return False
+
+
+@lru_cache(maxsize=2048)
+def _gold_prose(raw: str) -> tuple[tuple, bool]:
+    """(math-verify's own reading of a gold as written (its default ``parse``: prose, units, a
+    number with a decimal comma), whether it is kept). It is kept when what surrounds the answer it
+    read is prose or units (``_only_words``): ``The answer is 250`` is 250, ``15 meters`` 15, ``1,22``
+    1.22; the ``1`` it reads in ``g(t) = 3t - 1`` or the ``2`` of ``{y + 2, y}`` is a fragment, not
+    kept. ``()`` when it reads nothing."""
+    from math_verify import parse
+    found = parse(raw, parsing_timeout=None)
+    if len(found) != 2 or not isinstance(found[1], str) or not found[1].strip():
+        return (), False
+    rest = _around(raw, found[1].strip())
+    if rest is None:  # math-verify rewrote what it read ("1,22" as "1.22"): keep it when only digits were there
+        digits = lambda s: re.sub(r"\D", "", s)
+        return tuple(found), digits(raw) == digits(found[1]) and not re.search(r"[A-Za-z\\=]", raw)
+    return tuple(found), _only_words(rest)
+
+
+def _gold_readings(gold: str, raw: str | None) -> tuple[list, list]:
+    """(readings, dropped) of a gold, each ``(name, key, parsed)``: the normalized gold read as a
+    boxed answer (math-verify's LaTeX path), named "gold" where math-verify's own reading of the gold
+    as written (``_gold_prose``) is the same, else "gold_as_answer"; and "gold_prose", that own
+    reading, when it reads something else: kept when it reads prose or units, else dropped (it names
+    a refusal). A prediction that states a relation is compared with the first reading only."""
+    parsed = _parse_gold(gold)
+    prose, kept = _gold_prose(raw) if raw is not None else (tuple(parsed), True)
+    same = bool(prose) and bool(parsed) and str(prose[0]) == str(parsed[0])
+    readings, dropped = [("gold" if same else "gold_as_answer", ("gold", gold), parsed)], []
+    if prose and not same:
+        (readings if kept else dropped).append(("gold_prose", ("gold_prose", raw), list(prose)))
+    return [r for r in readings if r[2]], dropped
+
+
+def _prose_reading(text: str) -> tuple[str, tuple | None, list, str | None]:
+    """(status, reading, dropped, answer): math-verify's own reading of prose ("text"), with the
+    relation stated just before the answer it read kept whole ("so y = 2" is ``y = 2``, not 2), and
+    a mixed number read whole ("mixed_number": "4 4/9" is 40/9, "4 4/9 %" is 40/900; math-verify reads
+    its integer part, which is ``dropped``). A mixed number whose fraction is not proper ("4 0/0") is
+    no answer."""
+    status, pred, answer = extract_text(text)
+    if status != "ok":
+        return status, None, [], answer
+    mixed = _mixed_number(text, answer)
+    if mixed is not None:
+        if not mixed:
+            return "no_answer", None, [("text", pred)], answer
+        return "ok", ("mixed_number", mixed), [("text", pred)], mixed[1]
+    stated = _STATED.search(text[:text.rfind(answer)]) if answer in text else None
+    if stated:
+        relation = _parse_pred(f"{stated.group(1)}{stated.group(2)}{answer}")
+        pred = relation if relation and _is_relation(relation[0]) else pred
+    return "ok", ("text", pred), [], answer
+
+
+def _text_readings(text: str, bare: str | None) -> tuple[str, list, list, str | None]:
+    """(status, readings, dropped, answer) of an unboxed text: ``_prose_reading``, and "bare_answer",
+    the whole text read as a boxed answer when it is short (``bare``: the caller's normalized text,
+    None when long), has no prose and is not a mixed number. A "text" reading that is a piece of a bare answer with
+    no prose (the ``1`` of ``3t - 1``, the ``7`` of ``7:30``) is dropped: the whole answer is read
+    instead."""
+    status, reading, dropped, answer = _prose_reading(text)
+    readings = []
+    if reading is not None:
+        rest = _around(bare, answer.replace(" ", "")) if bare is not None and reading[0] == "text" else None
+        fragment = rest is not None and not _PROSE.search(text) and not _only_words(rest)
+        (dropped if fragment else readings).append(reading)
+    plain = reading[0] == "text" if reading is not None else not dropped  # not a mixed number
+    whole = _parse_pred(bare) if bare is not None and plain and not _PROSE.search(text) else []
+    if whole:
+        readings.append(("bare_answer", whole))
+        answer = bare if readings[0][0] == "bare_answer" else answer
+    return ("ok" if readings else status if status != "ok" else "no_answer"), readings, dropped, answer
+
+
+def _mixed_number(text: str, answer: str | None = None):
+    """The reading of the mixed number ("4 4/9": 40/9, "-1 000 1/2", "4 4/9 %": 40/900) that is
+    ``text`` (a box), or that holds the ``answer`` math-verify read in the prose ``text`` (it reads
+    the 4 or the 4/9 of "4 4/9"): None when there is none, ``[]`` when its fraction is not a proper
+    one ("4 4/0", "4 9/4": no answer at all)."""
+    from sympy import Rational
+    if answer is None:
+        found = _MIXED.fullmatch(text.strip().rstrip("."))
+    else:
+        at, answer = text.rfind(answer.strip().rstrip(".")), answer.strip().rstrip(".")
+        found = next((m for m in _MIXED.finditer(text) if m.start() <= at and at + len(answer) <= m.end()), None)
+    if not found:
+        return None
+    whole, num, den = (int(found.group(k).replace(" ", "")) for k in ("whole", "num", "den"))
+    if not 0 <= num < den:
+        return []
+    value = (abs(whole) + Rational(num, den)) / (100 if found.group("percent") else 1)
+    return [-value if found.group("whole").startswith("-") else value, found.group(0)]
+
+
+def _box_readings(parts, written: str | None) -> tuple[list, list]:
+    """(readings, dropped) of a located answer (``written``: one box's content as written): "box",
+    its LaTeX reading (several boxes as one set), or "mixed_number" for a box holding one
+    ("\\boxed{4 4/9}": 40/9, where the LaTeX reading, 16/9, is dropped); and for a box holding prose
+    ("\\boxed{The answer is 3.5}") "box_prose", math-verify's reading of that prose
+    (``_prose_reading``), its LaTeX reading (a product of letters) being dropped when it has words."""
+    box = [("box", pred) for pred in (_parse_parts(parts),) if pred]
+    mixed = _mixed_number(parts) if isinstance(parts, str) else None
+    if mixed is not None:
+        return [("mixed_number", mixed)] if mixed else [], box
+    if written is None or not _PROSE.search(written):
+        return box, []
+    _, reading, dropped, _ = _prose_reading(written)
+    readings = [("box_prose", reading[1])] if reading is not None else []
+    return (readings, dropped + box) if _WORD.search(written) else (box + readings, dropped)
+
+
+# the reason a verdict reports when a reading other than the plain one paid
+_PAID_BY = {"bare_answer": "bare_answer", "box_prose": "box_prose", "mixed_number": "mixed_number",
+            "gold_prose": "gold_prose", "gold_as_answer": "gold_as_answer"}
+
+
+def _judge(golds: tuple[list, list], preds: list, dropped: list, options: tuple) -> tuple[bool, str | None]:
+    """(verdict, reason) of the readings of a gold and an answer: correct when one pair of readings
+    is equal to math-verify, a relation stated by the answer being compared with the gold's own
+    reading only (never with a value read out of prose). The reason of a correct verdict names a
+    lenient reading that paid (``_PAID_BY``); of a wrong one, a refusal: "fragment" (only a dropped
+    piece of the answer or of the gold makes them equal) or "relation_lhs" (the answer's relation
+    differs from the gold's, its right side does not)."""
+    golds, dropped_golds = golds
+    for pname, pred in preds:
+        relation = _is_relation(pred[0])
+        for gname, key, gold in golds:
+            if relation and gname == "gold_prose" or not relation and _is_equation_of_terms(gold[0]):
+                continue
+            if _compare(key, gold, pred, options):
+                return True, _PAID_BY.get(pname) or _PAID_BY.get(gname)
+    if any(not _is_relation(pred[0]) for _, pred in preds) and any(_is_equation_of_terms(g[0]) for _, _, g in golds):
+        return False, "gold_relation"
+    for _, pred in preds:
+        if _is_relation(pred[0]) and _right_side_equal(golds + dropped_golds, pred[0], options):
+            return False, "relation_lhs"
+    pieces = [(key, gold, pred) for _, pred in dropped for _, key, gold in golds + dropped_golds]
+    pieces += [(key, gold, pred) for _, pred in preds for _, key, gold in dropped_golds]
+    if any(_compare(key, gold, pred, options) for key, gold, pred in pieces):
+        return False, "fragment"
+    return False, None
+
+
+def _is_equation_of_terms(value) -> bool:
+    """Whether a gold value is an equation whose left side is a sum of terms (``a + z = 0``,
+    a plane): no value answers it, unlike a definition (``x = 5``, ``g(t) = 3t - 1``, ``\\sin x = 3/7``)."""
+    from sympy import Add, Eq
+    return isinstance(value, Eq) and isinstance(value.lhs, Add)
+
+
+def _right_side_equal(golds: list, relation, options: tuple) -> bool:
+    """Whether the right side of ``relation`` equals a gold reading (a gold relation's right side too)."""
+    from math_verify.grader import take_last_relation
+    rhs = [take_last_relation(relation).rhs]
+    for _, key, gold in golds:
+        values = [take_last_relation(g).rhs if _is_relation(g) else g for g in gold if not isinstance(g, str)]
+        if values and _compare(("rhs",) + key, values, rhs, options):
+            return True
+    return False
+
+
 def forget() -> None:
     """Empty this process's memos of parsed answers and comparisons (for tests that compare fresh
     evaluations; math-verify's own parse cache and the DFA stay)."""
     _parse_gold.cache_clear()
     _parse_pred.cache_clear()
+    _gold_prose.cache_clear()
     _COMPARED.clear()
 
 
-def _evaluate(kind: str, a, b, options=()) -> tuple:
-    """``("verify", gold, pred)``, ``("equiv", x, y)`` -> (status, verdict); ``("text", gold, text)``
-    -> (status, verdict, the answer math-verify read in the unboxed text). ``options``: (name,
-    value) pairs of math-verify ``verify`` options."""
+def _evaluate(kind: str, a, b, options=(), raw=None, bare=None) -> tuple:
+    """``("verify", gold, parts)`` and ``("text", gold, text)`` -> (status, verdict, the answer read
+    in prose or None, reason) (``_judge``; ``raw``: the gold as written, ``bare``: the normalized
+    text when it is short, or one box's content as written); ``("equiv", x, y)`` -> (status, verdict). ``options``: (name, value)
+    pairs of math-verify ``verify`` options."""
     from math_verify import verify as mv_verify
     opts = dict(options)
-    if kind == "text":
-        status, pred, answer = extract_text(b)
-        gold = _parse_gold(a)
-        if status != "ok" or not gold:
-            return (status if status != "ok" else "unparsable"), False, answer
-        return "ok", _compare(a, pred, tuple(options)), answer
-    if kind == "verify":
-        gold, pred = _parse_gold(a), _parse_parts(b)
-        if not gold or not pred:
+    if kind == "equiv":
+        x, y = _parse_parts(a), _parse_parts(b)
+        if not x or not y:
             return "unparsable", False
-        return "ok", _compare(a, pred, tuple(options))
-    x, y = _parse_parts(a), _parse_parts(b)
-    if not x or not y:
-        return "unparsable", False
-    return "ok", bool(mv_verify(x, y, timeout_seconds=None, **opts) or mv_verify(y, x, timeout_seconds=None, **opts))
+        return "ok", bool(mv_verify(x, y, timeout_seconds=None, **opts) or mv_verify(y, x, timeout_seconds=None, **opts))
+    golds = _gold_readings(a, raw)
+    if kind == "text":
+        status, preds, dropped, answer = _text_readings(b, bare)
+    else:
+        (preds, dropped), answer = _box_readings(b, bare), None
+        status = "ok" if preds else "unparsable"
+    if not golds[0] or not preds and not dropped:
+        return (status if status != "ok" else "unparsable"), False, answer, None
+    correct, reason = _judge(golds, preds, dropped, tuple(options))
+    status = "ok" if preds else status
+    if reason == "box_prose":  # the answer is what math-verify read in the box's prose
+        answer = next(pred[1] for name, pred in preds if name == "box_prose")
+    return status, correct, answer, reason
 
 
 _PLAIN_INTEGER = re.compile(r"[0-9]{1,100}")

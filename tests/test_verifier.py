@@ -59,7 +59,7 @@ def test_extraction(response, expected):
 def test_alternatives_are_multiple_answers(response):
     extracted, status = extract_answer(response)
     assert status == "multiple_answers" and extracted
-    assert V.verify(response, "12") == V.VerifyResult(False, extracted, "multiple_answers")
+    assert V.verify(response, "12") == V.VerifyResult(False, extracted, "multiple_answers", reason="hedge")
 
 
 def test_lists_are_not_alternatives():
@@ -162,7 +162,7 @@ def test_fast_path_agrees_with_math_verify():
         if fast is None or a == b:
             continue
         decided += 1
-        status, verdict = W._evaluate("verify", gold, pred)
+        status, verdict = W._evaluate("verify", gold, pred)[:2]
         if (status, verdict) != ("ok", fast):
             disagree += 1
             print(f"fast path {fast}, math-verify {status} {verdict}: {pred!r} vs gold {gold!r}")
@@ -226,7 +226,7 @@ def test_quick_symbolic_eq_agrees_with_math_verify(monkeypatch):
 
     def verdict(pred, gold):
         W.forget()
-        return W._evaluate("verify", gold, pred)
+        return W._evaluate("verify", gold, pred)[:2]
 
     expected = [verdict(p, g) for p, g in pairs]
     monkeypatch.setattr(math_verify.grader, "sympy_symbolic_eq", counting)
@@ -253,7 +253,7 @@ def test_remembered_solve_changes_no_verdict(monkeypatch):
 
     def verdicts():
         W.forget()
-        return [W._evaluate("verify", g, p) for g, p in RELATION_CASES]
+        return [W._evaluate("verify", g, p)[:2] for g, p in RELATION_CASES]
 
     expected = verdicts()
     calls = []
@@ -291,7 +291,7 @@ def _shortcut_keeps_verdicts(monkeypatch, grader_fn: str, wrap, proof: str, pair
 
     def verdicts():
         W.forget()
-        return [W._evaluate("verify", g, p) for g, p in pairs]
+        return [W._evaluate("verify", g, p)[:2] for g, p in pairs]
 
     expected = verdicts()
     taken, real = [], getattr(W, proof)
@@ -350,11 +350,11 @@ def test_an_answer_in_a_box_and_in_prose_is_compared_once(monkeypatch):
 
     monkeypatch.setattr(math_verify, "verify", counting)
     W.forget()
-    assert W._evaluate("verify", "\\frac{1}{2}", "\\frac{1}{2}") == ("ok", True)
+    assert W._evaluate("verify", "\\frac{1}{2}", "\\frac{1}{2}")[:2] == ("ok", True)
     assert W._evaluate("text", "\\frac{1}{2}", "So the answer is $\\frac{1}{2}$.")[:2] == ("ok", True)
     assert len(calls) == 1, calls
     assert W._evaluate("text", "\\frac{1}{3}", "So the answer is $\\frac{1}{2}$.")[:2] == ("ok", False)
-    assert W._evaluate("verify", "\\frac{1}{2}", "\\frac{1}{2}", (("float_rounding", 2),)) == ("ok", True)
+    assert W._evaluate("verify", "\\frac{1}{2}", "\\frac{1}{2}", (("float_rounding", 2),))[:2] == ("ok", True)
     assert len(calls) == 3, calls
 
 
@@ -669,7 +669,7 @@ def test_adversarial_set_gets_a_verdict_within_2s(tmp_path):
 
 def test_timeout_then_normal_query():
     r = V.verify("\\boxed{9^{9^{9^9}}}", "12", timeout=0.5)
-    assert r == V.VerifyResult(False, "9^{9^{9^9}}", "timeout")
+    assert r == V.VerifyResult(False, "9^{9^{9^9}}", "timeout", reason="timeout")
     assert V.verify("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", timeout=0.5) == V.VerifyResult(True, "\\sqrt{8}", "ok")
 
 
@@ -740,7 +740,7 @@ def test_task_waiting_behind_a_hung_one_is_retried(monkeypatch):
         P.wait_ready()
         monkeypatch.setattr(P, "SOFT_TIMEOUT_FRACTION", 20.0)  # only the hard kill stops the hung call
         out = V.verify_batch([HUNG, "\\boxed{\\sqrt{144}}"], ["12", "12"], timeout=0.5)
-        assert out == [V.VerifyResult(False, "9^{9^{9^9}}", "timeout"), V.VerifyResult(True, "\\sqrt{144}", "ok")]
+        assert out == [V.VerifyResult(False, "9^{9^{9^9}}", "timeout", reason="timeout"), V.VerifyResult(True, "\\sqrt{144}", "ok")]
     finally:
         V.configure_pool(V.DEFAULT_WORKERS)
 

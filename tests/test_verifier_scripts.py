@@ -70,9 +70,9 @@ def test_timeouts_are_cached(sent):
     _start_pool()
     sent.clear()
     response = f"\\boxed{{{PATHOLOGICAL}}}"
-    assert V.verify(response, "12", timeout=0.5) == V.VerifyResult(False, PATHOLOGICAL, "timeout")
+    assert V.verify(response, "12", timeout=0.5) == V.VerifyResult(False, PATHOLOGICAL, "timeout", reason="timeout")
     assert len(sent) == 1
-    assert V.verify_batch([response] * 3, ["12"] * 3, timeout=0.5) == [V.VerifyResult(False, PATHOLOGICAL, "timeout")] * 3
+    assert V.verify_batch([response] * 3, ["12"] * 3, timeout=0.5) == [V.VerifyResult(False, PATHOLOGICAL, "timeout", reason="timeout")] * 3
     assert V.verify(response, "12", timeout=0.3).status == "timeout"  # a shorter timeout would time out too
     assert len(sent) == 1, "a cached timeout was computed again"
     # ... and in answer clustering
@@ -99,8 +99,8 @@ def test_budget_bounds_a_batch_of_pathological_answers(sent):
     assert not any(r.correct for r in out[:-1])
     assert out[-1] == V.VerifyResult(True, "\\sqrt{8}", "ok")  # work done within the budget counts
     # the expired calls never had their 30 s: not cached, a later batch asks again
-    assert all(V._cached(("verify", "12", V.normalize_answer(a), V.DEFAULT_OPTIONS), 30.0) is None for a in answers)
-    assert V._cached(("verify", "2\\sqrt{2}", "\\sqrt{8}", V.DEFAULT_OPTIONS), 30.0) == ("ok", True)
+    assert all(V._cached(("verify", "12", V.normalize_answer(a), V.DEFAULT_OPTIONS, "12", a), 30.0) is None for a in answers)
+    assert V._cached(("verify", "2\\sqrt{2}", "\\sqrt{8}", V.DEFAULT_OPTIONS, "2\\sqrt{2}", "\\sqrt{8}"), 30.0)[:2] == ("ok", True)
     # the pool still works (workers killed at the budget were replaced)
     assert V.verify("\\boxed{\\frac{3}{6}}", "0.5").correct
     assert V.verify("\\boxed{\\sqrt{12}}", "2\\sqrt{3}", timeout=5.0) == V.VerifyResult(True, "\\sqrt{12}", "ok")
