@@ -357,7 +357,8 @@ def _decide(loc: Located, gold: str, ref: str, opts: VerifierOptions) -> VerifyR
     if fast is not None:
         paid = "same_string" if pred == ref else "same_number"
         return VerifyResult(fast, extracted, "ok", reason=paid if fast else refusal)
-    return ("verify", ref, pred, opts, gold, parts[0] if len(parts) == 1 else None), extracted, refusal
+    written = parts[0] if len(parts) == 1 and parts[0] != pred else None  # the box as written, when normalizing changed it
+    return ("verify", ref, pred, opts, gold, written), extracted, refusal
 
 
 def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0,

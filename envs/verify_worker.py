@@ -140,22 +140,29 @@ COMPARE_MEMO_SIZE = 8192  # remembered comparisons of a gold with a parsed answe
 _COMPARED: OrderedDict = OrderedDict()
 
 
-def _compare(gold_key: tuple, parsed: list, pred: list, options: tuple) -> bool:
+def _values_key(pred: list) -> tuple | None:
+    """(the ``srepr`` of an answer's values, its strings), the answer's part of ``_compare``'s memo
+    key; None for a value without ``srepr``."""
+    from sympy import srepr
+    try:
+        return (tuple(srepr(x) for x in pred if not isinstance(x, str)), tuple(x for x in pred if isinstance(x, str)))
+    except Exception:
+        return None
+
+
+def _compare(gold_key: tuple, parsed: list, pred: list, options: tuple, values: tuple | None = None) -> bool:
     """math-verify's ``verify`` of a parsed gold reading (``gold_key``: its name and the gold's
     text) against a parsed answer (math-verify's list of values and matched strings), remembered by
     the gold key, the answer's values (each one's ``srepr``: types, assumptions, a float's precision)
     and the options, of which it is a pure function: ``verify`` is true when one gold item equals
     one answer item, and a string equals only a string, so the answer's strings count only against
     a gold that has one. One answer read in a box and in prose is thus compared with its gold once.
-    A call that is interrupted or raises is not remembered."""
+    A call that is interrupted or raises is not remembered. ``values``: the answer's ``_values_key``
+    when the caller has it."""
     from math_verify import verify as mv_verify
-    from sympy import srepr
+    values = values or _values_key(pred)
     strings = any(isinstance(g, str) for g in parsed)
-    try:
-        key = (gold_key, tuple(x if isinstance(x, str) else srepr(x) for x in pred if strings or not isinstance(x, str)),
-               options)
-    except Exception:  # a value without srepr: compared, not remembered
-        key = None
+    key = None if values is None else (gold_key, values[0] + (values[1] if strings else ()), options)
     if key in _COMPARED:
         _COMPARED.move_to_end(key)
         return _COMPARED[key]
@@ -181,6 +188,7 @@ _WORD = re.compile(r"(?<![\\A-Za-z{])(?!(?:sin|cos|tan|cot|sec|csc|log|exp|max|m
                    r"[A-Za-z]{3,}")
 _PROSE = re.compile(_WORD.pattern + r"|\\(?:text|textbf|textit|textrm|mbox)\s*\{")
 # A mixed number ("4 4/9" is 40/9; math-verify reads 4 in prose, 16/9 in a box).
+NEAR_ANSWER_CHARS = 64  # of prose before and after the answer math-verify read, searched for a relation or a mixed number
 _MIXED = re.compile(r"(?P<whole>[-+]?\d{1,3}(?: \d{3})*) +(?P<num>\d+) */ *(?P<den>\d+)"
                     r"(?P<percent>\s*(?:\\?%|percent(?:age)?|pct))?")
 # A relation stated just before an answer read in prose ("so $y = $ 2", "f(x) = 3"): a name, a name
@@ -202,12 +210,19 @@ def _around(text: str, matched: str) -> str | None:
     return None if at < 0 or not matched else text[:at] + " " + text[at + len(matched):]
 
 
+@lru_cache(maxsize=1)
+def _sympy_types() -> tuple:
+    """sympy's ``Add``, ``And``, ``Eq`` and ``Relational``, imported once (not on every comparison)."""
+    from sympy import Add, And, Eq
+    from sympy.core.relational import Relational
+    return Add, And, Eq, Relational
+
+
 def _is_relation(value) -> bool:
-    from math_verify.grader import is_relation
-    try:
-        return is_relation(value)
-    except Exception:
-        return False
+    """math-verify's ``is_relation``: a relation, or an ``And`` of relations."""
+    _, And, _, Relational = _sympy_types()
+    return isinstance(value, Relational) or (isinstance(value, And) and bool(value.args)
+                                             and all(isinstance(a, Relational) for a in value.args))
 
 
 @lru_cache(maxsize=2048)
@@ -228,6 +243,7 @@ def _gold_prose(raw: str) -> tuple[tuple, bool]:
     return tuple(found), _only_words(rest)
 
 
+@lru_cache(maxsize=2048)
 def _gold_readings(gold: str, raw: str | None) -> tuple[list, list]:
     """(readings, dropped) of a gold, each ``(name, key, parsed)``: the normalized gold read as a
     boxed answer (math-verify's LaTeX path), named "gold" where math-verify's own reading of the gold
@@ -257,7 +273,8 @@ def _prose_reading(text: str) -> tuple[str, tuple | None, list, str | None]:
         if not mixed:
             return "no_answer", None, [("text", pred)], answer
         return "ok", ("mixed_number", mixed), [("text", pred)], mixed[1]
-    stated = _STATED.search(text[:text.rfind(answer)]) if answer in text else None
+    at = text.rfind(answer)
+    stated = _STATED.search(text[max(0, at - NEAR_ANSWER_CHARS):at]) if at >= 0 else None
     if stated:
         relation = _parse_pred(f"{stated.group(1)}{stated.group(2)}{answer}")
         pred = relation if relation and _is_relation(relation[0]) else pred
@@ -293,8 +310,11 @@ def _mixed_number(text: str, answer: str | None = None):
     if answer is None:
         found = _MIXED.fullmatch(text.strip().rstrip("."))
     else:
-        at, answer = text.rfind(answer.strip().rstrip(".")), answer.strip().rstrip(".")
-        found = next((m for m in _MIXED.finditer(text) if m.start() <= at and at + len(answer) <= m.end()), None)
+        answer = answer.strip().rstrip(".")
+        start = max(0, text.rfind(answer) - NEAR_ANSWER_CHARS)  # the answer's neighbourhood, not the whole text
+        near = text[start:text.rfind(answer) + len(answer) + NEAR_ANSWER_CHARS] if answer in text else ""
+        at = near.rfind(answer)
+        found = next((m for m in _MIXED.finditer(near) if m.start() <= at and at + len(answer) <= m.end()), None)
     if not found:
         return None
     whole, num, den = (int(found.group(k).replace(" ", "")) for k in ("whole", "num", "den"))
@@ -334,12 +354,13 @@ def _judge(golds: tuple[list, list], preds: list, dropped: list, options: tuple)
     piece of the answer or of the gold makes them equal) or "relation_lhs" (the answer's relation
     differs from the gold's, its right side does not)."""
     golds, dropped_golds = golds
+    values = {id(pred): _values_key(pred) for _, pred in preds + dropped}  # each answer's memo key, once
     for pname, pred in preds:
         relation = _is_relation(pred[0])
         for gname, key, gold in golds:
             if relation and gname == "gold_prose" or not relation and _is_equation_of_terms(gold[0]):
                 continue
-            if _compare(key, gold, pred, options):
+            if _compare(key, gold, pred, options, values[id(pred)]):
                 return True, _PAID_BY.get(pname) or _PAID_BY.get(gname)
     if any(not _is_relation(pred[0]) for _, pred in preds) and any(_is_equation_of_terms(g[0]) for _, _, g in golds):
         return False, "gold_relation"
@@ -348,7 +369,7 @@ def _judge(golds: tuple[list, list], preds: list, dropped: list, options: tuple)
             return False, "relation_lhs"
     pieces = [(key, gold, pred) for _, pred in dropped for _, key, gold in golds + dropped_golds]
     pieces += [(key, gold, pred) for _, pred in preds for _, key, gold in dropped_golds]
-    if any(_compare(key, gold, pred, options) for key, gold, pred in pieces):
+    if any(_compare(key, gold, pred, options, values[id(pred)]) for key, gold, pred in pieces):
         return False, "fragment"
     return False, None
 
@@ -356,7 +377,7 @@ def _judge(golds: tuple[list, list], preds: list, dropped: list, options: tuple)
 def _is_equation_of_terms(value) -> bool:
     """Whether a gold value is an equation whose left side is a sum of terms (``a + z = 0``,
     a plane): no value answers it, unlike a definition (``x = 5``, ``g(t) = 3t - 1``, ``\\sin x = 3/7``)."""
-    from sympy import Add, Eq
+    Add, _, Eq, _ = _sympy_types()
     return isinstance(value, Eq) and isinstance(value.lhs, Add)
 
 
@@ -377,13 +398,14 @@ def forget() -> None:
     _parse_gold.cache_clear()
     _parse_pred.cache_clear()
     _gold_prose.cache_clear()
+    _gold_readings.cache_clear()
     _COMPARED.clear()
 
 
 def _evaluate(kind: str, a, b, options=(), raw=None, bare=None) -> tuple:
     """``("verify", gold, parts)`` and ``("text", gold, text)`` -> (status, verdict, the answer read
     in prose or None, reason) (``_judge``; ``raw``: the gold as written, ``bare``: the normalized
-    text when it is short, or one box's content as written); ``("equiv", x, y)`` -> (status, verdict). ``options``: (name, value)
+    text when it is short, or one box's content as written when normalizing changed it); ``("equiv", x, y)`` -> (status, verdict). ``options``: (name, value)
     pairs of math-verify ``verify`` options."""
     from math_verify import verify as mv_verify
     opts = dict(options)
@@ -396,7 +418,7 @@ def _evaluate(kind: str, a, b, options=(), raw=None, bare=None) -> tuple:
     if kind == "text":
         status, preds, dropped, answer = _text_readings(b, bare)
     else:
-        (preds, dropped), answer = _box_readings(b, bare), None
+        (preds, dropped), answer = _box_readings(b, bare or (b if isinstance(b, str) else None)), None
         status = "ok" if preds else "unparsable"
     if not golds[0] or not preds and not dropped:
         return (status if status != "ok" else "unparsable"), False, answer, None
