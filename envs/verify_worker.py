@@ -251,7 +251,8 @@ def _gold_readings(gold: str, raw: str | None) -> tuple[list, list]:
     reading, when it reads something else: kept when it reads prose or units, else dropped (it names
     a refusal). A prediction that states a relation is compared with the first reading only."""
     parsed = _parse_gold(gold)
-    prose, kept = _gold_prose(raw) if raw is not None else (tuple(parsed), True)
+    as_written = raw is not None and not _SIGNED_NUMBER.fullmatch(raw)  # math-verify reads a plain number as we do
+    prose, kept = _gold_prose(raw) if as_written else (tuple(parsed), True)
     same = bool(prose) and bool(parsed) and str(prose[0]) == str(parsed[0])
     readings, dropped = [("gold" if same else "gold_as_answer", ("gold", gold), parsed)], []
     if prose and not same:
@@ -354,13 +355,14 @@ def _judge(golds: tuple[list, list], preds: list, dropped: list, options: tuple)
     piece of the answer or of the gold makes them equal) or "relation_lhs" (the answer's relation
     differs from the gold's, its right side does not)."""
     golds, dropped_golds = golds
-    values = {id(pred): _values_key(pred) for _, pred in preds + dropped}  # each answer's memo key, once
+    values: dict = {}  # each answer's memo key, computed once
+    key_of = lambda pred: values[id(pred)] if id(pred) in values else values.setdefault(id(pred), _values_key(pred))
     for pname, pred in preds:
         relation = _is_relation(pred[0])
         for gname, key, gold in golds:
             if relation and gname == "gold_prose" or not relation and _is_equation_of_terms(gold[0]):
                 continue
-            if _compare(key, gold, pred, options, values[id(pred)]):
+            if _compare(key, gold, pred, options, key_of(pred)):
                 return True, _PAID_BY.get(pname) or _PAID_BY.get(gname)
     if any(not _is_relation(pred[0]) for _, pred in preds) and any(_is_equation_of_terms(g[0]) for _, _, g in golds):
         return False, "gold_relation"
@@ -369,7 +371,7 @@ def _judge(golds: tuple[list, list], preds: list, dropped: list, options: tuple)
             return False, "relation_lhs"
     pieces = [(key, gold, pred) for _, pred in dropped for _, key, gold in golds + dropped_golds]
     pieces += [(key, gold, pred) for _, pred in preds for _, key, gold in dropped_golds]
-    if any(_compare(key, gold, pred, options, values[id(pred)]) for key, gold, pred in pieces):
+    if any(_compare(key, gold, pred, options, key_of(pred)) for key, gold, pred in pieces):
         return False, "fragment"
     return False, None
 
@@ -430,6 +432,7 @@ def _evaluate(kind: str, a, b, options=(), raw=None, bare=None) -> tuple:
 
 
 _PLAIN_INTEGER = re.compile(r"[0-9]{1,100}")
+_SIGNED_NUMBER = re.compile(r"-?[0-9]{1,100}(?:\.[0-9]{1,50})?")
 _PLAIN_DECIMAL = re.compile(r"[0-9]{0,50}\.[0-9]{1,50}")
 
 
@@ -886,6 +889,7 @@ def _warm_up() -> None:
         _evaluate("verify", gold, pred)
     for text in _WARMUP_TEXTS:
         extract_text(text)
+        _gold_prose(text)  # math-verify's default extraction, which reads golds as written
 
 
 def _training_answers(n: int) -> list[str]:
