@@ -88,7 +88,7 @@ DEFAULT_OPTIONS = VerifierOptions()
 
 def verifier_version(options: VerifierOptions | None = None) -> str:
     """The verifier's version with math-verify's and the options: recorded in every eval artifact."""
-    return f"graftzoo-verifier-2+math-verify-{version('math-verify')}+{_options(options).tag()}"
+    return f"graftzoo-verifier-3+math-verify-{version('math-verify')}+{_options(options).tag()}"
 
 
 def _options(options) -> VerifierOptions:

@@ -332,7 +332,7 @@ def _box_readings(parts, written: str | None) -> tuple[list, list]:
     ("\\boxed{The answer is 3.5}") "box_prose", math-verify's reading of that prose
     (``_prose_reading``), its LaTeX reading (a product of letters) being dropped when it has words."""
     box = [("box", pred) for pred in (_parse_parts(parts),) if pred]
-    mixed = _mixed_number(parts) if isinstance(parts, str) else None
+    mixed = _mixed_number(written or parts) if isinstance(parts, str) else None  # as written: "11\n5/6" is two lines
     if mixed is not None:
         return [("mixed_number", mixed)] if mixed else [], box
     if written is None or not _PROSE.search(written):
