@@ -325,7 +325,9 @@ def _result(kind: str, outcome: tuple, extracted: str | None, refusal: str | Non
     if status == "ok" and answer is not None and len(answer) > MAX_ANSWER_CHARS:
         return VerifyResult(False, shown, "unparsable", reason="unreadable")
     correct = bool(correct) and status == "ok"
-    return VerifyResult(correct, shown, status, reason=reason if correct or reason else refusal if status == "ok" else None)
+    if not correct and reason is None and status == "ok":
+        reason = refusal  # the boxes graftzoo read apart from the others
+    return VerifyResult(correct, shown, status, reason=reason)
 
 
 MAX_BARE_CHARS = 300  # an unboxed response this short is also read whole, as a bare answer

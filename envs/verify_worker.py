@@ -1,7 +1,11 @@
 """The verifier's worker processes (``graftzoo.envs.verify_pool`` starts and feeds them): each one
 answers ``("verify", gold, pred)`` / ``("equiv", x, y)`` tasks with math-verify's LaTeX path and
 ``("text", gold, text)`` tasks with math-verify's own extraction from prose, under
-a soft timer of its own (SIGALRM) and a capped address space.
+a soft timer of its own (SIGALRM) and a capped address space. A verify or text task compares every
+reading of the answer with every reading of the gold (``_judge``: a box or prose as math-verify
+reads it, a short bare answer read whole, a mixed number, a gold as written in prose or with units)
+and names the reason of a verdict that may differ from plain math-verify's
+(docs/verifier.md#dominance-over-plain-math-verify).
 
 A worker is a fresh interpreter running this file by path::
 
@@ -174,7 +178,7 @@ def _compare(gold_key: tuple, parsed: list, pred: list, options: tuple, values: 
     return verdict
 
 
-# ---------------------------------------------------------------- readings (docs/verifier.md "Readings")
+# ---------------------------------------------------------------- readings (docs/verifier.md#dominance-over-plain-math-verify)
 
 # What may surround an answer in prose or after a number without being part of it: \text{} notes,
 # unit exponents, currency, percent and degree marks, spacing macros, sentence punctuation.
@@ -285,9 +289,9 @@ def _prose_reading(text: str) -> tuple[str, tuple | None, list, str | None]:
 def _text_readings(text: str, bare: str | None) -> tuple[str, list, list, str | None]:
     """(status, readings, dropped, answer) of an unboxed text: ``_prose_reading``, and "bare_answer",
     the whole text read as a boxed answer when it is short (``bare``: the caller's normalized text,
-    None when long), has no prose and is not a mixed number. A "text" reading that is a piece of a bare answer with
-    no prose (the ``1`` of ``3t - 1``, the ``7`` of ``7:30``) is dropped: the whole answer is read
-    instead."""
+    None when long), has no prose and is not a mixed number. A "text" reading that is a piece of
+    such a bare answer (the ``1`` of ``3t - 1``, the ``7`` of ``7:30``) is dropped: the whole answer
+    is read instead."""
     status, reading, dropped, answer = _prose_reading(text)
     readings = []
     if reading is not None:
@@ -342,16 +346,15 @@ def _box_readings(parts, written: str | None) -> tuple[list, list]:
     return (readings, dropped + box) if _WORD.search(written) else (box + readings, dropped)
 
 
-# the reason a verdict reports when a reading other than the plain one paid
-_PAID_BY = {"bare_answer": "bare_answer", "box_prose": "box_prose", "mixed_number": "mixed_number",
-            "gold_prose": "gold_prose", "gold_as_answer": "gold_as_answer"}
+# the readings a correct verdict names as its reason (the verifier's NORMALIZATIONS)
+LENIENT_READINGS = ("bare_answer", "box_prose", "mixed_number", "gold_prose", "gold_as_answer")
 
 
 def _judge(golds: tuple[list, list], preds: list, dropped: list, options: tuple) -> tuple[bool, str | None]:
     """(verdict, reason) of the readings of a gold and an answer: correct when one pair of readings
     is equal to math-verify, a relation stated by the answer being compared with the gold's own
     reading only (never with a value read out of prose). The reason of a correct verdict names a
-    lenient reading that paid (``_PAID_BY``); of a wrong one, a refusal: "fragment" (only a dropped
+    lenient reading that paid (``LENIENT_READINGS``, the answer's first); of a wrong one, a refusal: "fragment" (only a dropped
     piece of the answer or of the gold makes them equal) or "relation_lhs" (the answer's relation
     differs from the gold's, its right side does not)."""
     golds, dropped_golds = golds
@@ -363,7 +366,7 @@ def _judge(golds: tuple[list, list], preds: list, dropped: list, options: tuple)
             if relation and gname == "gold_prose" or not relation and _is_equation_of_terms(gold[0]):
                 continue
             if _compare(key, gold, pred, options, key_of(pred)):
-                return True, _PAID_BY.get(pname) or _PAID_BY.get(gname)
+                return True, next((n for n in (pname, gname) if n in LENIENT_READINGS), None)
     if any(not _is_relation(pred[0]) for _, pred in preds) and any(_is_equation_of_terms(g[0]) for _, _, g in golds):
         return False, "gold_relation"
     for _, pred in preds:
@@ -406,9 +409,10 @@ def forget() -> None:
 
 def _evaluate(kind: str, a, b, options=(), raw=None, bare=None) -> tuple:
     """``("verify", gold, parts)`` and ``("text", gold, text)`` -> (status, verdict, the answer read
-    in prose or None, reason) (``_judge``; ``raw``: the gold as written, ``bare``: the normalized
-    text when it is short, or one box's content as written when normalizing changed it); ``("equiv", x, y)`` -> (status, verdict). ``options``: (name, value)
-    pairs of math-verify ``verify`` options."""
+    in prose or None, reason) (``_judge``; ``raw``: the gold as written; ``bare``: the normalized
+    text when it is short, or one box's content as written when normalizing changed it);
+    ``("equiv", x, y)`` -> (status, verdict). ``options``: (name, value) pairs of math-verify
+    ``verify`` options."""
     from math_verify import verify as mv_verify
     opts = dict(options)
     if kind == "equiv":

@@ -256,7 +256,8 @@ KEEP_APART = {
 
 @pytest.mark.parametrize("reason", sorted(V.NORMALIZATIONS))
 def test_each_normalization_keeps_apart_what_differs(reason):
-    assert set(KEEP_APART) == set(V.NORMALIZATIONS)
+    from graftzoo.envs import verify_worker as W
+    assert set(KEEP_APART) == set(V.NORMALIZATIONS) >= set(W.LENIENT_READINGS)
     pays, apart = KEEP_APART[reason]
     results = V.verify_batch([r for r, _ in pays + apart], [g for _, g in pays + apart], timeout=5.0)
     assert [(r.correct, r.reason) for r in results[:len(pays)]] == [(True, reason)] * len(pays), results
