@@ -216,3 +216,24 @@ def test_a_run_saved_before_the_vllm_keys_existed_resumes_and_their_hosting_keys
     assert config_changes(raw, new) == {}
     new["rollout"]["vllm"]["dtype"] = "bfloat16"  # changes the samples
     assert list(config_changes(old, new)) == ["rollout.vllm.dtype"]
+
+
+@pytest.mark.parametrize("dies", [True, False])
+def test_an_engine_call_that_fails_because_its_core_died_names_the_death(dies, monkeypatch):
+    """vLLM's client may raise (EngineDeadError) before the engine's watch sees its core die: the failed call then
+    gives the death a moment to show and names it, as a call that was still waiting would; a call that failed on its
+    own raises its own error."""
+    from types import SimpleNamespace
+    import graftzoo.training.vllm_engine as VE
+    backend = object.__new__(VE._Backend)
+    backend.procs, backend.policy = {123: (1, "VLLM::EngineCore")}, SimpleNamespace(model_id="m")
+    answers = iter([None, None, "its process VLLM::EngineCore (pid 123) was killed by SIGKILL" if dies else None])
+    monkeypatch.setattr(backend, "dead", lambda: next(answers, None))
+    monkeypatch.setattr(VE, "DEATH_GRACE_S", 0.5)
+
+    def call():
+        raise RuntimeError("EngineDeadError: EngineCore encountered an issue")
+    expected = (VE.EngineError, "the vLLM engine died while it took the weights: .*killed by SIGKILL") if dies else (
+        RuntimeError, "EngineDeadError")
+    with pytest.raises(expected[0], match=expected[1]):
+        backend.wait("took the weights", call)

@@ -60,6 +60,7 @@ from graftzoo.training.weight_stream import WeightReceiver, WeightServer
 
 _SET_NUM_THREADS = torch.set_num_threads
 log = logging.getLogger("graftzoo")
+DEATH_GRACE_S = 2.0  # after a failed engine call, how long a death of one of its processes may take to show
 
 
 def sync_mode(settings: dict) -> str:
@@ -239,11 +240,25 @@ class _Backend:
         while not done.wait(0.5):
             why = self.dead()
             if why:  # the thread stays blocked in vLLM's client, a daemon: nothing else waits for it
-                raise EngineError(f"model {self.policy.model_id!r}: the vLLM engine died while it {what}: {why}; "
-                                  f"rerun the command to resume from the last checkpoint")
+                raise self._died(what, why)
         if "error" in box:
+            why = self._death_within(DEATH_GRACE_S)  # vLLM's client may see its core die before ``dead`` does
+            if why:
+                raise self._died(what, why) from box["error"]
             raise box["error"]
         return box["out"]
+
+    def _death_within(self, seconds: float) -> Optional[str]:
+        """``dead()``, asked until it answers or ``seconds`` have passed (a killed process is reaped, or its
+        zombie seen, a moment after its pipe to this process breaks)."""
+        deadline = time.monotonic() + seconds
+        while (why := self.dead()) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return why
+
+    def _died(self, what: str, why: str) -> EngineError:
+        return EngineError(f"model {self.policy.model_id!r}: the vLLM engine died while it {what}: {why}; "
+                           f"rerun the command to resume from the last checkpoint")
 
     # ------------------------------------------------------------------------------------------
     def sync(self) -> float:
