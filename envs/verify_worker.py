@@ -293,13 +293,13 @@ def _text_readings(text: str, bare: str | None) -> tuple[str, list, list, str | 
     such a bare answer (the ``1`` of ``3t - 1``, the ``7`` of ``7:30``) is dropped: the whole answer
     is read instead."""
     status, reading, dropped, answer = _prose_reading(text)
+    bare = bare if bare is not None and not _PROSE.search(text) else None  # a short answer with no prose
     readings = []
     if reading is not None:
         rest = _around(bare, answer.replace(" ", "")) if bare is not None and reading[0] == "text" else None
-        fragment = rest is not None and not _PROSE.search(text) and not _only_words(rest)
-        (dropped if fragment else readings).append(reading)
+        (dropped if rest is not None and not _only_words(rest) else readings).append(reading)
     plain = reading[0] == "text" if reading is not None else not dropped  # not a mixed number
-    whole = _parse_pred(bare) if bare is not None and plain and not _PROSE.search(text) else []
+    whole = _parse_pred(bare) if bare is not None and plain else []
     if whole:
         readings.append(("bare_answer", whole))
         answer = bare if readings[0][0] == "bare_answer" else answer
@@ -315,10 +315,10 @@ def _mixed_number(text: str, answer: str | None = None):
     if answer is None:
         found = _MIXED.fullmatch(text.strip().rstrip("."))
     else:
-        answer = answer.strip().rstrip(".")
-        start = max(0, text.rfind(answer) - NEAR_ANSWER_CHARS)  # the answer's neighbourhood, not the whole text
-        near = text[start:text.rfind(answer) + len(answer) + NEAR_ANSWER_CHARS] if answer in text else ""
-        at = near.rfind(answer)
+        answer, at = answer.strip().rstrip("."), text.rfind(answer.strip().rstrip("."))
+        start = max(0, at - NEAR_ANSWER_CHARS)  # the answer's neighbourhood, not the whole text
+        near = text[start:at + len(answer) + NEAR_ANSWER_CHARS] if at >= 0 else ""
+        at -= start
         found = next((m for m in _MIXED.finditer(near) if m.start() <= at and at + len(answer) <= m.end()), None)
     if not found:
         return None

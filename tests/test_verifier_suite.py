@@ -55,6 +55,15 @@ def verdicts():
     return _verdicts(CASES)
 
 
+def _plain_verdict():
+    """``tests/data/plain_math_verify.py``'s ``plain_verdict``: plain math-verify on a case."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("plain_math_verify", DATA / "plain_math_verify.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.plain_verdict
+
+
 def _form(case) -> str:
     return "boxed" if "\\boxed" in case["response"] else "bare"
 
@@ -70,12 +79,7 @@ def test_suite_size_sources_and_classes():
 
 def test_the_plain_math_verify_column_is_plain_math_verify():
     """A sample of the ``math_verify`` column, recomputed (``tests/data/plain_math_verify.py``)."""
-    import sys
-    sys.path.insert(0, str(DATA))
-    try:
-        from plain_math_verify import plain_verdict
-    finally:
-        sys.path.remove(str(DATA))
+    plain_verdict = _plain_verdict()
     sample = [c for c in CASES[::23] if "0/0" not in c["response"]]  # sympy's cache decides those (nan)
     assert [plain_verdict(c["response"], c["gold"], c["options"]) for c in sample] == [c["math_verify"] for c in sample]
 
@@ -274,10 +278,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("reason", sorted(V.REFUSALS))
 def test_each_refusal_is_named_in_the_result(reason):
-    import sys
-    sys.path.insert(0, str(DATA))
-    from plain_math_verify import plain_verdict
-    sys.path.remove(str(DATA))
+    plain_verdict = _plain_verdict()
     if reason in REFUSED:
         response, gold = REFUSED[reason]
         assert plain_verdict(response, gold)
