@@ -1,40 +1,32 @@
-"""The Learner interface and the per-step context the trainer hands it.
+"""The Learner interface and the per-step context the step hands it.
 
-One training step, for each model (docs/architecture.md#one-training-step):
+One training step, for each model (graftzoo.training.step, docs/architecture.md#one-training-step):
 
     groups = learner.collect(ctx, prompts)          # allocate -> generate -> score
     groups = learner.advantages(ctx, groups)        # Group.advantages: the one advantage channel
-    slots  = learner.exchange(ctx, groups, peer)    # GRAFT / HACPO / SGT; identity here
+    slots  = learner.exchange(ctx, groups, peer)    # GRAFT / HACPO / SGT (graftzoo.algos.peer); identity here
     batch  = learner.build_batch(ctx, slots)        # Rollout fields -> TrainRows (graftzoo.contract.types)
     for u, idx in enumerate(learner.schedule(ctx, batch)):   # minibatch order (peer-last lives here)
-        ctx.update = u
-        loss, metrics = learner.loss(ctx, policy, batch.minibatch(idx))
+        ... the step's loss: get_loss(learner.loss)(LossInputs, cfg, clip) -> PolicyLoss (graftzoo.algos.losses)
 
-The loss is built from parts: the policy-gradient surrogate over own and peer rows (``surrogate``:
-token-level, or sequence-level values for some rows), an auxiliary length-normalized NLL over aux
-rows, an entropy bonus and a k3 KL over own rows. What differs between algorithms is stated on the
-data (Rollout.role / loss_mask / kl_mask / old_logp, Group.advantages / weights) or in a small hook,
-never by re-patching rows. A Learner overrides only the hooks it changes; this base class is GRPO
-(docs/algorithms.md#grpo). The trainer never branches on an algorithm's name.
+What differs between algorithms is stated on the data (Rollout.role / loss_mask / kl_mask / old_logp,
+Group.advantages / weights), in a small hook, or by the policy loss the learner names; never by re-patching rows.
+A Learner overrides only the hooks it changes; this base class is GRPO (docs/algorithms.md#grpo). The step and the
+trainer never branch on an algorithm's name.
 """
 from __future__ import annotations
 
 import contextlib
 import random
-import statistics
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from graftzoo.algos.functional import (agg_denominator, agg_loss, aux_nll_loss, clipped_surrogate, compatibility_score,
-                                       group_advantages, kl_k3,
-                                       minibatch_bounds, rloo_advantages, sequence_mean_logp,
-                                       sequence_terms_as_tokens)
+from graftzoo.algos.functional import group_advantages, minibatch_bounds, rloo_advantages
 from graftzoo.contract import metrics as M
-from graftzoo.contract.batch import MiniBatch, TrainBatch
+from graftzoo.contract.batch import TrainBatch
 from graftzoo.algos.config import LearnerConfig
-from graftzoo.contract.config import LearnerFacts, needs_peer_error
+from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.types import Group, Rollout, TrainRow
 from graftzoo.peers.xt import localize_groups
 
@@ -115,6 +107,20 @@ class Learner:
 
     name = "grpo"
     Config = LearnerConfig
+    loss = "clipped"
+    """The policy loss (graftzoo.algos.losses, registered by name): a pure function of the micro-batch's tensors."""
+
+    def __init_subclass__(cls, **kwargs):
+        """A learner written for the old loss hooks is refused by name: its ``surrogate`` / ``loss`` methods
+        would be ignored, silently changing what it trains; a loss is now a registered function it names."""
+        super().__init_subclass__(**kwargs)
+        stale = [h for h in ("surrogate", "norms", "pg_mask", "agg_normalizer") if h in vars(cls)]
+        if stale or not isinstance(cls.loss, str):
+            hooks = ", ".join(stale or ["loss"])
+            raise TypeError(f"learner {cls.__module__}.{cls.__qualname__}: {hooks} is no longer a Learner hook; "
+                            f"write the policy loss as a function registered with "
+                            f"graftzoo.algos.losses.register_loss(name) and set the class attribute loss = name "
+                            f"(docs/architecture.md#add-an-algorithm)")
 
     def __init__(self, cfg: LearnerConfig, run: LearnerFacts):
         self.cfg = cfg            # the learner's own typed algo.* section
@@ -158,9 +164,6 @@ class Learner:
         """Identity for single-model learners. ``peer`` maps prompt id -> the peer's Group."""
         return groups
 
-    kl_roles: tuple = ("own",)
-    """Rows whose tokens carry the KL term (HACPO's ``kl_on_cross`` adds "peer")."""
-
     def build_batch(self, ctx: StepContext, slots) -> TrainBatch:
         """Rows from the slots' rollouts: masks, old log-probs and role as the rollouts state them."""
         rows = []
@@ -181,13 +184,15 @@ class Learner:
             lm = [a * b for a, b in zip(lm, r.loss_mask)]
         if self.cfg.mask_truncated and r.finish_reason == "length":
             lm = [0.0] * n
-        if r.role not in self.kl_roles:
-            km = [0.0] * n
-        else:
-            km = list(lm) if r.kl_mask is None or r.role != "own" else list(r.kl_mask)
-        old = r.logprobs if r.old_logp is None else r.old_logp
-        return TrainRow(r.prompt_token_ids, r.token_ids, old, lm, km, advantage, weight, r.role, slot,
-                        r.origin.mean_logp if r.origin else None, r.old_logp is not None, r)
+        old = r.old_logprobs if r.old_logp is None else r.old_logp
+        return TrainRow(r.prompt_token_ids, r.token_ids, old, lm, self.kl_tokens(r, lm), advantage, weight, r.role,
+                        slot, r.origin.mean_logp if r.origin else None, r.old_logp is not None, r)
+
+    def kl_tokens(self, r: Rollout, loss_mask: list) -> list:
+        """The tokens of ``r`` that carry the KL term: an own response's ``kl_mask`` (default: its loss mask)."""
+        if r.role != "own":
+            return [0.0] * len(r.token_ids)
+        return list(loss_mask) if r.kl_mask is None else list(r.kl_mask)
 
     def schedule(self, ctx: StepContext, batch: TrainBatch) -> list:
         """Row indices of each minibatch: ``slot_chunks`` in order, repeated for ``optim.epochs``."""
@@ -206,122 +211,9 @@ class Learner:
         k = max(1, ctx.run.minibatches)
         return [list(range(start, end)) for start, end in minibatch_bounds(len(batch.groups), k)]
 
-    def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
-        """The policy-gradient part for own and peer rows (docs/algorithms.md#clipped-surrogate): the clipped surrogate with
-        the run's shared clip (``self.clip``, config keys ``optim.clip.*``)."""
-        c = self.clip
-        tok, info = clipped_surrogate(logp, mb.old_logp, mb.advantages, c["eps_low"], c["eps_high"], c["dual_clip_c"])
-        return Surrogate(tok, info)
-
-    def loss(self, ctx: StepContext, policy, mb: MiniBatch):
-        """Policy gradient (own + peer rows, per-sequence weights) + aux NLL (aux rows) - entropy bonus + KL. The
-        policy, entropy and KL terms share one normaliser, the policy term's (docs/algorithms.md#loss-aggregation):
-        the KL sums over its own tokens (``kl_mask``) and divides as the policy term does."""
-        c = self.cfg
-        # the update's forward code for a micro-batch: on the first minibatch it also sets theta_old
-        # (MiniBatch.logprobs, docs/algorithms.md#notation-and-conventions)
-        logp, ent = mb.logprobs(policy, with_entropy=True, entropy_grad=bool(c.entropy_coeff))
-        pg = self.surrogate(ctx, logp, mb)
-        tok = sequence_terms_as_tokens(pg.token_loss, pg.seq_loss, pg.seq_rows)
-        mask = self.pg_mask(mb)
-        # a micro-batch: its minibatch's denominator, so the micro losses add up exactly
-        den = mb.norm["pg"] if mb.norm is not None else self.agg_normalizer(ctx, mb)
-        loss = agg_loss(tok * mb.weights.unsqueeze(1), mask, c.loss_agg, den)
-        metrics = token_metrics(pg.info, mask, mb.is_peer, ent)
-        if bool(mb.is_aux.any()):
-            ell = sequence_mean_logp(logp[mb.is_aux], mb.loss_mask[mb.is_aux])
-            loss = loss + aux_nll_loss(ell, mb.weights[mb.is_aux])
-            metrics[M.LOSS_AUX_NLL] = float(-ell.detach().mean())
-        if c.entropy_coeff:
-            loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg, den)
-        if c.beta_kl > 0:
-            with torch.no_grad():
-                ref, _ = ctx.ref_policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
-            kl = kl_k3(logp, ref)
-            loss = loss + c.beta_kl * agg_loss(kl, mb.kl_mask, c.loss_agg, den, den_mask=mask)
-            metrics[M.KL] = float(agg_loss(kl.detach(), mb.kl_mask, c.loss_agg))  # the mean over the KL tokens
-        return loss, metrics
-
-    @staticmethod
-    def pg_mask(mb: MiniBatch) -> torch.Tensor:
-        """The token mask of the policy-gradient (and entropy) terms: the loss mask of every row but aux rows."""
-        return mb.loss_mask * (~mb.is_aux).unsqueeze(1).to(mb.loss_mask.dtype)
-
-    def agg_normalizer(self, ctx: StepContext, mb: MiniBatch) -> Optional[float]:
-        if self.cfg.loss_agg == "seq-mean-token-sum-norm":
-            return float(int((~mb.is_aux).sum()) * ctx.max_response)
-        return None
-
-    def norms(self, ctx: StepContext, mb: MiniBatch) -> dict:
-        """The denominator of ``loss``'s aggregated terms over a whole minibatch (``agg_denominator``), which each
-        of its micro-batches divides by (``optim.max_tokens_per_micro``): ``pg``, shared by the policy-gradient,
-        entropy and KL terms. A learner that aggregates other terms in ``loss`` adds theirs."""
-        return {"pg": agg_denominator(self.pg_mask(mb), self.cfg.loss_agg, self.agg_normalizer(ctx, mb))}
-
     # ---- state (for checkpoints) ------------------------------------------------------------
     def state_dict(self) -> dict:
         return {}
 
     def load_state_dict(self, state: dict):
         pass
-
-
-@dataclass
-class Surrogate:
-    """A learner's policy-gradient terms for a minibatch: a token loss ``[B, R]``; optionally one value per
-    sequence for the rows in ``seq_rows`` (e.g. HACPO's cross samples); ``info`` holds ``ratio``,
-    ``clipped_low``, ``clipped_high``, ``dual_clipped`` for the clip metrics."""
-
-    token_loss: torch.Tensor
-    info: dict
-    seq_loss: Optional[torch.Tensor] = None
-    seq_rows: Optional[torch.Tensor] = None
-
-
-def token_metrics(info: dict, mask: torch.Tensor, is_peer: torch.Tensor, ent: Optional[torch.Tensor]) -> dict:
-    """Clip fractions split own vs peer tokens (the paper's Table 9), entropy, ratio."""
-    clipped = (info["clipped_low"] | info["clipped_high"]).float()
-    m = mask.float()
-    peer = is_peer.float().unsqueeze(1) * m
-    own = m - peer
-
-    def frac(x, w):
-        d = float(w.sum())
-        return float((x * w).sum()) / d if d > 0 else None
-
-    out = {M.CLIP_FRAC: frac(clipped, m), M.CLIP_FRAC_OWN: frac(clipped, own), M.CLIP_FRAC_PEER: frac(clipped, peer),
-           M.CLIP_FRAC_LOW: frac(info["clipped_low"].float(), m),
-           M.CLIP_FRAC_HIGH: frac(info["clipped_high"].float(), m),
-           M.RATIO_MEAN: frac(info["ratio"].expand_as(m), m),
-           M.TOKENS_PEER_SHARE: frac(peer, m) if m.sum() > 0 else None}
-    if ent is not None:
-        out[M.ENTROPY] = frac(ent.detach(), m)
-    return out
-
-
-# ------------------------------------------------------------------------------------------------
-# helpers shared by the peer-exchange learners (GRAFT, HACPO, SGT)
-# ------------------------------------------------------------------------------------------------
-
-def require_peer(name: str, run: LearnerFacts, peer=()):
-    """The error for a peer-exchange learner that meets no peer at exchange time (``peer`` None); a run
-    config without a peer source is refused at load (``needs_peer``, graftzoo.contract.config)."""
-    if run.peer_source == "none" or peer is None:
-        raise needs_peer_error(name)
-
-
-def log_compatibility(ctx: StepContext, rollouts):
-    """``peer/s_*`` of localized peer responses: ``s = exp(l_L - l_P)`` under theta_old (docs/algorithms.md#cross-tokenizer-exchange)."""
-    if rollouts:
-        s = compatibility_score(torch.tensor([r.mean_logp for r in rollouts], dtype=torch.float64),
-                                torch.tensor([r.origin.mean_logp for r in rollouts], dtype=torch.float64))
-        log_s_stats(ctx, s.tolist())
-
-
-def log_s_stats(ctx: StepContext, s: list):
-    """``peer/s_*``: statistics of the compatibility scores s of this step's peer responses."""
-    if s:
-        ctx.log(M.PEER_S_MEAN, statistics.fmean(s))
-        ctx.log(M.PEER_S_MEDIAN, statistics.median(s))
-        ctx.log(M.PEER_S_MIN, min(s))
-        ctx.log(M.PEER_S_MAX, max(s))

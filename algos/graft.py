@@ -38,13 +38,15 @@ from typing import Optional
 
 import torch
 
-from graftzoo.algos.base import (Learner, MiniBatch, StepContext, Surrogate, TrainBatch, log_s_stats, require_peer)
+from graftzoo.algos.base import StepContext, TrainBatch
 from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weights, graft_balance, graft_cap,
                                        graft_candidates, group_advantages, peer_order,
                                        random_count_matched_admission, random_count_matched_prompts,
                                        ratio_surrogate, separate_minibatches, sgt_rescue, symmetric_cap)
 from graftzoo.algos.sgt import augment_group
 from graftzoo.algos.config import GRAFTConfig, token_ratio_error
+from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
+from graftzoo.algos.peer import PeerLearner, log_s_stats, require_peer
 from graftzoo.contract import metrics as M
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group, Rollout
@@ -52,10 +54,11 @@ from graftzoo.contract.types import Group, Rollout
 
 
 @register_algo("graft")
-class GRAFT(Learner):
+class GRAFT(PeerLearner):
     """GRPO on the learner's own groups, with all-fail groups replaced by gated, weighted peer groups."""
 
     Config = GRAFTConfig
+    loss = "graft"
 
     # ---- rollouts: T2 needs character offsets of the generated tokens on the peer side ------------
     def collect(self, ctx: StepContext, prompts) -> list:
@@ -191,18 +194,19 @@ class GRAFT(Learner):
         k_own = math.ceil(len(own) / size)
         return chunks[k_own:] + chunks[:k_own] if self.cfg.peer_position == "first" else chunks
 
-    def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
-        pg = super().surrogate(ctx, logp, mb)
-        if self.cfg.token_ratio != "none" or not bool(mb.is_peer.any()):
-            return pg
-        # w/o token-level ratio (docs/algorithms.md#graft-ablations): unclipped w * rho * A for grafted tokens, own tokens clipped
-        ratio = torch.exp((logp - mb.old_logp).clamp(min=-20.0, max=20.0))
-        free, _ = ratio_surrogate(ratio, mb.advantages, math.inf, math.inf)
-        peer = mb.is_peer.unsqueeze(1)
-        info = dict(pg.info)
-        for key in ("clipped_low", "clipped_high", "dual_clipped"):
-            info[key] = info[key] & ~peer
-        return Surrogate(torch.where(peer, free, pg.token_loss), info)
+
+@register_loss("graft")
+def graft_loss(x: LossInputs, cfg: GRAFTConfig, clip: dict) -> PolicyLoss:
+    """The clipped surrogate (``clipped_loss``) on every row; with ``token_ratio: none``
+    (docs/algorithms.md#graft-ablations) grafted tokens take the unclipped ``w * rho * A`` instead."""
+    pg = clipped_loss(x, cfg, clip)
+    if cfg.token_ratio != "none" or not bool(x.is_peer.any()):
+        return pg
+    ratio = torch.exp((x.logp - x.old_logp).clamp(min=-20.0, max=20.0))
+    free, _ = ratio_surrogate(ratio, x.advantages, math.inf, math.inf)
+    peer = x.is_peer.unsqueeze(1)
+    return PolicyLoss(torch.where(peer, free, pg.token_loss), pg.ratio, pg.clipped_low & ~peer,
+                      pg.clipped_high & ~peer, pg.dual_clipped & ~peer)
 
 
 def aligned_old_logp(policy, generated: Rollout, r: Rollout) -> list:
@@ -212,10 +216,10 @@ def aligned_old_logp(policy, generated: Rollout, r: Rollout) -> list:
     if generated.char_offsets is None or generated.origin is not None:
         raise token_ratio_error(f"the peer's rollouts (model {generated.model_id}, prompt {generated.prompt_id})")
     peer_body = generated.body_ids
-    peer_lp = list(generated.logprobs)[:len(peer_body)]
+    peer_lp = list(generated.old_logprobs)[:len(peer_body)]
     body = r.body_ids
     aligned = align_peer_logprobs(policy.char_offsets(body, r.text), generated.char_offsets, peer_lp)
     if len(body) < len(r.token_ids):
-        ended = len(peer_body) < len(generated.token_ids) and len(generated.logprobs) == len(generated.token_ids)
-        aligned.append(float(generated.logprobs[-1]) if ended else float(r.logprobs[-1]))
+        ended = len(peer_body) < len(generated.token_ids) and len(generated.old_logprobs) == len(generated.token_ids)
+        aligned.append(float(generated.old_logprobs[-1]) if ended else float(r.old_logprobs[-1]))
     return aligned

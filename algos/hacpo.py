@@ -21,12 +21,14 @@ from typing import Optional
 
 import torch
 
-from graftzoo.algos.base import MiniBatch, StepContext, Surrogate, log_compatibility, require_peer
+from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, graft_candidates, hacpo_advantages,
                                        hacpo_cross_loss, hacpo_discrepancy, hacpo_omegas, sequence_mean_logp,
                                        stepwise_lower_bound)
-from graftzoo.algos.gspo import GSPO
 from graftzoo.algos.config import HACPOConfig
+from graftzoo.algos.gspo import gspo_loss
+from graftzoo.algos.losses import LossInputs, PolicyLoss, register_loss
+from graftzoo.algos.peer import PeerLearner, log_compatibility, require_peer
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
@@ -48,8 +50,9 @@ def content_mask(r) -> list:
 
 
 @register_algo("hacpo")
-class HACPO(GSPO):
+class HACPO(PeerLearner):
     Config = HACPOConfig
+    loss = "hacpo"
 
     def __init__(self, cfg: HACPOConfig, run: LearnerFacts):
         super().__init__(cfg, run)
@@ -121,35 +124,6 @@ class HACPO(GSPO):
         ctx.log(M.HACPO_CAPABILITY_PEER, p_peer)
         ctx.log(M.HACPO_OMEGA, omega)
 
-    # ---- loss: GSPO on self rows, clipped exponential-IS term on cross rows -------------------
-    def cross_lower(self, update: int) -> float:
-        """The stepwise cross clip floor at the step's optimizer update ``update`` (docs/algorithms.md#hacpo-cross-sample-loss)."""
-        return stepwise_lower_bound(update, self.cfg.cross_clip_lower, self.cfg.cross_clip_step)
-
-    def surrogate(self, ctx: StepContext, logp: torch.Tensor, mb: MiniBatch) -> Surrogate:
-        own = super().surrogate(ctx, logp, mb)
-        peer = mb.is_peer
-        if not bool(peer.any()):
-            return own
-        lo = self.cross_lower(ctx.update)
-        s = cross_sequence_ratio(sequence_mean_logp(logp, mb.loss_mask), mb.origin_mean_logp.to(logp.dtype))
-        cross = hacpo_cross_loss(s, mb.advantages, lo, self.cfg.alpha)  # [B]: one value per sequence (docs/algorithms.md#hacpo-cross-sample-loss)
-        pm = peer.unsqueeze(1).expand_as(own.token_loss)
-
-        def wide(x):  # a sequence's value on each of its tokens, for the token-level clip metrics
-            return x.unsqueeze(1).expand_as(own.token_loss)
-
-        info = {"ratio": torch.where(pm, wide(s.detach()), own.info["ratio"].expand_as(own.token_loss)),
-                "clipped_low": torch.where(pm, wide(s.detach() < lo), own.info["clipped_low"]),
-                "clipped_high": torch.where(pm, wide(s.detach() > 1.0), own.info["clipped_high"]),
-                "dual_clipped": own.info["dual_clipped"] & ~pm}
-        return Surrogate(own.token_loss, info, seq_loss=cross, seq_rows=peer)
-
-    def loss(self, ctx: StepContext, policy, mb: MiniBatch):
-        loss, metrics = super().loss(ctx, policy, mb)
-        metrics[M.HACPO_CROSS_LOWER] = self.cross_lower(ctx.update)
-        return loss, metrics
-
     # ---- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"history": {k: list(v) for k, v in self.history.items()}}
@@ -157,3 +131,32 @@ class HACPO(GSPO):
     def load_state_dict(self, state: dict):
         hist = state.get("history", {})
         self.history = {k: list(hist.get(k, [])) for k in ("self", "peer")}
+
+
+def cross_lower(cfg: HACPOConfig, update: int) -> float:
+    """The stepwise cross clip floor at the step's optimizer update ``update``
+    (docs/algorithms.md#hacpo-cross-sample-loss)."""
+    return stepwise_lower_bound(update, cfg.cross_clip_lower, cfg.cross_clip_step)
+
+
+@register_loss("hacpo")
+def hacpo_loss(x: LossInputs, cfg: HACPOConfig, clip: dict) -> PolicyLoss:
+    """GSPO on self rows (``clip``: ``algo.self_clip``); on cross rows one clipped exponential-IS value per
+    sequence (docs/algorithms.md#hacpo-cross-sample-loss), with the clip floor of update ``x.update``."""
+    own = gspo_loss(x, cfg, clip)
+    lo = cross_lower(cfg, x.update)
+    own.metrics[M.HACPO_CROSS_LOWER] = lo
+    peer = x.is_peer
+    if not bool(peer.any()):
+        return own
+    s = cross_sequence_ratio(sequence_mean_logp(x.logp, x.loss_mask), x.origin_mean_logp.to(x.logp.dtype))
+    cross = hacpo_cross_loss(s, x.advantages, lo, cfg.alpha)  # [B]: one value per sequence
+    pm = peer.unsqueeze(1).expand_as(own.token_loss)
+
+    def wide(v):  # a sequence's value on each of its tokens, for the token-level clip metrics
+        return v.unsqueeze(1).expand_as(own.token_loss)
+
+    return PolicyLoss(own.token_loss, torch.where(pm, wide(s.detach()), own.ratio.expand_as(own.token_loss)),
+                      torch.where(pm, wide(s.detach() < lo), own.clipped_low),
+                      torch.where(pm, wide(s.detach() > 1.0), own.clipped_high), own.dual_clipped & ~pm,
+                      seq_loss=cross, seq_rows=peer, metrics=own.metrics)

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from graftzoo.algos.base import Learner, StepContext, log_compatibility, require_peer
-from graftzoo.algos.functional import sgt_augment, sgt_rescue
+from graftzoo.algos.base import StepContext
 from graftzoo.algos.config import SGTConfig
+from graftzoo.algos.functional import aux_nll_loss, sequence_mean_logp, sgt_augment, sgt_rescue
+from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
+from graftzoo.algos.peer import PeerLearner, log_compatibility, require_peer
 from graftzoo.contract import metrics as M
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
@@ -38,8 +40,9 @@ def augment_group(own: Group, injected: list, rng, eps: float, weights=None, sou
 
 
 @register_algo("sgt")
-class SGT(Learner):
+class SGT(PeerLearner):
     Config = SGTConfig
+    loss = "sgt"
 
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
         require_peer(self.name, ctx.run, peer)
@@ -83,3 +86,17 @@ class SGT(Learner):
         ctx.log(M.PEER_ADMITTED_FAIL, 0)
         ctx.log(M.PEER_REJECTED, rejected)
         return [g for slot in out for g in slot]
+
+
+@register_loss("sgt")
+def sgt_loss(x: LossInputs, cfg: SGTConfig, clip: dict) -> PolicyLoss:
+    """The clipped surrogate on own and injected rows (``clipped_loss``); with ``mode: aux_nll`` the rescue rows
+    (role aux) add ``-sum_i w_i l(y_i)`` over their length-normalized log-probs, ``w_i = lam / |Rescue|``
+    (docs/algorithms.md#sgt)."""
+    pg = clipped_loss(x, cfg, clip)
+    aux = x.is_aux
+    if bool(aux.any()):
+        ell = sequence_mean_logp(x.logp[aux], x.loss_mask[aux])
+        pg.extra = aux_nll_loss(ell, x.weights[aux])
+        pg.metrics[M.LOSS_AUX_NLL] = float(-ell.detach().mean())
+    return pg

@@ -62,33 +62,13 @@ class MiniBatch:
     given_old: torch.Tensor         # [B] bool: old_logp is a given ratio base, not theta_old
     rows: list
     # a micro-batch's share of its minibatch: the denominators of the minibatch's aggregated loss terms
-    # (Learner.norms), so that the micro-batch losses add up to the minibatch loss; None for a whole minibatch
+    # (graftzoo.training.loss.denominators), so that the micro-batch losses add up to the minibatch loss; None for a whole minibatch
     norm: Optional[dict] = None
     # the loss's factor: 0 for the stand-in pass of a worker rank holding fewer micro-batches than the others
     # (it runs the forward and backward the group's collectives need, and adds nothing)
     scale: float = 1.0
-    # the next forward (``logprobs``) runs under theta_old: its detached values become the ratio base of the rows
-    # whose base is theta_old (not ``given_old``), then it is cleared (the update's first minibatch)
-    old_from_forward: bool = False
-
     def __len__(self):
         return self.input_ids.shape[0]
-
-    def logprobs(self, policy, with_entropy: bool = False, entropy_grad: bool = True):
-        """The micro-batch's per-token log-probs (and entropies) under ``policy``: ``policy.logprobs`` on its rows
-        as they are laid out here (the update's forward code for a micro-batch, ``Learner.loss`` calls it). When
-        ``old_from_forward``, this forward is one under theta_old (before the rollout batch's first optimizer step):
-        its values, detached, become ``old_logp`` of every row but the ``given_old`` ones, so the ratio is
-        ``exp(logp - sg[logp]) = 1`` exactly in every precision, with the gradient of a recomputed base
-        (docs/algorithms.md#notation-and-conventions); the flag is then cleared. A loss that takes its log-probs
-        another way keeps the base the rows arrived with (theta_old from phase 1, equal up to rounding)."""
-        logp, ent = policy.logprobs(self.input_ids, self.attention_mask, self.resp_len, with_entropy=with_entropy,
-                                    entropy_grad=entropy_grad)
-        if self.old_from_forward:
-            theta_old = logp.detach().to(self.old_logp.device, self.old_logp.dtype)
-            self.old_logp = torch.where(self.given_old.unsqueeze(1), self.old_logp, theta_old)
-            self.old_from_forward = False
-        return logp, ent
 
     @property
     def is_peer(self) -> torch.Tensor:
@@ -123,7 +103,7 @@ class TrainBatch:
 
     def micro_batches(self, idx, budget, norms: Optional[Callable[[MiniBatch], dict]] = None) -> list:
         """The minibatch of rows ``idx`` as micro-batches of at most ``budget`` padded tokens (``micro_split``), each
-        carrying ``norms(minibatch)``: the whole minibatch's loss denominators (``Learner.norms``), so that their
+        carrying ``norms(minibatch)``: the whole minibatch's loss denominators (graftzoo.training.loss), so that their
         losses add up to the minibatch's. The minibatch itself when it fits."""
         whole = self.minibatch(idx)
         groups = micro_split([len(self.rows[i].prompt_ids) + len(self.rows[i].response_ids) for i in idx], budget)

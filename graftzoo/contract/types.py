@@ -51,13 +51,17 @@ class Rollout:
     stopped). ``prefix_len`` counts leading response tokens that were given, not sampled (ExTra prefix
     regeneration); they carry no gradient. For a peer response localized into a learner's tokenizer
     (``origin`` set), ``logprobs`` are the learner's theta_old log-probs of the re-tokenized text.
+    ``logprobs`` are never rewritten: theta_old through the training path is data of its own, ``theta_old``,
+    given when the step's theta_old pass makes the rollout (docs/algorithms.md#notation-and-conventions);
+    ``old_logprobs`` is the one a reader takes (``theta_old`` when given, else ``logprobs``).
 
     Fields that learner hooks set for the loss (None = the default):
 
     - ``role``: own | peer | aux (see ``Role``);
     - ``loss_mask``: per-token loss weights, multiplied into the default mask (1 after the prefix);
     - ``kl_mask``: per-token KL weights of an own response (default: the loss mask);
-    - ``old_logp``: the log-probs the importance ratio is taken against (default: ``logprobs``);
+    - ``old_logp``: a given ratio base that is not this learner's theta_old (GRAFT's aligned peer log-probs;
+      default: ``old_logprobs``);
     - ``char_offsets``: character span of each body token in ``text`` (GRAFT's cross-aligned ratio);
     - ``dropped``: why a localized response cannot be trained on ("overflow", "empty").
     """
@@ -84,6 +88,13 @@ class Rollout:
     char_offsets: Optional[list] = None
     origin: Optional[Origin] = None
     dropped: Optional[str] = None
+    theta_old: Optional[list] = None
+
+    @property
+    def old_logprobs(self) -> list:
+        """The response's log-probs under theta_old as the step uses them: the training path's (``theta_old``)
+        when the step computed them as the ratio base, else the engine's (``logprobs``)."""
+        return self.logprobs if self.theta_old is None else self.theta_old
 
     @property
     def body_ids(self) -> list:
@@ -95,7 +106,7 @@ class Rollout:
 
     def _content(self):
         """Token log-probs without the final EOS (the XT convention, docs/algorithms.md#cross-tokenizer-exchange)."""
-        lp = list(self.logprobs)[self.prefix_len:]
+        lp = list(self.old_logprobs)[self.prefix_len:]
         if self.finish_reason == "stop" and self.token_ids and self.eos_id is not None \
                 and self.token_ids[-1] == self.eos_id and lp:
             lp = lp[:-1]

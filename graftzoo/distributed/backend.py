@@ -29,7 +29,6 @@ from graftzoo.training.models import (check_context, load_tokenizer_of, model_st
                                       split_spec)
 from graftzoo.training.policy import Policy
 from graftzoo.distributed.errors import WorkerDied, WorkerError
-from graftzoo.training.update import mean_metrics
 from graftzoo.distributed.cluster import connect, disconnect
 from graftzoo.distributed.worker import PolicyWorker
 
@@ -228,29 +227,23 @@ class RemotePolicy(Policy):
     def mean_hidden(self, texts, batch: int = 64) -> torch.Tensor:
         return self.group.call("mean_hidden", list(texts), batch)[0]
 
-    def update(self, ctx, learner, mbs: list, recompute: bool, where: str) -> list:
-        """Each rank gets its share of every minibatch's micro-batches; the minibatch's metrics are merged as one
-        process computes them (loss: the sum; the others: means weighted by rows; grad norm: the group's)."""
+    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str) -> list:
+        """Each rank gets its share of every minibatch's micro-batches and runs the step's loop on it
+        (``graftzoo.training.step.optimize``); returns per minibatch the ranks' parts (the step merges them as one
+        process computes its metrics: loss the sum, the others means weighted by rows, the group's grad norm)."""
         W = self.group.world
         shares = [[_share(micros, r, W) for micros in mbs] for r in range(W)]
-        res = self.group.call("update", ctx.step, ctx.epoch, ctx.model_index, learner.state_dict(), recompute=recompute,
-                              where=where, per_rank=[{"mbs": s} for s in shares])
+        res = self.group.call("update", ctx.step, ctx.epoch, ctx.model_index, learner.state_dict(),
+                              base_from_forward=base_from_forward, where=where,
+                              per_rank=[{"mbs": s} for s in shares])
         for k, (wall, cpu) in res[0]["phases"].items():
             if ctx.meter is not None:
                 ctx.meter.add(self.model_id, k, wall, cpu, self.group.gpus * wall / 3600.0)
         for k, v in res[0]["metrics"].items():
             ctx.log(k, v)
         ctx.log(M.PERF_PEAK_MEM_GB, max(r["peak_mem_gb"] for r in res))  # the group's largest rank
-        out = []
-        for u in range(len(mbs)):
-            parts = [r["minibatches"][u] for r in res]
-            records = [rec for p in parts for rec in p["records"]]
-            met = mean_metrics([m for _, m in records], [w for w, _ in records])
-            met[M.GRAD_NORM] = parts[0]["grad_norm"]
-            met[M.LOSS] = sum(p["total"] for p in parts)
-            out.append(met)
         self._lr = float(res[0]["lr"])
-        return out
+        return [[r["minibatches"][u] for r in res] for u in range(len(mbs))]
 
     def apply_optim_settings(self, optim: dict):
         self.group.call("apply_optim_settings", optim)

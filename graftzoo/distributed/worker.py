@@ -21,7 +21,7 @@ from graftzoo.algos.base import StepContext
 from graftzoo.training.models import (ENGINES, build_engine, build_policy, build_sharded_policy, make_ref, resolve_device,
                                       wants_ref)
 from graftzoo.contract.registry import get_algo
-from graftzoo.training.update import accumulate_minibatch, update_policy
+from graftzoo.training.step import optimize
 from graftzoo.training import fsdp
 from graftzoo.distributed.cluster import free_port
 from graftzoo.eval.compute import ComputeMeter
@@ -40,14 +40,6 @@ def group_max(device, x: int) -> int:
     t = torch.tensor([int(x)], dtype=torch.long, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
-
-
-def rank_step(ctx, policy, learner, micros: list, where: str) -> dict:
-    """One optimizer step on this rank's micro-batches of a minibatch: the loss sum and the ``(rows, metrics)`` of
-    the micro-batches it trained, for the driver to merge over the ranks, and the group's gradient norm."""
-    policy.zero_grad()
-    total, records = accumulate_minibatch(ctx, policy, learner, micros, where)
-    return {"total": total, "records": records, "grad_norm": policy.apply_gradients(total, where)}
 
 
 class PolicyWorker:
@@ -140,11 +132,11 @@ class PolicyWorker:
         return self.engine.sync_weights()
 
     # ---- update ------------------------------------------------------------------------------
-    def update(self, step: int, epoch: int, model_index: int, learner_state: dict, *, mbs: list, recompute: bool,
-               where: str) -> dict:
+    def update(self, step: int, epoch: int, model_index: int, learner_state: dict, *, mbs: list,
+               base_from_forward: bool, where: str) -> dict:
         """This rank's share of every minibatch (``mbs``: one list of micro-batches per minibatch; a stand-in of
-        scale 0 where it holds fewer than the others): theta_old, then per minibatch the gradients and one
-        optimizer step (FSDP2 sums the ranks' gradients). Returns per minibatch the loss sum and the metrics of the
+        scale 0 where it holds fewer than the others): per minibatch the gradients and one optimizer step, the
+        step's loop (``graftzoo.training.step.optimize``; FSDP2 sums the ranks' gradients). Returns per minibatch the loss sum and the metrics of the
         micro-batches it trained, the gradient norm, the learning rate and the time of each phase."""
         pol, learner = self.policy, self.learner
         learner.load_state_dict(learner_state)
@@ -153,7 +145,7 @@ class PolicyWorker:
                           ref_policy=self.ref, meter=meter, model_index=model_index)
         ctx.max_response = int(pol.max_response_tokens)
         mbs = [[mb.to(pol.device) for mb in micros] for micros in mbs]
-        out = update_policy(ctx, pol, learner, mbs, recompute, where, step=rank_step)
+        out = optimize(ctx, pol, learner, mbs, base_from_forward, where)
         pol.version += 1
         phases = meter.summary()["models"].get(pol.model_id, {}).get("phases", {})
         return {"minibatches": out, "lr": pol.lr, "metrics": ctx.metrics, "peak_mem_gb": peak_memory_gb(pol.device),

@@ -6,14 +6,14 @@ its rollout's correctness), never the algorithm's name.
 Per model and step (keys ``diag/*`` of ``metrics.jsonl``, absent when off):
 
 - ``grad_norm_own`` / ``grad_norm_peer`` / ``grad_share_peer``: the norms of the gradients of the learner's own loss
-  (``Learner.loss``: the same surrogate, weights and denominators as the update) at theta_old over the step's whole
+  (``graftzoo.training.loss.micro_batch_loss``: the same loss, weights and denominators as the update) at theta_old over the step's whole
   batch, split into the own rows' part and the peer-source rows' part, and ``||g_peer|| / (||g_own|| + ||g_peer||)``
   (``grad_norm_split``).
 - ``peer_succ_logp_before`` / ``_after`` / ``_delta``: the learner's mean per-token log-prob of the admitted peer-source
   rows that are correct, under theta_old and after the step's optimizer steps; ``own_succ_logp_*`` the same for its
   own correct rows with a positive advantage, as the comparison (``success_rows``, ``mean_response_logp``).
 
-None where there are no such rows. The trainer calls ``before_update`` before ``Policy.update`` and ``after_update``
+None where there are no such rows. The step calls ``before_update`` before ``Policy.update`` and ``after_update``
 after it; neither changes what the update sees (no gradients left behind, the RNG state restored, the batch's rows
 untouched), so a run trains bit-identically with diagnostics on or off. In-process models only (``run.backend:
 ray`` keeps the model in its worker ranks and is refused at load).
@@ -32,6 +32,7 @@ import torch
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.batch import TrainBatch
+from graftzoo.training.loss import denominators, micro_batch_loss
 
 SOURCES = ("own", "peer")
 
@@ -45,11 +46,11 @@ def row_source(row) -> str:
 def split_by_source(ctx, learner, batch: TrainBatch, schedule: list, budget, device) -> dict:
     """The step's minibatches (``schedule``: row indices of each) cut into micro-batches of the own rows and of the
     peer-source rows with non-zero weight: ``{source: [(minibatch index, micro-batches)]}``. Every micro-batch carries
-    its whole minibatch's loss denominators (``Learner.norms``), as ``optim.max_tokens_per_micro`` micro-batches do,
-    so the gradients of the two parts add up to the minibatch's gradient (``accumulate_minibatch``)."""
+    its whole minibatch's loss denominators (``graftzoo.training.loss.denominators``), as ``optim.max_tokens_per_micro`` micro-batches do,
+    so the gradients of the two parts add up to the minibatch's gradient (``graftzoo.training.step.optimize``)."""
     out = {s: [] for s in SOURCES}
     for u, idx in enumerate(schedule):
-        norm = learner.norms(ctx, batch.minibatch(idx))
+        norm = denominators(ctx, learner, batch.minibatch(idx))
         for s in SOURCES:
             part = [i for i in idx if row_source(batch.rows[i]) == s and batch.rows[i].weight != 0]
             if not part:
@@ -70,26 +71,23 @@ def grad_share(own: Optional[float], peer: Optional[float]) -> Optional[float]:
     return peer / total if total > 0 else None
 
 
-def accumulate_part(ctx, policy, learner, part: list, recompute: bool) -> None:
-    """Add to the parameters' gradients those of ``learner.loss`` over ``part`` (``[(minibatch index,
-    micro-batches)]``, one source of ``split_by_source``) under the current weights, ``ctx.update`` set to each
-    minibatch's index as the update sets it (HACPO reads it). With ``recompute`` each micro-batch's ratio base is
-    taken from its own loss forward (``MiniBatch.old_from_forward``), as the update's first minibatch takes it:
-    every forward here runs at theta_old (no optimizer step in between), so the values are those of a separate pass
-    on the micro-batch (``minibatch_old_logp``), bitwise, without the pass
-    (docs/algorithms.md#notation-and-conventions)."""
+def accumulate_part(ctx, policy, learner, part: list, base_from_forward: bool) -> None:
+    """Add to the parameters' gradients those of the step's loss (``micro_batch_loss``) over ``part``
+    (``[(minibatch index, micro-batches)]``, one source of ``split_by_source``) under the current weights,
+    ``ctx.update`` set to each minibatch's index as the update sets it (HACPO reads it). With ``base_from_forward``
+    each micro-batch's ratio base is taken from its own loss forward, as the update's first minibatch takes it:
+    every forward here runs at theta_old (no optimizer step in between) (docs/algorithms.md#notation-and-conventions)."""
     for u, micros in part:
         ctx.update = u
         for mb in micros:
-            mb.old_from_forward = recompute
-            loss, _ = learner.loss(ctx, policy, mb)
+            loss, _ = micro_batch_loss(ctx, policy, learner, mb, base_from_forward)
             loss.backward()
             del loss
 
 
-def grad_norm_split(ctx, policy, learner, batch: TrainBatch, schedule: list, budget, recompute: bool) -> dict:
+def grad_norm_split(ctx, policy, learner, batch: TrainBatch, schedule: list, budget, base_from_forward: bool) -> dict:
     """``diag/grad_norm_own``, ``diag/grad_norm_peer``, ``diag/grad_share_peer`` (``grad_share``): the norm of the
-    gradient of ``learner.loss`` at theta_old (the current weights, before the update) summed over the step's
+    gradient of the step's loss at theta_old (the current weights, before the update) summed over the step's
     minibatches, from the own rows and from the peer-source rows (``split_by_source``, ``accumulate_part``); None for
     a source without rows. Leaves no gradient behind and restores the RNG state and ``ctx.update``: the update that
     follows sees exactly what it would see without it."""
@@ -103,7 +101,7 @@ def grad_norm_split(ctx, policy, learner, batch: TrainBatch, schedule: list, bud
                 if not part:
                     continue
                 policy.zero_grad()
-                accumulate_part(ctx, policy, learner, part, recompute)
+                accumulate_part(ctx, policy, learner, part, base_from_forward)
                 grads = [p.grad for p in policy.model.parameters() if p.grad is not None]
                 norms[s] = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
     finally:
@@ -139,10 +137,10 @@ def mean_response_logp(policy, rows: list) -> Optional[float]:
     return math.fsum(vals) / len(vals)
 
 
-def before_update(ctx, policy, learner, batch: TrainBatch, schedule: list, budget, recompute: bool) -> dict:
+def before_update(ctx, policy, learner, batch: TrainBatch, schedule: list, budget, base_from_forward: bool) -> dict:
     """The diagnostics measured at theta_old, before ``Policy.update``: the gradient split (``grad_norm_split``)
     and ``diag/{own,peer}_succ_logp_before`` (``success_rows``, ``mean_response_logp``)."""
-    out = grad_norm_split(ctx, policy, learner, batch, schedule, budget, recompute)
+    out = grad_norm_split(ctx, policy, learner, batch, schedule, budget, base_from_forward)
     for s, rows in success_rows(batch).items():
         out[M.SUCC_LOGP[s, "before"]] = mean_response_logp(policy, rows)
     return out

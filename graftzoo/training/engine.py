@@ -71,6 +71,16 @@ class Engine:
     ``uses_training_model``: the engine decodes with the training model itself (no copy of its weights)."""
 
     uses_training_model = False
+    policy = None  # the policy the engine decodes for
+    top_p, top_k, min_new_tokens = 1.0, 0, 0  # the sampling cuts (none by default)
+
+    def records_training_logprobs(self, policy) -> bool:
+        """Whether the log-probs this engine records are the ones the update's forward computes for ``policy``: it
+        decodes with that very model, in float32, from the uncut softmax(logits / T) (no top-p, top-k or
+        min_new_tokens). Any other engine, precision or cut records values the update does not reproduce."""
+        fp32 = policy.param_dtype == torch.float32 and policy.autocast_dtype is None
+        uncut = float(self.top_p) >= 1.0 and not int(self.top_k or 0) and not int(self.min_new_tokens or 0)
+        return bool(self.uses_training_model and self.policy is policy and fp32 and uncut)
 
     def generate(self, prompts: Sequence[Prompt], n: Sequence[int], prefixes=None, greedy: bool = False,
                  temperature: Optional[float] = None, max_new_tokens: Optional[int] = None) -> list:

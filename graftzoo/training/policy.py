@@ -19,7 +19,6 @@ from graftzoo.training import lora as lora_mod
 from graftzoo.contract.batch import micro_split, pad_pairs
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.contract.types import Prompt
-from graftzoo.training.update import update_policy
 from graftzoo.training.fsdp import full_model_state, load_full, load_sharded, save_sharded
 from graftzoo.envs.templates import render_prompt
 
@@ -272,10 +271,12 @@ class Policy:
                                  float("nan"), where, loss=loss_value, grad_norm=float(norm))
         return float(norm)
 
-    def update(self, ctx, learner, mbs: list, recompute: bool, where: str) -> list:
-        """Train on a step's minibatches, each given as its micro-batches (``graftzoo.training.update.update_policy``);
-        returns each minibatch's metrics. A worker group's policy on the driver sends them to its ranks instead."""
-        return update_policy(ctx, self, learner, mbs, recompute, where)
+    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str) -> list:
+        """Train on a step's minibatches, each given as its micro-batches, here (``graftzoo.training.step.optimize``);
+        returns per minibatch its parts, one per process that trained it (here: one). A worker group's policy on
+        the driver sends them to its ranks instead."""
+        from graftzoo.training.step import optimize  # the step's loop; the step's module imports the engines
+        return [[part] for part in optimize(ctx, self, learner, mbs, base_from_forward, where)]
 
     @property
     def lr(self) -> float:

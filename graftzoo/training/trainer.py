@@ -1,14 +1,11 @@
-"""The trainer: one model, or a pair co-trained on the same prompt batches, each with its own
-learner, optimizer and tokenizer. It never branches on an algorithm's name: every difference
-between algorithms lives in the Learner hooks (graftzoo.algos.base).
+"""The trainer: the run around the step. One model, or a pair co-trained on the same prompt batches, each with its
+own learner, optimizer and tokenizer; the step itself (generate, score, theta_old, exchange, update, weight sync) is
+graftzoo.training.step, read top to bottom. Here: the run directory (its lock, identity, resume), the models and
+learners built, the prompts that fit, the models' threads, evaluation, checkpoints, summaries and the mapping of a
+full disk to one error. It never branches on an algorithm's name.
 
-Per step: every model collects and scores its groups, scores its own responses once more through the
-training path (theta_old, ``rollout.recompute_old_logp``) and computes advantages; the store records
-them; then (all decisions under theta_old) every learner exchanges with its peer source and
-builds its batch; then every model updates.
-
-With a backend whose models live apart (``concurrent_models``: Ray, each model in its own worker group) the first
-and last of these phases run for the models at once, one driver thread per model (``run_per_model``); the exchange
+With a backend whose models live apart (``concurrent_models``: Ray, each model in its own worker group) the step's
+first and last phases run for the models at once, one driver thread per model (``run_per_model``); the exchange
 between them, which needs every model's groups, stays on the trainer's thread. What the models' threads share is
 kept in model order, so a seeded run's metrics are those of the sequential step: the engines are seeded in model
 order before the threads start, a refill from the prompt sampler waits for the models before it (``InTurn``), the
@@ -24,9 +21,7 @@ import logging
 import queue
 import random
 import shutil
-import statistics
 import threading
-import time
 from functools import partial
 from pathlib import Path
 from typing import Callable, Optional
@@ -36,19 +31,17 @@ import torch
 
 from graftzoo.algos.base import StepContext
 from graftzoo.training.checkpoint import load_checkpoint, one_line, save_checkpoint
-from graftzoo.training import diagnostics
-from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_ids, with_values
 from graftzoo.contract.errors import ConfigError, NonFiniteError
 from graftzoo.training.preemption import Interrupted, StopRequest
 from graftzoo.training.rundir import (LOCK_FILE, STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
                                      check_resume_config, default_run_name, finished_run, holds_run, move_aside,
                                      name_note, resume_checkpoint)
-from graftzoo.envs.task import UNVERIFIED, Task
+from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
 from graftzoo.eval.compute import ComputeMeter
-from graftzoo.training.engine import EngineError, fitting_prompts
+from graftzoo.training.engine import fitting_prompts
 from graftzoo.training.models import InProcess, check_models, make_eval_engine, prompt_limits, split_spec
 from graftzoo.training import placement
 from graftzoo.peers.sources import make_peer_source
@@ -56,7 +49,7 @@ from graftzoo.peers.store import TrajectoryStore
 from graftzoo.contract.registry import get_algo
 from graftzoo.training.sampler import PromptSampler
 from graftzoo.training.tracking import Tracker
-from graftzoo.training.update import mean_metrics
+from graftzoo.training.step import train_step
 
 
 log = logging.getLogger("graftzoo")
@@ -114,6 +107,14 @@ def run_per_model(tasks: dict) -> dict:
             raise error
         results[m] = value
     return {m: results[m] for m in tasks}
+
+
+def _signalled(phase: Callable, ctx, done: threading.Event):
+    """``phase(ctx)``, setting ``done`` when it ends, also by a failure (``InTurn`` waits on it)."""
+    try:
+        return phase(ctx)
+    finally:
+        done.set()
 
 
 class InTurn:
@@ -330,52 +331,25 @@ class Trainer:
                                 "budget", ", ".join(f"{n} for model {m!r}" for m, n in dropped.items() if n))
             return list(self._heldout)
 
-    def _phase_wall(self, m: str) -> dict:
+    def phase_wall(self, m: str) -> dict:
         phases = self.meter.summary()["models"].get(m, {}).get("phases", {})
         return {k: v["wall_s"] for k, v in phases.items()}
 
     def train_step(self, step: int) -> dict:
-        t0 = time.perf_counter()
-        self.sampler.start_step(step)
-        prompts, epoch = self.sampler.batch(step)
-        before = {m: self._phase_wall(m) for m in self.model_ids}
-        recompute = {m: recompute_old_logp(self.cfg, self.policies[m], self.engines[m]) for m in self.model_ids}
-        ctxs = {m: self.context(step, epoch, m, mi) for mi, m in enumerate(self.model_ids)}
-        groups = self._collect_all(ctxs, prompts, recompute)
-        for m in self.model_ids:  # answers the verifier's budget left undecided: a warning, or no update on them
-            self.task.check_unverified(step, m, groups[m])
-        if self.peers is not None:
-            self.peers.observe(groups)
-        batches, xtime = {}, {}
-        for m in self.model_ids:
-            ctx = ctxs[m]
-            t = time.perf_counter()
-            peer = self.peers.groups(prompts, step, epoch, m) if self.peers is not None else None
-            if peer is not None:
-                ctx.metrics.update(diagnostics.complementarity(groups[m], peer))
-                ctx.metrics.update(self.peers.step_metrics(step, m))
-            elif len(self.model_ids) == 2:  # co-trained without exchange: still measure complementarity (Fig. 1 right)
-                other = groups[self.model_ids[1 - self.model_ids.index(m)]]
-                ctx.metrics.update(diagnostics.complementarity(groups[m], {g.prompt.id: g for g in other}))
-            with self.residency.active(m):  # the exchange may score the peer's responses under this model
-                slots = self.learners[m].exchange(ctx, groups[m], peer)
-                self.step_slots[m] = slots  # what the step trains on, for the completions table (Tracker)
-                batches[m] = self.learners[m].build_batch(ctx, slots)
-            xtime[m] = time.perf_counter() - t
-        tasks = {m: partial(self._update, ctxs[m], batches[m], groups[m], recompute[m], before[m], xtime[m], t0)
-                 for m in self.model_ids}
-        return self._per_model(tasks)
+        """One step of every model (graftzoo.training.step); model id -> its metrics."""
+        return train_step(self, step)
 
-    def _collect_all(self, ctxs: dict, prompts: list, recompute: dict) -> dict:
-        """Phase 1 of every model (``_collect``), each model's groups written to the store (model order). Model by
-        model; or, with ``concurrent``, the engines seeded in model order here, then every model's phase at once,
-        its refills from the sampler in model order (``InTurn``), then the store's writes."""
+    def collect_each(self, ctxs: dict, phase: Callable) -> dict:
+        """Phase 1 (``phase(ctx)``, graftzoo.training.step.rollouts) of every model, each model's groups written to
+        the store (model order). Model by model; or, with ``concurrent_collect``, the engines seeded in model order
+        here, then every model's phase at once, its refills from the sampler in model order (``InTurn``), then the
+        store's writes."""
         if not self.concurrent_collect:
             groups = {}
             for m, ctx in ctxs.items():
                 self.engines[m].seed(derive_seed(self.seed, ctx.step, m, "generate"))  # where the engine samples
                 with self.residency.active(m):
-                    groups[m] = self._collect(ctx, prompts, recompute[m])
+                    groups[m] = phase(ctx)
                 self._store_write(ctx, groups[m])
             return groups
         for m, ctx in ctxs.items():
@@ -383,82 +357,17 @@ class Trainer:
         done = {m: threading.Event() for m in ctxs}
         for i, (m, ctx) in enumerate(ctxs.items()):
             ctx.sampler = InTurn(self.sampler, [done[e] for e in list(ctxs)[:i]])
-        groups = self._per_model({m: partial(self._collect, ctx, prompts, recompute[m], done=done[m])
-                                  for m, ctx in ctxs.items()}, at_once=True)
+        groups = self.each_model({m: partial(_signalled, phase, ctx, done[m]) for m, ctx in ctxs.items()},
+                                 at_once=True)
         for m, ctx in ctxs.items():
             self._store_write(ctx, groups[m])
         return groups
-
-    def _collect(self, ctx: StepContext, prompts: list, recompute: bool, done: Optional[threading.Event] = None):
-        """Phase 1 of one model: its groups collected (generated, scored), its own rollouts scored under theta_old
-        through the training path, their advantages. ``done`` is set when it ends, also by a failure."""
-        m = ctx.model_id
-        try:
-            gs = self.learners[m].collect(ctx, prompts)
-            with ctx.phase("logprob"):  # theta_old through the training path (docs/algorithms.md#notation-and-conventions)
-                ctx.log(M.ROLLOUT_LOGP_DIFF_MAX, old_logp_pass(self.policies[m], gs, recompute))
-            return self.learners[m].advantages(ctx, gs)
-        finally:
-            if done is not None:
-                done.set()
 
     def _store_write(self, ctx: StepContext, groups: list) -> None:
         if self.store is not None:
             self.store.write(ctx.step, ctx.epoch, groups, tokenizer_id=self.policies[ctx.model_id].tokenizer_id)
 
-    def _update(self, ctx: StepContext, batch, groups: list, recompute: bool, before: dict, xtime: float,
-                t0: float) -> dict:
-        """Phase 3 of one model: its update on ``batch``, the engine's weight sync; returns the step's metrics."""
-        with self.residency.active(ctx.model_id):
-            return self._update_resident(ctx, batch, groups, recompute, before, xtime, t0)
-
-    def _update_resident(self, ctx: StepContext, batch, groups: list, recompute: bool, before: dict, xtime: float,
-                         t0: float) -> dict:
-        """``_update`` with the model's training state on its device."""
-        m, step, pol, learner = ctx.model_id, ctx.step, ctx.policy, self.learners[ctx.model_id]
-        check_policy_version(m, pol, groups)
-        self.engines[m].release_memory()
-        budget = self.cfg.optim.max_tokens_per_micro
-        schedule = learner.schedule(ctx, batch)
-        mbs = [[mb.to(pol.device) for mb in batch.micro_batches(idx, budget, partial(learner.norms, ctx))]
-               for idx in schedule]  # each minibatch as micro-batches
-        diag = None
-        if self.cfg.run.diagnostics:  # opt-in transfer-path measurements; the update is unchanged
-            with ctx.phase("diagnostics"):
-                diag = diagnostics.before_update(ctx, pol, learner, batch, schedule, budget, recompute)
-        try:
-            upd = pol.update(ctx, learner, mbs, recompute, where=f"model {m!r}, step {step}")
-        except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
-            e.model = m
-            raise
-        if diag is not None:
-            with ctx.phase("diagnostics"):
-                diag = diagnostics.after_update(pol, batch, diag)
-        pol.version += 1
-        sync_s = self.engines[m].sync_weights()  # the next generate decodes with the updated weights
-        after = self._phase_wall(m)
-        dt = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        met = outcome_metrics(groups)
-        met.update(mean_metrics(upd))
-        met.update(ctx.metrics)
-        met.update(diag or {})
-        met[M.LR] = pol.lr
-        met[M.TIME_GENERATE] = dt.get("generate", 0.0)
-        met[M.TIME_SCORE] = dt.get("score", 0.0)
-        met[M.TIME_LOGPROB] = dt.get("logprob", 0.0)
-        met[M.TIME_UPDATE] = dt.get("update", 0.0)
-        met[M.TIME_EXCHANGE] = xtime
-        met[M.TIME_WEIGHT_SYNC] = sync_s
-        met[M.TIME_OFFLOAD] = dt.get("offload", 0.0)
-        met[M.BATCH_TOKENS] = sum(len(r.prompt_ids) + len(r.response_ids) for r in batch.rows)
-        toks = ctx.metrics.get(M.ROLLOUTS_TOKENS, 0)
-        met[M.PERF_TOKENS_PER_S] = toks / met[M.TIME_GENERATE] if met[M.TIME_GENERATE] > 0 else None
-        met[M.TIME_STEP] = time.perf_counter() - t0
-        met[M.EPOCH] = ctx.epoch
-        met[M.ROLLOUT_PROMPTS_TOO_LONG] = self.prompts_too_long
-        return met
-
-    def _per_model(self, tasks: dict, at_once: Optional[bool] = None) -> dict:
+    def each_model(self, tasks: dict, at_once: Optional[bool] = None) -> dict:
         """model id -> ``tasks[m]()``: model by model, or with ``at_once`` (default ``concurrent``) all at once
         (``run_per_model``), the driver's global RNGs checked untouched by the threads (their draws' order would
         depend on timing)."""
@@ -616,81 +525,6 @@ class Trainer:
                          "peers": self.peers.state_dict() if self.peers is not None else {},
                          "compute": self.meter.summary(), "sampler": {"step": step + 1}},
                         keep=int(self.cfg.run.keep_checkpoints))
-
-
-# ----------------------------------------------------------------------------------------------
-# theta_old log-probs (docs/algorithms.md#notation-and-conventions: once per step, phase 1, the training path)
-# ----------------------------------------------------------------------------------------------
-
-def recompute_old_logp(cfg: RunConfig, policy, engine) -> bool:
-    """``rollout.recompute_old_logp`` resolved for one model. ``auto`` is on unless the engine decodes with the
-    training model itself in float32 from the uncut softmax(logits / T) (no top-p, top-k or min_new_tokens):
-    any other engine, precision or cut records log-probs that the update's forward pass does not reproduce."""
-    r = cfg.rollout
-    want = r.recompute_old_logp
-    if want != "auto":
-        return bool(want)
-    itself = getattr(engine, "uses_training_model", False) and getattr(engine, "policy", None) is policy
-    fp32 = policy.param_dtype == torch.float32 and getattr(policy, "autocast_dtype", None) is None
-    cut = (float(getattr(engine, "top_p", r.top_p)) < 1.0 or int(getattr(engine, "top_k", r.top_k) or 0) > 0
-           or int(getattr(engine, "min_new_tokens", 0) or 0) > 0)
-    return not (itself and fp32) or cut
-
-
-def check_policy_version(model_id: str, policy, groups) -> None:
-    """Own rollouts are trained only by the policy version that generated them: an engine that decoded with other
-    weights (a weight sync that did not happen) fails the step (``EngineError``) instead of training off-policy
-    data as on-policy."""
-    stale = sorted({r.policy_version for g in groups for r in g.rollouts
-                    if r.model_id == model_id and r.origin is None and r.policy_version != policy.version})
-    if stale:
-        raise EngineError(f"model {model_id!r}: rollouts generated by policy version(s) {stale} reached the update "
-                          f"of version {policy.version}: the engine's weights were not synced after an update")
-
-
-def old_logp_pass(policy, groups, recompute: bool) -> Optional[float]:
-    """The training-path log-probs of the own rollouts of ``groups`` under theta_old (``Policy.score_sequences``:
-    ``Policy.logprobs``, the forward code of the update, one no-grad pass). Returns max |decoding log-prob -
-    training-path log-prob| over their sampled response tokens (None without any). With ``recompute`` the
-    training-path values replace ``Rollout.logprobs`` (given prefix tokens keep theirs), so the ratio base, the
-    peer's l_P and the store's log-prob sums are all theta_old as the update computes it. It is the step's only
-    theta_old pass over these rows: the update adds none (``update_policy``: its first minibatch takes the ratio base
-    from its own loss forward, the later ones keep these values; docs/algorithms.md#notation-and-conventions)."""
-    rolls = [r for g in groups for r in g.rollouts
-             if r.role == "own" and r.origin is None and len(r.token_ids) > r.prefix_len]
-    if not rolls:
-        return None
-    lps, _ = policy.score_sequences([r.prompt_token_ids for r in rolls], [r.token_ids for r in rolls])
-    diff = 0.0
-    for r, lp in zip(rolls, lps):
-        k = r.prefix_len
-        diff = max([diff, *(abs(float(a) - b) for a, b in zip(r.logprobs[k:], lp[k:]))])
-        if recompute:
-            r.logprobs = list(r.logprobs[:k]) + lp[k:]
-    return diff
-
-
-# ----------------------------------------------------------------------------------------------
-# metrics shared by every algorithm
-# ----------------------------------------------------------------------------------------------
-
-def outcome_metrics(groups) -> dict:
-    rolls = [r for g in groups for r in g.rollouts]
-    n = max(1, len(groups))
-    lens = [len(r.token_ids) - r.prefix_len for r in rolls]
-    return {
-        M.REWARD_MEAN: statistics.fmean(r.reward for r in rolls) if rolls else None,
-        M.REWARD_ACC: statistics.fmean(float(r.correct) for r in rolls) if rolls else None,
-        M.GROUPS_COUNT: len(groups),
-        M.GROUPS_ALL_FAIL: sum(g.all_fail for g in groups) / n,
-        M.GROUPS_ALL_SUCCESS: sum(g.all_success for g in groups) / n,
-        M.GROUPS_MIXED: sum(g.mixed for g in groups) / n,
-        M.RESPONSE_LEN_MEAN: statistics.fmean(lens) if lens else None,
-        M.RESPONSE_TRUNC_RATE: statistics.fmean(float(r.finish_reason == "length") for r in rolls) if rolls else None,
-        M.VERIFIER_TIMEOUTS: sum(r.status == "timeout" for r in rolls),
-        M.VERIFIER_UNVERIFIED: sum(r.status == UNVERIFIED for r in rolls),
-        M.VERIFIER_UNVERIFIED_SHARE: statistics.fmean(r.status == UNVERIFIED for r in rolls) if rolls else None,
-    }
 
 
 # run.backend -> a factory of the object that builds and holds the models (``build``, ``close``): the in-process one

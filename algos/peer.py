@@ -1,0 +1,53 @@
+"""The base of the learners that train on a peer's rollouts (GRAFT, HACPO, SGT): what only they need, kept out of
+the single-model ``Learner``: the peer they must meet at exchange time, the rows whose tokens carry the KL term,
+and the compatibility statistics of the responses they take (docs/algorithms.md#cross-tokenizer-exchange)."""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from graftzoo.algos.base import Learner, StepContext
+from graftzoo.algos.functional import compatibility_score
+from graftzoo.contract import metrics as M
+from graftzoo.contract.config import LearnerFacts, needs_peer_error
+from graftzoo.contract.types import Rollout
+
+
+class PeerLearner(Learner):
+    """A learner that exchanges with a peer source (``peer.source``: online, stored or mixed)."""
+
+    kl_roles: tuple = ("own",)
+    """Rows whose tokens carry the KL term (HACPO's ``kl_on_cross`` adds "peer")."""
+
+    def kl_tokens(self, r: Rollout, loss_mask: list) -> list:
+        """An own response's KL tokens (``Learner.kl_tokens``); a peer response's are its loss mask when its role
+        is in ``kl_roles``."""
+        if r.role == "own" or r.role not in self.kl_roles:
+            return super().kl_tokens(r, loss_mask)
+        return list(loss_mask)
+
+
+def require_peer(name: str, run: LearnerFacts, peer=()):
+    """The error for a peer-exchange learner that meets no peer at exchange time (``peer`` None); a run
+    config without a peer source is refused at load (``needs_peer``, graftzoo.contract.config)."""
+    if run.peer_source == "none" or peer is None:
+        raise needs_peer_error(name)
+
+
+def log_compatibility(ctx: StepContext, rollouts):
+    """``peer/s_*`` of localized peer responses: ``s = exp(l_L - l_P)`` under theta_old
+    (docs/algorithms.md#cross-tokenizer-exchange)."""
+    if rollouts:
+        s = compatibility_score(torch.tensor([r.mean_logp for r in rollouts], dtype=torch.float64),
+                                torch.tensor([r.origin.mean_logp for r in rollouts], dtype=torch.float64))
+        log_s_stats(ctx, s.tolist())
+
+
+def log_s_stats(ctx: StepContext, s: list):
+    """``peer/s_*``: statistics of the compatibility scores s of this step's peer responses."""
+    if s:
+        ctx.log(M.PEER_S_MEAN, statistics.fmean(s))
+        ctx.log(M.PEER_S_MEDIAN, statistics.median(s))
+        ctx.log(M.PEER_S_MIN, min(s))
+        ctx.log(M.PEER_S_MAX, max(s))

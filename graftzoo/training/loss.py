@@ -1,0 +1,123 @@
+"""The loss of one micro-batch, as the step (graftzoo.training.step) takes it: the forward pass, the ratio base
+(theta_old), the learner's policy loss (a registered pure function, graftzoo.algos.losses), then, the same for
+every algorithm, the per-sequence weights, the aggregation (``algo.loss_agg``), the entropy bonus and the k3 KL,
+all divided by the policy term's one denominator (docs/algorithms.md#loss-aggregation,
+docs/algorithms.md#kl-and-entropy).
+
+The ratio base is data: every row arrives with it (an own row's theta_old from the step's theta_old pass, a peer
+row's from its localization, a given base such as GRAFT T2's kept as it is). One choice is named, not hidden:
+``base_from_forward`` (the update's first minibatch when theta_old comes from the training path) takes the base
+from the loss's own forward instead, which runs under theta_old, on these rows and this layout: the ratio is then
+``exp(logp - sg[logp]) = 1`` bitwise in every precision and packing, with the gradient a recomputed base gives
+(docs/algorithms.md#notation-and-conventions).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from graftzoo.algos.functional import agg_denominator, agg_loss, kl_k3, sequence_terms_as_tokens
+from graftzoo.algos.losses import LossInputs, get_loss
+from graftzoo.contract import metrics as M
+from graftzoo.contract.batch import MiniBatch
+
+
+def ratio_base(mb: MiniBatch, logp: torch.Tensor, from_forward: bool) -> torch.Tensor:
+    """``[B, R]`` log-probs the ratio is taken against: the rows' own (``mb.old_logp``), or with ``from_forward``
+    this forward's detached values on every row whose base is theta_old (a given base, ``given_old``, is kept)."""
+    if not from_forward:
+        return mb.old_logp
+    theta_old = logp.detach().to(mb.old_logp.device, mb.old_logp.dtype)
+    return torch.where(mb.given_old.unsqueeze(1), mb.old_logp, theta_old)
+
+
+def pg_mask(mb: MiniBatch) -> torch.Tensor:
+    """The token mask of the policy-gradient (and entropy) terms: the loss mask of every row but aux rows."""
+    return mb.loss_mask * (~mb.is_aux).unsqueeze(1).to(mb.loss_mask.dtype)
+
+
+def normalizer(ctx, learner, mb: MiniBatch) -> Optional[float]:
+    """The constant denominator of ``seq-mean-token-sum-norm`` (Dr.GRPO): the policy rows x the generation budget;
+    None for the other modes, which count their denominators on the mask (``agg_loss``)."""
+    if learner.cfg.loss_agg == "seq-mean-token-sum-norm":
+        return float(int((~mb.is_aux).sum()) * ctx.max_response)
+    return None
+
+
+def denominators(ctx, learner, mb: MiniBatch) -> dict:
+    """The denominator of the aggregated terms over a whole minibatch (``agg_denominator``), which each of its
+    micro-batches divides by (``optim.max_tokens_per_micro``): ``pg``, shared by the policy, entropy and KL terms."""
+    return {"pg": agg_denominator(pg_mask(mb), learner.cfg.loss_agg, normalizer(ctx, learner, mb))}
+
+
+def micro_batch_loss(ctx, policy, learner, mb: MiniBatch, base_from_forward: bool = False) -> tuple:
+    """``(loss, metrics)`` of a micro-batch under ``policy``'s current weights (module docstring). A micro-batch of a
+    larger minibatch divides by the minibatch's denominators (``mb.norm``), so the micro losses add up exactly."""
+    c = learner.cfg
+    logp, ent = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True,
+                                entropy_grad=bool(c.entropy_coeff))
+    mask = pg_mask(mb)
+    x = LossInputs(logp, ratio_base(mb, logp, base_from_forward), mb.advantages, mask, mb.weights, mb.role,
+                   mb.loss_mask, mb.origin_mean_logp, ctx.update)
+    pl = get_loss(learner.loss)(x, c, learner.clip)
+    tok = sequence_terms_as_tokens(pl.token_loss, pl.seq_loss, pl.seq_rows)
+    den = mb.norm["pg"] if mb.norm is not None else normalizer(ctx, learner, mb)
+    loss = agg_loss(tok * mb.weights.unsqueeze(1), mask, c.loss_agg, den)
+    metrics = {**token_metrics(pl, mask, mb.is_peer, ent), **pl.metrics}
+    if pl.extra is not None:
+        loss = loss + pl.extra
+    if c.entropy_coeff:
+        loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg, den)
+    if c.beta_kl > 0:
+        with torch.no_grad():
+            ref, _ = ctx.ref_policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
+        kl = kl_k3(logp, ref)
+        loss = loss + c.beta_kl * agg_loss(kl, mb.kl_mask, c.loss_agg, den, den_mask=mask)
+        metrics[M.KL] = float(agg_loss(kl.detach(), mb.kl_mask, c.loss_agg))  # the mean over the KL tokens
+    return loss, metrics
+
+
+def token_metrics(pl, mask: torch.Tensor, is_peer: torch.Tensor, ent: Optional[torch.Tensor]) -> dict:
+    """Clip fractions, also split own vs peer tokens (GRAFT's Table 9), the mean ratio, the entropy."""
+    clipped = (pl.clipped_low | pl.clipped_high).float()
+    m = mask.float()
+    peer = is_peer.float().unsqueeze(1) * m
+    own = m - peer
+
+    def frac(x, w):
+        d = float(w.sum())
+        return float((x * w).sum()) / d if d > 0 else None
+
+    out = {M.CLIP_FRAC: frac(clipped, m), M.CLIP_FRAC_OWN: frac(clipped, own), M.CLIP_FRAC_PEER: frac(clipped, peer),
+           M.CLIP_FRAC_LOW: frac(pl.clipped_low.float(), m), M.CLIP_FRAC_HIGH: frac(pl.clipped_high.float(), m),
+           M.RATIO_MEAN: frac(pl.ratio.expand_as(m), m),
+           M.TOKENS_PEER_SHARE: frac(peer, m) if m.sum() > 0 else None}
+    if ent is not None:
+        out[M.ENTROPY] = frac(ent.detach(), m)
+    return out
+
+
+def mean_metrics(records: list, weights: Optional[list] = None) -> dict:
+    """Each metric's mean over the records that have a value of it (None and NaN left out), weighted by
+    ``weights`` when given (a minibatch's micro-batches by their rows)."""
+    weights = weights or [1.0] * len(records)
+    out = {}
+    for k in {k for r in records for k in r}:
+        vals = [(w, r[k]) for w, r in zip(weights, records)
+                if r.get(k) is not None and not (isinstance(r[k], float) and math.isnan(r[k]))]
+        total = sum(w for w, _ in vals)
+        out[k] = math.fsum(w * v for w, v in vals) / total if total > 0 else None
+    return out
+
+
+def minibatch_metrics(parts: list) -> dict:
+    """A minibatch's metrics from its parts (one per process that trained a share of it, ``step.optimize``): the
+    loss is the sum of theirs, the gradient norm the group's, the others means over the micro-batches weighted by
+    their rows."""
+    records = [rec for p in parts for rec in p["records"]]
+    met = mean_metrics([m for _, m in records], [w for w, _ in records])
+    met[M.GRAD_NORM] = parts[0]["grad_norm"]
+    met[M.LOSS] = sum(p["total"] for p in parts)
+    return met

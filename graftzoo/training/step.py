@@ -1,0 +1,235 @@
+"""One training step, top to bottom (docs/architecture.md#one-training-step). With graftzoo.training.loss (the loss
+of a micro-batch) it is all of the learning path; the trainer around it holds the run (its directory and lock,
+resume, threads, evaluation, summaries).
+
+    1. rollouts    every model on the step's prompts: generate and score (``learner.collect``), theta_old
+                   through the training path (``theta_old_pass``), advantages; the store records the groups
+    2. exchange    every learner with its peer source (all decisions under theta_old); rows for the loss
+    3. update      per minibatch (``learner.schedule``): per micro-batch forward, loss and backward, then one
+                   optimizer step (``optimize``; where a model lives in a worker group, its ranks run it)
+    4. sync        the engine decodes the next step with the updated weights
+
+Phases 1 and 3 run model by model, or for every model at once where the run allows it (``Trainer.each_model``).
+The step never branches on an algorithm's name: what differs lives in the learner's hooks and the loss it names.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+from functools import partial
+from typing import Optional
+
+from graftzoo.contract import metrics as M
+from graftzoo.contract.errors import NonFiniteError
+from graftzoo.envs.task import UNVERIFIED
+from graftzoo.training import diagnostics
+from graftzoo.training.engine import EngineError
+from graftzoo.training.loss import denominators, mean_metrics, micro_batch_loss, minibatch_metrics
+
+
+def train_step(run, step: int) -> dict:
+    """Step ``step`` of every model of ``run`` (a ``Trainer``); model id -> the step's metrics."""
+    t0 = time.perf_counter()
+    run.sampler.start_step(step)
+    prompts, epoch = run.sampler.batch(step)
+    models = run.model_ids
+    before = {m: run.phase_wall(m) for m in models}
+    source = {m: old_logp_source(run.cfg, run.policies[m], run.engines[m]) for m in models}
+    ctxs = {m: run.context(step, epoch, m, i) for i, m in enumerate(models)}
+
+    # 1. rollouts: generate, score, theta_old, advantages (the store records them in model order)
+    groups = run.collect_each(ctxs, lambda ctx: rollouts(run.learners[ctx.model_id], ctx, prompts,
+                                                         source[ctx.model_id]))
+    for m in models:  # answers the verifier's budget left undecided: a warning, or no update on them
+        run.task.check_unverified(step, m, groups[m])
+    if run.peers is not None:
+        run.peers.observe(groups)
+
+    # 2. exchange: every learner with its peer's groups of these prompts; its rows for the loss
+    batches, xtime = {}, {}
+    for m in models:
+        t, ctx = time.perf_counter(), ctxs[m]
+        peer = run.peers.groups(prompts, step, epoch, m) if run.peers is not None else None
+        if peer is not None:
+            ctx.metrics.update(diagnostics.complementarity(groups[m], peer))
+            ctx.metrics.update(run.peers.step_metrics(step, m))
+        elif len(models) == 2:  # co-trained without exchange: still measure complementarity (Fig. 1 right)
+            other = groups[models[1 - models.index(m)]]
+            ctx.metrics.update(diagnostics.complementarity(groups[m], {g.prompt.id: g for g in other}))
+        with run.residency.active(m):  # the exchange may score the peer's responses under this model
+            slots = run.learners[m].exchange(ctx, groups[m], peer)
+            run.step_slots[m] = slots  # what the step trains on, for the completions table (Tracker)
+            batches[m] = run.learners[m].build_batch(ctx, slots)
+        xtime[m] = time.perf_counter() - t
+
+    # 3. update and 4. weight sync, each model on its own batch
+    return run.each_model({m: partial(update, run, ctxs[m], batches[m], groups[m], source[m], before[m], xtime[m], t0)
+                           for m in models})
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. rollouts and theta_old (docs/algorithms.md#notation-and-conventions: once per step, the training path)
+# ----------------------------------------------------------------------------------------------
+
+def rollouts(learner, ctx, prompts: list, source: str) -> list:
+    """Phase 1 of one model: its groups collected (generated, scored), theta_old of its own rollouts through the
+    training path (``theta_old_pass``), their advantages."""
+    groups = learner.collect(ctx, prompts)
+    with ctx.phase("logprob"):
+        groups, diff = theta_old_pass(ctx.policy, groups, source)
+    ctx.log(M.ROLLOUT_LOGP_DIFF_MAX, diff)
+    return learner.advantages(ctx, groups)
+
+
+def old_logp_source(cfg, policy, engine) -> str:
+    """Where theta_old of a model's own rollouts comes from (``rollout.recompute_old_logp``): ``training``, the
+    update's forward code (``Policy.logprobs``), or ``engine``, the log-probs the engine recorded. ``auto`` takes
+    the engine's only where they are the training path's (``Engine.records_training_logprobs``)."""
+    want = cfg.rollout.recompute_old_logp
+    if want == "auto":
+        want = not engine.records_training_logprobs(policy)
+    return "training" if want else "engine"
+
+
+def theta_old_pass(policy, groups: list, source: str) -> tuple[list, Optional[float]]:
+    """The training-path log-probs of the own rollouts of ``groups`` under theta_old (``Policy.score_sequences``: the
+    update's forward code, one no-grad pass), and max |engine log-prob - training-path log-prob| over their sampled
+    tokens (None without any). Returns the groups with, where ``source`` is ``training``, each such rollout a copy
+    carrying them as ``Rollout.theta_old`` (given prefix tokens keep the engine's), so the ratio base, the peer's
+    l_P and the store's log-prob sums all read theta_old as the update computes it (``Rollout.old_logprobs``). It
+    is the step's only theta_old pass over these rows; the update adds none (graftzoo.training.loss)."""
+    rolls = [r for g in groups for r in g.rollouts
+             if r.role == "own" and r.origin is None and len(r.token_ids) > r.prefix_len]
+    if not rolls:
+        return groups, None
+    lps, _ = policy.score_sequences([r.prompt_token_ids for r in rolls], [r.token_ids for r in rolls])
+    diff, scored = 0.0, {}
+    for r, lp in zip(rolls, lps):
+        k = r.prefix_len
+        diff = max([diff, *(abs(float(a) - b) for a, b in zip(r.logprobs[k:], lp[k:]))])
+        scored[id(r)] = list(r.logprobs[:k]) + lp[k:]
+    if source != "training":
+        return groups, diff
+    return [replace(g, rollouts=[replace(r, theta_old=scored[id(r)]) if id(r) in scored else r for r in g.rollouts])
+            for g in groups], diff
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. the update and 4. the weight sync
+# ----------------------------------------------------------------------------------------------
+
+def update(run, ctx, batch, groups: list, source: str, before: dict, xtime: float, t0: float) -> dict:
+    """Phases 3 and 4 of one model, its training state on its device: the optimizer updates on ``batch``, the
+    engine's weight sync; returns the step's metrics."""
+    m, step, pol, learner = ctx.model_id, ctx.step, ctx.policy, run.learners[ctx.model_id]
+    with run.residency.active(m):
+        check_policy_version(m, pol, groups)
+        run.engines[m].release_memory()
+        budget = run.cfg.optim.max_tokens_per_micro
+        schedule = learner.schedule(ctx, batch)
+        mbs = [[mb.to(pol.device) for mb in batch.micro_batches(idx, budget, partial(denominators, ctx, learner))]
+               for idx in schedule]  # each minibatch as micro-batches
+        from_forward = source == "training"  # the first minibatch's ratio base: its own forward (training.loss)
+        diag = None
+        if run.cfg.run.diagnostics:  # opt-in transfer-path measurements; the update is unchanged
+            with ctx.phase("diagnostics"):
+                diag = diagnostics.before_update(ctx, pol, learner, batch, schedule, budget, from_forward)
+        try:
+            parts = pol.update(ctx, learner, mbs, from_forward, where=f"model {m!r}, step {step}")
+        except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
+            e.model = m
+            raise
+        if diag is not None:
+            with ctx.phase("diagnostics"):
+                diag = diagnostics.after_update(pol, batch, diag)
+        pol.version += 1
+        sync_s = run.engines[m].sync_weights()  # the next generate decodes with the updated weights
+        return step_metrics(run, ctx, groups, batch, parts, diag, before, xtime, sync_s, t0)
+
+
+def step_metrics(run, ctx, groups, batch, parts, diag, before, xtime, sync_s, t0) -> dict:
+    """The model's metrics of the step (graftzoo.contract.metrics): its rollouts' outcomes, the update's (each
+    minibatch's merged over the processes that trained it, then the mean over minibatches), what the hooks
+    logged, the diagnostics, the time of each phase."""
+    met = {**outcome_metrics(groups), **mean_metrics([minibatch_metrics(p) for p in parts]), **ctx.metrics,
+           **(diag or {})}
+    dt = {k: v - before.get(k, 0.0) for k, v in run.phase_wall(ctx.model_id).items()}
+    met.update({M.LR: ctx.policy.lr, M.TIME_GENERATE: dt.get("generate", 0.0), M.TIME_SCORE: dt.get("score", 0.0),
+                M.TIME_LOGPROB: dt.get("logprob", 0.0), M.TIME_UPDATE: dt.get("update", 0.0),
+                M.TIME_EXCHANGE: xtime, M.TIME_WEIGHT_SYNC: sync_s, M.TIME_OFFLOAD: dt.get("offload", 0.0),
+                M.BATCH_TOKENS: sum(len(r.prompt_ids) + len(r.response_ids) for r in batch.rows),
+                M.EPOCH: ctx.epoch, M.ROLLOUT_PROMPTS_TOO_LONG: run.prompts_too_long})
+    toks = ctx.metrics.get(M.ROLLOUTS_TOKENS, 0)
+    met[M.PERF_TOKENS_PER_S] = toks / met[M.TIME_GENERATE] if met[M.TIME_GENERATE] > 0 else None
+    met[M.TIME_STEP] = time.perf_counter() - t0
+    return met
+
+
+def optimize(ctx, policy, learner, minibatches: list, base_from_forward: bool, where: str) -> list:
+    """The optimizer updates of one model on the step's minibatches (each given as its micro-batches, in order),
+    where the model lives: in this process, or in each rank of its worker group on the rank's share. Per
+    minibatch (``ctx.update`` its index): every micro-batch's loss (``micro_batch_loss``; its ratio base from its
+    own forward on the first minibatch with ``base_from_forward``), scaled by ``MiniBatch.scale`` (0 for a rank's
+    stand-in pass), backward; then one optimizer step. Returns per minibatch ``{"total": the summed loss,
+    "records": [(rows, metrics)] of the counted micro-batches, "grad_norm"}`` (``loss.minibatch_metrics`` merges
+    them). A non-finite loss or gradient raises ``NonFiniteError`` with the metrics before the step is applied."""
+    out = []
+    with ctx.phase("update"):
+        for u, micros in enumerate(minibatches):
+            ctx.update = u
+            here = f"{where}, minibatch {u}"
+            policy.zero_grad()
+            total, records = 0.0, []
+            for mb in micros:
+                loss, met = micro_batch_loss(ctx, policy, learner, mb, base_from_forward and u == 0)
+                if mb.scale != 1.0:
+                    loss = loss * mb.scale
+                try:
+                    value = policy.accumulate(loss, here)
+                except NonFiniteError as e:
+                    e.metrics = {**met, **e.metrics}
+                    raise
+                if mb.scale != 0.0:
+                    total += value
+                    records.append((len(mb), met))
+                del loss  # its graph is freed before the next micro-batch's forward
+            try:
+                grad_norm = policy.apply_gradients(total, here)
+            except NonFiniteError as e:
+                e.metrics = {**mean_metrics([r for _, r in records], [w for w, _ in records]), **e.metrics}
+                raise
+            out.append({"total": total, "records": records, "grad_norm": grad_norm})
+    return out
+
+
+def check_policy_version(model_id: str, policy, groups) -> None:
+    """Own rollouts are trained only by the policy version that generated them: an engine that decoded with other
+    weights (a weight sync that did not happen) fails the step (``EngineError``) instead of training off-policy
+    data as on-policy."""
+    stale = sorted({r.policy_version for g in groups for r in g.rollouts
+                    if r.model_id == model_id and r.origin is None and r.policy_version != policy.version})
+    if stale:
+        raise EngineError(f"model {model_id!r}: rollouts generated by policy version(s) {stale} reached the update "
+                          f"of version {policy.version}: the engine's weights were not synced after an update")
+
+
+def outcome_metrics(groups) -> dict:
+    """The rollouts' outcomes: reward, accuracy, group kinds, lengths, truncation, the verifier's undecided."""
+    rolls = [r for g in groups for r in g.rollouts]
+    n = max(1, len(groups))
+    lens = [len(r.token_ids) - r.prefix_len for r in rolls]
+    return {
+        M.REWARD_MEAN: statistics.fmean(r.reward for r in rolls) if rolls else None,
+        M.REWARD_ACC: statistics.fmean(float(r.correct) for r in rolls) if rolls else None,
+        M.GROUPS_COUNT: len(groups),
+        M.GROUPS_ALL_FAIL: sum(g.all_fail for g in groups) / n,
+        M.GROUPS_ALL_SUCCESS: sum(g.all_success for g in groups) / n,
+        M.GROUPS_MIXED: sum(g.mixed for g in groups) / n,
+        M.RESPONSE_LEN_MEAN: statistics.fmean(lens) if lens else None,
+        M.RESPONSE_TRUNC_RATE: statistics.fmean(float(r.finish_reason == "length") for r in rolls) if rolls else None,
+        M.VERIFIER_TIMEOUTS: sum(r.status == "timeout" for r in rolls),
+        M.VERIFIER_UNVERIFIED: sum(r.status == UNVERIFIED for r in rolls),
+        M.VERIFIER_UNVERIFIED_SHARE: statistics.fmean(r.status == UNVERIFIED for r in rolls) if rolls else None,
+    }
+
