@@ -38,6 +38,11 @@ UNITS = {
 }
 
 
+METRICS: dict = {}
+"""name -> Metric, every declared metric in declaration order: the shared ones here, then each algorithm's, declared
+in its package (graftzoo.algos.<name>) and loaded with the sections (``_with_algorithms``)."""
+
+
 class Metric(str):
     """A declared metric: the name (the str itself), its ``unit`` (a key of ``UNITS``), a one-line ``meaning`` and
     ``by``, who logs it ("all": every run)."""
@@ -51,6 +56,10 @@ class Metric(str):
             raise ValueError(f"metric {name!r}: unknown unit {unit!r} (known: {sorted(UNITS)})")
         self = super().__new__(cls, name)
         self.unit, self.meaning, self.by = unit, meaning, by
+        old = METRICS.setdefault(name, self)
+        if (old.unit, old.meaning, old.by) != (unit, meaning, by):
+            raise ValueError(f"metric {name!r} is declared twice: by {old.by!r} ({old.meaning!r}) and by {by!r} "
+                             f"({meaning!r})")
         return self
 
     @property
@@ -229,46 +238,10 @@ SUCC_LOGP = {("own", "before"): DIAG_OWN_SUCC_LOGP_BEFORE, ("own", "after"): DIA
 """(source, before | after | delta) -> the success log-prob diagnostic."""
 
 # ---- per algorithm -------------------------------------------------------------------------------------------------
-DAPO_GEN_BATCHES = Metric("dapo/gen_batches", "count", "generation batches dynamic sampling drew", "DAPO")
-DAPO_KEPT_GROUPS = Metric("dapo/kept_groups", "count", "informative groups kept for the batch", "DAPO")
 
-EXTRA_GUIDED_PROMPTS = Metric("extra/guided_prompts", "count", "prompts of the step regenerated from a stored prefix",
-                              "ExTra")
-EXTRA_GUIDED_ACC = Metric("extra/guided_acc", "fraction", "correct responses of the prefix-guided prompts", "ExTra")
-EXTRA_QUEUE_LEN = Metric("extra/queue_len", "count", "prefixes waiting in the regeneration queue", "ExTra")
-EXTRA_HARD_PROMPTS = Metric("extra/hard_prompts", "count", "hard prompts mined for prefixes", "ExTra")
-EXTRA_PREFIXES_ENQUEUED = Metric("extra/prefixes_enqueued", "count", "prefixes added to the queue", "ExTra")
-EXTRA_NOVELTY_WARM_FRAC = Metric("extra/novelty_warm_frac", "fraction", "prompt keys whose embedding memory is "
-                                 "full enough for novelty", "ExTra")
-EXTRA_NOVELTY_MEAN = Metric("extra/novelty_mean", "value", "mean novelty of the correct responses", "ExTra")
-EXTRA_BONUS_MEAN = Metric("extra/bonus_mean", "reward", "mean novelty bonus alpha * novelty over the responses",
-                          "ExTra")
 
-HACPO_CAPABILITY_SELF = Metric("hacpo/capability_self", "fraction", "the learner's capability estimate P^_self "
-                               "(windowed accuracy)", "HACPO")
-HACPO_CAPABILITY_PEER = Metric("hacpo/capability_peer", "fraction", "the peer's capability estimate P^_peer",
-                               "HACPO")
-HACPO_OMEGA = Metric("hacpo/omega", "value", "the discrepancy coefficient omega of the peer's samples", "HACPO")
-HACPO_CROSS_LOWER = Metric("hacpo/cross_lower", "ratio", "the stepwise clip floor of the cross samples", "HACPO")
 
-HORA_MIN_N = Metric("hora/min_n", "count", "fewest rollouts allocated to a prompt", "HORA")
-HORA_MAX_N = Metric("hora/max_n", "count", "most rollouts allocated to a prompt", "HORA")
-HORA_MEAN_N = Metric("hora/mean_n", "count", "mean rollouts per prompt", "HORA")
-HORA_PROBE_FRAC = Metric("hora/probe_frac", "fraction", "rollouts spent on the probe round", "HORA")
-HORA_UNUSED_BUDGET = Metric("hora/unused_budget", "count", "rollouts of the budget left unallocated", "HORA")
-HORA_CAPPED_FRAC = Metric("hora/capped_frac", "fraction", "prompts whose allocation hit the cap", "HORA")
-HORA_HIT_UTILITY = Metric("hora/hit_utility", "count", "expected prompts with at least one correct extra rollout",
-                          "HORA")
 
-OM_GRPO_FORMAT_RATE = Metric("om_grpo/format_rate", "fraction", "responses with an extractable answer", "OM-GRPO")
-OM_GRPO_ANSWER_DIVERSITY = Metric("om_grpo/answer_diversity", "fraction", "distinct answers per response, mean over "
-                                  "groups", "OM-GRPO")
-OM_GRPO_CONTRAST_SKIPPED_GROUPS = Metric("om_grpo/contrast_skipped_groups", "count", "groups whose contrast prompts "
-                                         "do not fit the context", "OM-GRPO")
-OM_GRPO_CONTRAST_GENERATED = Metric("om_grpo/contrast_generated", "count", "contrast answers generated", "OM-GRPO")
-OM_GRPO_CONTRAST_TOKENS = Metric("om_grpo/contrast_tokens", "tokens", "tokens of the contrast answers", "OM-GRPO")
-OM_GRPO_MASKED_TOKEN_FRAC = Metric("om_grpo/masked_token_frac", "fraction", "response tokens under the answer mask",
-                                   "OM-GRPO")
 
 # ---- wandb only ----------------------------------------------------------------------------------------------------
 WANDB_METRIC = Family("{model}/{metric}", "value", "every numeric metric of a record, per model", "all (wandb)")
@@ -282,8 +255,6 @@ def wandb_key(model: str, name: str) -> str:
 
 
 # ---- the registry --------------------------------------------------------------------------------------------------
-METRICS: dict = {str(v): v for v in list(globals().values()) if isinstance(v, Metric)}
-"""name -> Metric, every declared metric in declaration order."""
 FAMILIES: tuple = tuple(v for v in list(globals().values()) if isinstance(v, Family))
 """The patterns of names built at run time."""
 JSONL_FAMILIES: tuple = tuple(f for f in FAMILIES if "wandb" not in f.by)
@@ -308,12 +279,20 @@ EVERY_RECORD: tuple = (
 """The fixed vocabulary: present in every metrics.jsonl record, None where it does not apply."""
 
 
+def _with_algorithms() -> None:
+    """Declare the builtin algorithms' own metrics: their packages are imported once (no torch)."""
+    from graftzoo.contract.registry import load_sections
+    load_sections()
+
+
 def get(name: str) -> Metric:
     """The declared metric ``name`` (KeyError naming the page of declared names otherwise)."""
+    _with_algorithms()
     try:
         return METRICS[name]
     except KeyError:
-        raise KeyError(f"metric {name!r} is not declared in graftzoo/contract/metrics.py (docs/metrics.md)") from None
+        raise KeyError(f"metric {name!r} is not declared in graftzoo/contract/metrics.py or its algorithm's package "
+                       f"(docs/metrics.md)") from None
 
 
 def family_of(name: str) -> Optional[Family]:
@@ -323,6 +302,7 @@ def family_of(name: str) -> Optional[Family]:
 
 def declared(name: str) -> bool:
     """Whether ``name`` is a declared metrics.jsonl key: a ``Metric`` or a name of a ``JSONL_FAMILIES`` pattern."""
+    _with_algorithms()
     return name in METRICS or family_of(name) is not None
 
 
@@ -333,12 +313,12 @@ TOPICS = {"": "Record and optimisation", "loss": "Record and optimisation", "rat
           "rollouts": "Outcomes", "rollout": "Outcomes", "batch": "Outcomes",
           "peer": "Complementarity and peer exchange", "xt": "Cross-tokenizer exchange",
           "time": "Time and throughput", "perf": "Time and throughput", "eval": "Evaluation",
-          "diag": "Transfer-path diagnostics", "dapo": "Per algorithm", "extra": "Per algorithm",
-          "hacpo": "Per algorithm", "hora": "Per algorithm", "om_grpo": "Per algorithm"}
+          "diag": "Transfer-path diagnostics"}
+ALGORITHM_TOPIC = "Per algorithm"  # a prefix not above: an algorithm's own metrics (declared in its package)
 
 
 def _topic(name: str) -> str:
-    return TOPICS[name.split("/")[0] if "/" in name else ""]
+    return TOPICS.get(name.split("/")[0] if "/" in name else "", ALGORITHM_TOPIC)
 
 
 def _row(name: str, unit: str, meaning: str, by: str, mark: str = "") -> str:
@@ -348,18 +328,20 @@ def _row(name: str, unit: str, meaning: str, by: str, mark: str = "") -> str:
 def markdown() -> str:
     """docs/metrics.md: one table per topic (name, unit, meaning, logged by), then the families and the units."""
     lines = ["# Metrics", "",
-             "Generated by `python -m graftzoo.contract.metrics > docs/metrics.md` from the declaration in",
-             "`graftzoo/contract/metrics.py`; a test checks that this page is current and that every key a run",
+             "Generated by `python -m graftzoo.contract.metrics > docs/metrics.md` from the declarations in",
+             "`graftzoo/contract/metrics.py` and in each algorithm's package (`graftzoo/algos/<name>/__init__.py`);",
+             "a test checks that this page is current and that every key a run",
              "writes to `metrics.jsonl` is declared. One record per (step, model); the keys of the fixed vocabulary",
              "(marked \\*) are in every record, null where they do not apply. wandb logs each numeric key as",
              "`<model>/<key>`.", ""]
+    _with_algorithms()
     always = set(EVERY_RECORD)
     topics: dict = {}
     for m in METRICS.values():
         topics.setdefault(_topic(m), []).append(m)
     for f in JSONL_FAMILIES:
         topics.setdefault(_topic(f.pattern), []).append(f)
-    for topic in dict.fromkeys(TOPICS.values()):
+    for topic in dict.fromkeys([*TOPICS.values(), ALGORITHM_TOPIC]):
         if topic not in topics:
             continue
         lines += [f"## {topic}", "", "| name | unit | meaning | logged by |", "| --- | --- | --- | --- |"]
@@ -376,5 +358,6 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    print(markdown(), end="")
+if __name__ == "__main__":  # the package's module, which the algorithms' packages declare their metrics into
+    from graftzoo.contract import metrics
+    print(metrics.markdown(), end="")

@@ -1,9 +1,10 @@
 """Algorithm registry: ``@register_algo`` in-process, the entry-point group ``graftzoo.algos``, and local plugins:
 modules or ``.py`` files named by ``GRAFTZOO_PLUGINS`` (comma-separated; ``--plugin`` on the command line adds to it).
 
-Each algorithm has a learner class (its ``Config`` is its ``algo.*`` section) and that section's class. The builtin
-sections are declared apart from their learners (``graftzoo.algos.config``, no torch), so ``get_config`` checks a
-run config without importing torch; a plugin's section is its learner's ``Config`` (the plugin is imported).
+Each algorithm has a learner class (its ``Config`` is its ``algo.*`` section) and that section's class. A builtin
+algorithm is a package of graftzoo.algos (``builtin_names``) whose section is declared apart from its learner (the
+package itself, no torch; the learner in its ``learner`` module), so ``get_config`` checks a run config without
+importing torch; a plugin's section is its learner's ``Config`` (the plugin is imported).
 
 Plugins are resolved the same way in every process (``ensure_loaded`` is called by ``get_algo``),
 so Ray workers and subprocesses see the same registry. An installed plugin that fails to import is reported by
@@ -160,13 +161,18 @@ def get_config(name: str) -> type:
     from its learner class (local plugins are imported first)."""
     load_local_plugins()
     if name not in _CONFIGS:
-        importlib.import_module("graftzoo.algos.config")   # the builtin sections register themselves
+        load_sections()   # the builtin sections register themselves
     if name in _CONFIGS:
         return _CONFIGS[name]
     if name in plugin_names() or name in _FAILED:
         return get_algo(name).Config
     known = sorted(set(_CONFIGS) | set(plugin_names()))
     raise RegistryError(f"unknown algorithm '{name}'; registered: {known}", known)
+
+
+def load_sections() -> None:
+    """Every builtin algorithm's ``algo.*`` section and metrics (their packages, no torch)."""
+    importlib.import_module("graftzoo.algos").load_sections()
 
 
 def _load_builtins():

@@ -1,36 +1,4 @@
-"""GRAFT [graft] (docs/algorithms.md#graft, keys docs/algorithms.md#peer-exchange): Gated Replacement of Answer-Failed groups with peer Trajectories.
-
-Per step, for each learner (all decisions under theta_old, before any update):
-
-1. **Which** (``select``; docs/algorithms.md#graft-which-groups): every prompt where the learner's group is all-fail and the peer's
-   group is mixed is replaced by the **whole** peer group, successes and failures with their peer advantages:
-   the sourced "balanced exchange", with no cap. ``select=random_count_matched`` replaces as many prompts,
-   drawn at random ("Count-matched random prompt selection", docs/algorithms.md#graft-ablations). ``select=sgt_rescue`` is "w/o balanced
-   exchange", the same configuration as "SGT + GRAFT how" (docs/algorithms.md#graft-ablations): SGT's rescue set (learner all-fail, peer
-   has a verified success), only the peer's successes are transferred, at most ``k_inj`` (SGT's ``algo.k_inj``)
-   per prompt, drawn at random; from a mixed peer group they keep their peer advantages, from an all-success peer
-   group (zero peer advantage) they are injected into the learner's group, whose GRPO advantages are recomputed
-   (the docs/algorithms.md#sgt augmentation, as plain SGT does).
-   EXTENSIONS, not in the sourced method and off by default (``balance=none``, ``max_peer_frac=1``):
-   ``balance=cap_pvar`` caps the replaced prompts at ``floor(max_peer_frac * |B_t|)``, ranked by the peer's
-   outcome balance ``p(1-p)``; ``balance=symmetric`` caps both directions at ``min(|C^A|, |C^B|, cap)``.
-2. **Replacement** (step 4): the peer group takes the learner group's slot (the slot count is kept), its
-   responses re-tokenized by XT (``ctx.localize``) and carrying the advantages the peer computed, reused as
-   they are (``renorm_adv_after_gate`` recomputes them over the admitted responses instead).
-3. **Gate and weight** (step 5, docs/algorithms.md#graft-compatibility-gate): ``s = exp(clip(l_L - l_P, -10, 10))`` from the learner's theta_old mean
-   log-prob of the re-tokenized text and the peer's behaviour mean log-prob (EOS excluded on both sides);
-   ``w = 1[s >= delta] * min(s, 1)`` (``weight=one``: ``w = 1[s >= delta]``). ``admission=all`` admits every
-   grafted response with ``min(s, 1)``; ``admission=random_count_matched`` admits as many as the gate, at random.
-   Rejected responses leave the loss and its denominator.
-4. **Token ratio** (docs/algorithms.md#graft-loss-and-token-ratio): ``learner_old`` (T1) is PPO clipping against the learner's theta_old log-probs of the
-   grafted text; ``cross_aligned`` (T2) uses the peer's per-token log-probs mapped onto learner tokens by
-   character offsets; ``none`` drops clipping for grafted tokens (own tokens keep it).
-5. **Order** (step 6): grafted slots ``last`` / ``first`` / ``uniform`` over ``optim.minibatches``
-   (``peer_minibatches=replace_slots``), or in minibatches of their own after (or before) minibatches of the
-   own *informative* groups (``peer_minibatches=separate``; own groups with zero advantages are left out).
-
-``xt.append_eos_if_stopped`` and ``xt.overflow`` (docs/algorithms.md#graft-edge-cases) act inside ``ctx.localize``.
-"""
+"""The GRAFT learner and its policy loss: the algorithm, its section and its metrics are graftzoo.algos.graft."""
 from __future__ import annotations
 
 import math
@@ -43,8 +11,8 @@ from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weight
                                        graft_candidates, group_advantages, peer_order,
                                        random_count_matched_admission, random_count_matched_prompts,
                                        ratio_surrogate, separate_minibatches, sgt_rescue, symmetric_cap)
-from graftzoo.algos.sgt import augment_group
-from graftzoo.algos.config import GRAFTConfig, token_ratio_error
+from graftzoo.algos.sgt.learner import augment_group
+from graftzoo.algos.graft import GRAFTConfig, token_ratio_error
 from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
 from graftzoo.algos.peer import PeerLearner, log_s_stats, require_peer
 from graftzoo.contract import metrics as M

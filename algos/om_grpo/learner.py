@@ -1,22 +1,4 @@
-"""OM-GRPO [om_grpo] (docs/algorithms.md#om-grpo): label-free RLVR with a soft consensus reward and no gradient
-on the answer span.
-
-Per step (docs/algorithms.md#om-grpo-consensus-reward): G trajectories per question; each one's final answer ``z_i`` (the last ``\\boxed{}``,
-or with ``answer_format: any`` whatever the verifier's extractor finds, e.g. the number after the last
-'=' of a tiny-model scratchpad); with contrast-augmented rewards (CAR) every ordered pair (i, j) of
-trajectories is shown to the policy, which answers once more: these G(G-1) short answers only vote.
-``r_i = #{z in pool : z == z_i} / |pool| + format_weight * 1[z_i exists]``, equivalence decided by the
-verifier (``answers_equivalent``). The tokens of the answer span get loss weight ``answer_grad_scale``
-(0 = OM-GRPO) through ``Rollout.loss_mask``, and the same weight in the KL term when
-``mask_kl`` (RECOMMENDED). Contrast prompts keep the tail of each solution so that they fit the model's
-context (``contrast_template: compact`` suits tiny models).
-
-Rollouts are never marked correct (there are no labels): accuracy comes from evaluation. The learner never reads gold answers: it works on copies of the prompts without gold or metadata and
-never calls the environment's label-based scoring, so it may train on unlabelled data (``task.label_free``, which
-its section declares: ``OMGRPOConfig.label_free``). ``ttt: true`` (docs/algorithms.md#om-grpo-consensus-reward) trains on the held-out
-evaluation prompts (``eval.dataset``, else the task's test split of ``eval.size`` prompts), one
-seeded pass after another, so the final evaluation measures test-time training on those same questions.
-"""
+"""The OM-GRPO learner: the algorithm, its section and its metrics are graftzoo.algos.om_grpo."""
 from __future__ import annotations
 
 import random
@@ -26,8 +8,7 @@ from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import (answer_span_mask, boxed_spans, contrast_pairs, contrast_prompt,
                                        soft_consensus_rewards)
 from graftzoo.envs.verifier import answer_classes, extract_answer
-from graftzoo.algos.config import OMGRPOConfig
-from graftzoo.contract import metrics as M
+from graftzoo.algos.om_grpo import OMGRPOConfig, OM_GRPO_ANSWER_DIVERSITY, OM_GRPO_CONTRAST_GENERATED, OM_GRPO_CONTRAST_SKIPPED_GROUPS, OM_GRPO_CONTRAST_TOKENS, OM_GRPO_FORMAT_RATE, OM_GRPO_MASKED_TOKEN_FRAC
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Prompt
@@ -86,8 +67,8 @@ class OMGRPO(Learner):
             formatted += sum(z is not None for z in own)
             distinct += len({i for i in ids[:g.n] if i is not None}) / max(1, g.n)
         n = max(1, sum(g.n for g in groups))
-        ctx.log(M.OM_GRPO_FORMAT_RATE, formatted / n)
-        ctx.log(M.OM_GRPO_ANSWER_DIVERSITY, distinct / max(1, len(groups)))
+        ctx.log(OM_GRPO_FORMAT_RATE, formatted / n)
+        ctx.log(OM_GRPO_ANSWER_DIVERSITY, distinct / max(1, len(groups)))
         return groups
 
     def contrast_answers(self, ctx, groups) -> list:
@@ -104,8 +85,8 @@ class OMGRPO(Learner):
             for (i, j), text in texts.items():
                 asks.append(Prompt(id=f"{g.prompt.id}#car-{i}-{j}", text=text))
                 owner.append(gi)
-        ctx.log(M.OM_GRPO_CONTRAST_SKIPPED_GROUPS, skipped)
-        ctx.log(M.OM_GRPO_CONTRAST_GENERATED, len(asks))
+        ctx.log(OM_GRPO_CONTRAST_SKIPPED_GROUPS, skipped)
+        ctx.log(OM_GRPO_CONTRAST_GENERATED, len(asks))
         out = [[] for _ in groups]
         if not asks:
             return out
@@ -114,7 +95,7 @@ class OMGRPO(Learner):
                                            max_new_tokens=c.contrast_max_new_tokens)
         for gi, ag in zip(owner, answered):
             out[gi].append(self.answer(ag.rollouts[0].text) if ag.rollouts else None)
-        ctx.log(M.OM_GRPO_CONTRAST_TOKENS, sum(len(r.token_ids) for ag in answered for r in ag.rollouts))
+        ctx.log(OM_GRPO_CONTRAST_TOKENS, sum(len(r.token_ids) for ag in answered for r in ag.rollouts))
         return out
 
     # ---- outcome mask ------------------------------------------------------------------------
@@ -144,7 +125,7 @@ class OMGRPO(Learner):
                 r.kl_mask = list(m) if c.mask_kl else [1.0] * n
                 masked += sum(1 for x in m if x < 1.0)
                 total += n
-        ctx.log(M.OM_GRPO_MASKED_TOKEN_FRAC, masked / max(1, total))
+        ctx.log(OM_GRPO_MASKED_TOKEN_FRAC, masked / max(1, total))
 
     # ---- test-time training ---------------------------------------------------------------
     def ttt_prompts(self, ctx, k: int) -> list:

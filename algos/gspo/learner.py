@@ -1,7 +1,6 @@
-"""GSPO [gspo] (docs/algorithms.md#gspo): sequence-level ratio and clipping."""
-
+"""The GSPO learner and its policy loss: the algorithm, its section and its metrics are graftzoo.algos.gspo."""
 from graftzoo.algos.base import Learner
-from graftzoo.algos.config import GSPOConfig
+from graftzoo.algos.gspo import GSPOConfig
 from graftzoo.algos.functional import gspo_sequence_ratio, gspo_token_ratio, ratio_surrogate
 from graftzoo.algos.losses import LossInputs, PolicyLoss, register_loss
 from graftzoo.contract.registry import register_algo

@@ -1,7 +1,6 @@
-"""Dr. GRPO [dr_grpo] (docs/algorithms.md#dr-grpo): no std normalization, constant-normalizer aggregation."""
-
+"""The Dr. GRPO learner: the algorithm, its section and its metrics are graftzoo.algos.dr_grpo."""
 from graftzoo.algos.base import Learner
-from graftzoo.algos.config import DrGRPOConfig
+from graftzoo.algos.dr_grpo import DrGRPOConfig
 from graftzoo.contract.registry import register_algo
 
 

@@ -1,23 +1,10 @@
-"""SGT [sgt] (docs/algorithms.md#sgt, DERIVED): success-gated transfer of verified peer successes.
-
-On a prompt where the learner's group passes the gate (``gate=all_fail``: every response failed;
-``gate=threshold``: success rate <= ``tau``) and the peer has verified successes, up to ``k_inj``
-of them, drawn at random, form the prompt's rescue set. They arrive as text, localized into the
-learner's tokenizer and scored under its theta_old (docs/algorithms.md#cross-tokenizer-exchange), so their token ratio starts at 1
-and the usual GRPO clipping applies (docs/algorithms.md#sgt). Peer failures are never transferred.
-
-``mode=augment`` (default): the rescue responses replace as many of the learner's failed responses,
-chosen at random; the group keeps its size and GRPO advantages are recomputed on it (docs/algorithms.md#sgt).
-``mode=aux_nll``: the learner's groups stay as they are and the loss gains
-``lam * (-1/|Rescue|) * sum l(y; theta)``, a length-normalized NLL on the rescue responses
-(``lam`` is the spec's ``sgt.lambda``; ``lambda`` is a Python keyword).
-"""
+"""The SGT learner and its policy loss: the algorithm, its section and its metrics are graftzoo.algos.sgt."""
 from __future__ import annotations
 
 from typing import Optional
 
 from graftzoo.algos.base import StepContext
-from graftzoo.algos.config import SGTConfig
+from graftzoo.algos.sgt import SGTConfig
 from graftzoo.algos.functional import aux_nll_loss, sequence_mean_logp, sgt_augment, sgt_rescue
 from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
 from graftzoo.algos.peer import PeerLearner, log_compatibility, require_peer

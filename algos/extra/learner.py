@@ -1,25 +1,4 @@
-"""ExTra [extra] (docs/algorithms.md#extra): a novelty bonus on correct responses and entropy-guided prefix
-regeneration, on top of GRPO.
-
-Novelty (docs/algorithms.md#extra-novelty-bonus): every rollout's tail text is embedded (``algo.embedder``, graftzoo.algos.embedders); each
-prompt keeps a FIFO of its last ``memory_size`` rollout embeddings; once it holds ``rollout.n`` of
-them, ``nov_i`` = nearest-neighbour cosine distance to that memory and the sibling rollouts.
-Option B (``novelty_mode: after_norm``, RECOMMENDED): ``A_i = GRPO(r)_i + alpha * nov_i * 1[correct]``;
-Option A (``before_norm``): the bonus, scaled by ``exp(-lambda * reward-variance EMA)``, is added to
-the reward before GRPO normalization.
-
-Prefix regeneration (docs/algorithms.md#extra-prefix-regeneration): for hard prompts (pass rate <= 1/G) the most confident rollout (lowest mean
-token entropy under theta_old) is cut after newlines (no newline: no prefix, docs/algorithms.md#extra-prefix-regeneration; the option
-``fallback_cut_chars``, e.g. "=+" for the tiny models' newline-free scratchpads, cuts after those tokens
-instead); each prefix is scored by its mean entropy and kept in the prompt's prefix memory; the prefix
-with the lowest similarity-smoothed score is queued with the prompt, which keeps its own gold answer (docs/algorithms.md#extra-prefix-regeneration).
-After ``regen_warmup_steps`` steps, queued prompts replace the tail of the batch and are generated from
-their prefix (``Rollout.prefix_len``; prefix tokens carry no loss). A guided prompt is its own group, with
-its own memories.
-
-Memories are keyed by prompt id (the spec keys them by prompt token ids: the same grouping whenever an
-id names one text); duplicates of a prompt in one batch share and pool them.
-"""
+"""The ExTra learner: the algorithm, its section and its metrics are graftzoo.algos.extra."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,9 +13,8 @@ from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, group_advantages, is_hard_prompt,
                                        most_confident_rollout, novelty_scores, prefix_cut_points,
                                        prefix_entropy_scores, reward_variance_ema, select_prefix)
-from graftzoo.algos.embedders import make_embedder
-from graftzoo.algos.config import ExTraConfig
-from graftzoo.contract import metrics as M
+from graftzoo.algos.extra.embedders import make_embedder
+from graftzoo.algos.extra import EXTRA_BONUS_MEAN, EXTRA_GUIDED_ACC, EXTRA_GUIDED_PROMPTS, EXTRA_HARD_PROMPTS, EXTRA_NOVELTY_MEAN, EXTRA_NOVELTY_WARM_FRAC, EXTRA_PREFIXES_ENQUEUED, EXTRA_QUEUE_LEN, ExTraConfig
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Prompt
@@ -81,13 +59,13 @@ class ExTra(Learner):
         for j in range(len(prompts) - k, len(prompts)):
             prompts[j], prefixes[j] = self.queue.popleft()
         groups = ctx.score(ctx.generate(prompts, [ctx.n] * len(prompts), prefixes=prefixes if k else None))
-        ctx.log(M.EXTRA_GUIDED_PROMPTS, k)
+        ctx.log(EXTRA_GUIDED_PROMPTS, k)
         if k:
             guided = [r for g in groups[len(groups) - k:] for r in g.rollouts]
-            ctx.log(M.EXTRA_GUIDED_ACC, sum(r.correct for r in guided) / max(1, len(guided)))
+            ctx.log(EXTRA_GUIDED_ACC, sum(r.correct for r in guided) / max(1, len(guided)))
         if active:
             self._mine(ctx, groups)
-        ctx.log(M.EXTRA_QUEUE_LEN, len(self.queue))
+        ctx.log(EXTRA_QUEUE_LEN, len(self.queue))
         return groups
 
     def _cut_ids(self, policy) -> tuple:
@@ -106,7 +84,7 @@ class ExTra(Learner):
             pooled.setdefault(g.prompt.id, (g.prompt, []))[1].extend(g.rollouts)
         hard = [(p, rs) for p, rs in pooled.values()
                 if rs and is_hard_prompt(sum(r.correct for r in rs), len(rs), c.hard_pass_rate)]
-        ctx.log(M.EXTRA_HARD_PROMPTS, len(hard))
+        ctx.log(EXTRA_HARD_PROMPTS, len(hard))
         if not hard:
             return
         newline, fallback = self._cut_ids(ctx.policy)
@@ -139,7 +117,7 @@ class ExTra(Learner):
                                  c.tau)
             self.queue.append((_guided(prompt, stored[k][0]), stored[k][0]))
             queued += 1
-        ctx.log(M.EXTRA_PREFIXES_ENQUEUED, queued)
+        ctx.log(EXTRA_PREFIXES_ENQUEUED, queued)
 
     # ---- advantages ------------------------------------------------------------------------
     def advantages(self, ctx, groups):
@@ -179,9 +157,9 @@ class ExTra(Learner):
         for g in groups:
             g.advantages = adv[pos:pos + g.n].tolist()
             pos += g.n
-        ctx.log(M.EXTRA_NOVELTY_WARM_FRAC, warm / len(rows_of))
-        ctx.log(M.EXTRA_NOVELTY_MEAN, float(nov[correct].mean()) if bool(correct.any()) else None)
-        ctx.log(M.EXTRA_BONUS_MEAN, float((c.novelty_alpha * nov * correct).mean()))
+        ctx.log(EXTRA_NOVELTY_WARM_FRAC, warm / len(rows_of))
+        ctx.log(EXTRA_NOVELTY_MEAN, float(nov[correct].mean()) if bool(correct.any()) else None)
+        ctx.log(EXTRA_BONUS_MEAN, float((c.novelty_alpha * nov * correct).mean()))
         return groups
 
     # ---- state -----------------------------------------------------------------------------

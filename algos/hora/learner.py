@@ -1,22 +1,10 @@
-"""HORA [hora] (docs/algorithms.md#hora): hit-utility optimal rollout allocation, compute-matched to GRPO.
-
-Per step (docs/algorithms.md#hora, RECOMMENDED instantiation): a probe of ``n0`` rollouts per prompt is scored; the rest
-of the GRPO budget ``B_tot = rollout.n * prompts`` is spread over the prompts by the exact greedy
-maximizer of the total posterior hit utility (``functional.hora_allocate``), at most ``cap`` extra
-rollouts per prompt; the extra rollouts are merged into the probe groups, so groups have different
-sizes. Rewards, the estimator (``algo.estimator``: grpo | rloo) and the loss are unchanged.
-
-``posterior_source: history`` replaces the probe by each prompt's outcome counts from earlier
-steps (learner state, checkpointed; ``history_decay`` forgets old visits): every prompt still gets
-``n0`` rollouts (the minimum group size) and the whole budget is generated in one call.
-"""
+"""The HORA learner: the algorithm, its section and its metrics are graftzoo.algos.hora."""
 from __future__ import annotations
 
 
 from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import hora_allocate, hora_objective
-from graftzoo.algos.config import HORAConfig
-from graftzoo.contract import metrics as M
+from graftzoo.algos.hora import HORAConfig, HORA_CAPPED_FRAC, HORA_HIT_UTILITY, HORA_MAX_N, HORA_MEAN_N, HORA_MIN_N, HORA_PROBE_FRAC, HORA_UNUSED_BUDGET
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
@@ -77,13 +65,13 @@ class HORA(Learner):
         if c.posterior_source == "history":
             self._remember(groups)
         sizes = [g.n for g in groups]
-        ctx.log(M.HORA_MIN_N, min(sizes))
-        ctx.log(M.HORA_MAX_N, max(sizes))
-        ctx.log(M.HORA_MEAN_N, sum(sizes) / P)
-        ctx.log(M.HORA_PROBE_FRAC, probe / max(1, sum(sizes)))
-        ctx.log(M.HORA_UNUSED_BUDGET, budget - spent)
-        ctx.log(M.HORA_CAPPED_FRAC, sum(u >= self.cap for u in used) / P)
-        ctx.log(M.HORA_HIT_UTILITY, objective)
+        ctx.log(HORA_MIN_N, min(sizes))
+        ctx.log(HORA_MAX_N, max(sizes))
+        ctx.log(HORA_MEAN_N, sum(sizes) / P)
+        ctx.log(HORA_PROBE_FRAC, probe / max(1, sum(sizes)))
+        ctx.log(HORA_UNUSED_BUDGET, budget - spent)
+        ctx.log(HORA_CAPPED_FRAC, sum(u >= self.cap for u in used) / P)
+        ctx.log(HORA_HIT_UTILITY, objective)
         return groups
 
     @staticmethod

@@ -1,7 +1,6 @@
-"""RLOO [rloo] (docs/algorithms.md#rloo): leave-one-out baseline advantages."""
-
+"""The RLOO learner: the algorithm, its section and its metrics are graftzoo.algos.rloo."""
 from graftzoo.algos.base import Learner
-from graftzoo.algos.config import RLOOConfig
+from graftzoo.algos.rloo import RLOOConfig
 from graftzoo.contract.registry import register_algo
 
 

@@ -1,11 +1,9 @@
-"""DAPO [dapo] (docs/algorithms.md#dapo): clip-higher, dynamic sampling, overlong shaping, token-mean."""
-
+"""The DAPO learner: the algorithm, its section and its metrics are graftzoo.algos.dapo."""
 import torch
 
 from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import dapo_overlong_penalty, zero_variance_groups
-from graftzoo.algos.config import DAPOConfig
-from graftzoo.contract import metrics as M
+from graftzoo.algos.dapo import DAPOConfig, DAPO_GEN_BATCHES, DAPO_KEPT_GROUPS
 from graftzoo.contract.registry import register_algo
 
 
@@ -23,8 +21,8 @@ class DAPO(Learner):
         while len(kept) < want and (self.cfg.max_gen_batches <= 0 or batches < self.cfg.max_gen_batches):
             kept += self._informative(super().collect(ctx, ctx.more_prompts(want)))
             batches += 1
-        ctx.log(M.DAPO_GEN_BATCHES, batches)
-        ctx.log(M.DAPO_KEPT_GROUPS, min(len(kept), want))
+        ctx.log(DAPO_GEN_BATCHES, batches)
+        ctx.log(DAPO_KEPT_GROUPS, min(len(kept), want))
         if len(kept) < want and self.cfg.on_shortfall == "error":
             raise RuntimeError(f"DAPO dynamic sampling found {len(kept)}/{want} informative groups "
                                f"in {batches} generation batches (algo.max_gen_batches)")

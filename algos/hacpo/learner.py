@@ -1,20 +1,4 @@
-"""HACPO [hacpo] (docs/algorithms.md#hacpo): heterogeneous agents trained on the pooled rollouts.
-
-Each learner trains on its own G responses per prompt (GSPO, the base) and on the peer's G responses
-to the same prompt (cross samples, localized into its tokenizer, docs/algorithms.md#cross-tokenizer-exchange), ordered self first,
-cross last. Cross samples get four corrections:
-
-1. capability-aware advantage: the group baseline is a capability-weighted mean over all 2G rewards
-   (docs/algorithms.md#hacpo-capability-aware-advantage, with the code's uniform-reward and binary-baseline guards);
-2. capability discrepancy coefficient: the cross advantage is scaled by ``P^_peer / P^_self`` (docs/algorithms.md#hacpo-capability-aware-advantage);
-3. exponential importance sampling ``c * sg[c]^alpha`` on the cross sequence ratio (docs/algorithms.md#hacpo-cross-sample-loss);
-4. stepwise clipping of the cross ratio to ``[lower + u*step, 1]`` at optimizer update ``u`` (docs/algorithms.md#hacpo-cross-sample-loss).
-
-The capabilities are sliding-window accuracies (docs/algorithms.md#hacpo-capability-aware-advantage) kept as learner state, so a checkpoint
-resumes them. The KL term (``beta_kl``, 0.001 as in the run scripts) covers self samples only
-unless ``kl_on_cross``. ``select=graft_which`` ("HACPO + GRAFT which", GRAFT's Table 8) pools only the
-prompts GRAFT would replace (learner all-fail, peer mixed; ``graft_candidates``); default ``all``.
-"""
+"""The HACPO learner and its policy loss: the algorithm, its section and its metrics are graftzoo.algos.hacpo."""
 from __future__ import annotations
 
 from typing import Optional
@@ -25,8 +9,8 @@ from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import (capability_estimate, cross_sequence_ratio, graft_candidates, hacpo_advantages,
                                        hacpo_cross_loss, hacpo_discrepancy, hacpo_omegas, sequence_mean_logp,
                                        stepwise_lower_bound)
-from graftzoo.algos.config import HACPOConfig
-from graftzoo.algos.gspo import gspo_loss
+from graftzoo.algos.hacpo import HACPOConfig, HACPO_CAPABILITY_PEER, HACPO_CAPABILITY_SELF, HACPO_CROSS_LOWER, HACPO_OMEGA
+from graftzoo.algos.gspo.learner import gspo_loss
 from graftzoo.algos.losses import LossInputs, PolicyLoss, register_loss
 from graftzoo.algos.peer import PeerLearner, log_compatibility, require_peer
 from graftzoo.contract import metrics as M
@@ -120,9 +104,9 @@ class HACPO(PeerLearner):
         peer_solved = {g.prompt.id for g in grafted if g.num_correct > 0}
         ctx.log(M.PEER_RESCUED_GROUPS, sum(1 for g in own if g.all_fail and g.prompt.id in peer_solved))
         log_compatibility(ctx, kept)
-        ctx.log(M.HACPO_CAPABILITY_SELF, p_self)
-        ctx.log(M.HACPO_CAPABILITY_PEER, p_peer)
-        ctx.log(M.HACPO_OMEGA, omega)
+        ctx.log(HACPO_CAPABILITY_SELF, p_self)
+        ctx.log(HACPO_CAPABILITY_PEER, p_peer)
+        ctx.log(HACPO_OMEGA, omega)
 
     # ---- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -145,7 +129,7 @@ def hacpo_loss(x: LossInputs, cfg: HACPOConfig, clip: dict) -> PolicyLoss:
     sequence (docs/algorithms.md#hacpo-cross-sample-loss), with the clip floor of update ``x.update``."""
     own = gspo_loss(x, cfg, clip)
     lo = cross_lower(cfg, x.update)
-    own.metrics[M.HACPO_CROSS_LOWER] = lo
+    own.metrics[HACPO_CROSS_LOWER] = lo
     peer = x.is_peer
     if not bool(peer.any()):
         return own
