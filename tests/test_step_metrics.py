@@ -2,7 +2,7 @@
 ``tests/data/step_metrics.json``: a change to the step (its order, theta_old, the losses, the exchange) that moves
 any number of any algorithm fails here, naming the algorithm, the step, the model and the metric. Wall times and
 throughput are left out (they are not seeded). Regenerate the file only for a change that is meant to move the
-numbers: ``python tests/test_step_metrics.py --write``."""
+numbers: ``python tests/test_step_metrics.py --write [ALGO ...]``."""
 import json
 import math
 import sys
@@ -62,10 +62,11 @@ def test_every_seeded_metric_equals_the_recorded_figure(algo, tmp_path):
     assert not diffs, f"{algo}: {len(diffs)} metrics moved:\n" + "\n".join(diffs[:40])
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:  # --write [ALGO ...]: those algorithms' figures only
     import tempfile
     torch.set_num_threads(1)
+    figures = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
     with tempfile.TemporaryDirectory() as d:
-        FIGURES.write_text(json.dumps({a: seeded_metrics(a, Path(d) / a) for a in BUILTIN}, indent=1,
-                                      sort_keys=True) + "\n")
+        figures.update({a: seeded_metrics(a, Path(d) / a) for a in sys.argv[2:] or BUILTIN})
+    FIGURES.write_text(json.dumps(figures, indent=1, sort_keys=True) + "\n")
     print(f"wrote {FIGURES}")
