@@ -12,7 +12,8 @@ optimizer step (AdamW, lr 1e-5, clip 1.0), beta = 0.
   TRL    GRPOTrainer (1 generation batch = 1 optimizer step, num_iterations 1), timed from
          ``on_step_begin`` to ``on_step_end`` as in docs/scaling.md.
   ours   graftzoo's real components: Policy, HFEngine, the registry's ``grpo`` Learner and its
-         collect / advantages / exchange / build_batch / schedule / minibatch / loss, Policy.step.
+         collect / advantages / exchange / build_batch / schedule / minibatch, the step's loss of a micro-batch
+         (``graftzoo.training.loss.micro_batch_loss``), Policy.zero_grad / accumulate / apply_gradients.
   floor  plain ``model.generate`` + one plain forward / log-softmax gather / advantage-weighted
          mean / backward / clip / AdamW on the same batch.
 
@@ -48,6 +49,7 @@ from transformers.trainer_callback import PrinterCallback
 from graftzoo.algos.base import StepContext
 from graftzoo.contract.config import LearnerFacts, OptimSection
 from graftzoo.training.engine import HFEngine
+from graftzoo.training.loss import micro_batch_loss
 from graftzoo.training.policy import Policy
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import Prompt
@@ -140,7 +142,8 @@ class Ours:
         self.phases: dict = {"generate+score": [], "advantages+batch": [], "forward+loss": [], "backward+optim": []}
 
     def step(self, problems) -> int:
-        """One training step through the Learner hooks (as graftzoo.training.trainer does); returns response tokens."""
+        """One training step through the Learner hooks and the step's loss and optimizer step (as
+        graftzoo.training.step does, the ratio base the rows arrived with); returns response tokens."""
         prompts = [Prompt(id=f"p{self.step_no}-{i}", text=t, gold=a) for i, (t, a) in enumerate(problems)]
         ctx, learner, pol = self.make_ctx(self.step_no), self.learner, self.policy
         t0 = clock()
@@ -153,9 +156,10 @@ class Ours:
         fwd = bwd = 0.0
         for mb in mbs:
             a = clock()
-            loss, _ = learner.loss(ctx, pol, mb)
+            loss, _ = micro_batch_loss(ctx, pol, learner, mb)
             b = clock()
-            pol.step(loss)
+            pol.zero_grad()
+            pol.apply_gradients(pol.accumulate(loss))
             fwd, bwd = fwd + b - a, bwd + clock() - b
         pol.version += 1
         self.step_no += 1

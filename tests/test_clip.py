@@ -22,6 +22,7 @@ from graftzoo.contract.types import TrainRow
 from graftzoo.eval.artifacts import load_runs, make_summary, write_config, write_eval, write_summary
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.eval.report import build_table1, to_csv, to_latex, to_markdown
+from graftzoo.training.loss import micro_batch_loss
 
 torch.set_num_threads(1)
 PEER = {"graft", "sgt", "hacpo"}
@@ -50,12 +51,13 @@ class FixedRatio:
 
 
 def loss_of(algo, advantages, ratio, *overrides):
-    """The learner's whole loss (``Learner.loss``) on own rows whose every token has ``ratio``."""
+    """The step's whole loss of a micro-batch (``micro_batch_loss``, with the policy loss the learner names) on own
+    rows whose every token has ``ratio``."""
     cfg = cfg_of(algo, *overrides)
     learner = get_algo(cfg.algo.name)(cfg.algo, LearnerFacts.of(cfg))
     mb = minibatch(advantages)
     ctx = SimpleNamespace(update=0, max_response=8, run=LearnerFacts.of(cfg))
-    loss, _ = learner.loss(ctx, FixedRatio(mb, ratio), mb)
+    loss, _ = micro_batch_loss(ctx, FixedRatio(mb, ratio), learner, mb)
     return float(loss)
 
 

@@ -11,11 +11,16 @@ from click.testing import CliRunner
 from pydantic import Field, field_validator
 from pydantic_core import SchemaError
 
-from graftzoo.algos.config import (DAPOConfig, GRAFTConfig, HACPOConfig, HORAConfig, LearnerConfig, LossAgg,
-                                   OMGRPOConfig, SGTConfig)
+from graftzoo.algos.config import LearnerConfig, LossAgg
+from graftzoo.algos.dapo import DAPOConfig
+from graftzoo.algos.graft import GRAFTConfig
+from graftzoo.algos.hacpo import HACPOConfig
+from graftzoo.algos.hora import HORAConfig
+from graftzoo.algos.om_grpo import OMGRPOConfig
+from graftzoo.algos.sgt import SGTConfig
 from graftzoo.algos.functional.core import AGG_MODES
 from graftzoo.algos.functional.peer import SGT_GATES
-from graftzoo.algos.om_grpo import CONTRAST_TEMPLATES
+from graftzoo.algos.om_grpo.learner import CONTRAST_TEMPLATES
 from graftzoo.apps.cli import main
 from graftzoo.contract import config as config_mod
 from graftzoo.contract import registry
@@ -479,3 +484,60 @@ def test_every_shipped_config_loads():
     for path in files:
         grid = G.load_grid(path)
         assert grid.cells and G.check_configs(grid.cells) == {}, path
+
+
+# ------------------------------------------------------------------------------------------------
+# pair.models: typed entries, resolved once against the run keys
+# ------------------------------------------------------------------------------------------------
+
+TWO = ("pair.models=[{id: a, lr: 0.5, lora: null, stop: [X], device: cpu}, "
+       "{id: b, kind: hf, path: /nowhere, max_new_tokens: 7.0, num_workers: 1, gradient_checkpointing: true}]")
+
+
+def test_a_model_entry_is_a_frozen_object_whose_run_keys_are_resolved_once():
+    import pickle
+    cfg = load_config(pair="micro", algo="grpo", overrides=[TWO, "model.lora={r: 4}", "optim.lr=3e-5"])
+    a, b = cfg.pair.models
+    assert isinstance(a, config_mod.ModelSpec) and (a.id, a.kind, b.kind) == ("a", "tiny", "hf")
+    assert (a.lr, a.lora, a.stop, a.device, a.template, a.max_new_tokens, a.num_workers) == (
+        0.5, None, ["X"], "cpu", "compact", 40, 1)          # its own values, else pair.template, rollout.*, ray.*
+    assert (b.lr, b.lora.r, b.stop, b.device, b.max_new_tokens, b.gradient_checkpointing, b.dtype) == (
+        3e-5, 4, "auto", "auto", 7, True, "bfloat16")       # a kind: hf model loads in bfloat16 unless given
+    assert a.dtype is None and a.key_of("lr") == "pair.models[a].lr" and b.key_of("lr") == "optim.lr"
+    assert a.key_of("lora") == "pair.models[a].lora" and b.key_of("lora") == "model.lora" and a.sets("device")
+    with pytest.raises(Exception):
+        a.lr = 1.0                                            # frozen
+    # config.yaml holds each entry as written (its lora validated), nothing resolved
+    assert as_dict(cfg)["pair"]["models"] == [{"id": "a", "lr": 0.5, "lora": None, "stop": ["X"], "device": "cpu"},
+                                              {"id": "b", "kind": "hf", "path": "/nowhere", "max_new_tokens": 7.0,
+                                               "num_workers": 1, "gradient_checkpointing": True}]
+    back = pickle.loads(pickle.dumps(cfg))                    # Ray sends them to the workers
+    assert back == cfg and back.pair.models[1].lora.r == 4 and as_dict(back) == as_dict(cfg)
+    derived = with_values(cfg, {"optim.lr": 0.25, "run.device": "cpu", "model.lora": None})  # resolved again
+    assert [(s.lr, s.device, s.lora) for s in derived.pair.models] == [(0.5, "cpu", None), (0.25, "cpu", None)]
+    moved = a.replace(device="cuda:1")                        # an entry's own key set: resolved as before
+    assert moved.device == "cuda:1" and moved.lr == 0.5 and moved.model_dump()["device"] == "cuda:1"
+    assert with_values(cfg, {"rollout.n": 2}).pair is cfg.pair  # nothing a model reads changed: the same entries
+
+
+@pytest.mark.parametrize("entry, key, why", [
+    ("{id: a, hiden: 64}", "pair.models[a].hiden", "did you mean 'pair.models[a].hidden'"),
+    ("{id: a, kind: tiny, path: /x}", "pair.models[a].path", "kind: hf models"),
+    ("{id: a, kind: hf, family: gpt2}", "pair.models[a].family", "kind: tiny models"),
+    ("{id: a, kind: gguf}", "pair.models[a].kind", "one of tiny | hf"),
+    ("{id: a, dtype: bf16}", "pair.models[a].dtype", "must be one of float32, bfloat16, float16"),
+    ("{id: a, hidden: 0}", "pair.models[a].hidden", "must be in [1, 1048576], got 0"),
+])
+def test_a_wrong_key_of_a_model_entry_is_refused_at_load_naming_it(entry, key, why):
+    with pytest.raises(ConfigError) as e:
+        load_config(pair="micro", algo="grpo", overrides=[f"pair.models=[{entry}]"])
+    assert f"config key '{key}'" in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_the_learner_facts_are_the_run_keys_they_name():
+    """``LearnerFacts`` restates no default: each fact's default is its run key's declared one, ``of`` reads it."""
+    assert LearnerFacts() == LearnerFacts.of(load_config(overrides=["pair.models=[{id: a}]"]))
+    cfg = micro("grpo", "rollout.n=3", "run.device=cpu", "optim.clip.eps_high=0.28", "xt.overflow=truncate")
+    facts = LearnerFacts.of(cfg)
+    assert (facts.n, facts.device, facts.clip.eps_high, facts.xt.overflow, facts.max_new_tokens) == (
+        3, "cpu", 0.28, "truncate", 40)

@@ -12,6 +12,7 @@ from graftzoo.algos.functional import agg_loss, sequence_terms_as_tokens
 from graftzoo.contract.batch import TrainBatch
 from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.contract.registry import get_algo
+from graftzoo.training.loss import micro_batch_loss
 from graftzoo.training.trainer import Trainer
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout, TrainRow
 
@@ -98,9 +99,13 @@ class ConstPolicy:
 
 
 def test_loss_parts_follow_the_row_roles():
-    """own + peer rows: clipped surrogate, weighted; aux rows: weighted NLL only; KL on own rows only."""
+    """own + peer rows: clipped surrogate, weighted; aux rows: weighted NLL only (the loss SGT names, whose
+    ``aux_nll`` mode makes aux rows; out of the clipped surrogate of every loss); KL on own rows only."""
     cfg = load_config(pair="micro", algo="grpo")
-    learner = Learner(get_algo("grpo").Config(), LearnerFacts.of(cfg))
+    sgt = get_algo("sgt")
+    learner = sgt(sgt.Config(mode="aux_nll"), LearnerFacts.of(cfg))
+    grpo = Learner(get_algo("grpo").Config(), LearnerFacts.of(cfg))
+    assert (learner.loss, grpo.loss) == ("sgt", "clipped")
     ctx = StepContext(step=0, epoch=0, run=LearnerFacts.of(cfg), policy=None, engine=None, env=None,
                       rng=random.Random(0))
 
@@ -109,12 +114,14 @@ def test_loss_parts_follow_the_row_roles():
                         adv, weight, role, 0)
     pol = ConstPolicy(-1.0)  # ratio 1 everywhere
     batch = TrainBatch([row("own", 1.0, 1.0), row("peer", 2.0, 0.5), row("aux", 0.0, 0.25)], [])
-    loss, met = learner.loss(ctx, pol, batch.minibatch([0, 1, 2]))
+    loss, met = micro_batch_loss(ctx, pol, learner, batch.minibatch([0, 1, 2]))
     # token-mean over the 4 policy-gradient tokens: -(1*1 + 2*0.5) * 2 / 4; aux: -0.25 * l = 0.25
     assert loss.item() == pytest.approx(-1.0 + 0.25)
     assert met["loss/aux_nll"] == pytest.approx(1.0) and met["tokens/peer_share"] == pytest.approx(0.5)
-    only_pg, _ = learner.loss(ctx, pol, batch.minibatch([0, 1]))
+    only_pg, _ = micro_batch_loss(ctx, pol, learner, batch.minibatch([0, 1]))
     assert only_pg.item() == pytest.approx(-1.0)
+    pg, met = micro_batch_loss(ctx, pol, grpo, batch.minibatch([0, 1, 2]))  # the clipped surrogate: no aux term
+    assert pg.item() == pytest.approx(-1.0) and "loss/aux_nll" not in met
 
 
 def test_rollout_fields_replace_side_channels():

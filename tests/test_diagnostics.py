@@ -4,16 +4,18 @@ before and after the update, the update bit-identical with diagnostics on or off
 always-on ``peer/admitted_succ`` / ``peer/admitted_fail`` counts."""
 import json
 import math
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from graftzoo.training import diagnostics, trainer as trainer_mod
+from graftzoo.training import diagnostics
 from graftzoo.contract.config import ConfigError, load_config
 from graftzoo.training.diagnostics import grad_share
+from graftzoo.training.loss import denominators
+from graftzoo.training.step import optimize
 from graftzoo.training.trainer import train
-from graftzoo.training.update import accumulate_minibatch, minibatch_old_logp
 from graftzoo.eval.artifacts import load_runs
 from graftzoo.eval.report import TRANSFER_COLUMNS, transfer_markdown, transfer_table
 
@@ -108,34 +110,53 @@ def test_sgt_counts_successes_and_its_aux_rows_are_peer_rows(tmp_path):
     assert sum(r["peer/admitted"] for r in recs) > 0
 
 
+class GradientsOnly:
+    """``policy`` whose optimizer step is replaced by adding each minibatch's accumulated gradients to ``grads``
+    (the weights stay where they are), for the step's own loop (``optimize``) to run on."""
+
+    def __init__(self, policy):
+        self.policy = policy
+        self.grads = [torch.zeros_like(p) for p in policy.model.parameters()]
+
+    def apply_gradients(self, total, where=""):
+        for acc, p in zip(self.grads, self.policy.model.parameters()):
+            if p.grad is not None:
+                acc += p.grad
+        return 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+
 def test_own_and_peer_parts_add_up_to_the_update_gradient(tmp_path, monkeypatch):
     """The split carries each minibatch's denominators: the own part's gradient plus the peer part's is the gradient
-    the update's own code (``accumulate_minibatch``) takes over the step's minibatches and micro-batches."""
+    the step's own loop (``optimize``, its optimizer steps left out) takes over the step's minibatches and
+    micro-batches, as the step builds them."""
     checked = []
     real = diagnostics.before_update
 
-    def check(ctx, pol, learner, batch, schedule, budget, recompute):
+    def check(ctx, pol, learner, batch, schedule, budget, base_from_forward):
+        update = ctx.update
         parts = diagnostics.split_by_source(ctx, learner, batch, schedule, budget, pol.device)
         assert all(parts.values())  # both sources present (seed 4, step 0)
         pol.zero_grad()
         for part in parts.values():
-            diagnostics.accumulate_part(ctx, pol, learner, part, recompute)
+            diagnostics.accumulate_part(ctx, pol, learner, part, base_from_forward)
         split = [p.grad.clone() for p in pol.model.parameters()]
         pol.zero_grad()
-        for u, idx in enumerate(schedule):
-            ctx.update = u
-            micros = [mb.to(pol.device) for mb in batch.micro_batches(idx, budget, lambda mb: learner.norms(ctx, mb))]
-            for mb in micros:
-                if recompute:
-                    minibatch_old_logp(pol, mb)
-            accumulate_minibatch(ctx, pol, learner, micros, "test")
-        whole = [p.grad.clone() for p in pol.model.parameters()]
+        mbs = [[mb.to(pol.device) for mb in batch.micro_batches(idx, budget, partial(denominators, ctx, learner))]
+               for idx in schedule]
+        frozen = GradientsOnly(pol)
+        before = [p.detach().clone() for p in pol.model.parameters()]
+        optimize(ctx, frozen, learner, mbs, base_from_forward, "test")
+        assert all(torch.equal(a, p) for a, p in zip(before, pol.model.parameters()))  # no optimizer step
         pol.zero_grad()
-        assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(split, whole))
+        ctx.update = update
+        assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(split, frozen.grads))
         checked.append(len(schedule))
-        return real(ctx, pol, learner, batch, schedule, budget, recompute)
+        return real(ctx, pol, learner, batch, schedule, budget, base_from_forward)
 
-    monkeypatch.setattr(trainer_mod.diagnostics, "before_update", check)
+    monkeypatch.setattr(diagnostics, "before_update", check)
     run(tmp_path, "split", "graft", 1, "run.diagnostics=true", "optim.max_tokens_per_micro=256")
     assert checked == [2, 2]  # both models, two minibatches each
 

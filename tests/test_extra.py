@@ -10,11 +10,13 @@ import torch
 from click.testing import CliRunner
 
 from graftzoo.algos.base import StepContext
-from graftzoo.algos.extra import ExTra, ExTraConfig
+from graftzoo.algos.extra import ExTraConfig
+from graftzoo.algos.extra.learner import ExTra
 from graftzoo.algos.functional import (most_confident_rollout, prefix_cut_points, prefix_entropy_scores,
                                        select_prefix)
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
-from graftzoo.algos.embedders import HashedNgramEmbedder, make_embedder
+from graftzoo.algos.extra.embedders import HashedNgramEmbedder, make_embedder
+from graftzoo.training.loss import micro_batch_loss
 from graftzoo.training.models import build_engine, build_policy
 from graftzoo.envs.task import Task
 from graftzoo.contract.types import Group, Prompt, Rollout
@@ -28,7 +30,7 @@ OVERRIDES = ["pair.train=[micro-qwen-char]", "algo.regen_warmup_steps=0", "algo.
 @pytest.fixture(scope="module")
 def setup():
     cfg = load_config(pair="micro", algo="extra", overrides=OVERRIDES)
-    spec = next(s for s in cfg.pair.models if s["id"] == "micro-qwen-char")
+    spec = next(s for s in cfg.pair.models if s.id == "micro-qwen-char")
     policy = build_policy(spec, cfg, seed=0)
     return cfg, policy, build_engine(policy, cfg), Task(cfg).train_env
 
@@ -151,7 +153,7 @@ def test_guided_prompt_regenerates_from_its_prefix_and_prefix_carries_no_gradien
     batch = learner.build_batch(ctx, groups)
     mb = batch.minibatch(list(range(len(batch))))
     spy = Spy(policy)
-    loss, _ = learner.loss(ctx, spy, mb)
+    loss, _ = micro_batch_loss(ctx, spy, learner, mb)
     loss.backward()
     grad = spy.logp.grad
     for b, row in enumerate(mb.rows):
@@ -168,7 +170,7 @@ def test_guided_prompt_regenerates_from_its_prefix_and_prefix_carries_no_gradien
         extra = Group(prompt=guided.prompt, model_id=policy.model_id, rollouts=[only], advantages=[adv])
         b2 = learner.build_batch(ctx, groups + [extra])
         with torch.no_grad():
-            losses.append(float(learner.loss(ctx, policy, b2.minibatch(list(range(len(b2)))))[0]))
+            losses.append(float(micro_batch_loss(ctx, policy, learner, b2.minibatch(list(range(len(b2)))))[0]))
     assert losses[0] == losses[1]
 
 

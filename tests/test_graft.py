@@ -7,11 +7,13 @@ import random
 
 import pytest
 import torch
+from helpers import policy_loss
 
 import graftzoo.peers.xt
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import align_peer_logprobs, group_advantages
-from graftzoo.algos.graft import GRAFT, GRAFTConfig
+from graftzoo.algos.graft import GRAFTConfig
+from graftzoo.algos.graft.learner import GRAFT
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout
@@ -42,7 +44,7 @@ def make_cfg(*overrides, peer="online"):
 @pytest.fixture(scope="module")
 def pols():
     cfg = make_cfg()
-    return {s["id"]: build_policy(s, cfg) for s in cfg.pair.models}
+    return {s.id: build_policy(s, cfg) for s in cfg.pair.models}
 
 
 def learner(*overrides, peer="online"):
@@ -438,7 +440,7 @@ def test_token_ratio_none_drops_clipping_for_peer_tokens(pols):
         batch = algo.build_batch(ctx, algo.exchange(ctx, own, peer))
         mb = batch.minibatch(range(len(batch)))
         logp = mb.old_logp + math.log(2.0)                 # ratio 2 > 1 + eps_high everywhere
-        tok = algo.surrogate(ctx, logp, mb).token_loss
+        tok = policy_loss(algo, logp, mb).token_loss
         losses[mode] = (tok, mb)
     (t_clip, mb), (t_free, _) = losses["learner_old"], losses["none"]
     peer_rows, adv = mb.is_peer, mb.advantages.unsqueeze(1)

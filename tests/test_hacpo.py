@@ -4,18 +4,19 @@ import copy
 import json
 import math
 import random
-from types import SimpleNamespace
 
 import pytest
-from helpers import scored_rollout
+from helpers import policy_loss, scored_rollout
 import torch
 from click.testing import CliRunner
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import sequence_mean_logp, sequence_terms_as_tokens
 from graftzoo.contract.batch import TrainBatch
-from graftzoo.algos.hacpo import HACPO, HACPOConfig
+from graftzoo.algos.hacpo import HACPOConfig
+from graftzoo.algos.hacpo.learner import HACPO, cross_lower
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
+from graftzoo.training.loss import micro_batch_loss
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Group, Prompt, TrainRow
 
@@ -26,7 +27,7 @@ QWEN, GPT2 = "micro-qwen-char", "micro-gpt2-pair"
 @pytest.fixture(scope="module")
 def pols():
     cfg = load_config(pair="micro", algo="hacpo", overrides=["peer.source=online", "run.track=false"])
-    return {s["id"]: build_policy(s, cfg) for s in cfg.pair.models}
+    return {s.id: build_policy(s, cfg) for s in cfg.pair.models}
 
 
 def run_cfg(*overrides):
@@ -91,8 +92,8 @@ def test_worked_example_through_the_learner(pols):
     lows = []
     for u, mb in enumerate(mbs):  # updates u = 0 and 1: floors 0.8 and 0.825
         ctx.update = u
-        lows.append(learner.loss(ctx, pol, batch.minibatch(mb))[1]["hacpo/cross_lower"])
-    assert lows == pytest.approx([0.8, 0.825]) and learner.cross_lower(2) == pytest.approx(0.85)
+        lows.append(micro_batch_loss(ctx, pol, learner, batch.minibatch(mb))[1]["hacpo/cross_lower"])
+    assert lows == pytest.approx([0.8, 0.825]) and cross_lower(learner.cfg, 2) == pytest.approx(0.85)
 
     success = [i for i in mbs[1] if batch.rows[i].rollout.correct]
     mb = batch.minibatch(success)
@@ -104,7 +105,7 @@ def test_worked_example_through_the_learner(pols):
     def loss_at_u2():
         ctx.update = 2
         mb = learner.build_batch(ctx, slots).minibatch(success)  # the peer's l_P is sequence-level row data
-        return learner.loss(ctx, pol, mb)
+        return micro_batch_loss(ctx, pol, learner, mb)
 
     cross[0].origin.mean_logp = ell_old - math.log(0.9)  # s = 0.9 at theta_old
     loss, met = loss_at_u2()
@@ -123,7 +124,7 @@ def test_worked_example_through_the_learner(pols):
 
 
 def cross_minibatch(s_values, adv):
-    """Cross rows with sequence ratio s at logp = 0 (origin l_P = -log s), for the surrogate alone."""
+    """Cross rows with sequence ratio s at logp = 0 (origin l_P = -log s), for the policy loss alone."""
     rows = []
     for i, (s, a) in enumerate(zip(s_values, adv)):
         rows.append(TrainRow([1], [5, 6], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0], a, 1.0, "peer", i, -math.log(s)))
@@ -135,7 +136,7 @@ def cross_values(cfg_overrides, u, s_values, adv):
     learner = HACPO(cfg.algo, LearnerFacts.of(cfg))
     mb = cross_minibatch(s_values, adv)
     logp = torch.zeros(len(s_values), 2, requires_grad=True)
-    pg = learner.surrogate(SimpleNamespace(update=u), logp, mb)
+    pg = policy_loss(learner, logp, mb, update=u)
     tok = sequence_terms_as_tokens(pg.token_loss, pg.seq_loss, pg.seq_rows)
     tok[:, 0].sum().backward()
     return tok[:, 0].detach(), logp.grad.abs().sum(1)
@@ -177,8 +178,8 @@ def test_self_clip_sets_the_gspo_clip_of_self_samples():
         learner = HACPO(cfg.algo, LearnerFacts.of(cfg))
         mb = cross_minibatch([1.0], [1.0])
         mb.role[:] = 0  # a self (own) row
-        pg = learner.surrogate(SimpleNamespace(update=0), torch.full((1, 2), math.log(1.05)), mb)  # s = 1.05
-        return float(pg.token_loss[0, 0]), bool(pg.info["clipped_high"].all())
+        pg = policy_loss(learner, torch.full((1, 2), math.log(1.05)), mb, update=0)  # s = 1.05
+        return float(pg.token_loss[0, 0]), bool(pg.clipped_high.all())
 
     assert self_loss() == (pytest.approx(-1.0004), True)
     assert self_loss("algo.self_clip=[0.1,0.2]") == (pytest.approx(-1.05), False)
@@ -230,7 +231,7 @@ def test_kl_on_cross(pols):
         batch = learner.build_batch(ctx, slots)
         cross = [i for i, r in enumerate(batch.rows) if r.is_peer]
         assert all(sum(batch.rows[i].kl_mask) == (sum(batch.rows[i].loss_mask) if flag else 0) for i in cross)
-        return learner.loss(ctx, pol, batch.minibatch(cross))[1]["kl"]
+        return micro_batch_loss(ctx, pol, learner, batch.minibatch(cross))[1]["kl"]
 
     assert kl(False) == 0.0
     assert kl(True) > 1e-4

@@ -9,7 +9,8 @@ from helpers import one_run
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import hit_utility
-from graftzoo.algos.hora import HORA, HORAConfig
+from graftzoo.algos.hora import HORAConfig
+from graftzoo.algos.hora.learner import HORA
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.schema import validate_section

@@ -1,7 +1,8 @@
 """Parity of the loss with the anchors (docs/algorithms.md#loss-aggregation, docs/algorithms.md#kl-and-entropy): for
-every ``algo.loss_agg`` mode, with a KL term (beta > 0) and an entropy bonus, the loss of the learner's real
-``loss`` hook and its gradient with respect to the log-probs and the entropies, in float64, equal the reference
-formulas below to 1e-12, whole and split into micro-batches.
+every ``algo.loss_agg`` mode, with a KL term (beta > 0) and an entropy bonus, the step's real loss of a micro-batch
+(``graftzoo.training.loss.micro_batch_loss``, with the policy loss the learner names) and its gradient with respect
+to the log-probs and the entropies, in float64, equal the reference formulas below to 1e-12, whole and split into
+micro-batches.
 
 The references are written out here from their sources (paraphrased, not copied):
 
@@ -29,6 +30,7 @@ from graftzoo.contract.batch import TrainBatch
 from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import TrainRow
+from graftzoo.training.loss import denominators, micro_batch_loss
 
 L_MAX = 10                 # rollout.max_new_tokens: TRL's max_completion_length
 LENGTHS = [5, 3, 7, 2]     # response tokens of the 4 rows (padded to 7)
@@ -125,8 +127,8 @@ class FixedPolicy:
 
 
 def graftzoo_loss(algo, overrides, old, logp, ref, ent, split=False, peer_rows=(), peer_weight=1.0):
-    """The learner's ``loss`` on the 4 rows as one minibatch (or as micro-batches of 1, 2 and 1 rows carrying the
-    minibatch's ``norms``, as ``optim.max_tokens_per_micro`` splits it), in float64. ``peer_rows``: rows of role
+    """The step's loss (``micro_batch_loss``) on the 4 rows as one minibatch (or as micro-batches of 1, 2 and 1 rows
+    carrying the minibatch's ``denominators``, as ``optim.max_tokens_per_micro`` splits it), in float64. ``peer_rows``: rows of role
     peer (weight ``peer_weight``, no KL tokens)."""
     cfg = load_config(pair="micro", algo=algo, overrides=[f"rollout.max_new_tokens={L_MAX}", f"algo.beta_kl={BETA}",
                                                           f"algo.entropy_coeff={ENT}", *overrides])
@@ -149,8 +151,8 @@ def graftzoo_loss(algo, overrides, old, logp, ref, ent, split=False, peer_rows=(
         mb = f64(batch.minibatch(idx))
         mb.old_logp = old[idx, :mb.resp_len]   # the exact float64 values (the rows hold Python floats already)
         if split:
-            mb.norm = learner.norms(ctx, f64(whole))
-        loss, _ = learner.loss(ctx, FixedPolicy(logp, ent), mb)
+            mb.norm = denominators(ctx, learner, f64(whole))
+        loss, _ = micro_batch_loss(ctx, FixedPolicy(logp, ent), learner, mb)
         total = total + loss
     return learner, total
 

@@ -1,6 +1,6 @@
 """Mechanisms pinned to the loss (wiring that no other test pins): each test drives a learner's
-real hooks (collect / advantages / exchange / build_batch / schedule / loss) as the trainer does, with the micro
-models, and fails when its mechanism is disconnected:
+real hooks (collect / advantages / exchange / build_batch / schedule) and the step's loss (``micro_batch_loss``) as
+the step does, with the micro models, and fails when its mechanism is disconnected:
 
 1. GRAFT's grafted sequence weights ``min{s, 1}`` scale the loss and the gradient of the grafted rows;
 2. DAPO's dynamic sampling decides which groups reach the loss;
@@ -19,6 +19,7 @@ from helpers import Spy, scored_rollout
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import group_advantages
 from graftzoo.contract.config import LearnerFacts, load_config
+from graftzoo.training.loss import micro_batch_loss
 from graftzoo.training.models import build_policy
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import Group, Prompt
@@ -32,7 +33,7 @@ PROMPTS = [Prompt(id=f"p{i}", text=f"{10 + i}+{20 + i}", gold=str(30 + 2 * i)) f
 @pytest.fixture(scope="module")
 def pols():
     cfg = load_config(pair="micro", algo="grpo")
-    return {s["id"]: build_policy(s, cfg) for s in cfg.pair.models}
+    return {s.id: build_policy(s, cfg) for s in cfg.pair.models}
 
 
 def make(algo, *overrides):
@@ -76,7 +77,7 @@ def minibatches(learner, ctx, slots):
 def loss_and_grads(learner, ctx, pol, mb):
     """The learner's loss on ``mb``; d loss / d logp (per token) and d loss / d parameters (flattened)."""
     spy = Spy(pol)
-    loss, _ = learner.loss(ctx, spy, mb)
+    loss, _ = micro_batch_loss(ctx, spy, learner, mb)
     params = [p for p in pol.model.parameters() if p.requires_grad]
     grads = torch.autograd.grad(loss, [spy.logp, *params], allow_unused=True)
     flat = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads[1:], params)])
@@ -165,7 +166,7 @@ def test_dapo_dynamic_sampling_decides_which_groups_reach_the_loss(pols, dynamic
     mbs = minibatches(learner, ctx, learner.exchange(ctx, groups, None))
     reached = sorted({row.rollout.prompt_id for mb in mbs for row in mb.rows})
     assert reached == (["p1", "x0"] if dynamic else ["p0", "p1"])
-    loss, _ = learner.loss(ctx, pol, mbs[0])
+    loss, _ = micro_batch_loss(ctx, pol, learner, mbs[0])
     assert torch.isfinite(loss)
 
 
@@ -205,7 +206,7 @@ def test_dr_grpo_loss_is_the_token_sum_over_n_times_l_max(pols):
     assert len(mbs) == 1
     mb = mbs[0]
     spy = Spy(pol)
-    loss, _ = learner.loss(ctx, spy, mb)
+    loss, _ = micro_batch_loss(ctx, spy, learner, mb)
     loss = loss.detach()
     ratio = torch.exp(spy.logp.detach() - mb.old_logp)
     assert float(((ratio - 1).abs() * mb.loss_mask).max()) < 1e-3          # theta_old: nothing clipped

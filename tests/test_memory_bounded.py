@@ -13,6 +13,8 @@ from test_loss_wiring import FAIL, LEARNER, MIXED, PEER, PROMPTS, context, group
 from graftzoo.algos.functional import agg_denominator, agg_loss
 from graftzoo.contract.batch import micro_split
 from graftzoo.contract.config import load_config, with_values
+from graftzoo.training import step as step_module
+from graftzoo.training.loss import denominators, micro_batch_loss
 from graftzoo.training.models import build_policy
 from graftzoo.training.policy import Policy
 from graftzoo.training.trainer import Trainer
@@ -65,18 +67,18 @@ def step_grads(tmp_path, name, *overrides, algo="grpo"):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_micro_batched_step_has_the_gradient_of_the_unsplit_step(tmp_path, mode, monkeypatch):
-    from graftzoo.training import update as trainer_module
-    seen = []
-    update = trainer_module.minibatch_update
+    seen = []  # micro-batches per minibatch, as the step's loop (``optimize``) receives them
+    optimize = step_module.optimize
 
-    def counting(ctx, policy, learner, micros, where):
-        seen.append(len(micros))
-        return update(ctx, policy, learner, micros, where)
+    def counting(ctx, policy, learner, minibatches, base_from_forward, where):
+        seen.extend(len(micros) for micros in minibatches)
+        return optimize(ctx, policy, learner, minibatches, base_from_forward, where)
 
-    monkeypatch.setattr(trainer_module, "minibatch_update", counting)
+    monkeypatch.setattr(step_module, "optimize", counting)
     whole_met, whole = step_grads(tmp_path, "whole", f"algo.loss_agg={mode}")
     split_met, split = step_grads(tmp_path, "split", f"algo.loss_agg={mode}", "optim.max_tokens_per_micro=120")
-    assert seen[0] == 1 and seen[1] >= 4  # 16 rows of ~20-55 tokens in micro-batches of <= 120 padded tokens
+    # one minibatch per step; 16 rows of ~20-55 tokens in micro-batches of <= 120 padded tokens
+    assert len(seen) == 2 and seen[0] == 1 and seen[1] >= 4
     assert split_met["loss"] == pytest.approx(whole_met["loss"], rel=1e-5, abs=1e-8)
     assert split_met["grad_norm"] == pytest.approx(whole_met["grad_norm"], rel=1e-5)
     assert whole_met["grad_norm"] > 1e-4 and split_met["kl"] == pytest.approx(whole_met["kl"], rel=1e-3, abs=1e-9)
@@ -93,14 +95,14 @@ def micro_vs_whole(learner, ctx, pol, slots, budget):
     def run(micros):
         total, grads = 0.0, [torch.zeros_like(p) for p in params]
         for mb in micros:
-            loss, _ = learner.loss(ctx, pol, mb)
+            loss, _ = micro_batch_loss(ctx, pol, learner, mb)
             for acc, g in zip(grads, torch.autograd.grad(loss, params, allow_unused=True)):
                 if g is not None:
                     acc += g
             total += float(loss)
         return total, torch.cat([g.flatten() for g in grads])
 
-    micros = batch.micro_batches(idx, budget, lambda mb: learner.norms(ctx, mb))
+    micros = batch.micro_batches(idx, budget, lambda mb: denominators(ctx, learner, mb))
     assert len(micros) >= 3
     return run([batch.minibatch(idx)]), run(micros), micros
 
@@ -110,7 +112,7 @@ def test_peer_and_aux_rows_split_exactly(mode):
     """GRAFT's grafted peer rows (weights min{s,1}) and SGT's aux NLL rows, with KL (to a reference model that
     differs) and entropy terms, in micro-batches: same loss, same gradient as the whole minibatch."""
     cfg0 = load_config(pair="micro", algo="grpo")
-    pols = {s["id"]: build_policy(s, cfg0) for s in cfg0.pair.models}
+    pols = {s.id: build_policy(s, cfg0) for s in cfg0.pair.models}
     lpol, ppol = pols[LEARNER], pols[PEER]
     own = [group(lpol, p, FAIL if i == 0 else MIXED, grpo_adv(FAIL if i == 0 else MIXED))
            for i, p in enumerate(PROMPTS)]
@@ -150,7 +152,7 @@ def moved_fraction(tmp_path, name, precision):
         "run.track=false", f"run.out_dir={tmp_path}", f"run.name={name}", f"pair.train=[{LEARNER}]",
         "optim.minibatches=1", "optim.lr=1e-6", f"optim.precision={precision}", "algo.entropy_coeff=0.01"])
     first, *rest = cfg.pair.models
-    cfg = with_values(cfg, {"pair.models": [{**first, "dtype": "bfloat16"}, *rest]})
+    cfg = with_values(cfg, {"pair.models": [first.replace(dtype="bfloat16"), *rest]})
     tr = Trainer(cfg)
     try:
         pol = tr.policies[LEARNER]
@@ -184,7 +186,7 @@ def test_bf16_mixed_keeps_fp32_master_weights_that_take_every_small_update(tmp_p
 
 def test_per_model_device_and_scoring_passes_within_the_budget(monkeypatch):
     cfg = load_config(pair="micro", algo="grpo", overrides=["run.track=false", "optim.max_tokens_per_micro=100"])
-    pol = build_policy({**cfg.pair.models[0], "device": "cpu"}, cfg)   # a per-model device
+    pol = build_policy(cfg.pair.models[0].replace(device="cpu"), cfg)   # a per-model device
     assert pol.device == torch.device("cpu") and pol.max_tokens_per_micro == 100
     shapes = []
     logprobs = Policy.logprobs

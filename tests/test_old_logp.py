@@ -1,8 +1,8 @@
 """theta_old log-probs (docs/algorithms.md#notation-and-conventions): the engine records the log-prob of the
-distribution it actually sampled (renormalised after top-p / top-k), and ``rollout.recompute_old_logp`` replaces
-the own rollouts' log-probs by the training path's (``Policy.logprobs`` through ``score_sequences``) before the
-exchange and the update, so that the first minibatch's ratio is exactly 1 in any precision;
-``rollout/logp_diff_max`` is logged on every step."""
+distribution it actually sampled (renormalised after top-p / top-k), and with ``rollout.recompute_old_logp`` the own
+rollouts carry the training path's (``Policy.logprobs`` through ``score_sequences``) as ``Rollout.theta_old`` (their
+``logprobs`` never rewritten) before the exchange and the update, so that the first minibatch's ratio is exactly 1
+in any precision; ``rollout/logp_diff_max`` is logged on every step."""
 import copy
 import json
 
@@ -16,7 +16,9 @@ from helpers import one_run
 
 from graftzoo.contract.config import ConfigError, load_config, with_values
 from graftzoo.training.engine import Engine, HFEngine
-from graftzoo.training.trainer import Trainer, recompute_old_logp, train
+from graftzoo.training import loss as loss_mod, step as step_mod
+from graftzoo.training.step import old_logp_source
+from graftzoo.training.trainer import Trainer, train
 
 LEARNER = "micro-qwen-char"
 
@@ -55,7 +57,9 @@ def test_auto_resolves_on_unless_the_engine_is_the_fp32_training_model_sampling_
 
     def on(eng, policy=pol, **rollout):
         r = {"recompute_old_logp": "auto", "engine": "hf", "top_p": 1.0, "top_k": 0, **rollout}
-        return recompute_old_logp(with_values(base, {f"rollout.{k}": v for k, v in r.items()}), policy, eng)
+        source = old_logp_source(with_values(base, {f"rollout.{k}": v for k, v in r.items()}), policy, eng)
+        assert source in ("training", "engine")
+        return source == "training"
     assert on(HFEngine(pol)) is False
     assert on(HFEngine(pol, top_p=0.9), top_p=0.9) is True
     assert on(HFEngine(pol, top_k=5), top_k=5) is True
@@ -114,29 +118,45 @@ def test_every_minibatch_is_recomputed_on_its_own_rows_own_and_peer(tmp_path, to
     assert any(met["tokens/peer_share"] for met in mets.values())   # grafted rows were in the minibatches
 
 
-def test_peer_l_p_and_the_store_use_the_recomputed_theta_old(tmp_path):
+def test_peer_l_p_and_the_store_use_the_recomputed_theta_old(tmp_path, monkeypatch):
     """With the recompute on, the groups every model hands to the peer source (the peer's l_P, its per-token
-    log-probs for T2) and to the store carry the training-path log-probs."""
-    seen = {}
+    log-probs for T2) and to the store carry the training-path log-probs as ``theta_old``, which is what readers take
+    (``old_logprobs``); the engine's ``logprobs`` are never rewritten (neither the collected rollouts nor the ones
+    handed on). Off, no rollout carries ``theta_old``."""
+    seen, collected = {}, {}
     for mode in ("true", "false"):
         tr = Trainer(micro_cfg(tmp_path / mode, "peer.source=online", "rollout.top_p=0.5",
                                f"rollout.recompute_old_logp={mode}", algo="graft"))
         observe = tr.peers.observe
+        for m, learner in tr.learners.items():
+            def collect(ctx, prompts, _real=learner.collect, _key=(mode, m)):
+                groups = _real(ctx, prompts)  # the engine's rollouts, scored: their log-probs as recorded
+                collected[_key] = [(r, list(r.logprobs)) for g in groups for r in g.rollouts]
+                return groups
+            monkeypatch.setattr(learner, "collect", collect)
 
         def spy(groups_by_model, _tr=tr, _observe=observe, _mode=mode):
             for m, gs in groups_by_model.items():
                 rolls = [r for g in gs for r in g.rollouts]
                 lps, _ = _tr.policies[m].score_sequences([r.prompt_token_ids for r in rolls],
                                                          [r.token_ids for r in rolls])
-                seen[_mode, m] = ([r.logprobs for r in rolls], lps, [r.logp_sum for r in rolls])
+                seen[_mode, m] = ([r.old_logprobs for r in rolls], lps, [r.logp_sum for r in rolls],
+                                  [r.logprobs for r in rolls], [r.theta_old for r in rolls])
             _observe(groups_by_model)
         tr.peers.observe = spy
         tr.train_step(0)
+    for key, rolls in collected.items():
+        assert all(r.logprobs == lp for r, lp in rolls), key            # no rewrite in place
+        assert seen[key][3] == [lp for _, lp in rolls], key              # the rollouts handed on: the engine's
     for m in ("micro-qwen-char", "micro-gpt2-pair"):
-        got, want, _ = seen["true", m]
+        got, want, _, engine, carried = seen["true", m]
         assert got == want                                   # exactly the training path's values
-        got_off, want_off, _ = seen["false", m]
+        assert carried == want                               # carried as theta_old ...
+        assert engine != want                                # ... the engine's (top-p renormalised) values kept
+        got_off, want_off, _, engine_off, carried_off = seen["false", m]
         assert got_off != want_off                           # off: the decoding (top-p renormalised) values
+        assert got_off == engine_off and carried_off == [None] * len(got_off)
+        assert engine_off == engine                          # same seed, same rollouts: logprobs not rewritten
     store = pd.read_parquet(one_run(tmp_path / "true", "graft-micro-online-*-s0") / "store" / "micro-gpt2-pair")
     assert sorted(store["logp_sum"]) == sorted(seen["true", "micro-gpt2-pair"][2])
 
@@ -154,8 +174,9 @@ def test_theta_old_is_the_pre_update_policy_in_every_minibatch_own_and_peer_rows
     lr > 0 and two minibatches (own groups, then the grafted ones: peer-last), the second minibatch, trained after
     the first step moved the policy, still takes its ratio against the pre-update policy. Peer rows get it like own
     rows: the learner's own log-probs of the peer's text in its tokenizer, never a given base (the peer's
-    behaviour log-probs). The base the loss used (read after it): the first minibatch's is its own forward's, bit
-    for bit; a later one's is the value computed once before the update (phase 1, localization), equal to this
+    behaviour log-probs). The base the loss used (``ratio_base``'s value in the step's ``micro_batch_loss``): the
+    first minibatch's is its own forward's, bit for bit (``base_from_forward``); a later one's is the value the rows
+    arrived with (``MiniBatch.old_logp``, computed once before the update: phase 1, localization), equal to this
     minibatch's own forward under theta_old up to the rounding of another batch shape, on its response tokens."""
     (tmp_path / "strong.yaml").write_text(STRONG_PAIR)
     cfg = load_config(pair="micro", algo="graft", files=[tmp_path / "strong.yaml"],
@@ -163,37 +184,52 @@ def test_theta_old_is_the_pre_update_policy_in_every_minibatch_own_and_peer_rows
                                  "optim.minibatches=2", "optim.lr=0.01", "algo.delta=0.0",
                                  "rollout.recompute_old_logp=true"])
     tr = Trainer(cfg)
-    seen, start, moved = {m: [] for m in tr.model_ids}, {}, {}
+    seen, start, moved, flags, bases = {m: [] for m in tr.model_ids}, {}, {}, {}, []
     for m in tr.model_ids:
-        pol, learner = tr.policies[m], tr.learners[m]
+        pol = tr.policies[m]
 
-        def update(ctx, lrn, mbs, recompute, where, _m=m, _pol=pol, _update=pol.update):
+        def update(ctx, lrn, mbs, base_from_forward, where, _m=m, _pol=pol, _update=pol.update):
             start[_m] = copy.deepcopy(_pol.model.state_dict())   # the policy that sampled: theta_old
-            return _update(ctx, lrn, mbs, recompute, where=where)
-
-        def loss(ctx, policy, mb, _m=m, _pol=pol, _loss=learner.loss):
-            if ctx.update == 1 and _m not in moved:
-                moved[_m] = any(not torch.equal(p, start[_m][n]) for n, p in _pol.model.state_dict().items())
-            out = _loss(ctx, policy, mb)
-            seen[_m].append((ctx.update, mb, mb.old_logp.clone()))   # the ratio base the loss used
-            return out
+            flags[_m] = base_from_forward
+            return _update(ctx, lrn, mbs, base_from_forward, where=where)
         monkeypatch.setattr(pol, "update", update)
-        monkeypatch.setattr(learner, "loss", loss)
+
+    def base_spy(mb, logp, from_forward, _real=loss_mod.ratio_base):
+        out = _real(mb, logp, from_forward)
+        bases.append((from_forward, out.detach().clone()))
+        return out
+
+    def loss(ctx, policy, learner, mb, base_from_forward=False, _real=step_mod.micro_batch_loss):
+        m = ctx.model_id
+        if ctx.update == 1 and m not in moved:
+            moved[m] = any(not torch.equal(p, start[m][n]) for n, p in tr.policies[m].model.state_dict().items())
+        arrived = mb.old_logp.clone()
+        out = _real(ctx, policy, learner, mb, base_from_forward)
+        assert torch.equal(mb.old_logp, arrived)                    # the loss leaves the rows' base as they came
+        ff, base = bases.pop()
+        assert not bases and ff == base_from_forward
+        seen[m].append((ctx.update, mb, base, ff))                  # the ratio base the loss used
+        return out
+    monkeypatch.setattr(loss_mod, "ratio_base", base_spy)
+    monkeypatch.setattr(step_mod, "micro_batch_loss", loss)
     tr.train_step(0)
     peer_rows = 0
     for m in tr.model_ids:
         pol = tr.policies[m]
         assert moved[m]                                    # the first optimizer step changed the policy
-        assert sorted({u for u, _, _ in seen[m]}) == [0, 1]
+        assert flags[m] is True                            # theta_old from the training path: the named choice
+        assert sorted({u for u, _, _, _ in seen[m]}) == [0, 1]
         pol.model.load_state_dict(start[m])
-        for u, mb, old in seen[m]:
+        for u, mb, old, ff in seen[m]:
             with torch.no_grad():
                 want, _ = pol.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
             assert not bool(mb.given_old.any())            # T1: no row keeps a given ratio base
             real = mb.loss_mask > 0
+            assert ff == (u == 0)                          # only the first minibatch's base is from its forward
             if u == 0:                                     # the pre-update policy, this very minibatch's forward
                 assert torch.equal(old, want), (m, u)
             else:                                          # the pre-update policy (phase 1's pass), not the moved one
+                assert torch.equal(old, mb.old_logp), (m, u)                  # the values the rows arrived with
                 assert torch.allclose(old[real], want[real], atol=1e-5), (m, u)
             peer_rows += int(mb.is_peer.sum())
     assert peer_rows > 0

@@ -2,36 +2,35 @@
 each row's old log-probs come from one pass of the update's own forward code (phase 1 for own rows, localization
 for peer rows), the update adds no pass of its own, its first minibatch takes the ratio base from its own loss
 forward (ratio exactly 1, also in bfloat16), the later ones take theirs against theta_old, and a seeded step's
-metrics and weights are those of the two-pass computation this replaced (``two_pass_update``) to rounding."""
+metrics and weights are those of the two-pass computation this replaced (``two_pass_optimize``) to rounding. The
+rows' ratio base is data: no loss rewrites ``MiniBatch.old_logp``; the first minibatch's base from its own forward is
+the step's named choice (``base_from_forward``)."""
 import math
 from collections import Counter
 
 import pytest
 import torch
+from helpers import theta_old_base
 from test_graft import STRONG_PAIR
 
 from graftzoo.contract.batch import micro_split
 from graftzoo.contract.config import load_config
-from graftzoo.training import policy as policy_mod
+from graftzoo.training import loss as loss_mod, step as step_mod
 from graftzoo.training.trainer import Trainer
-from graftzoo.training.update import minibatch_old_logp, minibatch_update
 
 LEARNER = "micro-qwen-char"
 CLIP_KEYS = ("clip/frac", "clip/frac_low", "clip/frac_high")
 
 
-def two_pass_update(ctx, policy, learner, mbs, recompute, where, step=None):
+def two_pass_optimize(ctx, policy, learner, minibatches, base_from_forward, where, _optimize=step_mod.optimize):
     """The update as it was before theta_old was computed once: a no-grad pass over every micro-batch of every
-    minibatch before the first optimizer step (``minibatch_old_logp``), then one optimizer step per minibatch."""
-    if recompute:
-        for micros in mbs:
+    minibatch before the first optimizer step (``theta_old_base``), then the step's loop (``optimize``, one
+    optimizer step per minibatch) on those bases, none taken from a loss forward."""
+    if base_from_forward:
+        for micros in minibatches:
             for mb in micros:
-                minibatch_old_logp(policy, mb)
-    out = []
-    for u, micros in enumerate(mbs):
-        ctx.update = u
-        out.append((step or minibatch_update)(ctx, policy, learner, micros, where=f"{where}, minibatch {u}"))
-    return out
+                mb.old_logp = theta_old_base(policy, mb)
+    return _optimize(ctx, policy, learner, minibatches, False, where)
 
 
 def strong_cfg(tmp_path, algo, *overrides):
@@ -67,11 +66,44 @@ def peer_trainer(algo):
     return make
 
 
+def watch_losses(monkeypatch) -> list:
+    """The probes (``StepProbe``) that the step's losses are reported to: the step's ``micro_batch_loss`` and the
+    ratio base it takes (``graftzoo.training.loss.ratio_base``) spied once per test. Each loss call reports its
+    minibatch index, metrics, micro-batch, the base its rows arrived with and the base the loss used; it leaves the
+    rows' base as it found it and takes its base once, from its forward exactly when ``base_from_forward``."""
+    probes = getattr(step_mod.micro_batch_loss, "probes", None)
+    if probes is not None:
+        return probes
+    probes, used = [], []
+
+    def ratio_base(mb, logp, from_forward, _real=loss_mod.ratio_base):
+        out = _real(mb, logp, from_forward)
+        used.append((from_forward, out.detach().clone()))
+        return out
+
+    def micro_batch_loss(ctx, policy, learner, mb, base_from_forward=False, _real=step_mod.micro_batch_loss):
+        arrived = mb.old_logp.clone()
+        out = _real(ctx, policy, learner, mb, base_from_forward)
+        (from_forward, base), = used
+        used.clear()
+        assert from_forward == base_from_forward and torch.equal(mb.old_logp, arrived)  # the rows' base kept
+        for probe in probes:
+            if probe.tr.policies.get(ctx.model_id) is policy:
+                probe.losses[ctx.model_id].append((ctx.update, out[1], mb, arrived, base))
+        return out
+
+    micro_batch_loss.probes = probes
+    monkeypatch.setattr(loss_mod, "ratio_base", ratio_base)
+    monkeypatch.setattr(step_mod, "micro_batch_loss", micro_batch_loss)
+    return probes
+
+
 class StepProbe:
     """What one training step does with theta_old, per trained model: the forward passes of the model outside
     decoding (a forward pre-hook; the engine decodes with ``use_cache=True``), the sequences each
     ``score_sequences`` call scored and the forwards it took, the micro-batches the update got, and for each loss
-    call its minibatch index, metrics, micro-batch and the ratio base before and after the loss."""
+    call its minibatch index, metrics, micro-batch, the ratio base its rows arrived with and the one the loss used
+    (``watch_losses``)."""
 
     def __init__(self, tr, monkeypatch, update=None):
         self.tr = tr
@@ -81,12 +113,14 @@ class StepProbe:
         self.update_micros = {m: 0 for m in tr.model_ids}
         self.losses = {m: [] for m in tr.model_ids}
         self.start = {}
+        self.base_from_forward = {}
         if update is not None:
-            monkeypatch.setattr(policy_mod, "update_policy", update)
+            monkeypatch.setattr(step_mod, "optimize", update)
+        watch_losses(monkeypatch).append(self)
         for m in tr.model_ids:
-            self._probe(m, tr.policies[m], tr.learners[m], monkeypatch)
+            self._probe(m, tr.policies[m], monkeypatch)
 
-    def _probe(self, m, pol, learner, monkeypatch):
+    def _probe(self, m, pol, monkeypatch):
         def count(module, args, kwargs):
             if not kwargs.get("use_cache"):
                 self.forwards[m] += 1
@@ -99,18 +133,12 @@ class StepProbe:
             return _real(prompts, responses, **kw)
         monkeypatch.setattr(pol, "score_sequences", score_sequences)
 
-        def update(ctx, lrn, mbs, recompute, where, _real=pol.update):
+        def update(ctx, lrn, mbs, base_from_forward, where, _real=pol.update):
             self.start[m] = {k: v.clone() for k, v in pol.model.state_dict().items()}  # theta_old
             self.update_micros[m] = sum(len(micros) for micros in mbs)
-            return _real(ctx, lrn, mbs, recompute, where=where)
+            self.base_from_forward[m] = base_from_forward
+            return _real(ctx, lrn, mbs, base_from_forward, where=where)
         monkeypatch.setattr(pol, "update", update)
-
-        def loss(ctx, policy, mb, _real=learner.loss):
-            before = mb.old_logp.clone()
-            out = _real(ctx, policy, mb)
-            self.losses[m].append((ctx.update, out[1], mb, before, mb.old_logp.clone()))
-            return out
-        monkeypatch.setattr(learner, "loss", loss)
 
     def step(self) -> dict:
         return self.tr.train_step(0)
@@ -185,8 +213,9 @@ def test_theta_old_once_per_step_first_ratio_one_same_step_as_two_passes(tmp_pat
     peer): the step's forward passes, the first minibatch's ratio, and the step against the two-pass reference."""
     probe = StepProbe(make(tmp_path / "once"), monkeypatch)
     mets = probe.step()
-    ref = StepProbe(make(tmp_path / "two"), monkeypatch, update=two_pass_update)
+    ref = StepProbe(make(tmp_path / "two"), monkeypatch, update=two_pass_optimize)
     ref_mets = ref.step()
+    assert all(probe.base_from_forward.values()) and len(probe.base_from_forward) == len(probe.tr.model_ids)
     assert_theta_old_once(probe, ref, mets, algo)
     assert_first_ratio_is_one_and_later_bases_are_theta_old(probe)
     assert_same_step(probe, ref, mets, ref_mets)
@@ -207,11 +236,11 @@ def test_first_minibatch_base_is_its_own_forward_later_ones_the_arrived_theta_ol
     for m, pol in tr.policies.items():
         pol.model.to(torch.bfloat16)
 
-        def shifted(ctx, lrn, mbs, recompute, where, _real=pol.update):
+        def shifted(ctx, lrn, mbs, base_from_forward, where, _real=pol.update):
             for micros in mbs:
                 for mb in micros:
                     mb.old_logp = torch.where(mb.given_old.unsqueeze(1), mb.old_logp, mb.old_logp + SHIFT)
-            return _real(ctx, lrn, mbs, recompute, where=where)
+            return _real(ctx, lrn, mbs, base_from_forward, where=where)
         monkeypatch.setattr(pol, "update", shifted)
     probe = StepProbe(tr, monkeypatch)
     probe.step()
@@ -236,8 +265,9 @@ def test_recompute_off_keeps_the_arrived_bases_and_the_step(tmp_path, monkeypatc
     probe = StepProbe(grpo_trainer(tmp_path / "once", "rollout.recompute_old_logp=false"), monkeypatch)
     mets = probe.step()
     ref = StepProbe(grpo_trainer(tmp_path / "two", "rollout.recompute_old_logp=false"), monkeypatch,
-                    update=two_pass_update)
+                    update=two_pass_optimize)
     ref_mets = ref.step()
+    assert probe.base_from_forward == {LEARNER: False}
     assert all(torch.equal(before, after) for *_, before, after in probe.losses[LEARNER])
     assert numbers(mets[LEARNER]) == numbers(ref_mets[LEARNER])
     assert ref.forwards[LEARNER] == probe.forwards[LEARNER]

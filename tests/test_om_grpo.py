@@ -10,11 +10,13 @@ from helpers import Spy, one_run
 import torch
 from click.testing import CliRunner
 
-import graftzoo.algos.om_grpo as om
+import graftzoo.algos.om_grpo.learner as om
 from graftzoo.algos.base import StepContext
-from graftzoo.algos.om_grpo import OMGRPO, OMGRPOConfig
+from graftzoo.algos.om_grpo import OMGRPOConfig
+from graftzoo.algos.om_grpo.learner import OMGRPO
 from graftzoo.training.policy import Policy
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config, with_values
+from graftzoo.training.loss import micro_batch_loss
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Group, Prompt, Rollout
 
@@ -144,7 +146,7 @@ def test_answer_span_mask_on_the_rollout():
 def micro():
     cfg = load_config(pair="micro", algo="om_grpo", overrides=["pair.train=[micro-qwen-char]",
                                                                 "algo.answer_format=any", "eval.size=6"])
-    spec = next(s for s in cfg.pair.models if s["id"] == "micro-qwen-char")
+    spec = next(s for s in cfg.pair.models if s.id == "micro-qwen-char")
     policy = build_policy(spec, cfg, seed=0)
     ref = copy.copy(policy)
     ref.model = copy.deepcopy(policy.model).eval()
@@ -180,7 +182,7 @@ def test_no_gradient_reaches_answer_tokens(micro, mask_kl):
     batch = lr.build_batch(ctx, groups)
     mb = batch.minibatch(list(range(len(batch))))
     spy = Spy(policy)
-    loss, met = lr.loss(ctx, spy, mb)
+    loss, met = micro_batch_loss(ctx, spy, lr, mb)
     assert lr.cfg.beta_kl > 0 and met["kl"] > 0
     loss.backward()
     grad = spy.logp.grad

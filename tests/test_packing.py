@@ -12,6 +12,7 @@ import random
 
 import pytest
 import torch
+from helpers import theta_old_base
 from test_engine import tiny_policy
 
 from graftzoo.algos.base import StepContext
@@ -19,12 +20,12 @@ from graftzoo.contract.batch import TrainBatch, pad_pairs
 from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import TrainRow
+from graftzoo.training.loss import micro_batch_loss, ratio_base
 from graftzoo.tiny.hf import save_hf_model
 from graftzoo.training import policy as policy_mod
 from graftzoo.training.policy import (Policy, adamw_kwargs, pack_rows, packing_fault, position_ids_from_mask,
                                       use_packing)
 from graftzoo.training.trainer import Trainer
-from graftzoo.training.update import minibatch_old_logp
 from transformers import AutoModelForCausalLM
 
 PROMPT_LENS, RESP_LENS = (3, 19, 7, 1, 11), (33, 2, 15, 1, 24)  # very different lengths, one 1-token prompt
@@ -173,7 +174,7 @@ def test_adamw_is_fused_on_cuda_and_foreach_elsewhere():
 
 def minibatch(pol, seed=2):
     """The rows as one float64 minibatch (TrainBatch's real layout) with theta_old from the policy's own path
-    (``minibatch_old_logp``), then old log-probs moved off it so some ratios clip."""
+    (``theta_old_base``), then old log-probs moved off it so some ratios clip."""
     prompts, resps = rows_of()
     g = torch.Generator().manual_seed(seed)
     rows = [TrainRow(p, r, [0.0] * len(r), [1.0] * len(r), [1.0] * len(r), float(a), 1.0, "own", b)
@@ -181,7 +182,7 @@ def minibatch(pol, seed=2):
     mb = TrainBatch(rows, [None] * len(rows), pad_id=pol.pad_id).minibatch(range(len(rows)))
     mb = dataclasses.replace(mb, **{k: getattr(mb, k).double() for k in (
         "old_logp", "loss_mask", "kl_mask", "advantages", "weights", "origin_mean_logp")})
-    minibatch_old_logp(pol, mb)
+    mb.old_logp = theta_old_base(pol, mb)
     mb.old_logp = mb.old_logp + 0.6 * (torch.rand(mb.old_logp.shape, generator=g, dtype=torch.float64) - 0.5)
     return mb
 
@@ -196,7 +197,7 @@ def loss_and_grads(pol, ref, mode, packing):
     pol.packing = ref.packing = packing
     mb = minibatch(pol)
     pol.model.zero_grad(set_to_none=True)
-    loss, _ = learner.loss(ctx, pol, mb)
+    loss, _ = micro_batch_loss(ctx, pol, learner, mb)
     loss.backward()
     return float(loss.detach()), {n: p.grad.clone() for n, p in pol.model.named_parameters() if p.grad is not None}
 
@@ -228,9 +229,11 @@ def test_theta_old_through_the_same_path_gives_a_first_ratio_of_exactly_one(pack
     rows = [TrainRow(p, r, [0.0] * len(r), [1.0] * len(r), [1.0] * len(r), 1.0, 1.0, "own", b)
             for b, (p, r) in enumerate(zip(prompts, resps))]
     mb = TrainBatch(rows, [None] * len(rows), pad_id=pol.pad_id).minibatch(range(len(rows)))
-    minibatch_old_logp(pol, mb)
+    mb.old_logp = theta_old_base(pol, mb)  # a separate pass, as the rows' arrived theta_old
     logp, _ = pol.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
     assert bool((torch.exp(logp - mb.old_logp) * mb.loss_mask == mb.loss_mask).all())
+    base = ratio_base(mb, logp, True)  # the base the loss takes from its own forward (``base_from_forward``)
+    assert bool((torch.exp(logp - base) * mb.loss_mask == mb.loss_mask).all())
 
 
 # ---- a real trainer step ---------------------------------------------------------------------------------------

@@ -11,8 +11,10 @@ from click.testing import CliRunner
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import sequence_mean_logp
-from graftzoo.algos.sgt import SGT, SGTConfig
+from graftzoo.algos.sgt import SGTConfig
+from graftzoo.algos.sgt.learner import SGT
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
+from graftzoo.training.loss import micro_batch_loss
 from graftzoo.training.models import build_policy
 from graftzoo.contract.types import Group, Prompt
 
@@ -24,7 +26,7 @@ G = 8
 @pytest.fixture(scope="module")
 def pols():
     cfg = load_config(pair="micro", algo="sgt", overrides=["peer.source=online", "run.track=false"])
-    return {s["id"]: build_policy(s, cfg) for s in cfg.pair.models}
+    return {s.id: build_policy(s, cfg) for s in cfg.pair.models}
 
 
 def run_cfg(*overrides):
@@ -88,7 +90,7 @@ def test_augment_worked_example(pols):
     rows = {id(row.rollout): row for row in batch.rows}
     assert rows[id(r)].is_peer and sum(rows[id(r)].kl_mask) == 0
     assert sum(row.is_peer for row in batch.rows) == 1
-    loss, met = learner.loss(ctx, pols[QWEN], batch.minibatch(range(len(batch))))
+    loss, met = micro_batch_loss(ctx, pols[QWEN], learner, batch.minibatch(range(len(batch))))
     assert met["ratio/mean"] == pytest.approx(1.0, abs=1e-5)  # pi_old = the learner's own log-probs
     assert met["tokens/peer_share"] == pytest.approx(len(r.token_ids) / sum(len(x.token_ids) for x in g.rollouts))
 
@@ -135,7 +137,7 @@ def test_aux_nll_mode_and_lambda(pols):
     def run(*ov):
         learner, ctx, groups, slots = step(pols, [0, 2], [peer_c, peer_c], "algo.mode=aux_nll", *ov)
         batch = learner.build_batch(ctx, slots)
-        loss, met = learner.loss(ctx, pols[QWEN], batch.minibatch(range(len(batch))))
+        loss, met = micro_batch_loss(ctx, pols[QWEN], learner, batch.minibatch(range(len(batch))))
         return groups, slots, float(loss.detach()), met
 
     groups, slots, loss1, met = run()
@@ -154,7 +156,7 @@ def test_aux_nll_mode_and_lambda(pols):
     assert loss3 - loss1 == pytest.approx(2 * nll, rel=1e-4)
     learner, ctx, _, slots = step(pols, [0, 2], [peer_c, peer_c], "algo.mode=aux_nll", "algo.lam=0")
     batch = learner.build_batch(ctx, slots)
-    loss0, _ = learner.loss(ctx, pol, batch.minibatch(range(len(batch))))
+    loss0, _ = micro_batch_loss(ctx, pol, learner, batch.minibatch(range(len(batch))))
     loss0 = float(loss0.detach())
     assert loss1 - loss0 == pytest.approx(nll, rel=1e-4)
     # the rescue rows carry no policy-gradient loss and stay out of its token-mean denominator
@@ -164,7 +166,7 @@ def test_aux_nll_mode_and_lambda(pols):
     assert len(own) == len(batch) - 1
 
     def loss_of(idx):
-        return float(learner.loss(ctx, pol, batch.minibatch(idx))[0].detach())
+        return float(micro_batch_loss(ctx, pol, learner, batch.minibatch(idx))[0].detach())
 
     assert loss_of(range(len(batch))) - nll == pytest.approx(loss_of(own), abs=1e-6)
     for row in batch.rows:  # the same rows as policy-gradient rows: another loss

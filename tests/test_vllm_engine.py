@@ -13,7 +13,8 @@ from transformers.generation import TopPLogitsWarper
 from graftzoo.contract.config import ConfigError, as_dict, load_config
 from graftzoo.training.engine import EngineError, HFEngine
 from graftzoo.training.models import build_engine, build_policy
-from graftzoo.training.trainer import Trainer, recompute_old_logp, train
+from graftzoo.training.step import old_logp_source
+from graftzoo.training.trainer import Trainer, train
 from graftzoo.training import placement
 from graftzoo.envs.task import Task
 
@@ -36,7 +37,7 @@ def pair():
     try:
         for spec in cfg.pair.models:
             pol = build_policy(spec, cfg)
-            out[spec["id"]] = (pol, build_engine(pol, cfg))
+            out[spec.id] = (pol, build_engine(pol, cfg))
         prompts = list(Task(cfg).make_env("test", size=6).dataset)
         yield out, prompts
     finally:
@@ -97,7 +98,8 @@ def test_greedy_output_equals_the_hf_engine_on_the_same_weights(pair):
 def test_sampled_logprobs_are_those_of_the_sampled_distribution(pair):
     models, prompts = pair
     for m, (pol, engine) in models.items():
-        assert recompute_old_logp(micro_cfg(), pol, engine)  # theta_old always from the training path (auto)
+        assert not engine.records_training_logprobs(pol)                # a copy of the weights: another forward
+        assert old_logp_source(micro_cfg(), pol, engine) == "training"  # theta_old always from the training path
         torch.manual_seed(0)
         rolls = [r for g in engine.generate(prompts, 4) for r in g.rollouts]
         assert max_diff(rolls, training_logprobs(pol, rolls)) <= TOL, m  # softmax(logits / T), the ratio's base

@@ -5,7 +5,7 @@ limit, so that no training row is longer than ``max_response`` tokens (own, peer
 ``xt.overflow=truncate`` keeps a response's first tokens; a stored response is always re-tokenized from its text."""
 import pytest
 import torch
-from helpers import scored_rollout
+from helpers import scored_rollout, theta_old_base
 from test_graft import FAIL, LEARNER, MIXED, PEER, STRONG_PAIR, context, learner, pols, prompts, rollout  # noqa: F401
 
 from graftzoo.algos.functional import group_advantages
@@ -13,6 +13,7 @@ from graftzoo.contract.config import load_config
 from graftzoo.contract.types import Group
 from graftzoo.peers import StoredPeer, TrajectoryStore
 from graftzoo.peers.xt import XTOverflowError
+from graftzoo.training.loss import micro_batch_loss
 from graftzoo.training.trainer import Trainer
 
 MAX = 40  # micro-qwen-char's max response (rollout.max_new_tokens of the micro pair); one character = one token
@@ -155,9 +156,8 @@ def test_no_training_row_is_longer_than_its_models_max_response(tmp_path):
 def test_a_peer_sharing_the_learners_tokenizer_gets_the_learners_theta_old(pols):
     """Peer rows take their ratio base from the learner, like own rows (docs/algorithms.md#cross-tokenizer-exchange
     step 3): even when the peer's token ids are the learner's (same tokenizer), the base is the learner's theta_old
-    log-probs, never the peer's behaviour log-probs, and it is not a given base, so the update's recompute
-    (``minibatch_old_logp``) replaces it as it does an own row's."""
-    from graftzoo.training.update import minibatch_old_logp
+    log-probs, never the peer's behaviour log-probs, and it is not a given base, so the first minibatch's base from
+    its own forward (``base_from_forward``, ``ratio_base``) replaces it as it does an own row's."""
     lpol = pols[LEARNER]
     p = prompts(1)[0]
     texts, correct = ["10+20=30", "10+20=31", "10+20=300", "10+20=3"], [True, False, False, False]
@@ -178,7 +178,11 @@ def test_a_peer_sharing_the_learners_tokenizer_gets_the_learners_theta_old(pols)
         assert r.old_logp == pytest.approx(scored_rollout(lpol, p, r.rollout.text, False).logprobs, abs=1e-5)
     mb = batch.minibatch(idx)
     mb.old_logp = torch.full_like(mb.old_logp, -3.0)
-    minibatch_old_logp(lpol, mb)                                                    # the update's recompute
     with torch.no_grad():
         want, _ = lpol.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
-    assert torch.equal(mb.old_logp, want)
+    assert torch.equal(theta_old_base(lpol, mb), want)                              # the base from a forward
+    _, met = micro_batch_loss(ctx, lpol, algo, mb, base_from_forward=True)          # the loss's own forward
+    assert met["ratio/mean"] == 1.0
+    _, met = micro_batch_loss(ctx, lpol, algo, mb)                                  # the arrived base (-3) kept
+    assert met["ratio/mean"] != pytest.approx(1.0, abs=1e-2)
+    assert bool((mb.old_logp == -3.0).all())                                        # never rewritten

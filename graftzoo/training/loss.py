@@ -68,6 +68,9 @@ def micro_batch_loss(ctx, policy, learner, mb: MiniBatch, base_from_forward: boo
     metrics = {**token_metrics(pl, mask, mb.is_peer, ent), **pl.metrics}
     if pl.extra is not None:
         loss = loss + pl.extra
+    elif bool(mb.is_aux.any()):  # aux rows sit outside the policy term: only a loss's extra term trains them
+        raise ValueError(f"learner {learner.name!r}: rows of role aux reach policy loss {learner.loss!r}, which gives "
+                         f"them no term (PolicyLoss.extra): name a loss that trains them, e.g. SGT's 'sgt'")
     if c.entropy_coeff:
         loss = loss - c.entropy_coeff * agg_loss(ent, mask, c.loss_agg, den)
     if c.beta_kl > 0:

@@ -42,7 +42,7 @@ from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.training.engine import fitting_prompts
-from graftzoo.training.models import InProcess, check_models, make_eval_engine, prompt_limits, split_spec
+from graftzoo.training.models import InProcess, check_models, make_eval_engine, prompt_limits
 from graftzoo.training import placement
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
@@ -74,10 +74,9 @@ def _disk_error(e: BaseException) -> Optional[str]:
 def warn_frozen(cfg: RunConfig, model_ids: list) -> None:
     """A trained model whose learning rate is 0 (``optim.lr`` or ``pair.models[i].lr``) never changes: said once."""
     for spec in cfg.pair.models:
-        local = split_spec(spec)[1]
-        if spec["id"] in model_ids and float(local.get("lr", cfg.optim.lr)) == 0:
-            key = f"pair.models[{spec['id']}].lr" if "lr" in local else "optim.lr"
-            log.warning("model %r: %s is 0: its weights never change, this run trains nothing for it", spec["id"], key)
+        if spec.id in model_ids and float(spec.lr) == 0:
+            log.warning("model %r: %s is 0: its weights never change, this run trains nothing for it", spec.id,
+                        spec.key_of("lr"))
 
 
 def derive_seed(*parts) -> int:
@@ -251,7 +250,7 @@ class Trainer:
 
     def _prompt_limits(self, cfg: RunConfig) -> dict:
         """model id -> (tokenizer, template, prompt budget) of every trained model (``prompt_limits``)."""
-        return {s["id"]: prompt_limits(s, cfg) for s in cfg.pair.models if s["id"] in self.model_ids}
+        return {s.id: prompt_limits(s, cfg) for s in cfg.pair.models if s.id in self.model_ids}
 
     def _fitting(self, cfg: RunConfig, prompts: list) -> list:
         """The training prompts whose rendering leaves room for max_new_tokens in every trained model's context and
