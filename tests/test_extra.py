@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.extra import ExTraConfig
 from graftzoo.algos.extra.learner import ExTra
-from graftzoo.algos.functional import (most_confident_rollout, prefix_cut_points, prefix_entropy_scores,
-                                       select_prefix)
+from graftzoo.algos.extra.formulas import (most_confident_rollout, prefix_cut_points, prefix_entropy_scores,
+                                           select_prefix)
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
 from graftzoo.algos.extra.embedders import HashedNgramEmbedder, make_embedder
 from graftzoo.training.loss import micro_batch_loss

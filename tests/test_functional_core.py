@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
-from graftzoo.algos.functional import (agg_loss, clipped_surrogate, dapo_overlong_penalty, entropy_from_logits,
-                                       group_advantages, gspo_sequence_ratio, gspo_token_ratio, kl_k3,
-                                       ratio_surrogate, rloo_advantages, sequence_mean_logp, zero_variance_groups)
+from graftzoo.algos.functional import (agg_loss, clipped_surrogate, entropy_from_logits, group_advantages,
+                                       gspo_sequence_ratio, gspo_token_ratio, kl_k3, ratio_surrogate,
+                                       rloo_advantages, sequence_mean_logp)
+from graftzoo.algos.dapo.formulas import dapo_overlong_penalty, zero_variance_groups
 
 torch.set_num_threads(1)
 D = torch.float64

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from helpers import one_run
 
 from graftzoo.algos.base import StepContext
-from graftzoo.algos.functional import hit_utility
+from graftzoo.algos.hora.formulas import hit_utility
 from graftzoo.algos.hora import HORAConfig
 from graftzoo.algos.hora.learner import HORA
 from graftzoo.contract.config import LearnerFacts

@@ -2,7 +2,7 @@
 import torch
 
 from graftzoo.algos.base import Learner
-from graftzoo.algos.functional import dapo_overlong_penalty, zero_variance_groups
+from graftzoo.algos.dapo.formulas import dapo_overlong_penalty, zero_variance_groups
 from graftzoo.algos.dapo import DAPOConfig, DAPO_GEN_BATCHES, DAPO_KEPT_GROUPS
 from graftzoo.contract.registry import register_algo
 

@@ -10,9 +10,10 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from graftzoo.algos.base import Learner
-from graftzoo.algos.functional import (extra_advantages, extra_option_a_scores, group_advantages, is_hard_prompt,
-                                       most_confident_rollout, novelty_scores, prefix_cut_points,
-                                       prefix_entropy_scores, reward_variance_ema, select_prefix)
+from graftzoo.algos.functional import group_advantages
+from graftzoo.algos.extra.formulas import (extra_advantages, extra_option_a_scores, is_hard_prompt,
+                                           most_confident_rollout, novelty_scores, prefix_cut_points,
+                                           prefix_entropy_scores, reward_variance_ema, select_prefix)
 from graftzoo.algos.extra.embedders import make_embedder
 from graftzoo.algos.extra import EXTRA_BONUS_MEAN, EXTRA_GUIDED_ACC, EXTRA_GUIDED_PROMPTS, EXTRA_HARD_PROMPTS, EXTRA_NOVELTY_MEAN, EXTRA_NOVELTY_WARM_FRAC, EXTRA_PREFIXES_ENQUEUED, EXTRA_QUEUE_LEN, ExTraConfig
 from graftzoo.contract.config import LearnerFacts

@@ -106,37 +106,6 @@ def rloo_advantages(rewards: Tensor, group_index: Tensor, singleton: str = "zero
     return torch.where(single, r if singleton == "verl" else torch.zeros_like(r), adv)
 
 
-def zero_variance_groups(rewards: Tensor, group_index: Tensor, drop_singletons: bool = True) -> Tensor:
-    """DAPO dynamic-sampling predicate: True for groups with no reward contrast (docs/algorithms.md#dapo
-    step 3 and edge cases).
-
-    Returns ``BoolTensor[K]`` over groups in ascending id order. DAPO keeps a group iff its std > 0 or it
-    has exactly one response; the spec RECOMMENDS dropping singletons instead (``drop_singletons=True``);
-    ``drop_singletons=False`` gives verl's keep rule. Pass correctness (``acc`` metric) or sequence
-    rewards as ``rewards``; equality is tested exactly (max == min), not through a float std.
-    """
-    st = group_stats(_as_float(rewards, "rewards"), group_index)
-    flat = st["max"] == st["min"]
-    if not drop_singletons:
-        flat = flat & (st["count"] > 1)
-    return flat
-
-
-def dapo_overlong_penalty(lengths, max_len: int, cache_len: int, penalty_factor: float = 1.0) -> Tensor:
-    """DAPO soft overlong punishment R_len(L) times ``penalty_factor`` (docs/algorithms.md#dapo).
-
-    0 for ``L <= max_len - cache_len``; ``((max_len - cache_len) - L) / cache_len`` inside the buffer;
-    -1 beyond ``max_len``. Added to the correctness reward of every response, correct or not.
-    """
-    if not 0 < cache_len <= max_len:
-        raise ValueError(f"dapo_overlong_penalty: need 0 < cache_len <= max_len, got cache_len={cache_len}, "
-                         f"max_len={max_len}")
-    L = torch.as_tensor(lengths, dtype=torch.get_default_dtype())
-    expected = max_len - cache_len
-    pen = ((expected - L) / cache_len).clamp(min=-1.0, max=0.0)
-    return penalty_factor * pen
-
-
 # --------------------------------------------------------------------------------------------
 # token losses
 # --------------------------------------------------------------------------------------------
@@ -371,8 +340,4 @@ def aux_nll_loss(mean_logp: Tensor, weights: Tensor) -> Tensor:
     return -(weights.to(mean_logp.dtype) * mean_logp).sum()
 
 
-__all__ = [
-    "sequence_terms_as_tokens", "aux_nll_loss", "AGG_MODES", "group_stats", "group_advantages", "rloo_advantages", "zero_variance_groups",
-    "dapo_overlong_penalty", "agg_loss", "agg_denominator", "ratio_surrogate", "clipped_surrogate", "kl_k3",
-    "entropy_from_logits", "sequence_mean_logp", "gspo_sequence_ratio", "gspo_token_ratio",
-]
+__all__ = ["sequence_terms_as_tokens", "aux_nll_loss", "AGG_MODES", "group_stats", "group_advantages", "rloo_advantages", "agg_loss", "agg_denominator", "ratio_surrogate", "clipped_surrogate", "kl_k3", "entropy_from_logits", "sequence_mean_logp", "gspo_sequence_ratio", "gspo_token_ratio"]

@@ -7,10 +7,11 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.base import StepContext, TrainBatch
-from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weights, graft_balance, graft_cap,
-                                       graft_candidates, group_advantages, peer_order,
-                                       random_count_matched_admission, random_count_matched_prompts,
-                                       ratio_surrogate, separate_minibatches, sgt_rescue, symmetric_cap)
+from graftzoo.algos.functional import align_peer_logprobs, compatibility_weights, group_advantages, ratio_surrogate
+from graftzoo.algos.graft.formulas import (graft_balance, graft_cap, graft_candidates, peer_order,
+                                           random_count_matched_admission, random_count_matched_prompts,
+                                           separate_minibatches, symmetric_cap)
+from graftzoo.algos.sgt.formulas import sgt_rescue
 from graftzoo.algos.sgt.learner import augment_group
 from graftzoo.algos.graft import GRAFTConfig, token_ratio_error
 from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss

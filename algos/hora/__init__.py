@@ -2,7 +2,7 @@
 
 Per step (docs/algorithms.md#hora, RECOMMENDED instantiation): a probe of ``n0`` rollouts per prompt is scored; the rest
 of the GRPO budget ``B_tot = rollout.n * prompts`` is spread over the prompts by the exact greedy
-maximizer of the total posterior hit utility (``functional.hora_allocate``), at most ``cap`` extra
+maximizer of the total posterior hit utility (``formulas.hora_allocate``), at most ``cap`` extra
 rollouts per prompt; the extra rollouts are merged into the probe groups, so groups have different
 sizes. Rewards, the estimator (``algo.estimator``: grpo | rloo) and the loss are unchanged.
 

@@ -5,7 +5,8 @@ from typing import Optional
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.sgt import SGTConfig
-from graftzoo.algos.functional import aux_nll_loss, sequence_mean_logp, sgt_augment, sgt_rescue
+from graftzoo.algos.functional import aux_nll_loss, sequence_mean_logp
+from graftzoo.algos.sgt.formulas import sgt_augment, sgt_rescue
 from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
 from graftzoo.algos.peer import PeerLearner, log_compatibility, require_peer
 from graftzoo.contract import metrics as M

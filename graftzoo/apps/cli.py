@@ -17,6 +17,7 @@ import yaml
 from graftzoo.algos import BUILTIN
 from graftzoo.apps.options import PEER_FORMS, peer_option, plugin_option
 from graftzoo.contract.config import ALIASES, algo_presets, as_dict, config_keys, load_config
+from graftzoo.contract.registry import get_config
 
 # Anticipated errors: one line ``Error: ...`` naming the culprit, no traceback (``graftzoo --debug`` shows it).
 # Usage and config errors exit 2, runtime errors (data, files, disk, a diverged run) exit 1, a signal 128 + signal.
@@ -212,7 +213,8 @@ def config_keys_cmd(markdown):
 
 def keys_text(markdown: bool) -> str:
     """The key list of ``graftzoo config keys`` (docs/config.md with ``markdown``)."""
-    rows = config_keys(BUILTIN)
+    # the report's baseline algorithm (GRPO) in full first, every other one where it differs from it
+    rows = config_keys(sorted(BUILTIN, key=lambda name: (not get_config(name).report_baseline, name)))
     if not markdown:
         width = max(len(k) for k, *_ in rows)
         return "\n".join(f"{k:<{width}}  {t}; default {d!r}. {doc}" for k, t, d, doc in rows)

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from graftzoo.contract.registry import load_sections
+
 UNITS = {
     "fraction": "a share in [0, 1]",
     "count": "a number of things (per step unless said)",
@@ -281,7 +283,6 @@ EVERY_RECORD: tuple = (
 
 def _with_algorithms() -> None:
     """Declare the builtin algorithms' own metrics: their packages are imported once (no torch)."""
-    from graftzoo.contract.registry import load_sections
     load_sections()
 
 

@@ -23,10 +23,9 @@ from typing import Optional
 import torch
 
 from graftzoo.contract import metrics as M
-from graftzoo.contract.config import RunConfig
+from graftzoo.contract.config import ModelSpec, RunConfig
 from graftzoo.training.engine import Engine
-from graftzoo.training.models import (check_context, load_tokenizer_of, model_stop, model_template, resolve_device,
-                                      split_spec)
+from graftzoo.training.models import check_context, load_tokenizer_of, model_stop, model_template, resolve_device
 from graftzoo.training.policy import Policy
 from graftzoo.distributed.errors import WorkerDied, WorkerError
 from graftzoo.distributed.cluster import connect, disconnect
@@ -38,15 +37,14 @@ log = logging.getLogger("graftzoo")
 class WorkerGroup:
     """The Ray actors (ranks) of one model, in a placement group of their own."""
 
-    def __init__(self, model_id: str, spec: dict, cfg: RunConfig, seed: int):
+    def __init__(self, model_id: str, spec: ModelSpec, cfg: RunConfig, seed: int):
         from ray.util.placement_group import placement_group
 
         self.model_id, self.actors, self.pids, self.pg = model_id, [], [], None
         self.broken = False  # a call failed: the others may wait in a collective, so close() ends them at once
-        _, local = split_spec(spec)
-        self.world = workers_of(spec, cfg)
+        self.world = int(spec.num_workers)  # its own num_workers, else ray.num_workers
         self.split_hf = self.world > 1 and bool(cfg.ray.hf_split_generate)  # HF ranks decode their own shares
-        device = resolve_device(local.get("device") or cfg.run.device)
+        device = resolve_device(spec.device)
         r = cfg.ray
         gpus = float(r.gpus_per_worker) if device.startswith("cuda") else 0
         bundle = {"CPU": float(r.cpus_per_worker), **({"GPU": gpus} if gpus else {})}
@@ -60,7 +58,7 @@ class WorkerGroup:
             self.close()
             raise
 
-    def _start(self, spec: dict, cfg: RunConfig, seed: int, bundle: dict, gpus: float) -> None:
+    def _start(self, spec: ModelSpec, cfg: RunConfig, seed: int, bundle: dict, gpus: float) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
         model_id, r = self.model_id, cfg.ray
@@ -168,11 +166,6 @@ class WorkerGroup:
                 self.pg = None
 
 
-def workers_of(spec: dict, cfg: RunConfig) -> int:
-    """The ranks of a model's group: ``pair.models[i].num_workers``, else ``ray.num_workers``."""
-    return int(split_spec(spec)[1].get("num_workers", cfg.ray.num_workers))
-
-
 def _large(x) -> bool:
     """Arguments sent to several ranks are put in Ray's object store once."""
     return isinstance(x, (list, dict, tuple)) and len(x) > 8
@@ -190,11 +183,11 @@ class RemotePolicy(Policy):
     """A model living in a worker group, as the learner sees it: tokenizer, template and limits here; scoring,
     hidden states, the update and the state in the group."""
 
-    def __init__(self, group: WorkerGroup, spec: dict, cfg: RunConfig, tokenizer, tokenizer_id: str):
-        template = model_template(spec, cfg, tokenizer)  # as the workers' build_policy resolves it
-        super().__init__(spec["id"], None, tokenizer, template=template, temperature=cfg.rollout.temperature,
+    def __init__(self, group: WorkerGroup, spec: ModelSpec, cfg: RunConfig, tokenizer, tokenizer_id: str):
+        template = model_template(spec, tokenizer)  # as the workers' build_policy resolves it
+        super().__init__(spec.id, None, tokenizer, template=template, temperature=cfg.rollout.temperature,
                          max_prompt_tokens=cfg.rollout.max_prompt_tokens, tokenizer_id=tokenizer_id)
-        self.stop_strings = model_stop(spec, cfg, template)
+        self.stop_strings = model_stop(spec, template)
         self.group, info = group, group.info
         self.max_response_tokens = int(info["max_response_tokens"])
         self.max_tokens_per_micro = info["max_tokens_per_micro"]
@@ -227,9 +220,9 @@ class RemotePolicy(Policy):
     def mean_hidden(self, texts, batch: int = 64) -> torch.Tensor:
         return self.group.call("mean_hidden", list(texts), batch)[0]
 
-    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str) -> list:
+    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str, loop=None) -> list:
         """Each rank gets its share of every minibatch's micro-batches and runs the step's loop on it
-        (``graftzoo.training.step.optimize``); returns per minibatch the ranks' parts (the step merges them as one
+        (``graftzoo.training.step.optimize``, which the worker imports: ``loop`` is not sent); returns per minibatch the ranks' parts (the step merges them as one
         process computes its metrics: loss the sum, the others means weighted by rows, the group's grad norm)."""
         W = self.group.world
         shares = [[_share(micros, r, W) for micros in mbs] for r in range(W)]
@@ -372,16 +365,16 @@ class RayBackend:
 
     def build(self, cfg: RunConfig, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
         self.concurrent_models = bool(cfg.ray.concurrent_models)
-        specs = [s for s in specs if s["id"] in train_ids]
-        toks = {s["id"]: load_tokenizer_of(s) for s in specs}  # a tiny model is warmed up here, once
-        workers = sum(workers_of(s, cfg) for s in specs)
+        specs = [s for s in specs if s.id in train_ids]
+        toks = {s.id: load_tokenizer_of(s) for s in specs}  # a tiny model is warmed up here, once
+        workers = sum(s.num_workers for s in specs)
         self.started = connect(cfg.ray, workers)
         policies, engines = {}, {}
         for s in specs:  # one at a time: close() ends the groups built when a later one fails
-            self.groups[s["id"]] = group = WorkerGroup(s["id"], s, cfg, seed)
-            tok, tok_id = toks[s["id"]]
-            policies[s["id"]] = pol = RemotePolicy(group, s, cfg, tok, tok_id)
-            engines[s["id"]] = RemoteEngine(group, pol)
+            self.groups[s.id] = group = WorkerGroup(s.id, s, cfg, seed)
+            tok, tok_id = toks[s.id]
+            policies[s.id] = pol = RemotePolicy(group, s, cfg, tok, tok_id)
+            engines[s.id] = RemoteEngine(group, pol)
         check_context(cfg, policies)
         return policies, engines, {}  # a KL reference lives in its model's group
 

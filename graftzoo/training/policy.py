@@ -271,12 +271,12 @@ class Policy:
                                  float("nan"), where, loss=loss_value, grad_norm=float(norm))
         return float(norm)
 
-    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str) -> list:
-        """Train on a step's minibatches, each given as its micro-batches, here (``graftzoo.training.step.optimize``);
-        returns per minibatch its parts, one per process that trained it (here: one). A worker group's policy on
-        the driver sends them to its ranks instead."""
-        from graftzoo.training.step import optimize  # the step's loop; the step's module imports the engines
-        return [[part] for part in optimize(ctx, self, learner, mbs, base_from_forward, where)]
+    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str, loop) -> list:
+        """Train on a step's minibatches, each given as its micro-batches, here, by the step's optimizer loop
+        ``loop`` (``graftzoo.training.step.optimize``); returns per minibatch its parts, one per process that
+        trained it (here: one). A worker group's policy on the driver sends them to its ranks instead, which run
+        the same loop."""
+        return [[part] for part in loop(ctx, self, learner, mbs, base_from_forward, where)]
 
     @property
     def lr(self) -> float:

@@ -136,7 +136,7 @@ def update(run, ctx, batch, groups: list, source: str, before: dict, xtime: floa
             with ctx.phase("diagnostics"):
                 diag = diagnostics.before_update(ctx, pol, learner, batch, schedule, budget, from_forward)
         try:
-            parts = pol.update(ctx, learner, mbs, from_forward, where=f"model {m!r}, step {step}")
+            parts = pol.update(ctx, learner, mbs, from_forward, where=f"model {m!r}, step {step}", loop=optimize)
         except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
             e.model = m
             raise
