@@ -43,7 +43,7 @@ class StepContext:
                  ref_policy=None, rng: Optional[random.Random] = None, meter=None, model_index: int = 0,
                  heldout=None):
         self.step, self.epoch, self.run = step, epoch, run
-        self.heldout = heldout  # () -> the held-out prompts the trainer evaluates on (OM-GRPO's test-time training)
+        self.heldout = heldout  # () -> the held-out prompts, for a section that trains_on_heldout (else None)
         self.policy, self.engine, self.env, self.sampler = policy, engine, env, sampler
         self.ref_policy = ref_policy
         self.rng = rng or random.Random(0)

@@ -12,7 +12,9 @@ Table 1 (``build_table1``), precisely:
   Avg is mean ± sd over seeds of the per-seed mean over the table's benchmarks. A cell needs
   every seed of its row (else "–"); sd is the sample sd (``mean_sd_ci``) and is left out with a
   single seed. Scores are shown x100 (points).
-- Δ = Avg mean of the row − Avg mean of the baseline row (default "GRPO (n=8)") of the same block.
+- Δ = Avg mean of the row − Avg mean of the baseline row (default "GRPO (n=8)") of the same block. Without a named
+  baseline, ``graftzoo report`` takes ``default_baseline``: a row of an algorithm whose section declares
+  ``report_baseline`` (``is_report_baseline``; GRPO's does), never one picked by its name.
 - Bold: the highest Avg mean among the block's rows with the same rollout budget (``rollout_n``,
   rollouts per prompt per model), only where at least two such rows exist; ties are all bold.
 - Marks, for non-baseline rows, with ``budgets=(16, 32)``: a row *beats* a baseline when its
@@ -54,6 +56,7 @@ from typing import Optional, Sequence
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts, clip_label, validate
+from graftzoo.contract.registry import get_config, own_clip_keys
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
 from graftzoo.eval.metrics import mean_sd_ci
@@ -199,7 +202,7 @@ def design_keys(dotted) -> set:
     for k in dotted:
         if k in ROW_KEYS:
             out.add(k)
-        elif k.startswith("optim.clip") or k in ("algo.seq_clip", "algo.self_clip"):
+        elif k.startswith("optim.clip") or k in own_clip_keys():
             out.add("clip")
         elif any(k == t or k.startswith(t + ".") for t in TASK_KEYS):
             out.add("task")
@@ -259,16 +262,43 @@ def method_of(run: RunRecord, labels: dict) -> str:
     return labels.get(run.variant.casefold(), run.variant)
 
 
+def is_report_baseline(algo) -> bool:
+    """Whether the algorithm ``algo`` (a run's ``algo.name``) is one a report compares against when no baseline is
+    named: its ``algo.*`` section declares ``report_baseline`` (``AlgoSection``; GRPO's does). False for a name
+    that is not a registered algorithm."""
+    if not isinstance(algo, str) or not algo:
+        return False
+    try:
+        section = get_config(algo)
+    except (ValueError, RuntimeError):  # RegistryError: unknown here; ConfigError: a local plugin failed to import
+        return False
+    return bool(section.report_baseline)
+
+
+def baseline_runs(runs: Sequence[RunRecord]) -> list:
+    """The runs ``default_baseline`` chooses among: not failed, with an eval file, every evaluated model trained
+    alone (no peer), of an algorithm that ``is_report_baseline`` (its presets included)."""
+    known: dict = {}   # algorithm name -> is_report_baseline, looked up once
+
+    def declared(algo) -> bool:
+        if not isinstance(algo, str):
+            return False
+        if algo not in known:
+            known[algo] = is_report_baseline(algo)
+        return known[algo]
+
+    return [run for run in runs if run.status != "failed" and declared(run.summary.get("algo")) and run.evals
+            and all(run.peers[m] is None for m in run.evals)]
+
+
 def default_baseline(runs: Sequence[RunRecord]) -> Optional[str]:
-    """The baseline when none is named: of the GRPO rows (single-model runs of the algorithm ``grpo``, its presets
-    included), the one with the most seeds, then the smallest rollout budget, then the first label; None when the
-    runs have no GRPO row."""
+    """The baseline when none is named: of the baseline rows (``baseline_runs``: single-model runs of an algorithm
+    whose section declares ``report_baseline``, GRPO's and its presets' among the builtins), the one with the most
+    seeds, then the smallest rollout budget, then the first label; None when the runs have no such row."""
     labels = method_labels(runs)
     seeds: dict = {}
-    for run in runs:
-        if run.status != "failed" and run.summary.get("algo") == "grpo" and run.evals and all(
-                run.peers[m] is None for m in run.evals):
-            seeds.setdefault((method_of(run, labels), run.rollout_n), set()).add(run.seed)
+    for run in baseline_runs(runs):
+        seeds.setdefault((method_of(run, labels), run.rollout_n), set()).add(run.seed)
     if not seeds:
         return None
     (label, _), _ = min(seeds.items(), key=lambda kv: (-len(kv[1]), kv[0][1], kv[0][0]))

@@ -245,15 +245,21 @@ def test_ttt_trains_on_heldout_prompts_without_reading_gold(micro):
 
 
 def test_heldout_prompts_are_the_evaluation_set(micro, tmp_path):
-    """What test-time training reads (the step context's ``heldout``, from the trainer) is the evaluation set."""
+    """What test-time training reads (the step context's ``heldout``, from the trainer) is the evaluation set; the
+    trainer hands it only to a learner whose section declares it trains on it (``trains_on_heldout``: ``ttt``)."""
     from graftzoo.training.trainer import Trainer
-    cfg = with_values(micro[0], {"run.out_dir": str(tmp_path), "run.track": False})
+    cfg = with_values(micro[0], {"run.out_dir": str(tmp_path), "run.track": False, "algo.ttt": True})
     tr = Trainer(cfg)
     try:
         ps = tr.context(0, 0, tr.model_ids[0], 0).heldout()
     finally:
         tr.close()
     assert len(ps) == cfg.eval.size and all(p.id.startswith("arith-test-") for p in ps)
+    tr = Trainer(with_values(cfg, {"algo.ttt": False, "run.name": "no-ttt"}))
+    try:
+        assert tr.context(0, 0, tr.model_ids[0], 0).heldout is None
+    finally:
+        tr.close()
 
 
 @pytest.mark.parametrize("algo,match", [({"answer_format": "latex"}, "answer_format"),

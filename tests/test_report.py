@@ -4,6 +4,7 @@ import io
 import json
 import subprocess
 import sys
+from typing import ClassVar
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -11,6 +12,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from graftzoo import Learner, LearnerConfig, register_algo
+from graftzoo.algos import BUILTIN
+from graftzoo.contract import registry
 from graftzoo.eval.artifacts import (ArtifactError, append_metrics, load_run, load_runs,
                                      make_summary, stored_peer_cost, write_config, write_eval,
                                      write_summary)
@@ -18,8 +22,8 @@ from graftzoo.apps.report import report_cmd
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.eval.plots import (FIGURES, axis_label, method_colors, plot_fractions, plot_learning_curve,
                                  plot_score_vs_compute, run_colors, smooth, write_figures)
-from graftzoo.eval.report import (build_table1, clip_fraction_table, flat_rows,
-                                  log_table_to_wandb, to_csv, to_latex, to_markdown)
+from graftzoo.eval.report import (build_table1, clip_fraction_table, default_baseline, flat_rows,
+                                  is_report_baseline, log_table_to_wandb, to_csv, to_latex, to_markdown)
 
 A, B = "tiny-qwen-char", "tiny-gpt2-pair"
 BLOCK_A, BLOCK_B = f"{A} (peer: {B})", f"{B} (peer: {A})"
@@ -463,7 +467,7 @@ def test_report_without_baseline_takes_the_grpo_row_with_most_seeds(tmp_path):
     res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep")])
     assert res.exit_code == 0, res.output
     assert [x for x in res.output.splitlines() if x.startswith("baseline:")] == [
-        "baseline: 'GRPO (n=4)' (the GRPO row with the most seeds; --baseline to choose another)"]
+        "baseline: 'GRPO (n=4)' (algo grpo: the baseline row with the most seeds; --baseline to choose another)"]
     assert "Δ = Avg − GRPO (n=4)" in res.output
     assert "| GRAFT | 8 | 30.0 ± 0.0 | 20.0 ± 0.0 | 25.0 ± 0.0 | +10.0 |" in res.output
 
@@ -473,8 +477,51 @@ def test_report_without_baseline_takes_the_grpo_row_with_most_seeds(tmp_path):
     res = CliRunner().invoke(report_cmd, [str(other), "--out", str(tmp_path / "rep2")])
     assert res.exit_code == 2, res.output
     assert res.output.strip().splitlines() == [
-        "Error: no GRPO row (single-model runs of algo grpo) to measure Δ against; pass --baseline with one of: "
-        "'GRAFT', 'RLOO'"]
+        "Error: no baseline row (single-model runs of an algorithm whose section declares report_baseline; builtin: "
+        "grpo) to measure Δ against; pass --baseline with one of: 'GRAFT', 'RLOO'"]
+
+
+def test_the_default_baseline_is_declared_by_the_algorithms_section_not_named(tmp_path):
+    """The report's default baseline is a row of an algorithm whose ``algo.*`` section declares
+    ``report_baseline`` (AlgoSection), whatever its name: a plugin registered at runtime with that declaration is the
+    baseline, over a GRPO row with fewer seeds; a plugin whose section only builds on GRPO's keys (``LearnerConfig``)
+    does not inherit it, nor does any builtin section but GRPO's."""
+    class AnchorConfig(LearnerConfig):
+        report_baseline: ClassVar[bool] = True   # "compare against my rows"
+
+    class KinConfig(LearnerConfig):   # GRPO's keys, not GRPO: no declaration of its own
+        scale: float = 0.5
+
+    class Anchor(Learner):
+        Config = AnchorConfig
+
+    class Kin(Learner):
+        Config = KinConfig
+
+    names = ("zooanchor", "zookin")
+    try:
+        register_algo("zooanchor")(Anchor)
+        register_algo("zookin")(Kin)
+        assert [n for n in BUILTIN + names if is_report_baseline(n)] == ["grpo", "zooanchor"]
+        assert not is_report_baseline("no-such-algo") and not is_report_baseline(None)
+        for s in (0, 1):   # algo.name of make_run: the label's first word, lower case
+            _cfg_run(tmp_path, f"anchor-s{s}", "ZooAnchor (n=8)", s, {A: (0.2, 0.1)}, {A: None})
+        for s in (0, 1, 2):
+            _cfg_run(tmp_path, f"kin-s{s}", "ZooKin (n=8)", s, {A: (0.1, 0.1)}, {A: None})
+        _cfg_run(tmp_path, "grpo-s0", "GRPO (n=8)", 0, {A: (0.3, 0.1)}, {A: None})
+        _cfg_run(tmp_path, "graft-s0", "GRAFT", 0, {A: (0.3, 0.2), B: (0.25, 0.1)}, {A: B, B: A}, source="live")
+        assert default_baseline(load_runs([tmp_path])) == "ZooAnchor (n=8)"
+        res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep")])
+        assert res.exit_code == 0, res.output
+        assert [x for x in res.output.splitlines() if x.startswith("baseline:")] == [
+            "baseline: 'ZooAnchor (n=8)' (algo zooanchor: the baseline row with the most seeds; --baseline to "
+            "choose another)"]
+        assert "Δ = Avg − ZooAnchor (n=8)" in res.output
+        assert "| GRPO (n=8) | 8 | 30.0 | 10.0 | 20.0 | +5.0 |" in res.output, res.output
+    finally:
+        for name in names:
+            registry._ALGOS.pop(name, None)
+            registry._CONFIGS.pop(name, None)
 
 
 def test_report_says_it_dropped_a_torn_metrics_line(tmp_path):

@@ -15,7 +15,9 @@ from graftzoo.algos.extra.formulas import (extra_advantages, extra_option_a_scor
                                            most_confident_rollout, novelty_scores, prefix_cut_points,
                                            prefix_entropy_scores, reward_variance_ema, select_prefix)
 from graftzoo.algos.extra.embedders import make_embedder
-from graftzoo.algos.extra import EXTRA_BONUS_MEAN, EXTRA_GUIDED_ACC, EXTRA_GUIDED_PROMPTS, EXTRA_HARD_PROMPTS, EXTRA_NOVELTY_MEAN, EXTRA_NOVELTY_WARM_FRAC, EXTRA_PREFIXES_ENQUEUED, EXTRA_QUEUE_LEN, ExTraConfig
+from graftzoo.algos.extra import (EXTRA_BONUS_MEAN, EXTRA_GUIDED_ACC, EXTRA_GUIDED_PROMPTS, EXTRA_HARD_PROMPTS,
+                                  EXTRA_NOVELTY_MEAN, EXTRA_NOVELTY_WARM_FRAC, EXTRA_PREFIXES_ENQUEUED,
+                                  EXTRA_QUEUE_LEN, ExTraConfig)
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Prompt

@@ -44,6 +44,7 @@ class HACPOConfig(GSPOConfig):
     (the shared ``optim.clip`` does not apply); a grid marks a HACPO row ``clip: own``."""
 
     needs_peer: ClassVar[bool] = True
+    own_clip_keys: ClassVar[tuple] = ("self_clip",)
 
     alpha: float = key(1.0, "exponential importance-sampling power", ge=0)
     cross_clip_lower: float = key(0.8, "cross clip floor 1 - delta at update 0", gt=0, le=1)

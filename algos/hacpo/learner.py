@@ -10,7 +10,8 @@ from graftzoo.algos.functional import sequence_mean_logp
 from graftzoo.algos.graft.formulas import graft_candidates
 from graftzoo.algos.hacpo.formulas import (capability_estimate, cross_sequence_ratio, hacpo_advantages,
                                            hacpo_cross_loss, hacpo_discrepancy, hacpo_omegas, stepwise_lower_bound)
-from graftzoo.algos.hacpo import HACPOConfig, HACPO_CAPABILITY_PEER, HACPO_CAPABILITY_SELF, HACPO_CROSS_LOWER, HACPO_OMEGA
+from graftzoo.algos.hacpo import (HACPOConfig, HACPO_CAPABILITY_PEER, HACPO_CAPABILITY_SELF, HACPO_CROSS_LOWER,
+                                  HACPO_OMEGA)
 from graftzoo.algos.gspo.learner import gspo_loss
 from graftzoo.algos.losses import LossInputs, PolicyLoss, register_loss
 from graftzoo.algos.peer import PeerLearner, log_compatibility, require_peer

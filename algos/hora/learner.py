@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from graftzoo.algos.base import Learner
 from graftzoo.algos.hora.formulas import hora_allocate, hora_objective
-from graftzoo.algos.hora import HORAConfig, HORA_CAPPED_FRAC, HORA_HIT_UTILITY, HORA_MAX_N, HORA_MEAN_N, HORA_MIN_N, HORA_PROBE_FRAC, HORA_UNUSED_BUDGET
+from graftzoo.algos.hora import (HORAConfig, HORA_CAPPED_FRAC, HORA_HIT_UTILITY, HORA_MAX_N, HORA_MEAN_N, HORA_MIN_N,
+                                 HORA_PROBE_FRAC, HORA_UNUSED_BUDGET)
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group

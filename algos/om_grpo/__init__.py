@@ -63,6 +63,9 @@ class OMGRPOConfig(LearnerConfig):
                                       le=MAX_TEMPERATURE)
     ttt: bool = key(False, "test-time training on the held-out evaluation prompts")
 
+    def trains_on_heldout(self) -> bool:
+        return self.ttt
+
     def check(self, run: LearnerFacts) -> None:
         if run.n < 2:
             raise ConfigError("config key 'rollout.n' must be >= 2 for OM-GRPO: a group of one has a trivial "

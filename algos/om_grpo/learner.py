@@ -8,7 +8,9 @@ from graftzoo.algos.base import Learner
 from graftzoo.algos.om_grpo.formulas import (answer_span_mask, boxed_spans, contrast_pairs, contrast_prompt,
                                              soft_consensus_rewards)
 from graftzoo.envs.verifier import answer_classes, extract_answer
-from graftzoo.algos.om_grpo import OMGRPOConfig, OM_GRPO_ANSWER_DIVERSITY, OM_GRPO_CONTRAST_GENERATED, OM_GRPO_CONTRAST_SKIPPED_GROUPS, OM_GRPO_CONTRAST_TOKENS, OM_GRPO_FORMAT_RATE, OM_GRPO_MASKED_TOKEN_FRAC
+from graftzoo.algos.om_grpo import (OMGRPOConfig, OM_GRPO_ANSWER_DIVERSITY, OM_GRPO_CONTRAST_GENERATED,
+                                    OM_GRPO_CONTRAST_SKIPPED_GROUPS, OM_GRPO_CONTRAST_TOKENS, OM_GRPO_FORMAT_RATE,
+                                    OM_GRPO_MASKED_TOKEN_FRAC)
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Prompt

@@ -38,11 +38,11 @@ from graftzoo.apps.grid import load_grid, run_grid, write_report
 from graftzoo.apps.grid.load import pair_models
 from graftzoo.contract.config import find_config, load_config, named_configs, read_yaml
 from graftzoo.contract.errors import ConfigError, did_you_mean
-from graftzoo.training.models import build_engine, build_policy, split_spec
+from graftzoo.training.models import build_engine, build_policy, tiny_spec
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import eval_path
 from graftzoo.eval.compute import joint_charge
-from graftzoo.tiny.build import TinyModelSpec
+from graftzoo.eval.report import is_report_baseline
 from graftzoo.tiny.warmup import warmup_info, warmup_pair
 
 
@@ -158,7 +158,7 @@ def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 
         engine = build_engine(pol, cfg)
         try:
             torch.manual_seed(seed)
-            groups[spec["id"]] = {g.prompt.id: g for g in env.score_groups(engine.generate(prompts, n))}
+            groups[spec.id] = {g.prompt.id: g for g in env.score_groups(engine.generate(prompts, n))}
         finally:
             engine.close()
     ids = list(groups)
@@ -265,10 +265,19 @@ def conclusion(cells: list, model_ids: list, baseline: str = "GRPO (n=8)", metho
     return "\n".join(lines) if lines else "No comparison available (runs missing or failed)."
 
 
+def method_algorithm(method) -> str:
+    """The algorithm a grid method runs: its ``set``'s ``algo.name``, else its preset's, else its ``algo`` (then an
+    algorithm's name)."""
+    path = find_config("algos", method.algo)
+    preset = (read_yaml(path).get("algo") or {}).get("name") if path is not None else None
+    return str(method.overrides.get("algo.name") or preset or method.algo)
+
+
 def learner_conclusion(grid) -> str:
     """The conclusion of a grid whose pairs' first model is the learner (the control, the regime map): per pair,
-    each peer method against the baseline on that pair's learner (the baseline's runs of that learner may come
-    from another pair of the grid: a method's ``pairs``)."""
+    each method other than the baselines (the methods of an algorithm that declares ``report_baseline``, such as
+    GRPO's presets) against the baseline on that pair's learner (the baseline's runs of that learner may come from
+    another pair of the grid: a method's ``pairs``)."""
     baseline = grid.report.get("baseline") or "GRPO (n=8)"
     budget = "GRPO (n=32)"
     learner = {}
@@ -276,7 +285,7 @@ def learner_conclusion(grid) -> str:
         if c.pair not in learner:  # the pair file's first model; no full config load per cell
             learner[c.pair] = pair_models(c.pair, grid.name)[0]
     methods = [m.label for m in grid.methods if m.same_as is None and m.label not in (baseline, budget)
-               and not m.algo.startswith("grpo")]
+               and not is_report_baseline(method_algorithm(m))]
     said = []
     compared = [p for p in learner if any(c.pair == p and c.label in methods for c in grid.cells)]
     for pair, m in ((p, learner[p]) for p in compared):
@@ -324,10 +333,10 @@ def _demo(quick, full, out, jobs, rerun_changed):
     pair = grid.cells[0].pair
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
     specs = cfg.pair.models
-    model_ids = [s["id"] for s in specs]
+    model_ids = [s.id for s in specs]
     console.rule(f"[bold]graftzoo demo ({mode}): pair '{pair}' = {' ↔ '.join(model_ids)}")
     console.print("1. building and warming up the tiny pair (cached after the first time) ...")
-    paths = warmup_pair([TinyModelSpec.from_dict(split_spec(s)[0]) for s in specs])
+    paths = warmup_pair([tiny_spec(s) for s in specs])
     for m, p in zip(model_ids, paths):
         info = warmup_info(p)
         console.print(f"   {m}: {info.get('spec', {}).get('family')} + {info.get('spec', {}).get('tokenizer')} tokenizer, "

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
+from graftzoo.algos import BUILTIN
 from graftzoo.contract.errors import did_you_mean
 from graftzoo.eval.artifacts import ArtifactError, load_runs
 from graftzoo.eval.plots import write_figures
-from graftzoo.eval.report import (COMPARABLE_KEYS, build_table1, check_comparable, clip_fraction_table,
-                                  default_baseline, log_table_to_wandb, row_labels, to_csv, to_latex, to_markdown,
+from graftzoo.eval.report import (COMPARABLE_KEYS, baseline_runs, build_table1, check_comparable,
+                                  clip_fraction_table, default_baseline, is_report_baseline, log_table_to_wandb,
+                                  method_labels, method_of, row_labels, to_csv, to_latex, to_markdown,
                                   transfer_markdown, transfer_table)
 
 
@@ -19,7 +21,8 @@ from graftzoo.eval.report import (COMPARABLE_KEYS, build_table1, check_comparabl
 @click.option("--out", "out_dir", default="report", show_default=True,
               type=click.Path(file_okay=False), help="Folder for the tables and figures.")
 @click.option("--baseline", default=None,
-              help="Method label that the Δ column is measured against [default: the GRPO row with the most seeds].")
+              help="Method label that the Δ column is measured against [default: of the single-model rows of an "
+                   "algorithm whose section declares report_baseline, as GRPO's does, the one with the most seeds].")
 @click.option("--wandb/--no-wandb", "use_wandb", default=False, show_default=True,
               help="Also log the tables and figures to a wandb run (offline without an API key).")
 @click.option("--allow-mixed", "allow_mixed", multiple=True, metavar="KEY",
@@ -76,9 +79,14 @@ def _pick_baseline(records) -> str:
     """``default_baseline``, said in one line; a usage error (exit 2) listing the labels when there is none."""
     chosen = default_baseline(records)
     if chosen is None:
-        raise _usage_error(f"no GRPO row (single-model runs of algo grpo) to measure Δ against; pass --baseline with "
-                           f"one of: {', '.join(repr(x) for x in row_labels(records))}")
-    click.echo(f"baseline: {chosen!r} (the GRPO row with the most seeds; --baseline to choose another)", err=True)
+        declared = [name for name in BUILTIN if is_report_baseline(name)]
+        raise _usage_error(f"no baseline row (single-model runs of an algorithm whose section declares "
+                           f"report_baseline{'; builtin: ' + ', '.join(declared) if declared else ''}) to measure "
+                           f"Δ against; pass --baseline with one of: {', '.join(repr(x) for x in row_labels(records))}")
+    labels = method_labels(records)
+    algos = sorted({str(r.summary.get("algo")) for r in baseline_runs(records) if method_of(r, labels) == chosen})
+    click.echo(f"baseline: {chosen!r} (algo {', '.join(algos)}: the baseline row with the most seeds; --baseline to "
+               f"choose another)", err=True)
     return chosen
 
 

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal, Optional, Union
 
 import yaml
-from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_serializer, model_validator
 
 from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.contract.names import model_slug
-from graftzoo.contract.registry import RegistryError, get_config, plugin_names
+from graftzoo.contract.registry import RegistryError, get_config, own_clip_keys, plugin_names
 from graftzoo.contract.schema import Int, Section, declared_keys, key, validate_section
 
 NEEDS_PEER_HINT = "pass --peer online|stored:PATH|mixed:PATH (config key peer.source)"
@@ -180,23 +180,138 @@ class ModelSection(Section):
     lora: Optional[LoraSection] = key(None, "null trains every parameter; a mapping trains LoRA adapters only")
 
 
-class ModelKeys(Section):
-    """The keys of a ``pair.models`` entry that set, for that model, what a run key sets for all."""
+# the keys of a pair.models entry that set, for that model, what a run key sets for all: key -> that run key
+MODEL_RUN_KEYS = {"template": "pair.template", "stop": "rollout.stop", "max_new_tokens": "rollout.max_new_tokens",
+                  "lr": "optim.lr", "device": "run.device", "gradient_checkpointing": "model.gradient_checkpointing",
+                  "num_workers": "ray.num_workers", "lora": "model.lora"}
+HF_KEYS = ("path", "tokenizer_id")  # keys of a kind: hf entry only
+TINY_KEYS = ("family", "tokenizer", "hidden", "layers", "heads", "ffn", "kv_heads", "max_positions", "warmup")
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+MAX_WIDTH = 2**20  # a tiny model's widths, layers and heads
+
+
+class ModelSpec(Section):
+    """One ``pair.models`` entry, validated (``model_spec``): the model's id and kind, what builds it, and the run
+    keys it may set for itself (``MODEL_RUN_KEYS``: ``lr`` for ``optim.lr``, ...).
+
+    In a validated ``RunConfig`` every entry is resolved (``resolve_models``, run by ``validate`` and
+    ``with_values``): each of ``MODEL_RUN_KEYS`` holds the model's value, its own, else the run key's, so that
+    ``spec.lr`` is the learning rate the model trains with; ``dtype`` is resolved by kind when not given.
+    ``sets(key)`` says whether the entry sets a key itself and ``key_of(key)`` names the key that set the value
+    (for error messages). A value of null is not set (the run's applies), except ``lora: null``: full fine-tuning
+    of this model whatever ``model.lora`` says. ``model_dump`` (``as_dict``, ``config.yaml``) is the entry as it
+    was written, its ``lora`` validated; ``replace(**keys)`` is a copy with keys of the entry set, resolved as this
+    one. An entry of ``kind: tiny`` holds no ``HF_KEYS``, one of ``kind: hf`` no ``TINY_KEYS``; the tiny
+    architecture and warm-up are checked where the model is built (``graftzoo.tiny.build.TinyModelSpec``)."""
     id: str = key(..., "the model's id (hub id, local folder or a tiny model's name)")
-    template: Optional[str] = key(None, "prompt template (pair.template)")
-    stop: Union[Literal["auto"], list[str], None] = key(None, "stop strings (rollout.stop)")
-    max_new_tokens: Optional[Int] = key(None, "response limit (rollout.max_new_tokens)", ge=1, le=MAX_TOKENS)
-    lr: Optional[float] = key(None, "learning rate (optim.lr)", ge=0, le=1)
-    device: Optional[str] = key(None, "device (run.device)")
-    gradient_checkpointing: Optional[bool] = key(None, "model.gradient_checkpointing")
-    num_workers: Optional[Int] = key(None, "ranks of the model's Ray group (ray.num_workers)", ge=1,
+    kind: Literal["tiny", "hf"] = key("tiny", "tiny (a model built in code and warmed up, graftzoo.tiny) | hf (a "
+                                              "Hugging Face causal LM by hub id or local folder)")
+    template: Optional[str] = key(None, "prompt template (null: pair.template)")
+    stop: Union[Literal["auto"], list[str], None] = key(None, "stop strings (null: rollout.stop)")
+    max_new_tokens: Optional[Int] = key(None, "response limit (null: rollout.max_new_tokens)", ge=1, le=MAX_TOKENS)
+    lr: Optional[float] = key(None, "learning rate (null: optim.lr)", ge=0, le=1)
+    device: Optional[str] = key(None, "device (null: run.device)")
+    gradient_checkpointing: Optional[bool] = key(None, "null: model.gradient_checkpointing")
+    num_workers: Optional[Int] = key(None, "ranks of the model's Ray group (null: ray.num_workers)", ge=1,
                                       le=MAX_WORKERS)
-    lora: Optional[LoraSection] = key(None, "model.lora")
+    lora: Optional[LoraSection] = key(None, "LoRA adapters of this model; null: none (full fine-tuning); not "
+                                            "given: model.lora")
+    dtype: Optional[str] = key(None, "the dtype its weights load in: float32 | bfloat16 | float16 (not given: "
+                                     "bfloat16 for kind hf, as saved for kind tiny)")
+    arch: Optional[dict] = key(None, "config.json fields of a kind: hf model, for graftzoo plan without its files")
+    path: Optional[str] = key(None, "kind hf: the local folder to load (id then only names the model)")
+    tokenizer_id: Optional[str] = key(None, "kind hf: the tokenizer's name in the run's records (default: where "
+                                            "it loads from)")
+    family: Optional[str] = key(None, "kind tiny: qwen2 | gpt2")
+    tokenizer: Optional[str] = key(None, "kind tiny: char | digit_pair")
+    hidden: Optional[Int] = key(None, "kind tiny: hidden size", ge=1, le=MAX_WIDTH)
+    layers: Optional[Int] = key(None, "kind tiny: decoder layers", ge=1, le=MAX_WIDTH)
+    heads: Optional[Int] = key(None, "kind tiny: attention heads", ge=1, le=MAX_WIDTH)
+    ffn: Optional[Int] = key(None, "kind tiny: MLP width", ge=1, le=MAX_WIDTH)
+    kv_heads: Optional[Int] = key(None, "kind tiny (qwen2): key/value heads (null: heads)", ge=1, le=MAX_WIDTH)
+    max_positions: Optional[Int] = key(None, "kind tiny: context window (null: 128)", ge=1, le=MAX_TOKENS)
+    warmup: Optional[dict] = key(None, "kind tiny: the SFT warm-up recipe (graftzoo.tiny.build.WarmupSpec)")
+
+    _written: dict = PrivateAttr(default_factory=dict)   # the entry as written (its lora validated): model_dump
+    _own: dict = PrivateAttr(default_factory=dict)       # the MODEL_RUN_KEYS it sets, validated
+    _run: Optional[dict] = PrivateAttr(default=None)     # the run's values of MODEL_RUN_KEYS it is resolved against
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _entry(cls, data, handler):
+        """Keeps the entry as written and the run keys it sets; resolves ``dtype`` by kind; refuses a device of
+        another form than run.device's, a dtype torch does not load, and the keys of the other kind."""
+        if not isinstance(data, dict):
+            return handler(data)
+        hf = data.get("kind") == "hf"
+        spec = handler({**data, "dtype": "bfloat16"} if hf and data.get("dtype") is None else data)
+        where = f"pair.models[{spec.id}]"
+        if spec.device is not None:
+            device_form(f"{where}.device", spec.device)
+        if spec.dtype is not None and spec.dtype not in MODEL_DTYPES:
+            raise ConfigError(f"config key '{where}.dtype' must be one of {', '.join(MODEL_DTYPES)}, got "
+                              f"{spec.dtype!r}")
+        other = [k for k in (TINY_KEYS if hf else HF_KEYS) if data.get(k) is not None]
+        if other:
+            raise ConfigError(f"config key '{where}.{other[0]}' is a key of kind: {'tiny' if hf else 'hf'} models, "
+                              f"but model {spec.id!r} is kind: {spec.kind}")
+        written = copy.deepcopy(data)
+        if spec.lora is not None:
+            written["lora"] = spec.lora.model_dump()
+        spec._written = written
+        spec._own = {k: getattr(spec, k) for k in MODEL_RUN_KEYS if k in data and (data[k] is not None or k == "lora")}
+        return spec
+
+    @model_serializer(mode="plain")
+    def _as_written(self) -> dict:
+        return copy.deepcopy(self._written)
+
+    def sets(self, key: str) -> bool:
+        """Whether the entry sets ``key`` itself (a key of ``MODEL_RUN_KEYS``: with a value other than null, or
+        ``lora``, null included)."""
+        if key in MODEL_RUN_KEYS:
+            return key in self._own
+        return self._written.get(key) is not None
+
+    def key_of(self, key: str) -> str:
+        """The config key that set this model's ``key`` (one of ``MODEL_RUN_KEYS``): ``pair.models[ID].key`` when
+        the entry sets it, else the run key."""
+        return f"pair.models[{self.id}].{key}" if self.sets(key) else MODEL_RUN_KEYS[key]
+
+    def resolve(self, run: dict) -> "ModelSpec":
+        """This entry with each of ``MODEL_RUN_KEYS`` resolved: its own value, else ``run``'s (key -> the run
+        key's value, ``run_values``)."""
+        out = self.model_copy(update={k: self._own.get(k, run[k]) for k in MODEL_RUN_KEYS})
+        out._run = dict(run)
+        return out
+
+    def replace(self, **keys) -> "ModelSpec":
+        """A copy with ``keys`` of the entry set (validated, and part of ``model_dump``), resolved against the same
+        run values as this one."""
+        spec = model_spec({**self._written, **keys})
+        return spec.resolve(self._run) if self._run is not None else spec
+
+
+def run_values(cfg) -> dict:
+    """key -> the value of the run key it stands for, for each of ``MODEL_RUN_KEYS`` (what entries resolve
+    against)."""
+    return {k: value_at(cfg, dotted) for k, dotted in MODEL_RUN_KEYS.items()}
+
+
+def model_spec(entry, cfg=None, where=None) -> ModelSpec:
+    """A ``pair.models`` entry (a mapping, or a ``ModelSpec``) validated, refused in one line naming its key
+    (``where``: its index, for an entry without an id); resolved against ``cfg``'s run keys when given."""
+    if not isinstance(entry, ModelSpec):
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or not entry["id"]:
+            at = "" if where is None else f" entry {where}"
+            raise ConfigError(f"config key 'pair.models'{at} must be a mapping with a string 'id', got {entry!r}")
+        entry = validate_section(ModelSpec, entry, f"pair.models[{entry['id']}].")
+    return entry.resolve(run_values(cfg)) if cfg is not None else entry
 
 
 class PairSection(Section):
     name: Optional[str] = key(None, "the pair's name (default: the pair file's name)")
-    models: list[dict] = key(list, "model specs: id, kind (tiny | hf), path, ... and the per-model keys (ModelKeys)")
+    models: list[ModelSpec] = key(list, "the models: a list of entries, each with the keys pair.models[].*")
     train: Optional[list[str]] = key(None, "ids of the models to train; null = all")
     template: str = key("auto", "auto: each model's own chat template, plain without one (compact for kind: tiny)")
 
@@ -205,20 +320,7 @@ class PairSection(Section):
     def _specs(cls, models):
         if not isinstance(models, list):
             return models
-        out = []
-        for i, spec in enumerate(models):
-            if not isinstance(spec, dict) or not isinstance(spec.get("id"), str) or not spec["id"]:
-                raise ConfigError(f"config key 'pair.models' entry {i} must be a mapping with a string 'id', "
-                                  f"got {spec!r}")
-            own = {k: spec[k] for k in ModelKeys.model_fields if k in spec}
-            checked = validate_section(ModelKeys, own, f"pair.models[{spec['id']}].")
-            if checked.device is not None:
-                device_form(f"pair.models[{spec['id']}].device", checked.device)
-            spec = dict(spec)
-            if spec.get("lora") is not None:
-                spec["lora"] = checked.lora.model_dump()
-            out.append(spec)
-        return out
+        return [model_spec(spec, where=i) for i, spec in enumerate(models)]
 
 
 class FieldsSection(Section):
@@ -390,10 +492,17 @@ class AlgoSection(Section):
     rows of ``task.label_free``); ``group_needed`` says why the update would be 0
     without a group of different responses per prompt; ``check`` holds rules that need the run's facts;
     ``effective_clip`` is the clip the learner trains with (the run's shared ``optim.clip`` unless it clips another
-    quantity, in a key of its own)."""
+    quantity, in a key of its own).
+
+    ``report_baseline`` marks the algorithm that a report compares against when it is not told which row is the
+    baseline (``graftzoo report`` without ``--baseline``: of the single-model rows of such algorithms, the one with
+    the most seeds; ``graftzoo.eval.report.default_baseline``). GRPO's section (``graftzoo.algos.grpo``) declares
+    it; the others build on the shared keys (``LearnerConfig``), which do not."""
 
     needs_peer: ClassVar[bool] = False
     label_free: ClassVar[bool] = False
+    report_baseline: ClassVar[bool] = False
+    own_clip_keys: ClassVar[tuple] = ()  # keys of the section that clip by design instead of optim.clip (GSPO's)
     key_prefix: ClassVar[str] = "algo."
 
     name: str = key("", "the registered algorithm (set by load_config)")
@@ -411,27 +520,10 @@ class AlgoSection(Section):
         """``eps_low``, ``eps_high``, ``dual_clip_c`` and ``ratio`` ("token" | "sequence")."""
         return {**run.clip.model_dump(), "ratio": "token"}
 
-
-class LearnerFacts(Section):
-    """The few run facts a learner reads besides its own section (``LearnerFacts.of(cfg)``)."""
-    n: Int = key(8, "rollout.n")
-    top_k: Int = key(0, "rollout.top_k")
-    max_new_tokens: Int = key(48, "rollout.max_new_tokens")
-    minibatches: Int = key(1, "optim.minibatches")
-    epochs: Int = key(1, "optim.epochs")
-    seed: Int = key(0, "run.seed")
-    device: str = key("cpu", "run.device")
-    peer_source: str = key("none", "peer.source")
-    verifier_timeout: float = key(2.0, "task.verifier_timeout")
-    clip: ClipSection = key(ClipSection, "optim.clip")
-    xt: XtSection = key(XtSection, "xt")
-
-    @classmethod
-    def of(cls, cfg) -> "LearnerFacts":
-        return cls(n=cfg.rollout.n, top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
-                   minibatches=cfg.optim.minibatches,
-                   epochs=cfg.optim.epochs, seed=cfg.run.seed, device=cfg.run.device, peer_source=cfg.peer.source,
-                   verifier_timeout=cfg.task.verifier_timeout, clip=cfg.optim.clip, xt=cfg.xt)
+    def trains_on_heldout(self) -> bool:
+        """Whether the learner trains on the held-out evaluation prompts (test-time training, OM-GRPO's ``ttt``):
+        the trainer then hands it those prompts (``StepContext.heldout``), fitted to every model's prompt budget."""
+        return False
 
 
 class RunConfig(Section):
@@ -465,6 +557,42 @@ SECTIONS = {name: info.annotation for name, info in RunConfig.model_fields.items
 FREE = {"pair.models", "task.mix", "task.difficulty", "eval.benchmarks", "run.tags", "optim.betas"}
 
 
+def value_at(cfg, dotted: str):
+    """The value of the dotted key ``dotted`` (``rollout.n``, or a section: ``xt``) of a config object."""
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def run_fact(dotted: str):
+    """A field standing for the run key ``dotted``: that key's declared default, ``dotted`` as its doc."""
+    head, _, name = dotted.partition(".")
+    info = SECTIONS[head].model_fields[name] if name else RunConfig.model_fields[head]
+    if info.default_factory is not None:
+        return Field(default_factory=info.default_factory, description=dotted)
+    return Field(info.default, description=dotted)
+
+
+class LearnerFacts(Section):
+    """The few run facts a learner reads besides its own section: ``LearnerFacts.of(cfg)`` reads each from the run
+    key its doc names; built directly (a test, a benchmark), a fact not given is that key's declared default."""
+    n: Int = run_fact("rollout.n")
+    top_k: Int = run_fact("rollout.top_k")
+    max_new_tokens: Int = run_fact("rollout.max_new_tokens")
+    minibatches: Int = run_fact("optim.minibatches")
+    epochs: Int = run_fact("optim.epochs")
+    seed: Int = run_fact("run.seed")
+    device: str = run_fact("run.device")
+    peer_source: str = run_fact("peer.source")
+    verifier_timeout: float = run_fact("task.verifier_timeout")
+    clip: ClipSection = run_fact("optim.clip")
+    xt: XtSection = run_fact("xt")
+
+    @classmethod
+    def of(cls, cfg) -> "LearnerFacts":
+        return cls(**{name: value_at(cfg, info.description) for name, info in cls.model_fields.items()})
+
+
 def defaults() -> dict:
     """The declared defaults as plain data (``algo``: its name only)."""
     out = RunConfig().model_dump(mode="json")
@@ -480,7 +608,8 @@ def _schema(model) -> dict:
         tp = info.annotation
         args = getattr(tp, "__args__", None) or (tp,)
         nested = [a for a in args if isinstance(a, type) and issubclass(a, Section)]
-        out[name] = _schema(nested[0]) if nested and name != "lora" else None
+        whole = name == "lora" or getattr(tp, "__origin__", None) is list  # a value, not a section to merge into
+        out[name] = _schema(nested[0]) if nested and not whole else None
     return out
 
 
@@ -779,7 +908,7 @@ def validate(raw: dict) -> RunConfig:
         if k in CLIP_KEYS and k not in cls.model_fields:
             raise ConfigError(f"config key 'algo.{k}' is 'optim.clip.{k}': the clip is one setting shared by every "
                               f"method of a comparison (docs/algorithms.md#one-clip-for-every-method); an algorithm's own clip has its own "
-                              f"key (gspo: algo.seq_clip, hacpo: algo.self_clip)")
+                              f"key ({', '.join(f'{a}: {k}' for k, a in own_clip_keys().items())})")
         if k not in cls.model_fields:
             known = sorted(f for f in cls.model_fields if f != "name")
             raise ConfigError(f"unknown config key 'algo.{k}' for algorithm '{name}'"
@@ -790,7 +919,7 @@ def validate(raw: dict) -> RunConfig:
     for section, model in SECTIONS.items():
         if section in raw:
             core[section] = validate_section(model, raw[section], f"{section}.")
-    cfg = RunConfig(**core)
+    cfg = resolve_models(RunConfig(**core))
     check_run(cfg)
     facts = LearnerFacts.of(cfg)
     obj = validate_section(cls, algo, "algo.")
@@ -822,18 +951,16 @@ def check_group(cfg: RunConfig, name: str, why: Optional[str]) -> None:
 def check_run(cfg: RunConfig) -> None:
     """Cross-field rules of the run keys: values that each pass their declaration but cannot train together."""
     models = cfg.pair.models
-    ids = [spec["id"] for spec in models]
+    ids = [spec.id for spec in models]
     if cfg.run.diagnostics and cfg.run.backend == "ray":
         raise ConfigError("config key 'run.diagnostics' needs run.backend=inprocess: with ray the models live in their "
                           "worker ranks, where the diagnostics' extra passes do not run")
     if cfg.run.backend == "ray":
         for spec in models:
-            workers = spec.get("num_workers", cfg.ray.num_workers)
-            if workers > 1 and spec.get("lora", cfg.model.lora):
-                raise ConfigError(f"config key 'model.lora' (or pair.models[{spec['id']}].lora) cannot train model "
-                                  f"{spec['id']!r} over {workers} FSDP2 ranks (ray.num_workers or pair.models["
-                                  f"{spec['id']}].num_workers): LoRA trains on one worker per model; set one of "
-                                  f"them to 1")
+            if spec.num_workers > 1 and spec.lora is not None:
+                raise ConfigError(f"config key '{spec.key_of('lora')}' cannot train model {spec.id!r} over "
+                                  f"{spec.num_workers} FSDP2 ranks ({spec.key_of('num_workers')}): LoRA trains on one "
+                                  f"worker per model; set it to 1")
     repeated = sorted({m for m in ids if ids.count(m) > 1})
     if repeated:
         raise ConfigError(f"config key 'pair.models' repeats the id(s) {repeated}")
@@ -843,7 +970,7 @@ def check_run(cfg: RunConfig) -> None:
         raise ConfigError(f"config key 'pair.models': the ids {clash} name the same run files "
                           f"({model_slug(clash[0])}); rename one")
     for k, stop in [("rollout.stop", cfg.rollout.stop)] + [
-            (f"pair.models[{s['id']}].stop", s["stop"]) for s in models if "stop" in s]:
+            (s.key_of("stop"), s.stop) for s in models if s.sets("stop")]:
         if isinstance(stop, list) and not all(stop):
             raise ConfigError(f"config key '{k}' holds an empty stop string (it would end every response at once)")
     unknown = [m for m in cfg.pair.train or [] if m not in ids]
@@ -861,7 +988,7 @@ def check_run(cfg: RunConfig) -> None:
         if importlib.util.find_spec("vllm") is None:  # found, not imported: the import costs seconds
             raise ConfigError(f"config key 'rollout.engine' is 'vllm' but the vllm package is not installed: "
                               f"{VLLM_INSTALL}")
-        cpu = sorted({d for d in (str(s.get("device") or cfg.run.device) for s in models)
+        cpu = sorted({d for d in (s.device for s in models)
                       if not d.startswith("cuda") and d != "auto"})  # auto: resolved before the run (placement)
         if vl.sleep_level and cpu:
             raise ConfigError(f"config key 'rollout.vllm.sleep_level' ({vl.sleep_level}) needs vLLM's sleep mode, "
@@ -900,12 +1027,24 @@ def with_values(cfg, values: dict):
     update = {}
     for head, sub in groups.items():
         update[head] = sub[""] if "" in sub else with_values(getattr(cfg, head), sub)
-    return cfg.model_copy(update=update)
+    out = cfg.model_copy(update=update)
+    return resolve_models(out) if isinstance(out, RunConfig) else out
+
+
+def resolve_models(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with every ``pair.models`` entry a ``ModelSpec`` resolved against its run keys (``ModelSpec``; an
+    entry given as a mapping is validated first): the one place a model's value of a run key is worked out.
+    ``cfg`` itself when every entry already is."""
+    run = run_values(cfg)
+    models = [s if isinstance(s, ModelSpec) and s._run == run else model_spec(s, cfg) for s in cfg.pair.models]
+    if all(a is b for a, b in zip(models, cfg.pair.models)):
+        return cfg
+    return cfg.model_copy(update={"pair": cfg.pair.model_copy(update={"models": models})})
 
 
 def trained_ids(cfg: RunConfig) -> list:
     """The ids of the models the run trains: ``pair.train`` as given, else every model in pair order."""
-    return list(cfg.pair.train or [s["id"] for s in cfg.pair.models])
+    return list(cfg.pair.train or [s.id for s in cfg.pair.models])
 
 
 def clip_label(clip: dict | None) -> str:
@@ -942,4 +1081,5 @@ def config_keys(algos=()) -> list:
     return out
 
 
-__all__ = ["AlgoSection", "ConfigError", "LearnerFacts", "RunConfig", "as_dict", "load_config", "validate", "with_values"]
+__all__ = ["AlgoSection", "ConfigError", "LearnerFacts", "ModelSpec", "RunConfig", "as_dict", "load_config",
+           "model_spec", "validate", "with_values"]

@@ -229,6 +229,19 @@ def get_algo(name: str):
                         + (f"; failed plugins: {sorted(_FAILED)}" if _FAILED else ""))
 
 
+def sections() -> dict:
+    """name -> ``algo.*`` section class of every builtin algorithm and every plugin imported so far (no torch)."""
+    load_local_plugins()
+    load_sections()
+    return dict(_CONFIGS)
+
+
+def own_clip_keys() -> dict:
+    """``algo.<key>`` -> algorithm, for each key an algorithm clips with by design instead of the shared
+    ``optim.clip`` (its section's ``own_clip_keys``: GSPO's ``seq_clip``, HACPO's ``self_clip``)."""
+    return {f"algo.{k}": name for name, cls in sections().items() for k in cls.own_clip_keys}
+
+
 def list_algos() -> tuple[list[AlgoEntry], dict[str, str]]:
     ensure_loaded()
     return sorted(_ALGOS.values(), key=lambda e: e.name), dict(_FAILED)

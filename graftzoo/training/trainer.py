@@ -313,13 +313,14 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def context(self, step: int, epoch: int, m: str, mi: int) -> StepContext:
+        heldout = self._heldout_prompts if self.cfg.algo.trains_on_heldout() else None
         return StepContext(step=step, epoch=epoch, run=self.learners[m].run, policy=self.policies[m],
                            engine=self.engines[m], env=self.env, sampler=self.sampler, ref_policy=self.refs.get(m),
                            rng=random.Random(derive_seed(self.seed, step, m, "learner")), meter=self.meter,
-                           model_index=mi, heldout=self._heldout_prompts)
+                           model_index=mi, heldout=heldout)
 
     def _heldout_prompts(self) -> list:
-        """The held-out prompts (OM-GRPO's test-time training) that fit every trained model's prompt budget, as the
+        """The held-out prompts (a learner that ``trains_on_heldout``) that fit every model's prompt budget, as the
         training prompts (``_fitting``: never cut); read once, also when two models ask at once."""
         with self._heldout_lock:
             if self._heldout is None:
