@@ -17,10 +17,10 @@ from dataclasses import replace
 
 import torch
 
-from graftzoo.contract.config import find_config, read_yaml
-from graftzoo.training.models import split_spec
+from graftzoo.contract.config import find_config, model_spec, read_yaml
+from graftzoo.training.models import tiny_spec
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
-from graftzoo.tiny.build import TinyModelSpec, build_tiny
+from graftzoo.tiny.build import build_tiny
 from graftzoo.tiny.warmup import CONTINUE_START, generate, load_or_warmup, load_tiny, max_new_tokens_for, sft_train
 
 
@@ -51,7 +51,7 @@ def main():
     torch.set_num_threads(1)
     pair = read_yaml(find_config("pairs", args.pair))
     entry = next(m for m in pair["models"] if m["id"] == args.model)
-    spec = TinyModelSpec.from_dict(split_spec(entry)[0])
+    spec = tiny_spec(model_spec(entry))
     w, seed = spec.warmup, spec.warmup.seed
     start = 0
     if args.phase == "then":

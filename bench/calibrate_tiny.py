@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from graftzoo.contract.config import packaged_configs
+from graftzoo.contract.config import model_spec, packaged_configs
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
-from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import generate, load_tiny, max_new_tokens_for, warmup_info, warmup_pair
+from graftzoo.training.models import tiny_spec
 
 
 
@@ -55,8 +55,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     pair = yaml.safe_load(Path(args.config).read_text())  # the pair file as plain data
-    specs = [TinyModelSpec.from_dict({k: v for k, v in m.items() if k not in ("template", "max_new_tokens", "lr")})
-             for m in pair["models"]]
+    specs = [tiny_spec(model_spec(m)) for m in pair["models"]]
     task = pair["task"]
     skills = [k for k, v in task["mix"].items() if v > 0]
 

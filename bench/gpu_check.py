@@ -145,7 +145,7 @@ def pair1_arch() -> dict:
     from graftzoo.contract.config import load_config
     cfg = load_config(pair="pair1", algo="graft",
                       overrides=["run.track=false", "rollout.engine=hf", "peer.source=online"])
-    return {s["id"]: dict(s["arch"]) for s in cfg.pair.models}
+    return {s.id: dict(s.arch) for s in cfg.pair.models}
 
 
 def device_sizes() -> Sizes:
@@ -399,6 +399,7 @@ def stage_models(ctx) -> dict:
     """Build, save and reload-check both models; their parameter counts against plan's formula."""
     torch = ctx.torch
     from transformers import AutoModelForCausalLM
+    from graftzoo.contract.config import model_spec
     from graftzoo.training.models import check_hf_model, hf_tokenizer
     from graftzoo.training.memory import architecture, param_count
     models, ok = {}, True
@@ -420,7 +421,7 @@ def stage_models(ctx) -> dict:
         n = sum(p.numel() for p in model.parameters())
         del model
         free_memory(torch)
-        spec = {"id": mid, "kind": "hf", "path": str(folder), "dtype": "bfloat16"}
+        spec = model_spec({"id": mid, "kind": "hf", "path": str(folder), "dtype": "bfloat16"})
         check_hf_model(spec)
         back = hf_tokenizer(spec, str(folder), True)
         probe = "Q:12+345\n"
@@ -433,7 +434,7 @@ def stage_models(ctx) -> dict:
                        "model_vocab": arch["vocab_size"], "tokenizer_roundtrip": roundtrip,
                        "folder_gb": sum(f.stat().st_size for f in folder.iterdir()) / GIB,
                        "build_s": built_s, "save_s": saved_s}
-        ctx.specs[mid] = spec
+        ctx.specs[mid] = spec.model_dump()
         ctx.params[mid] = n
     rec = {"status": "PASS" if ok else "FAIL", "dtype": "bfloat16", "models": models}
     if not ok:
@@ -527,7 +528,7 @@ def stage_generate(ctx) -> dict:
     s = ctx.sizes
     out, total_bytes, total_s = {}, 0.0, 0.0
     for spec in cfg.pair.models:
-        mid = spec["id"]
+        mid = spec.id
         t = time.perf_counter()
         pol = build_policy(spec, cfg)
         load_s = time.perf_counter() - t
@@ -733,7 +734,7 @@ def stage_fsdp(ctx) -> dict:
     from graftzoo.training import fsdp
     from graftzoo.training.models import build_policy
     cfg = run_config(ctx, "resident", "fsdp")
-    spec = min(cfg.pair.models, key=lambda s: ctx.params[s["id"]])
+    spec = min(cfg.pair.models, key=lambda s: ctx.params[s.id])
     store = ctx.work / "fsdp"
     store.mkdir(exist_ok=True)
     backend = "nccl" if ctx.device == "cuda" else "gloo"
@@ -752,7 +753,7 @@ def stage_fsdp(ctx) -> dict:
         before = [(n, x.clone()) for n, x in local_tensors(pol)]
         sync(torch, ctx.device)
         t = time.perf_counter()
-        state, files = fsdp.save_sharded(pol, store, spec["id"])
+        state, files = fsdp.save_sharded(pol, store, spec.id)
         save_s = time.perf_counter() - t
         written = sum((store / f).stat().st_size for f in files)
         with torch.no_grad():
@@ -768,7 +769,7 @@ def stage_fsdp(ctx) -> dict:
         load_s = time.perf_counter() - t
         after = dict(local_tensors(pol))
         differ = [n for n, x in before if n not in after or not torch.equal(x, after[n])]
-        rec = {"status": "PASS" if not differ and len(before) == len(after) else "FAIL", "model": spec["id"],
+        rec = {"status": "PASS" if not differ and len(before) == len(after) else "FAIL", "model": spec.id,
                "backend": backend, "world_size": 1, "tensors": len(before), "shard_s": shard_s,
                "saved_gb": written / GIB, "save_s": save_s, "load_s": load_s,
                "save_gb_per_s": written / GIB / save_s, "load_gb_per_s": written / GIB / load_s,
@@ -791,7 +792,7 @@ def stage_vllm(ctx) -> dict:
     torch = ctx.torch
     from graftzoo.training.models import build_engine, build_policy
     cfg = run_config(ctx, "resident", "vllm", engine="vllm")
-    spec = min(cfg.pair.models, key=lambda s: ctx.params[s["id"]])
+    spec = min(cfg.pair.models, key=lambda s: ctx.params[s.id])
     pol = build_policy(spec, cfg)
     t = time.perf_counter()
     engine = build_engine(pol, cfg)
@@ -809,7 +810,7 @@ def stage_vllm(ctx) -> dict:
         del pol
         free_memory(torch)
     gen = sum(len(r.token_ids) for g in groups for r in g.rollouts)
-    return {"status": "PASS" if gen > 0 else "FAIL", "model": spec["id"], "start_s": start_s,
+    return {"status": "PASS" if gen > 0 else "FAIL", "model": spec.id, "start_s": start_s,
             "batch": f"{ctx.sizes.gen_prompts} prompts x {ctx.sizes.n}", "generated_tokens": gen, "wall_s": wall,
             "tokens_per_s": gen / wall}
 

@@ -21,10 +21,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from graftzoo.contract.config import load_config
 from graftzoo.training.memory import Arch, forward_activation_bytes, update_activation_bytes, working_copy_bytes
-from graftzoo.training.models import apply_precision
+from graftzoo.training.models import apply_precision, tiny_spec
 from graftzoo.training import policy as policy_mod
 from graftzoo.training.policy import Policy
-from graftzoo.tiny.build import TinyModelSpec, tiny_config
+from graftzoo.tiny.build import tiny_config
 
 CHUNK = 1 << 16  # entries of the logits turned into float32 at a time (the trainer: policy.LOGIT_CHUNK, 2^24)
 NO_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
@@ -54,9 +54,8 @@ def hf_config(name: str) -> dict:
         return dict(name)
     if name in SHAPES:
         return dict(SHAPES[name])
-    spec = next(s for s in load_config(pair="tiny", algo="grpo").pair.models if s["id"] == name)
-    spec = {k: v for k, v in spec.items() if k not in ("max_new_tokens", "template", "lr")}
-    return tiny_config(TinyModelSpec.from_dict(spec)).to_dict()
+    spec = next(s for s in load_config(pair="tiny", algo="grpo").pair.models if s.id == name)
+    return tiny_config(tiny_spec(spec)).to_dict()
 
 
 def allocated_peak(fn) -> int:

@@ -233,7 +233,7 @@ class Task:
                               f"dataset: give task.dataset, or drop task.label_free")
         pair = self.cfg.pair
         templates = [("pair.template", pair.template)] + [
-            (f"pair.models[{m['id']}].template", m["template"]) for m in pair.models if "template" in m]
+            (m.key_of("template"), m.template) for m in pair.models if m.sets("template")]
         for key, name in templates:
             if name is not None and name not in TEMPLATES:
                 raise ConfigError(f"config key '{key}' must be a prompt template ({' | '.join(sorted(TEMPLATES))}), "

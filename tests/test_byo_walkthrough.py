@@ -52,7 +52,7 @@ def test_readme_walkthrough_trains_your_model_on_your_data_and_exports_it(tmp_pa
         cfg = load_run_config(run)
         assert json.loads((run / "summary.json").read_text())["status"] == "done", name
         assert cfg.task.env == "graftzoo/MathReasoning-v0" and cfg.model.lora is None
-        assert cfg.pair.models[0]["lora"]["r"] == 8
+        assert cfg.pair.models[0].lora.r == 8
         # the model's own chat template renders the prompt (template: auto)
         pol = build_policy(cfg.pair.models[0], cfg)
         assert pol.template == "chat" and pol.render(Prompt(id="x", text="1+2")).startswith("<|user|>1+2")

@@ -120,8 +120,8 @@ def test_loss_parts_follow_the_row_roles():
     assert met["loss/aux_nll"] == pytest.approx(1.0) and met["tokens/peer_share"] == pytest.approx(0.5)
     only_pg, _ = micro_batch_loss(ctx, pol, learner, batch.minibatch([0, 1]))
     assert only_pg.item() == pytest.approx(-1.0)
-    pg, met = micro_batch_loss(ctx, pol, grpo, batch.minibatch([0, 1, 2]))  # the clipped surrogate: no aux term
-    assert pg.item() == pytest.approx(-1.0) and "loss/aux_nll" not in met
+    with pytest.raises(ValueError, match="learner 'grpo': rows of role aux reach policy loss 'clipped'"):
+        micro_batch_loss(ctx, pol, grpo, batch.minibatch([0, 1, 2]))  # no term for them: refused, never dropped
 
 
 def test_rollout_fields_replace_side_channels():

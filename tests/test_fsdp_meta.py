@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from graftzoo.contract.config import load_config
+from graftzoo.contract.config import load_config, model_spec
 from graftzoo.contract.errors import ConfigError
 from graftzoo.tiny.hf import save_hf_model
 from graftzoo.training import fsdp
@@ -114,12 +114,15 @@ def rank(mode, r, world, port, big, small, out):
     from graftzoo.training import fsdp
     torch.set_num_threads(1)
     fsdp.init_group(r, world, "127.0.0.1", port, "cpu", 300)  # generous: a loaded machine starts ranks slowly
-    big_spec, cfg = {"id": "big-llama", "kind": "hf", "path": big, "dtype": "float32"}, config("fp32")
+    from graftzoo.contract.config import model_spec
+    cfg = config("fp32")
+    big_spec = model_spec({"id": "big-llama", "kind": "hf", "path": big, "dtype": "float32"}, cfg)
     result = {"growth": peak_growth(meta if mode == "meta" else ordinary, big_spec, cfg), "cases": {}}
     cases = [("micro-qwen-char", "fp32"), ("micro-gpt2-pair", "fp32"), ("small-hf", "auto")] if mode == "meta" else []
     for model_id, precision in cases:
         cfg = config(precision)
-        spec = next((s for s in cfg.pair.models if s["id"] == model_id), {"id": model_id, "kind": "hf", "path": small})
+        spec = next((s for s in cfg.pair.models if s.id == model_id), None) or model_spec(
+            {"id": model_id, "kind": "hf", "path": small}, cfg)
         torch.manual_seed(0)
         a, ra = ordinary(spec, cfg, True)
         rng_a = torch.get_rng_state()
@@ -216,7 +219,7 @@ def test_meta_build_forward_matches_one_process(groups):
     results, _ = groups
     cfg = load_config(pair="micro", algo="grpo", overrides=["optim.precision=fp32"])
     for model_id in ("micro-qwen-char", "micro-gpt2-pair"):
-        pol = build_policy(next(s for s in cfg.pair.models if s["id"] == model_id), cfg, seed=0)
+        pol = build_policy(next(s for s in cfg.pair.models if s.id == model_id), cfg, seed=0)
         torch.manual_seed(1)
         ids = torch.randint(3, len(pol.tokenizer) - 1, (4, 20))
         mask = torch.ones_like(ids)
@@ -248,7 +251,7 @@ def test_a_folder_without_safetensors_is_refused(tmp_path):
     os.remove(folder / "model.safetensors")
     cfg = load_config(pair="micro", algo="grpo")
     with pytest.raises(ConfigError, match=r"model 'bin-llama': .* holds no safetensors weights"):
-        build_sharded_policy({"id": "bin-llama", "kind": "hf", "path": str(folder)}, cfg)
+        build_sharded_policy(model_spec({"id": "bin-llama", "kind": "hf", "path": str(folder)}, cfg), cfg)
 
 
 def test_keys_missing_from_the_files_are_found_before_sharding(tmp_path):
@@ -260,4 +263,5 @@ def test_keys_missing_from_the_files_are_found_before_sharding(tmp_path):
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     cfg = load_config(pair="micro", algo="grpo")
     with pytest.raises(MetaUnsupported, match=r"1 tensors are not in its weight files \(model.norm.weight"):
-        sharded_model({"id": "gap", "kind": "hf", "path": str(folder)}, cfg, folder, fsdp.weight_files(folder))
+        sharded_model(model_spec({"id": "gap", "kind": "hf", "path": str(folder)}, cfg), cfg, folder,
+                      fsdp.weight_files(folder))

@@ -46,7 +46,7 @@ def rank(r, world, port, model, precisions, out):
     fsdp.init_group(r, world, "127.0.0.1", port, "cpu", 300)  # generous: a loaded machine starts ranks slowly
     for precision in precisions.split(","):  # one group, one model built and sharded per precision
         cfg = load_config(pair="micro", algo="grpo", overrides=[f"optim.precision={precision}"])
-        spec = next(s for s in cfg.pair.models if s["id"] == model)
+        spec = next(s for s in cfg.pair.models if s.id == model)
         pol = build_policy(spec, cfg, seed=0)
         fsdp.shard_policy(pol)
         dtypes = set()
@@ -86,7 +86,7 @@ def group(tmp_path_factory) -> dict:
 
 def _one_process(precision: str):
     cfg = load_config(pair="micro", algo="grpo", overrides=[f"optim.precision={precision}"])
-    pol = build_policy(next(s for s in cfg.pair.models if s["id"] == MODEL), cfg, seed=0)
+    pol = build_policy(next(s for s in cfg.pair.models if s.id == MODEL), cfg, seed=0)
     torch.manual_seed(1)
     ids = torch.randint(3, len(pol.tokenizer) - 1, (4, 20))
     mask = torch.ones_like(ids)

@@ -202,8 +202,8 @@ def vllm_checks(backend, res):
     cfg = load_config(pair="micro", algo="grpo", overrides=[
         "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", "ray.num_workers=2", "run.track=false",
         "rollout.temperature=0.8", "rollout.max_new_tokens=12"])
-    model = cfg.pair.models[1]["id"]
-    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s["id"] == model], [model], seed=0)
+    model = cfg.pair.models[1].id
+    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s.id == model], [model], seed=0)
     pol, eng, group = pols[model], engines[model], backend.groups[model]
     prompts = list(Task(cfg).make_env("test", size=6).dataset)
     n, calls = [3, 1, 2, 4, 2, 3], []
@@ -260,8 +260,8 @@ def hf_split_checks(backend, res):
     cfg = load_config(pair="micro", algo="grpo", overrides=[
         "ray.num_workers=2", "ray.hf_split_generate=true", "run.track=false", "rollout.max_new_tokens=12",
         "rollout.gen_batch_size=2"])
-    model = cfg.pair.models[1]["id"]
-    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s["id"] == model], [model], seed=0)
+    model = cfg.pair.models[1].id
+    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s.id == model], [model], seed=0)
     eng, parts = engines[model], []
     spied(backend.groups[model], parts)
     prompts = list(Task(cfg).make_env("test", size=6).dataset)

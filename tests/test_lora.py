@@ -12,7 +12,7 @@ import torch
 from graftzoo.training.checkpoint import CheckpointError, load_weights
 from graftzoo.contract.config import ConfigError, LoraSection, load_config
 from graftzoo.contract.schema import validate_section
-from graftzoo.training.models import build_engine, build_policy, load_model, make_ref, split_spec
+from graftzoo.training.models import build_engine, build_policy, load_model, make_ref
 from graftzoo.training.trainer import Trainer, train
 from graftzoo.envs.task import Task
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config
@@ -27,7 +27,7 @@ def micro_cfg(*overrides, algo="grpo"):
 
 
 def spec_of(cfg, model_id):
-    return next(s for s in cfg.pair.models if s["id"] == model_id)
+    return next(s for s in cfg.pair.models if s.id == model_id)
 
 
 def perturb_adapters(pol, seed=0):
@@ -63,7 +63,7 @@ def test_lora_settings_are_completed_merged_and_refused_over_fsdp_ranks():
 def test_merged_weights_ref_and_export_of_a_lora_policy(model_id):
     cfg = micro_cfg(LORA)
     spec = spec_of(cfg, model_id)
-    plain, _, _ = load_model(split_spec(spec)[0])
+    plain, _, _ = load_model(spec)
     pol = build_policy(spec, cfg)
     trained = [n for n, p in pol.model.named_parameters() if p.requires_grad]
     assert trained and all(".lora_" in n for n in trained)
@@ -138,7 +138,7 @@ def test_grpo_with_lora_trains_checkpoints_resumes_and_evaluates_the_adapters(tm
     full = tr.run()
     assert re.search(rf"'{QWEN}': LoRA r=4 alpha=8 on all-linear: 8192 of 84032 parameters train", caplog.text)
     pol = tr.policies[QWEN]
-    plain, _, _ = load_model(split_spec(spec_of(tr.cfg, QWEN))[0])
+    plain, _, _ = load_model(spec_of(tr.cfg, QWEN))
     base = pol.model.get_base_model().state_dict()
     for k, v in plain.state_dict().items():  # the base weights are bit-identical after two updates
         parts = k.rsplit(".", 1)
@@ -167,6 +167,7 @@ def test_grpo_with_lora_trains_checkpoints_resumes_and_evaluates_the_adapters(tm
     assert torch.allclose(logits(evaluated.model, ids), logits(pol.model, ids), atol=1e-6)
     (written,) = evaluate_checkpoint(ckpt, limit=2, k=1)
     assert Path(written).is_file()
-    no_lora = build_policy(spec_of(tr.cfg, QWEN), micro_cfg())
+    plain_cfg = micro_cfg()
+    no_lora = build_policy(spec_of(plain_cfg, QWEN), plain_cfg)
     with pytest.raises(CheckpointError, match=r"LoRA adapters .*model.lora"):
         load_weights(no_lora, ckpt)

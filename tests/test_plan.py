@@ -15,9 +15,10 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import load_config
-from graftzoo.tiny.build import TinyModelSpec, build_tiny
+from graftzoo.tiny.build import build_tiny
 from graftzoo.training import memory as M
 from graftzoo.training import policy as policy_mod
+from graftzoo.training.models import tiny_spec
 
 GIB = M.GIB
 SMOL, QWEN = "HuggingFaceTB/SmolLM3-3B-Base", "Qwen/Qwen3-1.7B-Base"
@@ -44,9 +45,8 @@ def smol(cfg=None):
 @pytest.mark.parametrize("pair", ["micro", "tiny"])
 def test_param_count_equals_the_real_models(pair):
     for spec in load_config(pair=pair, algo="grpo").pair.models:
-        model, _ = build_tiny(TinyModelSpec.from_dict({k: v for k, v in spec.items()
-                                                       if k not in ("max_new_tokens",)}), seed=0)
-        assert M.param_count(M.architecture(spec)) == sum(p.numel() for p in model.parameters()), spec["id"]
+        model, _ = build_tiny(tiny_spec(spec), seed=0)
+        assert M.param_count(M.architecture(spec)) == sum(p.numel() for p in model.parameters()), spec.id
 
 
 # ------------------------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
     assert {f"{B}.dcp/__0_0.distcp", f"{B}.dcp/__1_0.distcp", f"{B}.dcp/.metadata"} <= set(files)
     assert not any(f.startswith(A + ".dcp") for f in files)       # a group of one saves whole tensors
     # one process (graftzoo eval) reads the shards without a process group: the weights one process trained
-    spec = next(s for s in cfg.pair.models if s["id"] == B)
+    spec = next(s for s in cfg.pair.models if s.id == B)
     sharded, whole = build_policy(spec, cfg), build_policy(spec, cfg)
     load_weights(sharded, ck)
     load_weights(whole, latest_checkpoint(ref_dir))

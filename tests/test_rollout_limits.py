@@ -130,7 +130,7 @@ def gpt2_vllm():
     """(policy, vLLM engine) of the micro pair's GPT-2 (max_new_tokens 32), prompt limit 40, eval responses 48."""
     pytest.importorskip("vllm")
     cfg = load_config(pair="micro", algo="grpo", overrides=VLLM)
-    pol = build_policy(next(s for s in cfg.pair.models if s["id"] == B), cfg)
+    pol = build_policy(next(s for s in cfg.pair.models if s.id == B), cfg)
     engine = build_engine(pol, cfg)
     try:
         yield pol, engine

@@ -27,7 +27,7 @@ from pydantic import BaseModel
 
 import graftzoo
 from graftzoo.algos import BUILTIN
-from graftzoo.contract.config import SECTIONS, ModelKeys, load_config
+from graftzoo.contract.config import SECTIONS, ModelSpec, load_config
 from graftzoo.contract.registry import get_config
 from graftzoo.contract.schema import _unwrap, bounds_of
 from graftzoo.training.checkpoint import list_checkpoints
@@ -201,7 +201,7 @@ def declared_numeric_keys():
     out = []
     for section, model in SECTIONS.items():
         out += _numeric_fields(model, f"{section}.")
-    out += _numeric_fields(ModelKeys, "pair.models[].")
+    out += _numeric_fields(ModelSpec, "pair.models[].")
     for algo in BUILTIN:
         out += _numeric_fields(get_config(algo), f"algo[{algo}].")
     return out

@@ -250,22 +250,27 @@ def validate_section(model: type, data: Any, prefix: str = ""):
         raise config_error(e, model, data, prefix) from None
 
 
+REQUIRED = "(required)"  # the default declared_keys shows for a key without one
+
+
 def declared_keys(model: type, prefix: str = "") -> list:
-    """``(key, type in words, default, doc)`` of every field of ``model`` and of its nested sections."""
+    """``(key, type in words, default, doc)`` of every field of ``model`` and of its nested sections; the keys of a
+    list of sections' items are ``KEY[].item`` (``pair.models[].lr``); a required key's default is ``REQUIRED``."""
     out = []
     for name, info in model.model_fields.items():
         tp, _ = _unwrap(info.annotation)
         nested = [a for a in (typing.get_args(tp) or (tp,)) if isinstance(a, type) and issubclass(a, Section)]
         full = f"{prefix}{name}"
+        inner = full + ("[]." if typing.get_origin(tp) is list else ".")
         if nested and not info.description:
-            out += declared_keys(nested[0], full + ".")
+            out += declared_keys(nested[0], inner)
             continue
-        default = info.get_default(call_default_factory=True)
+        default = REQUIRED if info.is_required() else info.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
             default = default.model_dump(mode="json")
         bounds = describe_bounds(info.metadata) or describe_bounds(_item_bounds(info.annotation))
         what = describe(info.annotation) + (f", {bounds}" if bounds else "")
         out.append((full, what, default, info.description or ""))
         if nested:
-            out += declared_keys(nested[0], full + ".")
+            out += declared_keys(nested[0], inner)
     return out

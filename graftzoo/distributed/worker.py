@@ -16,7 +16,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from graftzoo.contract.config import LearnerFacts, RunConfig, with_values
+from graftzoo.contract.config import LearnerFacts, ModelSpec, RunConfig, with_values
 from graftzoo.algos.base import StepContext
 from graftzoo.training.models import (ENGINES, build_engine, build_policy, build_sharded_policy, make_ref, resolve_device,
                                       wants_ref)
@@ -43,7 +43,7 @@ def group_max(device, x: int) -> int:
 
 
 class PolicyWorker:
-    def __init__(self, spec: dict, cfg: RunConfig, rank: int, world: int, cwd: str):
+    def __init__(self, spec: ModelSpec, cfg: RunConfig, rank: int, world: int, cwd: str):
         threads = cfg.run.threads
         torch.set_num_threads(threads)
         if os.path.isdir(cwd):  # relative paths of the config (models, caches) as the driver sees them
@@ -64,7 +64,7 @@ class PolicyWorker:
         """Join the group (FSDP2 when it has more than one rank), build the policy, its engine and the learner
         whose loss the updates use; returns what the driver's view of the policy needs."""
         cfg, spec = self.cfg, self.spec
-        device = resolve_device(spec.get("device") or cfg.run.device)
+        device = resolve_device(spec.device)
         if self.world > 1:
             fsdp.init_group(self.rank, self.world, addr, port, device, cfg.ray.collective_timeout_s)
         torch.manual_seed(seed)

@@ -53,15 +53,15 @@ def resolve_target(path) -> tuple:
 def trained_specs(cfg: RunConfig, models: Optional[Sequence[str]] = None) -> list:
     """Model specs of the models a run trained (``pair.train``), or of ``models``."""
     specs = cfg.pair.models
-    ids = [s["id"] for s in specs]
+    ids = [s.id for s in specs]
     wanted = list(models) if models else (cfg.pair.train or ids)
     unknown = [m for m in wanted if m not in ids]
     if unknown:
         raise ConfigError(f"--model {unknown[0]!r}: not in the run's pair.models{did_you_mean(unknown[0], ids)} "
                           f"(models: {', '.join(ids)})")
-    return [s for s in specs if s["id"] in wanted]
+    return [s for s in specs if s.id in wanted]
 
 
 def build_policies(cfg: RunConfig, models: Optional[Sequence[str]] = None) -> dict:
     """Fresh policies (model id -> Policy) for the run's trained models, from their pair specs."""
-    return {s["id"]: build_policy(s, cfg, cfg.run.seed) for s in trained_specs(cfg, models)}
+    return {s.id: build_policy(s, cfg, cfg.run.seed) for s in trained_specs(cfg, models)}

@@ -118,13 +118,14 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
             engines[m].sync_weights()
         written = []
         for spec in trained_specs(cfg, models):
-            m = spec["id"]
+            m = spec.id
             use, selection = chosen[m]
             folder = Path(out) if out else cli_eval_folder(run_dir, checkpoint_step(use), req)
             _, path = evaluate_and_write(policies[m], engines[m], req, run_dir, folder=folder, task=task,
                                          step=checkpoint_step(use), log=log,
                                          extra={"run": cfg.run.name, "checkpoint": f"checkpoints/{use.name}",
-                                                "model_spec": spec, "selection": selection, "request": req})
+                                                "model_spec": spec.model_dump(), "selection": selection,
+                                                "request": req})
             written.append(path)
         return written
     finally:

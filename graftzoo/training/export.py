@@ -201,7 +201,7 @@ def export_run(path, step: Optional[int] = None, out=None, models: Optional[Sequ
     run_dir, ckpt = resolve_target(path)
     cfg = load_run_config(run_dir)
     specs = trained_specs(cfg, models)
-    ids = [s["id"] for s in specs]
+    ids = [s.id for s in specs]
     if ckpt is not None and step is not None and checkpoint_step(ckpt) != step:
         raise ConfigError(f"--step {step}: {ckpt} is the checkpoint of step {checkpoint_step(ckpt)}")
     ckpt = ckpt if ckpt is not None else pick_checkpoint(run_dir, ids, step)
@@ -214,9 +214,9 @@ def export_run(path, step: Optional[int] = None, out=None, models: Optional[Sequ
         pol.model.eval()
     written = []
     for spec in specs:
-        m = spec["id"]
+        m = spec.id
         meta = {"run": cfg.run.name, "run_dir": str(run_dir), "step": at,
-                "checkpoint": f"checkpoints/{ckpt.name}", "algo": cfg.algo.name, "model_spec": spec,
+                "checkpoint": f"checkpoints/{ckpt.name}", "algo": cfg.algo.name, "model_spec": spec.model_dump(),
                 "eval": known_scores(run_dir, m, at)}
         folder = export_policy(policies[m], out / model_slug(m), meta)
         written.append(folder)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Optional
 
 import torch
 
@@ -129,10 +128,3 @@ class AdaptersOff:
         if name == "lora_model":  # not set yet (a copy being built)
             raise AttributeError(name)
         return getattr(self.lora_model, name)
-
-
-def lora_of(spec_local: dict, cfg) -> Optional[dict]:
-    """A model's LoRA settings: its ``pair.models[i].lora`` when given (null: none), else ``model.lora``."""
-    if "lora" in spec_local:
-        return spec_local["lora"]
-    return cfg.model.lora.model_dump() if cfg.model.lora is not None else None

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from transformers import AutoConfig
 
-from graftzoo.contract.config import ConfigError, RunConfig, trained_ids
-from graftzoo.training.models import resolve_precision, split_spec, tiny_spec, wants_ref
+from graftzoo.contract.config import ConfigError, ModelSpec, RunConfig, trained_ids
+from graftzoo.training.models import resolve_precision, tiny_spec, wants_ref
 from graftzoo.training import policy
 from graftzoo.tiny.build import tiny_config
 
@@ -86,17 +86,17 @@ class Arch:
                    context=get("max_position_embeddings") or get("n_positions"))
 
 
-def architecture(spec: dict) -> Arch:
+def architecture(spec: ModelSpec) -> Arch:
     """A pair.models entry's architecture: tiny models from their spec; hf models from ``arch`` (config.json's
     fields, for planning without the weights) or their config (local path or hub cache)."""
-    if spec.get("kind", "tiny") == "tiny":
+    if spec.kind == "tiny":
         return Arch.from_hf_config(tiny_config(tiny_spec(spec)))
-    if spec.get("arch"):
-        return Arch.from_hf_config(spec["arch"])
+    if spec.arch:
+        return Arch.from_hf_config(spec.arch)
     try:
-        return Arch.from_hf_config(AutoConfig.from_pretrained(spec.get("path") or spec["id"]))
+        return Arch.from_hf_config(AutoConfig.from_pretrained(spec.path or spec.id))
     except Exception as e:  # offline, no local copy
-        raise ConfigError(f"model {spec['id']!r}: its config is not available here ({type(e).__name__}); give its "
+        raise ConfigError(f"model {spec.id!r}: its config is not available here ({type(e).__name__}); give its "
                           f"config.json fields as pair.models[].arch to plan without it") from None
 
 
@@ -314,7 +314,7 @@ class ModelMemory:
     gen_batch_size: int       # the HF engine's sequences per generate call
     ref: bool                 # a frozen KL reference (algo.beta_kl > 0)
     epochs: int               # optim.epochs
-    num_workers: int | None   # pair.models[i].num_workers, where the config gives it
+    num_workers: int | None   # ranks the config fixes (its num_workers, or ray.num_workers above 1); None: open
 
     @property
     def seq_len(self) -> int:
@@ -346,13 +346,12 @@ def model_memory(cfg: RunConfig) -> list[ModelMemory]:
     sequences = int(cfg.task.prompts_per_step) * int(r.n)
     out = []
     for spec in cfg.pair.models:
-        if spec["id"] not in trained_ids(cfg):
+        if spec.id not in trained_ids(cfg):
             continue
-        _, local = split_spec(spec)
         a = architecture(spec)
-        low = spec.get("dtype", "float32" if spec.get("kind", "tiny") == "tiny" else "bfloat16") != "float32"
+        low = spec.dtype not in (None, "float32")  # a tiny model without a dtype: as warmed up, float32
         precision = resolve_precision(o.precision, low)
-        response = int(local.get("max_new_tokens", r.max_new_tokens))
+        response = int(spec.max_new_tokens)
         prompt = int(r.max_prompt_tokens)
         if a.context:  # the trainer's prompt budget leaves the response room in the context window
             prompt = min(prompt, int(a.context) - response)
@@ -360,15 +359,16 @@ def model_memory(cfg: RunConfig) -> list[ModelMemory]:
         vdtype = r.vllm.dtype if r.vllm.dtype != "auto" else (
             "bfloat16" if precision == "bf16-mixed" or (precision == "model" and low) else "float32")
         out.append(ModelMemory(
-            model=spec["id"], arch=a, params=param_count(a), precision=precision, low=low,
-            checkpointing=bool(local.get("gradient_checkpointing", cfg.model.gradient_checkpointing)),
+            model=spec.id, arch=a, params=param_count(a), precision=precision, low=low,
+            checkpointing=bool(spec.gradient_checkpointing),
             micro_tokens=int(micro), logit_tokens=int(micro) * response // (prompt + response),
             prompt_tokens=prompt, response_tokens=response, sequences=sequences, engine=r.engine,
             engine_dtype_bytes=4 if vdtype == "float32" else 2,
             kv_cache=None if r.vllm.kv_cache_gb is None else float(r.vllm.kv_cache_gb) * GIB,
             kv_share=float(r.vllm.gpu_memory_utilization), sleep_level=int(r.vllm.sleep_level),
             max_num_seqs=int(r.vllm.max_num_seqs), gen_batch_size=int(r.gen_batch_size), ref=wants_ref(cfg),
-            epochs=int(o.epochs), num_workers=local.get("num_workers")))
+            epochs=int(o.epochs),
+            num_workers=spec.num_workers if spec.sets("num_workers") or spec.num_workers > 1 else None))
     return out
 
 
@@ -960,7 +960,7 @@ def gpu_layout(cfg: RunConfig, gpus: int, gpu_gb: float, chip: str = "h200", cal
             "chip": chip, "calibration": cal}
     if gpus == 1 and len(models) > 1:
         return {**head, **one_gpu_choice(cfg, models, gpu_gb, hw, cal)}
-    workers = [m.num_workers or (cfg.ray.num_workers if cfg.ray.num_workers > 1 else None) for m in models]
+    workers = [m.num_workers for m in models]
     split, why_not = (None, "") if gpw < 1 else separate_split(models, workers, gpus, usable, gpu_gb)
     if split is not None:
         out, share = separate(models, split, workers, prompts, usable, gpus, gpu_gb), 1

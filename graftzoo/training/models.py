@@ -3,11 +3,11 @@
 ``kind: tiny`` — a tiny model built in code (graftzoo.tiny.build) and warmed up once, cached on disk.
 ``kind: hf``   — a Hugging Face causal LM by hub id or local folder (``id``, or ``path`` with ``id`` as its name);
                 ``check_hf_model`` resolves it before the run directory exists (one error line, no retries).
-Per-model keys understood here (all kinds): ``id``, ``kind``, ``template``, ``stop``, ``max_new_tokens``, ``lr``,
-``device``
-(default ``run.device``), ``gradient_checkpointing`` (default ``model.gradient_checkpointing``), ``dtype``,
-``num_workers`` (``--backend ray``: the ranks of the model's worker group, its parameters sharded over them by FSDP2;
-default 1).
+An entry is a ``graftzoo.contract.config.ModelSpec``, validated and resolved by ``load_config``: its keys that
+stand for run keys (``template``, ``stop``, ``max_new_tokens``, ``lr``, ``device``, ``gradient_checkpointing``,
+``num_workers``: with ``--backend ray`` the ranks of the model's worker group, its parameters sharded over them by
+FSDP2; ``lora``) hold the model's values, its own or the run's, and ``dtype`` its load dtype (bfloat16 for ``kind:
+hf`` unless given, as saved for ``kind: tiny``).
 
 A group of more than one rank builds its model with ``build_sharded_policy``: the model on the meta device from its
 folder's ``config.json``, sharded, and each rank's rows read from the safetensors files (``fsdp.materialize``), so
@@ -35,7 +35,7 @@ from graftzoo.training import fsdp
 from graftzoo.training import lora as lora_mod
 from graftzoo.training.engine import HFEngine
 from graftzoo.training.policy import Policy, context_of
-from graftzoo.contract.config import RunConfig, with_values
+from graftzoo.contract.config import TINY_KEYS, ModelSpec, RunConfig, trained_ids, with_values
 from graftzoo.contract.errors import ConfigError
 from graftzoo.training.vllm_engine import VLLMEngine
 from graftzoo.envs.templates import resolve_stop, resolve_template
@@ -43,72 +43,48 @@ from graftzoo.eval.evaluate import eval_top_p
 from graftzoo.tiny.build import TinyModelSpec
 from graftzoo.tiny.warmup import load_or_warmup, load_tiny, load_tokenizer
 
-PER_MODEL_KEYS = ("template", "stop", "max_new_tokens", "lr", "device", "gradient_checkpointing", "num_workers",
-                  "lora")
-
 log = logging.getLogger("graftzoo")
 
 
-def split_spec(spec: dict) -> tuple[dict, dict]:
-    spec = dict(spec)
-    local = {k: spec.pop(k) for k in PER_MODEL_KEYS if k in spec}
-    return spec, local
+def tiny_spec(spec: ModelSpec) -> TinyModelSpec:
+    """The TinyModelSpec of a ``kind: tiny`` pair.models entry: its id and the tiny keys it gives."""
+    return TinyModelSpec.from_dict({"id": spec.id, **{k: getattr(spec, k) for k in TINY_KEYS
+                                                      if getattr(spec, k) is not None}})
 
 
-def tiny_spec(spec: dict) -> TinyModelSpec:
-    """The TinyModelSpec of a ``kind: tiny`` pair.models entry (its per-model keys, ``dtype`` and ``arch`` aside)."""
-    base, _ = split_spec(spec)
-    return TinyModelSpec.from_dict({k: v for k, v in base.items() if k not in ("dtype", "arch")})
+def spec_dtype(spec: ModelSpec) -> Optional[torch.dtype]:
+    """The torch dtype a pair.models entry's weights load in (its resolved ``dtype``; None: as saved)."""
+    return None if spec.dtype is None else getattr(torch, spec.dtype)
 
 
-MODEL_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def spec_dtype(spec: dict, default: Optional[str]) -> Optional[torch.dtype]:
-    """The torch dtype a pair.models entry's ``dtype`` names (``default`` when it names none), refused with a
-    one-line ``ConfigError`` naming the key unless one of ``MODEL_DTYPES``."""
-    name = spec.get("dtype", default)
-    if name is None:
-        return None
-    if name not in MODEL_DTYPES:
-        raise ConfigError(f"config key 'pair.models[{spec.get('id')}].dtype' must be one of {', '.join(MODEL_DTYPES)}, "
-                          f"got {name!r}")
-    return getattr(torch, name)
-
-
-def load_model(spec: dict, seed: int = 0, progress=None):
-    """(model, tokenizer, tokenizer_id) for a spec (without the per-model keys)."""
+def load_model(spec: ModelSpec, seed: int = 0, progress=None):
+    """(model, tokenizer, tokenizer_id) of a pair.models entry."""
     hf_logging.disable_progress_bar()  # "Loading weights" bars for every model load clutter the run output
-    kind = spec.get("kind", "tiny")
-    if kind == "tiny":
+    if spec.kind == "tiny":
         ts = tiny_spec(spec)
-        dtype = spec_dtype(spec, None)  # e.g. bfloat16, to train a tiny model as a real one would be
+        dtype = spec_dtype(spec)  # e.g. bfloat16, to train a tiny model as a real one would be
         path = load_or_warmup(ts, progress=progress)
         model, tok = load_tiny(path)
         if dtype is not None:
             model.to(dtype)
         return model, tok, f"{ts.tokenizer}"
-    if kind == "hf":
-        path, local_only = check_hf_model(spec)
-        dtype = spec_dtype(spec, "bfloat16")
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=local_only)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"model '{spec['id']}': cannot load its weights from {path}: {_one_line(e)}") from e
-        tok = hf_tokenizer(spec, path, local_only)
-        return model, tok, spec.get("tokenizer_id", path)
-    raise ValueError(f"model '{spec.get('id')}': unknown kind {kind!r} (tiny | hf)")
+    path, local_only = check_hf_model(spec)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=spec_dtype(spec), local_files_only=local_only)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model '{spec.id}': cannot load its weights from {path}: {_one_line(e)}") from e
+    tok = hf_tokenizer(spec, path, local_only)
+    return model, tok, spec.tokenizer_id or path
 
 
-def load_tokenizer_of(spec: dict, progress=None) -> tuple:
+def load_tokenizer_of(spec: ModelSpec, progress=None) -> tuple:
     """(tokenizer, tokenizer_id) of a pair.models entry without loading its model (a tiny model is warmed up into the
     cache first, once, so that the workers of a Ray group only read it)."""
-    base, _ = split_spec(spec)
-    if base.get("kind", "tiny") == "tiny":
+    if spec.kind == "tiny":
         ts = tiny_spec(spec)
         return load_tokenizer(load_or_warmup(ts, progress=progress)), f"{ts.tokenizer}"
-    path, local_only = check_hf_model(base)
-    return hf_tokenizer(base, path, local_only), base.get("tokenizer_id", path)
+    path, local_only = check_hf_model(spec)
+    return hf_tokenizer(spec, path, local_only), spec.tokenizer_id or path
 
 
 HF_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
@@ -150,13 +126,13 @@ def _cached(repo: str) -> bool:
                                                        "pytorch_model.bin", "pytorch_model.bin.index.json"))
 
 
-def check_hf_model(spec: dict) -> tuple[str, bool]:
+def check_hf_model(spec: ModelSpec) -> tuple[str, bool]:
     """Resolve a ``kind: hf`` model before anything is built: (where to load it from, load from local files only).
     A local folder (``path``, or an ``id`` that is one) must hold a ``config.json``, weights and tokenizer files; a
     hub id must be in the local cache or on a reachable hub. Anything else is one ``ConfigError`` naming the model
     and why, in seconds (``HF_HUB_OFFLINE=1``, or an unreachable hub, means the cache only)."""
-    mid = spec["id"]
-    src = str(spec.get("path") or mid)
+    mid = spec.id
+    src = str(spec.path or mid)
     folder = Path(src).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
@@ -166,7 +142,7 @@ def check_hf_model(spec: dict) -> tuple[str, bool]:
         if not any((folder / f).is_file() for f in HF_TOKENIZER_FILES):
             raise ConfigError(f"model '{mid}': {folder} holds no tokenizer ({' or '.join(HF_TOKENIZER_FILES)})")
         return str(folder), True
-    if spec.get("path") or _looks_like_path(src):
+    if spec.path or _looks_like_path(src):
         raise ConfigError(f"model '{mid}': no such folder {src}")
     if _cached(src):
         return src, _hub_offline() or hub_unreachable() is not None
@@ -188,36 +164,34 @@ def check_hf_model(spec: dict) -> tuple[str, bool]:
 def check_models(cfg: RunConfig) -> None:
     """The pre-flight check of every trained ``kind: hf`` model (``check_hf_model``), before a run directory is
     made: a model that cannot be loaded fails the run in one line, in seconds, leaving nothing behind."""
-    train = cfg.pair.train
+    train = trained_ids(cfg)
     for spec in cfg.pair.models:
-        if spec.get("kind", "tiny") == "hf" and (not train or spec["id"] in train):
+        if spec.kind == "hf" and spec.id in train:
             check_hf_model(spec)
 
 
-def hf_tokenizer(spec: dict, path: str, local_only: bool):
+def hf_tokenizer(spec: ModelSpec, path: str, local_only: bool):
     """The tokenizer of a ``kind: hf`` model (pad = EOS when it has no pad token)."""
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
     except (OSError, ValueError) as e:
-        raise ConfigError(f"model '{spec['id']}': cannot load its tokenizer from {path}: {_one_line(e)}") from e
+        raise ConfigError(f"model '{spec.id}': cannot load its tokenizer from {path}: {_one_line(e)}") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def model_template(spec: dict, cfg: RunConfig, tokenizer) -> str:
-    """The prompt template a model renders with: its own ``template`` or ``pair.template``, ``auto`` resolved
+def model_template(spec: ModelSpec, tokenizer) -> str:
+    """The prompt template a model renders with: its ``template`` (its own or ``pair.template``), ``auto`` resolved
     (graftzoo.envs.templates.resolve_template: the tokenizer's chat template, ``plain`` without one, ``compact``
     for a tiny model)."""
-    base, local = split_spec(spec)
-    return resolve_template(local.get("template", cfg.pair.template), tokenizer, base.get("kind", "tiny"))
+    return resolve_template(spec.template, tokenizer, spec.kind)
 
 
-def model_stop(spec: dict, cfg: RunConfig, template: str) -> list:
-    """The stop strings a model's rollouts end at: its own ``stop`` or ``rollout.stop`` (``auto``: the defaults of
-    its template, graftzoo.envs.templates.STOP_DEFAULTS)."""
-    _, local = split_spec(spec)
-    return resolve_stop(local.get("stop", cfg.rollout.stop), template)
+def model_stop(spec: ModelSpec, template: str) -> list:
+    """The stop strings a model's rollouts end at: its ``stop`` (its own or ``rollout.stop``; ``auto``: the defaults
+    of its template, graftzoo.envs.templates.STOP_DEFAULTS)."""
+    return resolve_stop(spec.stop, template)
 
 
 def use_run_threads(cfg: RunConfig) -> None:
@@ -252,47 +226,42 @@ def usable_device(setting, key: str) -> str:
     return device
 
 
-def device_of(spec: dict, cfg: RunConfig) -> tuple:
-    """(the device setting of a pair.models entry, the config key that set it): its own ``device``, else
-    ``run.device``."""
-    _, local = split_spec(spec)
-    if local.get("device") is not None:
-        return str(local["device"]), f"pair.models[{spec['id']}].device"
-    return str(cfg.run.device), "run.device"
+def device_of(spec: ModelSpec) -> tuple:
+    """(the device setting of a pair.models entry, the config key that set it: its own ``device`` or
+    ``run.device``)."""
+    return str(spec.device), spec.key_of("device")
 
 
-def build_policy(spec: dict, cfg: RunConfig, seed: int = 0, progress=None) -> Policy:
+def build_policy(spec: ModelSpec, cfg: RunConfig, seed: int = 0, progress=None) -> Policy:
     """The Policy of a pair.models entry, its whole model loaded in this process (``load_model``), in the run's
     precision, with gradient checkpointing and LoRA adapters as configured, on its device."""
     use_run_threads(cfg)
-    base, local = split_spec(spec)
-    model, tok, tok_id = load_model(base, seed, progress)
+    model, tok, tok_id = load_model(spec, seed, progress)
     autocast = apply_precision(model, cfg.optim.precision)
-    if local.get("gradient_checkpointing", cfg.model.gradient_checkpointing):
+    if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = lora_mod.lora_of(local, cfg)
-    if lora:  # only the adapters train (graftzoo.training.lora)
-        model = lora_mod.wrap(model, lora, f"pair.models[{base['id']}].lora" if "lora" in local else "model.lora")
-    model.to(usable_device(*device_of(spec, cfg))).train()
+    lora = spec.lora
+    if lora is not None:  # only the adapters train (graftzoo.training.lora)
+        model = lora_mod.wrap(model, lora.model_dump(), spec.key_of("lora"))
+    model.to(usable_device(*device_of(spec))).train()
     pol = policy_of(spec, cfg, model, tok, tok_id, autocast, lora_mod.count_parameters(model))
-    if lora:
-        log.info("model %r: LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%)", base["id"], lora["r"],
-                 lora["alpha"], lora["target_modules"], pol.trainable_params, pol.total_params,
+    if lora is not None:
+        log.info("model %r: LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%)", spec.id, lora.r,
+                 lora.alpha, lora.target_modules, pol.trainable_params, pol.total_params,
                  100.0 * pol.trainable_params / max(1, pol.total_params))
     return pol
 
 
-def policy_of(spec: dict, cfg: RunConfig, model, tok, tok_id: str, autocast, counts: tuple) -> Policy:
+def policy_of(spec: ModelSpec, cfg: RunConfig, model, tok, tok_id: str, autocast, counts: tuple) -> Policy:
     """The Policy of a built ``model`` (its template, stop strings, budgets, AdamW over its parameters as they
     are: whole, or a rank's shards); ``counts``: its (trainable, total) parameters, whole."""
-    base, local = split_spec(spec)
-    optim = cfg.optim.model_copy(update={"lr": local["lr"]}) if "lr" in local else cfg.optim
-    template = model_template(spec, cfg, tok)
-    pol = Policy(base["id"], model, tok, template=template, optim=optim,
+    optim = cfg.optim.model_copy(update={"lr": spec.lr}) if spec.sets("lr") else cfg.optim
+    template = model_template(spec, tok)
+    pol = Policy(spec.id, model, tok, template=template, optim=optim,
                  temperature=cfg.rollout.temperature, max_prompt_tokens=cfg.rollout.max_prompt_tokens,
                  tokenizer_id=tok_id)
-    pol.max_response_tokens = int(local.get("max_new_tokens", cfg.rollout.max_new_tokens))
-    pol.stop_strings = model_stop(spec, cfg, template)
+    pol.max_response_tokens = int(spec.max_new_tokens)
+    pol.stop_strings = model_stop(spec, template)
     pol.autocast_dtype = autocast
     pol.max_tokens_per_micro = cfg.optim.max_tokens_per_micro
     pol.optim_cfg = optim  # the run's optim.* with this model's lr: a worker rebuilds the optimizer after sharding
@@ -305,25 +274,22 @@ class MetaUnsupported(Exception):
     loads it whole on every rank, as ``build_policy`` does)."""
 
 
-def model_source(base: dict, progress=None) -> tuple[Path, object, str]:
+def model_source(spec: ModelSpec, progress=None) -> tuple[Path, object, str]:
     """(the local folder holding a model's ``config.json`` and weights, tokenizer, tokenizer_id), as ``load_model``
     finds them: a tiny model's cache folder (warmed up first when missing), a ``kind: hf`` model's folder or its
     snapshot in the Hugging Face cache. A hub model that is not downloaded has no folder (``MetaUnsupported``)."""
-    kind = base.get("kind", "tiny")
-    if kind == "tiny":
-        ts = tiny_spec(base)
+    if spec.kind == "tiny":
+        ts = tiny_spec(spec)
         path = load_or_warmup(ts, progress=progress)
         return Path(path), load_tokenizer(path), f"{ts.tokenizer}"
-    if kind != "hf":
-        raise ValueError(f"model '{base.get('id')}': unknown kind {kind!r} (tiny | hf)")
-    path, local_only = check_hf_model(base)
+    path, local_only = check_hf_model(spec)
     folder = Path(path) if Path(path).is_dir() else None
     if folder is None:
         config = try_to_load_from_cache(path, "config.json")
         if not isinstance(config, str):
             raise MetaUnsupported(f"{path} is not downloaded to a local folder")
         folder = Path(config).parent
-    return folder, hf_tokenizer(base, path, local_only), base.get("tokenizer_id", path)
+    return folder, hf_tokenizer(spec, path, local_only), spec.tokenizer_id or path
 
 
 @contextlib.contextmanager
@@ -358,11 +324,11 @@ def real_buffers(model, dtype: torch.dtype) -> None:
             module._buffers[b] = fresh._buffers[b]
 
 
-def load_dtype(base: dict, config, files: dict) -> torch.dtype:
-    """The dtype ``load_model`` loads a model's weights in: a ``kind: hf`` model's ``dtype`` (default
-    bfloat16), a tiny model's saved dtype (its config's, else its first floating-point tensor's)."""
-    if base.get("kind", "tiny") == "hf":
-        return spec_dtype(base, "bfloat16")
+def load_dtype(spec: ModelSpec, config, files: dict) -> torch.dtype:
+    """The dtype ``load_model`` loads a model's weights in: a ``kind: hf`` model's ``dtype`` (resolved: bfloat16
+    unless given), a tiny model's saved dtype (its config's, else its first floating-point tensor's)."""
+    if spec.kind == "hf":
+        return spec_dtype(spec)
     dtype = getattr(config, "dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
@@ -377,34 +343,32 @@ def load_dtype(base: dict, config, files: dict) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def meta_skeleton(spec: dict, cfg: RunConfig, folder: Path, files: dict) -> tuple:
+def meta_skeleton(spec: ModelSpec, cfg: RunConfig, folder: Path, files: dict) -> tuple:
     """(model on the meta device, name -> the dtype it is loaded in, autocast dtype): a model built from
     ``folder``'s config as ``build_policy`` loads it (the dtype of ``load_model``, its generation config,
     ``apply_precision``, gradient checkpointing, in train mode), its parameters without storage and its
     non-persistent buffers real (``real_buffers``)."""
-    base, local = split_spec(spec)
     config = AutoConfig.from_pretrained(str(folder))
-    dtype = load_dtype(base, config, files)
+    dtype = load_dtype(spec, config, files)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     real_buffers(model, dtype)
     if (folder / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
-    if base.get("kind", "tiny") == "tiny" and base.get("dtype") is not None:
-        model.to(spec_dtype(base, None))
+    if spec.kind == "tiny" and spec.dtype is not None:
+        model.to(spec_dtype(spec))
     loaded = {n: t.dtype for n, t in model.state_dict(keep_vars=True).items()}
     autocast = apply_precision(model, cfg.optim.precision)
-    if local.get("gradient_checkpointing", cfg.model.gradient_checkpointing):
+    if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train(), loaded, autocast
 
 
-def sharded_model(spec: dict, cfg: RunConfig, folder: Path, files: dict, frozen: bool = False) -> tuple:
+def sharded_model(spec: ModelSpec, cfg: RunConfig, folder: Path, files: dict, frozen: bool = False) -> tuple:
     """(model, autocast dtype, (trainable, total) parameters): ``meta_skeleton`` sharded over the group and
     loaded shard by shard (``fsdp.materialize``; every rank calls it at once). ``frozen``: the KL reference's
     copy, in eval mode without gradients. Keys no weight file holds raise ``MetaUnsupported`` before anything is
     sharded."""
-    base, local = split_spec(spec)
     model, loaded, autocast = meta_skeleton(spec, cfg, folder, files)
     sources, missing = fsdp.tensor_sources(model, files, model.base_model_prefix)
     if missing:
@@ -413,12 +377,12 @@ def sharded_model(spec: dict, cfg: RunConfig, folder: Path, files: dict, frozen:
     if frozen:
         model.eval().requires_grad_(False)
     counts = lora_mod.count_parameters(model)
-    fsdp.materialize(model, usable_device(*device_of(spec, cfg)), autocast, sources, files, loaded,
-                     what=f"model '{base['id']}'")
+    fsdp.materialize(model, usable_device(*device_of(spec)), autocast, sources, files, loaded,
+                     what=f"model '{spec.id}'")
     return model, autocast, counts
 
 
-def build_sharded_policy(spec: dict, cfg: RunConfig, seed: int = 0, ref: bool = False,
+def build_sharded_policy(spec: ModelSpec, cfg: RunConfig, seed: int = 0, ref: bool = False,
                          progress=None) -> tuple[Policy, Optional[Policy]]:
     """(policy, KL reference or None) of one rank of a model's FSDP2 group (every rank calls it at once): what
     ``build_policy``, ``make_ref`` and ``fsdp.shard_policy`` make, without the whole model on any rank. The model
@@ -427,19 +391,18 @@ def build_sharded_policy(spec: dict, cfg: RunConfig, seed: int = 0, ref: bool = 
     a local folder or one the meta build cannot reproduce (``MetaUnsupported``) is loaded whole and then sharded,
     with one log line saying why; a folder without safetensors weights is a ``ConfigError``."""
     use_run_threads(cfg)
-    base, local = split_spec(spec)
     try:
-        if lora_mod.lora_of(local, cfg):
+        if spec.lora is not None:
             raise MetaUnsupported("LoRA adapters wrap a loaded model")
-        folder, tok, tok_id = model_source(base, progress)
+        folder, tok, tok_id = model_source(spec, progress)
         files = fsdp.weight_files(folder)
         if not files:
-            raise ConfigError(f"model '{base['id']}': {folder} holds no safetensors weights ({fsdp.SAFETENSORS_FILE} "
+            raise ConfigError(f"model '{spec.id}': {folder} holds no safetensors weights ({fsdp.SAFETENSORS_FILE} "
                               f"or {fsdp.SAFETENSORS_INDEX}), which the ranks of its worker group read their shards "
                               f"from: save it with save_pretrained (safetensors) or train it with num_workers: 1")
         model, autocast, counts = sharded_model(spec, cfg, folder, files)
     except MetaUnsupported as e:
-        log.info("model %r: every rank loads the whole model before FSDP2 shards it: %s", base["id"], e)
+        log.info("model %r: every rank loads the whole model before FSDP2 shards it: %s", spec.id, e)
         pol = build_policy(spec, cfg, seed, progress)
         frozen = make_ref(pol) if ref else None
         fsdp.shard_policy(pol, frozen)
@@ -481,7 +444,7 @@ class InProcess:
         ``close`` ends those built when a later one fails."""
         torch.manual_seed(seed)
         self.engines: dict = {}
-        policies = {s["id"]: build_policy(s, cfg, seed) for s in specs if s["id"] in train_ids}
+        policies = {s.id: build_policy(s, cfg, seed) for s in specs if s.id in train_ids}
         check_context(cfg, policies)
         for m, p in policies.items():
             self.engines[m] = build_engine(p, cfg)
@@ -499,23 +462,21 @@ def wants_ref(cfg: RunConfig) -> bool:
     return getattr(cfg.algo, "beta_kl", 0) > 0
 
 
-def prompt_limits(spec: dict, cfg: RunConfig) -> tuple:
+def prompt_limits(spec: ModelSpec, cfg: RunConfig) -> tuple:
     """(tokenizer, template, prompt budget) of a pair.models entry, without building its model: the budget is the
     prompt tokens that leave room for the model's max_new_tokens in its context window, at most
     ``rollout.max_prompt_tokens`` (graftzoo.training.engine.fitting_prompts)."""
-    base, local = split_spec(spec)
     tok, _ = load_tokenizer_of(spec)
-    if base.get("kind", "tiny") == "tiny":
+    if spec.kind == "tiny":
         context = int(tiny_spec(spec).max_positions)
     else:
-        path, local_only = check_hf_model(base)
+        path, local_only = check_hf_model(spec)
         context = context_of(AutoConfig.from_pretrained(path, local_files_only=local_only))
-    max_new = int(local.get("max_new_tokens", cfg.rollout.max_new_tokens))
+    max_new = int(spec.max_new_tokens)
     if max_new >= context:
-        where = f"pair.models[{base['id']}].max_new_tokens" if "max_new_tokens" in local else "rollout.max_new_tokens"
-        raise ConfigError(f"config key '{where}' ({max_new}) must be below model {base['id']!r}'s context window of "
-                          f"{context} tokens")
-    return tok, model_template(spec, cfg, tok), min(int(cfg.rollout.max_prompt_tokens), context - max_new)
+        raise ConfigError(f"config key '{spec.key_of('max_new_tokens')}' ({max_new}) must be below model "
+                          f"{spec.id!r}'s context window of {context} tokens")
+    return tok, model_template(spec, tok), min(int(cfg.rollout.max_prompt_tokens), context - max_new)
 
 
 def check_context(cfg: RunConfig, policies: dict) -> None:

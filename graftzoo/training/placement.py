@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from graftzoo.contract.config import ConfigError, RunConfig, trained_ids, with_values
+from graftzoo.contract.config import ConfigError, ModelSpec, RunConfig, trained_ids, with_values
 from graftzoo.training import memory
 from graftzoo.training.models import device_of, resolve_device, usable_device
 
@@ -58,11 +58,10 @@ def gpu_only_settings(cfg: RunConfig) -> list:
 def sizable_here(cfg: RunConfig) -> bool:
     """Whether plan can size every trained model without asking a hub: tiny models, and ``kind: hf`` models with
     their ``arch`` or a local folder holding ``config.json``."""
-    def local(spec: dict) -> bool:
-        folder = spec.get("path") or spec["id"]
-        return spec.get("kind", "tiny") == "tiny" or bool(spec.get("arch")) or os.path.isfile(
-            os.path.join(str(folder), "config.json"))
-    return all(local(s) for s in cfg.pair.models if s["id"] in trained_ids(cfg))
+    def local(spec: ModelSpec) -> bool:
+        return spec.kind == "tiny" or bool(spec.arch) or os.path.isfile(
+            os.path.join(str(spec.path or spec.id), "config.json"))
+    return all(local(s) for s in cfg.pair.models if s.id in trained_ids(cfg))
 
 
 def cpu_refusal(cfg: RunConfig, host_bytes: float) -> Optional[str]:
@@ -79,7 +78,7 @@ def cpu_refusal(cfg: RunConfig, host_bytes: float) -> Optional[str]:
 
 def _devices(cfg: RunConfig) -> dict:
     """model id -> (its device setting, where it was set) of the trained models."""
-    return {spec["id"]: device_of(spec, cfg) for spec in cfg.pair.models if spec["id"] in trained_ids(cfg)}
+    return {spec.id: device_of(spec) for spec in cfg.pair.models if spec.id in trained_ids(cfg)}
 
 
 def gpu_gb_of(device: str) -> float:
@@ -163,7 +162,7 @@ def resolve(cfg: RunConfig, host_bytes: Optional[float] = None) -> RunConfig:
                               f"{cfg.pair.name} is sized for GPUs: {why}. Run it on a GPU machine, or set "
                               f"{auto_cpu[0]}=cpu to train on the CPU anyway")
     resolved = {m: resolve_device(d) for m, (d, _) in devices.items()}
-    models = [{**s, "device": resolved[s["id"]]} if s["id"] in resolved and "device" in s else s
+    models = [s.replace(device=resolved[s.id]) if s.id in resolved and s.sets("device") else s
               for s in cfg.pair.models]
     gpu = shared_gpu(cfg, resolved)
     values = {"run.device": resolve_device(cfg.run.device), "pair.models": models, **choose_layout(cfg, gpu)}

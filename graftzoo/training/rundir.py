@@ -186,7 +186,7 @@ def default_run_name(cfg: RunConfig) -> str:
     if run.variant:
         variant = label_slug(run.variant) or "x"
         parts = [variant]  # the label names the method, as a grid names its cells
-    ids = [m["id"] for m in pair.models]
+    ids = [m.id for m in pair.models]
     train = list(pair.train or [])
     if train and sorted(train) != sorted(ids):  # as a grid's each_model cell: the id's last part
         short = [label_slug(m.split("/")[-1]) for m in ids]

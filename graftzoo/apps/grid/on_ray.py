@@ -15,7 +15,6 @@ from typing import Optional
 from graftzoo.contract.config import RaySection, RunConfig, trained_ids
 from graftzoo.apps.grid.model import Cell
 from graftzoo.apps.grid.run import run_cell_subprocess
-from graftzoo.distributed.backend import workers_of
 from graftzoo.distributed.cluster import connect, disconnect
 from graftzoo.training.placement import resolve_device
 
@@ -25,8 +24,7 @@ def cell_resources(cfg: RunConfig) -> dict:
     if cfg.run.backend == "ray":
         return {"num_cpus": 0, "num_gpus": 0}
     train = trained_ids(cfg)
-    cuda = [s for s in cfg.pair.models
-            if s["id"] in train and resolve_device(s.get("device") or cfg.run.device).startswith("cuda")]
+    cuda = [s for s in cfg.pair.models if s.id in train and resolve_device(s.device).startswith("cuda")]
     return {"num_cpus": int(cfg.run.threads), "num_gpus": len(cuda)}
 
 
@@ -35,7 +33,7 @@ def cluster_workers(cfg: RunConfig) -> int:
     if cfg.run.backend != "ray":
         return 0
     train = trained_ids(cfg)
-    return sum(workers_of(s, cfg) for s in cfg.pair.models if s["id"] in train)
+    return sum(s.num_workers for s in cfg.pair.models if s.id in train)
 
 
 class RayCells:

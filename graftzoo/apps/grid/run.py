@@ -54,7 +54,7 @@ def eval_done(cell: Cell, options: dict) -> bool:
     keys = set(inspect.signature(eval_request).parameters) - {"cfg"}
     want = eval_request(cfg, **{k: v for k, v in options.items() if k in keys})
     for spec in trained_specs(cfg):
-        p = grid_eval_dir(cell) / eval_file_name(spec["id"])
+        p = grid_eval_dir(cell) / eval_file_name(spec.id)
         try:
             if json.loads(p.read_text(encoding="utf-8")).get("request") != want:
                 return False
