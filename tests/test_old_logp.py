@@ -188,10 +188,10 @@ def test_theta_old_is_the_pre_update_policy_in_every_minibatch_own_and_peer_rows
     for m in tr.model_ids:
         pol = tr.policies[m]
 
-        def update(ctx, lrn, mbs, base_from_forward, where, _m=m, _pol=pol, _update=pol.update):
+        def update(ctx, lrn, mbs, base_from_forward, where, loop, _m=m, _pol=pol, _update=pol.update):
             start[_m] = copy.deepcopy(_pol.model.state_dict())   # the policy that sampled: theta_old
             flags[_m] = base_from_forward
-            return _update(ctx, lrn, mbs, base_from_forward, where=where)
+            return _update(ctx, lrn, mbs, base_from_forward, where=where, loop=loop)
         monkeypatch.setattr(pol, "update", update)
 
     def base_spy(mb, logp, from_forward, _real=loss_mod.ratio_base):

@@ -133,11 +133,11 @@ class StepProbe:
             return _real(prompts, responses, **kw)
         monkeypatch.setattr(pol, "score_sequences", score_sequences)
 
-        def update(ctx, lrn, mbs, base_from_forward, where, _real=pol.update):
+        def update(ctx, lrn, mbs, base_from_forward, where, loop, _real=pol.update):
             self.start[m] = {k: v.clone() for k, v in pol.model.state_dict().items()}  # theta_old
             self.update_micros[m] = sum(len(micros) for micros in mbs)
             self.base_from_forward[m] = base_from_forward
-            return _real(ctx, lrn, mbs, base_from_forward, where=where)
+            return _real(ctx, lrn, mbs, base_from_forward, where=where, loop=loop)
         monkeypatch.setattr(pol, "update", update)
 
     def step(self) -> dict:
@@ -236,11 +236,11 @@ def test_first_minibatch_base_is_its_own_forward_later_ones_the_arrived_theta_ol
     for m, pol in tr.policies.items():
         pol.model.to(torch.bfloat16)
 
-        def shifted(ctx, lrn, mbs, base_from_forward, where, _real=pol.update):
+        def shifted(ctx, lrn, mbs, base_from_forward, where, loop, _real=pol.update):
             for micros in mbs:
                 for mb in micros:
                     mb.old_logp = torch.where(mb.given_old.unsqueeze(1), mb.old_logp, mb.old_logp + SHIFT)
-            return _real(ctx, lrn, mbs, base_from_forward, where=where)
+            return _real(ctx, lrn, mbs, base_from_forward, where=where, loop=loop)
         monkeypatch.setattr(pol, "update", shifted)
     probe = StepProbe(tr, monkeypatch)
     probe.step()

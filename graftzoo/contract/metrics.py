@@ -342,6 +342,8 @@ def markdown() -> str:
         topics.setdefault(_topic(m), []).append(m)
     for f in JSONL_FAMILIES:
         topics.setdefault(_topic(f.pattern), []).append(f)
+    # the algorithms' metrics by algorithm (their packages may have been imported in any order), each as declared
+    topics.get(ALGORITHM_TOPIC, []).sort(key=lambda m: str(m).split("/")[0])
     for topic in dict.fromkeys([*TOPICS.values(), ALGORITHM_TOPIC]):
         if topic not in topics:
             continue
