@@ -18,11 +18,11 @@ from typing import Callable, Optional
 import torch
 
 from graftzoo.algos.functional import clipped_surrogate
-from graftzoo.contract.batch import AUX, PEER
+from graftzoo.contract.batch import ByRole
 
 
 @dataclass(frozen=True)
-class LossInputs:
+class LossInputs(ByRole):
     """A micro-batch as a policy loss reads it. ``[B, R]``: B responses, R response tokens (right-padded)."""
 
     logp: torch.Tensor              # [B, R] log-probs under the current weights (carries the gradient)
@@ -34,14 +34,6 @@ class LossInputs:
     loss_mask: torch.Tensor         # [B, R] every row's token mask, aux rows included
     origin_mean_logp: torch.Tensor  # [B] the peer's mean log-prob l_P of a localized response (0 elsewhere)
     update: int = 0                 # the optimizer update within the step (HACPO's stepwise floor)
-
-    @property
-    def is_peer(self) -> torch.Tensor:
-        return self.role == PEER
-
-    @property
-    def is_aux(self) -> torch.Tensor:
-        return self.role == AUX
 
 
 @dataclass

@@ -46,8 +46,22 @@ def micro_split(lengths: list, budget) -> list:
     return out
 
 
+class ByRole:
+    """Row masks of a batch whose ``role`` tensor ([B] long) holds each row's ``ROLE_ID``."""
+
+    role: torch.Tensor
+
+    @property
+    def is_peer(self) -> torch.Tensor:
+        return self.role == PEER
+
+    @property
+    def is_aux(self) -> torch.Tensor:
+        return self.role == AUX
+
+
 @dataclass
-class MiniBatch:
+class MiniBatch(ByRole):
     input_ids: torch.Tensor         # [B, P+R]: left-padded prompt | right-padded response
     attention_mask: torch.Tensor    # [B, P+R]
     resp_len: int                   # R
@@ -67,16 +81,9 @@ class MiniBatch:
     # the loss's factor: 0 for the stand-in pass of a worker rank holding fewer micro-batches than the others
     # (it runs the forward and backward the group's collectives need, and adds nothing)
     scale: float = 1.0
+
     def __len__(self):
         return self.input_ids.shape[0]
-
-    @property
-    def is_peer(self) -> torch.Tensor:
-        return self.role == PEER
-
-    @property
-    def is_aux(self) -> torch.Tensor:
-        return self.role == AUX
 
     def tensors_only(self, scale: float = 1.0) -> "MiniBatch":
         """A copy without ``rows`` (the Rollouts behind them), to send to a worker process."""

@@ -210,6 +210,28 @@ def _read(path: Path) -> tuple:
         raise GridError(str(e)) from None
 
 
+def _methods(data: dict, where: str, pairs: list) -> list:
+    """The grid's methods (``algorithms`` then ``variants``), checked: at least one, distinct labels, every alias
+    naming a method with runs, every method's pairs among the grid's."""
+    methods = [_method(e, f"{where}: algorithms[{i}]") for i, e in enumerate(data.get("algorithms") or [])]
+    methods += [_method(e, f"{where}: variants[{i}]") for i, e in enumerate(data.get("variants") or [])]
+    if not methods:
+        raise GridError(f"{where}: no methods: give 'algorithms' and/or 'variants'")
+    labels = [m.label for m in methods]
+    clash = sorted({x for x in labels if labels.count(x) > 1})
+    if clash:
+        raise GridError(f"{where}: method label(s) {clash} repeat; give each a distinct 'label'")
+    by_label = {m.label: m for m in methods}
+    for m in methods:
+        if m.same_as is not None and (m.same_as not in by_label or by_label[m.same_as].same_as is not None):
+            raise GridError(f"{where}: alias {m.label!r} has same_as {m.same_as!r}, which is not the label of a "
+                            f"method with runs; labels: {[x.label for x in methods if x.same_as is None]}")
+        unknown = [p for p in m.pairs or [] if p not in pairs]
+        if unknown:
+            raise GridError(f"{where}: method {m.label!r}: pairs {unknown} are not among the grid's pairs {pairs}")
+    return methods
+
+
 def load_grid(path, out: Optional[str] = None) -> Grid:
     """Read and expand a grid file (format: the package docstring); nothing is run or created."""
     path, data = _read(Path(path))
@@ -232,30 +254,15 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
         raise GridError(f"{where}: key 'seeds' must be a list of integers or a count")
     files = [str(f) for f in data.get("files") or []]
     common = _flat(data.get("set") or {}, f"{where}: set")
-    methods = [_method(e, f"{where}: algorithms[{i}]") for i, e in enumerate(data.get("algorithms") or [])]
-    methods += [_method(e, f"{where}: variants[{i}]") for i, e in enumerate(data.get("variants") or [])]
-    if not methods:
-        raise GridError(f"{where}: no methods: give 'algorithms' and/or 'variants'")
+    methods = _methods(data, where, pairs)
     labels = [m.label for m in methods]
-    clash = sorted({x for x in labels if labels.count(x) > 1})
-    if clash:
-        raise GridError(f"{where}: method label(s) {clash} repeat; give each a distinct 'label'")
     by_label = {m.label: m for m in methods}
-    for m in methods:
-        if m.same_as is not None and (m.same_as not in by_label or by_label[m.same_as].same_as is not None):
-            raise GridError(f"{where}: alias {m.label!r} has same_as {m.same_as!r}, which is not the label of a "
-                            f"method with runs; labels: {[x.label for x in methods if x.same_as is None]}")
     ev = data.get("eval")
     if ev is not None:
         ev = _eval_options(ev, f"{where}: eval")
     report = data.get("report") or {}
     if not isinstance(report, dict) or set(report) - REPORT_KEYS:
         raise GridError(f"{where}: report must be a mapping with keys among {sorted(REPORT_KEYS)}")
-
-    for m in methods:
-        unknown = [p for p in m.pairs or [] if p not in pairs]
-        if unknown:
-            raise GridError(f"{where}: method {m.label!r}: pairs {unknown} are not among the grid's pairs {pairs}")
     regime = _regime_map(report["map"], where, pairs, methods, report) if "map" in report else None
 
     cells, names = [], {}
