@@ -198,11 +198,11 @@ def task_label(config: dict) -> str:
 def design_keys(dotted) -> set:
     """The ``ROW_KEYS`` (and "task") that config keys set by design define, e.g. the keys of a grid method's preset
     (``optim.clip.*`` and an algorithm's own clip key define "clip"; ``TASK_KEYS`` define "task")."""
-    out = set()
+    out, own_clip = set(), own_clip_keys()
     for k in dotted:
         if k in ROW_KEYS:
             out.add(k)
-        elif k.startswith("optim.clip") or k in own_clip_keys():
+        elif k.startswith("optim.clip") or k in own_clip:
             out.add("clip")
         elif any(k == t or k.startswith(t + ".") for t in TASK_KEYS):
             out.add("task")

@@ -17,7 +17,9 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-BUILTIN = ("hashed_ngrams", "policy_hidden")
+from graftzoo.algos.extra import EMBEDDERS
+
+BUILTIN = EMBEDDERS  # declared with the section (graftzoo.algos.extra), which checks algo.embedder without torch
 _PRIME = 2_147_483_647  # 2^31 - 1: keeps every product of the n-gram hash inside int64
 
 

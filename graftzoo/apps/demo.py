@@ -35,7 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers.utils import logging as hf_logging
 
 from graftzoo.apps.grid import load_grid, run_grid, write_report
-from graftzoo.apps.grid.load import pair_models
+from graftzoo.apps.grid.load import method_algorithm, pair_models
 from graftzoo.contract.config import find_config, load_config, named_configs, read_yaml
 from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.training.models import build_engine, build_policy, tiny_spec
@@ -263,14 +263,6 @@ def conclusion(cells: list, model_ids: list, baseline: str = "GRPO (n=8)", metho
                     f"runs charged the joint cost of both models).")
         lines.append(txt)
     return "\n".join(lines) if lines else "No comparison available (runs missing or failed)."
-
-
-def method_algorithm(method) -> str:
-    """The algorithm a grid method runs: its ``set``'s ``algo.name``, else its preset's, else its ``algo`` (then an
-    algorithm's name)."""
-    path = find_config("algos", method.algo)
-    preset = (read_yaml(path).get("algo") or {}).get("name") if path is not None else None
-    return str(method.overrides.get("algo.name") or preset or method.algo)
 
 
 def learner_conclusion(grid) -> str:

@@ -22,17 +22,27 @@ MAP_KEYS = {"title", "rows", "cols", "methods", "budget", "skill"}
 CELL_REF = re.compile(r"^\{cell:(.+)\}$")
 
 
+def _preset(algo: str) -> dict:
+    """The preset ``configs/algos/ALGO.yaml`` as written (empty for a plain algorithm name)."""
+    path = find_config("algos", algo)
+    return read_yaml(path) if path is not None else {}
+
+
 def _preset_keys(algo: str) -> set:
     """The dotted config keys the preset ``configs/algos/ALGO.yaml`` sets (none for a plain algorithm name): what a
     method's row differs in by design (``graftzoo.eval.report.design_keys``), e.g. grpo_n16's rollout.n."""
-    path = find_config("algos", algo)
-    return set() if path is None else {s.split("=", 1)[0] for s in flat_settings(read_yaml(path))}
+    return {s.split("=", 1)[0] for s in flat_settings(_preset(algo))}
 
 
 def _preset_label(algo: str) -> str:
-    p = find_config("algos", algo)
-    variant = (read_yaml(p).get("run") or {}).get("variant") if p is not None else None
-    return str(variant or algo)
+    return str((_preset(algo).get("run") or {}).get("variant") or algo)
+
+
+def method_algorithm(method) -> str:
+    """The algorithm a grid method runs: its ``set``'s ``algo.name``, else its preset's, else its ``algo`` (then an
+    algorithm's name)."""
+    preset = (_preset(method.algo).get("algo") or {}).get("name")
+    return str(method.overrides.get("algo.name") or preset or method.algo)
 
 
 def _flat(mapping: dict, where: str, prefix: str = "") -> dict:
