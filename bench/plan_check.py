@@ -45,7 +45,8 @@ CASES = [("tiny-qwen-char", "fp32", False, 8, 64, 64), ("tiny-qwen-char", "fp32"
          ("llama", "fp32", False, 4, 128, 128), ("llama", "bf16-mixed", False, 4, 128, 128),
          ("llama", "bf16-mixed", True, 4, 128, 128), ("smollm3", "bf16-mixed", True, 4, 128, 128),
          ("qwen3", "fp32", True, 4, 128, 128), ("qwen3", "bf16-mixed", False, 4, 128, 128),
-         ("qwen3", "bf16-mixed", True, 8, 128, 128)]
+         ("qwen3", "bf16-mixed", True, 8, 128, 128), ("tiny-gpt2-pair", "bf16-mixed", False, 8, 64, 64),
+         ("tiny-qwen-char", "bf16-mixed", True, 8, 64, 64)]
 
 
 def hf_config(name: str) -> dict:
@@ -107,14 +108,21 @@ def _measure(fields: dict, name: str, precision: str, checkpointing: bool, rows:
         with torch.no_grad():
             policy.logprobs(ids, mask, response, with_entropy=True)
 
-    update()  # the gradients allocated, as from a gradient accumulation's second micro-batch on
     a = Arch.from_hf_config(fields)
     tokens, kept = rows * (prompt + response), rows * (response + 1)  # logits_to_keep: the response and one more
+    # the phase's working copy (bf16-mixed; the plan's working_copy_bytes, a state term) made before the peaks
+    def working_copy():
+        with policy.compute_weights():
+            pass
+
+    copy = allocated_peak(working_copy)
+    with policy.compute_weights():
+        update()  # the gradients allocated, as from a gradient accumulation's second micro-batch on
+        peaks = {"update": allocated_peak(update), "logprob": allocated_peak(logprob)}
     return {"case": name, "precision": precision, "checkpointing": checkpointing, "tokens": tokens,
-            "seq_len": prompt + response, "params": sum(p.numel() for p in model.parameters()),
-            "update": allocated_peak(update), "logprob": allocated_peak(logprob),
-            "update_plan": (update_activation_bytes(a, tokens, kept, precision, checkpointing)
-                            + working_copy_bytes(a, precision, checkpointing, 1)),
+            "seq_len": prompt + response, "params": sum(p.numel() for p in model.parameters()), **peaks, "working_copy": copy,
+            "working_copy_plan": working_copy_bytes(a, precision, 1),
+            "update_plan": update_activation_bytes(a, tokens, kept, precision, checkpointing),
             "logprob_plan": forward_activation_bytes(a, tokens, kept, precision)}
 
 
@@ -129,7 +137,8 @@ def main():
         print(f"{r['case']:<15} {r['precision']:<10} ckpt {'on ' if r['checkpointing'] else 'off'} "
               f"{r['tokens']:>5} tokens | update {r['update'] / 2**20:7.2f} MiB, plan {r['update_plan'] / 2**20:7.2f}"
               f" ({r['update_plan'] / r['update'] - 1:+.1%}) | logprob {r['logprob'] / 2**20:6.2f} MiB, plan "
-              f"{r['logprob_plan'] / 2**20:6.2f} ({r['logprob_plan'] / r['logprob'] - 1:+.1%})", flush=True)
+              f"{r['logprob_plan'] / 2**20:6.2f} ({r['logprob_plan'] / r['logprob'] - 1:+.1%}) | working copy "
+              f"{r['working_copy'] / 2**20:6.2f} MiB, plan {r['working_copy_plan'] / 2**20:6.2f}", flush=True)
     worst = max(abs(r[k + "_plan"] / r[k] - 1) for r in rows for k in ("update", "logprob"))
     print(f"largest error of the plan: {worst:.1%}")
     if args.json:

@@ -5,14 +5,19 @@ Each phase is recorded per model: wall seconds, process CPU seconds (``time.proc
 threads of this process) and GPU-hours; on a CUDA device also the phase's peak of allocated GPU memory
 (``peak_gb``: the allocator's peak since the phase began, the largest over the run's calls of that phase). Phases of one model should not nest or overlap (nested
 phases are counted twice); co-located models that share GPUs sequentially (offload, vLLM sleep)
-therefore sum correctly. Log-prob recompute of grafted text, update and evaluation are separate
+therefore sum correctly. On a CUDA device in use a phase synchronises the device at its start and its end (CUDA
+kernels run after the call that queued them returns): its wall time is its kernels' time, not what earlier phases
+left queued, nor less than what it queued itself; on the CPU nothing is synchronised. The device is the model's in
+``devices`` (the meter's), else the current CUDA device: a process whose models sit on GPUs of their own names
+them there. Log-prob recompute of grafted text, update and evaluation are separate
 phase names, e.g. "generate", "logprob", "update", "eval".
 
 Phases of different models may overlap when each model's phases run in a thread of their own (the trainer with
 ``ray.concurrent_models``: each model in its own Ray worker group, on its own devices). A meter built with
 ``per_thread=True`` then counts each phase's CPU as the seconds of the thread that ran it (``time.thread_time``),
 so that two overlapping phases do not each count the other's; the CPU of a model's workers is what they report
-(``add``). Each phase is recorded under the model named, whatever thread records it.
+(``add``). Each phase is recorded under the model named, whatever thread records it. Overlapping phases on one
+device wait, at their ends, for each other's kernels too (a device's synchronisation waits for all its work).
 
 Summary format (``ComputeMeter.summary()``, stored as ``summary.json["compute"]``)::
 
@@ -50,28 +55,40 @@ def _cuda_in_use() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
+def _cuda_sync(device=None) -> None:
+    """Wait until every kernel queued on CUDA ``device`` (None: the current one) has run."""
+    torch.cuda.synchronize(device)
+
+
 class ComputeMeter:
     """Accumulates wall / CPU / GPU time per (model, phase).
 
     ``gpus``: GPUs held by this process (default: all visible CUDA devices, 0 without CUDA);
     a phase may override it. ``per_thread``: phases of different models run at once in threads of their own, and
     each phase's CPU is its thread's (``time.thread_time``) instead of the process's (``time.process_time``).
-    ``clock`` and ``cpu_clock`` are injectable for tests (``cpu_clock`` overrides ``per_thread``'s choice).
+    ``devices``: model id -> the device its kernels run on, which its phases synchronise when CUDA is in use (a model
+    not named: the current CUDA device; a model on the CPU: none). ``clock``, ``cpu_clock`` and ``sync`` (called with
+    the device to synchronise, None for the current one) are injectable for tests (``cpu_clock`` overrides
+    ``per_thread``'s choice).
     """
 
     def __init__(self, gpus: Optional[int] = None, clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Optional[Callable[[], float]] = None, per_thread: bool = False):
+                 cpu_clock: Optional[Callable[[], float]] = None, per_thread: bool = False,
+                 devices: Optional[Mapping[str, object]] = None, sync: Callable[[object], None] = _cuda_sync):
         self.gpus = _default_gpus() if gpus is None else int(gpus)
         self.per_thread = per_thread
+        self.devices = dict(devices or {})
+        self._sync = sync
         self._clock = clock
         self._cpu_clock = cpu_clock or (time.thread_time if per_thread else time.process_time)
         self._rec: dict = {}
         self._lock = threading.Lock()
 
     def add(self, model_id: str, phase: str, wall_s: float = 0.0, cpu_s: float = 0.0,
-            gpu_h: float = 0.0, peak_gb: Optional[float] = None) -> None:
-        """Record an already measured amount (e.g. reported back by a Ray actor); ``peak_gb`` (GPU memory) keeps
-        the largest value recorded for the phase."""
+            gpu_h: float = 0.0, peak_gb: Optional[float] = None, reserved_gb: Optional[float] = None) -> None:
+        """Record an already measured amount (e.g. reported back by a Ray actor); ``peak_gb`` (GPU memory
+        allocated) and ``reserved_gb`` (held by the caching allocator) keep the largest value recorded for the
+        phase."""
         if min(wall_s, cpu_s, gpu_h) < 0:
             raise ValueError(f"negative compute for {model_id}/{phase}: "
                              f"wall_s={wall_s} cpu_s={cpu_s} gpu_h={gpu_h}")
@@ -79,26 +96,50 @@ class ComputeMeter:
             per = self._rec.setdefault(model_id, {})
             old = per.get(phase, _zero())
             per[phase] = _add(old, {"wall_s": wall_s, "cpu_s": cpu_s, "gpu_h": gpu_h})
-            peaks = [p for p in (old.get("peak_gb"), peak_gb) if p is not None]
-            if peaks:
-                per[phase]["peak_gb"] = max(peaks)
+            for key, new in (("peak_gb", peak_gb), ("reserved_gb", reserved_gb)):
+                peaks = [p for p in (old.get(key), new) if p is not None]
+                if peaks:
+                    per[phase][key] = max(peaks)
+
+    def _cuda_device(self, model_id: str) -> tuple:
+        """(whether ``model_id``'s phases run on a CUDA device, that device: None for the current one)."""
+        device = self.devices.get(model_id)
+        if device is None:
+            return True, None
+        return torch.device(device).type == "cuda", device
 
     @contextmanager
     def phase(self, model_id: str, name: str, gpus: Optional[int] = None):
         """Time the body as phase ``name`` of ``model_id`` (recorded even if the body raises); on a CUDA device in
-        use, also its peak of allocated memory (the allocator's peak is reset when the phase begins)."""
+        use, the device synchronised at both ends of the timed span (``sync``) and the phase's peak of allocated
+        memory and of the memory the caching allocator reserved (both peaks reset when the phase begins). A synchronisation failing at the end (a
+        kernel's error surfacing) is raised once the phase is recorded, unless the body raised first."""
         held = self.gpus if gpus is None else int(gpus)
-        cuda = _cuda_in_use()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
+        cuda, device = self._cuda_device(model_id)
+        began = cuda and _cuda_in_use()
+        if began:
+            self._sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
         w0, c0 = self._clock(), self._cpu_clock()
+        ok, error = False, None
         try:
             yield
+            ok = True
         finally:
+            ended = began or (cuda and _cuda_in_use())  # the body may have put the model on the GPU
+            if ended:
+                try:
+                    self._sync(device)
+                except Exception as e:  # noqa: BLE001 - raised below, after the phase is recorded
+                    error = e
             wall = max(self._clock() - w0, 0.0)
             cpu = max(self._cpu_clock() - c0, 0.0)
-            peak = torch.cuda.max_memory_allocated() / GIB if cuda or _cuda_in_use() else None
-            self.add(model_id, name, wall, cpu, held * wall / 3600.0, peak)
+            read = ended and error is None
+            peak = torch.cuda.max_memory_allocated(device) / GIB if read else None
+            reserved = torch.cuda.max_memory_reserved(device) / GIB if read else None
+            self.add(model_id, name, wall, cpu, held * wall / 3600.0, peak, reserved)
+            if error is not None and ok:
+                raise error
 
     def summary(self) -> dict:
         """Per-model per-phase figures, per-model totals and the grand total (format above)."""

@@ -1,6 +1,7 @@
 """Compute accounting: ComputeMeter and the joint charging rule (docs/algorithms.md#evaluation-protocol-and-compute)."""
 import pytest
 
+from graftzoo.eval import compute
 from graftzoo.eval.compute import ComputeMeter, joint_charge, model_total
 
 A, B = "tiny-qwen-char", "tiny-gpt2-pair"
@@ -51,6 +52,91 @@ def test_real_clocks_and_negative_amounts():
     assert rec["wall_s"] >= 0 and rec["cpu_s"] >= 0 and rec["gpu_h"] == 0
     with pytest.raises(ValueError, match="tiny-qwen-char/update"):
         meter.add(A, "update", wall_s=-1.0)
+
+
+class Events:
+    """A clock, a CPU clock and a device synchronisation that write what happened, in order, to one list."""
+
+    def __init__(self, fail_sync: bool = False):
+        self.log, self.t, self.fail_sync = [], 0.0, fail_sync
+
+    def clock(self):
+        self.t += 1.0
+        self.log.append("clock")
+        return self.t
+
+    def cpu_clock(self):
+        return 0.0
+
+    def sync(self, device):
+        self.log.append(("sync", device))
+        if self.fail_sync:
+            raise RuntimeError("CUDA error: an illegal memory access")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """CUDA "in use" on a CPU machine: the meter's probe says so, the allocator's peak reads 2 GiB."""
+    monkeypatch.setattr(compute, "_cuda_in_use", lambda: True)
+    monkeypatch.setattr(compute.torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(compute.torch.cuda, "max_memory_allocated", lambda device=None: 2 * compute.GIB)
+
+
+def test_a_phase_on_cuda_synchronises_the_device_at_both_ends_of_its_timed_span(fake_cuda):
+    ev = Events()
+    meter = ComputeMeter(gpus=1, clock=ev.clock, cpu_clock=ev.cpu_clock, sync=ev.sync,
+                         devices={B: "cuda:1", "cpu-model": "cpu"})
+    with meter.phase(A, "update"):
+        ev.log.append("body")
+    assert ev.log == [("sync", None), "clock", "body", ("sync", None), "clock"]  # A: the current device
+    ev.log.clear()
+    with meter.phase(B, "update"):
+        ev.log.append("body")
+    assert ev.log == [("sync", "cuda:1"), "clock", "body", ("sync", "cuda:1"), "clock"]
+    ev.log.clear()
+    with meter.phase("cpu-model", "update"):
+        ev.log.append("body")
+    assert ev.log == ["clock", "body", "clock"]  # a model on the CPU: nothing synchronised, no GPU peak
+    s = meter.summary()["models"]
+    assert s[A]["phases"]["update"]["peak_gb"] == 2.0 and "peak_gb" not in s["cpu-model"]["phases"]["update"]
+
+
+def test_a_phase_on_the_cpu_never_synchronises(monkeypatch):
+    def no_sync(device=None):
+        raise AssertionError("synchronised a CUDA device on the CPU")
+    monkeypatch.setattr(compute.torch.cuda, "synchronize", no_sync)
+    monkeypatch.setattr(compute, "_cuda_in_use", lambda: False)
+    ev = Events()
+    meter = ComputeMeter(gpus=0, clock=ev.clock, cpu_clock=ev.cpu_clock)  # the default sync: torch's
+    with meter.phase(A, "generate"):
+        ev.log.append("body")
+    assert ev.log == ["clock", "body", "clock"]
+    assert "peak_gb" not in meter.summary()["models"][A]["phases"]["generate"]
+
+
+def test_cuda_first_used_inside_a_phase_is_synchronised_at_its_end(fake_cuda, monkeypatch):
+    in_use = iter([False, True])  # the phase that loads the model onto the GPU
+    monkeypatch.setattr(compute, "_cuda_in_use", lambda: next(in_use))
+    ev = Events()
+    meter = ComputeMeter(gpus=1, clock=ev.clock, cpu_clock=ev.cpu_clock, sync=ev.sync)
+    with meter.phase(A, "load"):
+        ev.log.append("body")
+    assert ev.log == ["clock", "body", ("sync", None), "clock"]
+
+
+def test_a_failing_synchronisation_is_raised_after_the_phase_is_recorded_unless_the_body_failed(fake_cuda):
+    ev = Events(fail_sync=False)
+    meter = ComputeMeter(gpus=1, clock=ev.clock, cpu_clock=ev.cpu_clock, sync=ev.sync)
+    with pytest.raises(ValueError, match="the body's"):
+        with meter.phase(A, "update"):
+            ev.fail_sync = True  # the end's synchronisation fails too: the body's error is the one raised
+            raise ValueError("the body's")
+    ev.fail_sync = False
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        with meter.phase(A, "generate"):
+            ev.fail_sync = True
+    phases = meter.summary()["models"][A]["phases"]
+    assert phases["update"]["wall_s"] == 1.0 and phases["generate"]["wall_s"] == 1.0
 
 
 def _pair_compute():

@@ -91,8 +91,9 @@ def _one_process(precision: str):
     ids = torch.randint(3, len(pol.tokenizer) - 1, (4, 20))
     mask = torch.ones_like(ids)
     mask[1, :5] = 0
-    loss = sum(-pol.logprobs(ids[r::2], mask[r::2], 8)[0].sum() / 32 for r in range(2))
-    loss.backward()
+    with pol.compute_weights():  # bf16-mixed: the bf16 working copy of the weights, as FSDP2 gathers them
+        loss = sum(-pol.logprobs(ids[r::2], mask[r::2], 8)[0].sum() / 32 for r in range(2))
+        loss.backward()
     return float(loss.detach()), {n: p.grad for n, p in pol.model.named_parameters()}
 
 
@@ -105,8 +106,8 @@ def _worst(grads: dict, ref: dict) -> float:
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_fsdp2_group_matches_one_process(group, precision):
     """bf16-mixed: the layers compute on bf16 parameters gathered from float32 shards (half the all-gather
-    traffic), and the group's gradient matches one process under autocast to bf16 rounding (3% of each tensor's
-    largest entry, the loss to 1e-3); fp32: to float32 rounding (1e-5). The master weights stay float32."""
+    traffic), and the group's gradient matches one process to bf16 rounding (3% of each tensor's
+    largest entry, the loss to 1e-3: the one process computes on its bf16 working copy, Policy.compute_weights); fp32: to float32 rounding (1e-5). The master weights stay float32."""
     gathered, tolerance = PRECISIONS[precision]
     got = group[precision]
     loss, ref = _one_process(precision)

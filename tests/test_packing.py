@@ -5,28 +5,35 @@ attention implementation that runs here (sdpa, eager), the packed logits equal t
 (and, under sdpa, the padded ones); the log-probs and entropies (float32 by design) equal the padded ones; the loss
 of every ``loss_agg`` mode and its gradient, theta_old (the first ratio exactly 1) and one real trainer step equal
 the padded path's. A packing whose position ids do not restart per row, or a model that ignores them, is caught.
-The AdamW implementation: fused on CUDA, foreach elsewhere."""
+FlexAttention (float32 on CPU) gives the padded log-probs too. ``auto`` packs on CUDA under an attention that skips
+masked blocks only (flex, flash), not under sdpa or eager (a dense mask), nor on CPU; ``model.attn_implementation``
+sets it at load. The AdamW implementation: fused on CUDA, foreach elsewhere."""
 import copy
 import dataclasses
 import random
+import shutil
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 from helpers import theta_old_base
 from test_engine import tiny_policy
 
 from graftzoo.algos.base import StepContext
 from graftzoo.contract.batch import TrainBatch, pad_pairs
 from graftzoo.contract.config import LearnerFacts, load_config
+from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import TrainRow
 from graftzoo.training.loss import micro_batch_loss, ratio_base
 from graftzoo.tiny.hf import save_hf_model
 from graftzoo.training import policy as policy_mod
-from graftzoo.training.policy import (Policy, adamw_kwargs, pack_rows, packing_fault, position_ids_from_mask,
-                                      use_packing)
+from graftzoo.training.models import load_model
+from graftzoo.training.policy import (BLOCK_SKIPPING_ATTENTION, Policy, adamw_kwargs, attention_of, pack_rows,
+                                      packing_fault, position_ids_from_mask, skips_masked_blocks, use_packing)
 from graftzoo.training.trainer import Trainer
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, masking_utils
+from transformers.modeling_utils import AttentionInterface
 
 PROMPT_LENS, RESP_LENS = (3, 19, 7, 1, 11), (33, 2, 15, 1, 24)  # very different lengths, one 1-token prompt
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -119,6 +126,33 @@ def test_packing_whose_positions_do_not_restart_per_row_is_caught(monkeypatch):
     assert float(((broken - lp_pad) * mask).abs().max()) > 1e-2
 
 
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")),
+                    reason="inductor compiles FlexAttention for the CPU with a C++ compiler")
+def test_flex_attention_packed_logprobs_equal_the_padded_ones_on_cpu(monkeypatch):
+    """FlexAttention runs here (float32: its CPU kernel has no float64; compiled once per shape, some seconds): the
+    packed rows' BlockMask keeps them apart, so their log-probs and entropies equal the padded (sdpa) ones."""
+    pol = tiny_policy("qwen2")
+    prompts, resps = rows_of()
+    ids, att, R = pad_pairs(prompts, resps, pol.pad_id)
+    mask = resp_mask(resps, R).float()
+    pol.packing = False
+    with torch.no_grad():
+        lp_pad, ent_pad = pol.logprobs(ids, att, R, with_entropy=True)
+    masks = []
+    flex = AttentionInterface._global_mapping["flex_attention"]
+    monkeypatch.setitem(AttentionInterface._global_mapping, "flex_attention",
+                        lambda module, q, k, v, attention_mask, **kw: masks.append(attention_mask)
+                        or flex(module, q, k, v, attention_mask, **kw))
+    pol.model.set_attn_implementation("flex_attention")
+    pol.packing = True
+    assert pol.packs()  # the packing check passes under flex, on two short rows
+    with torch.no_grad():
+        lp, ent = pol.logprobs(ids, att, R, with_entropy=True)
+    assert masks and all(isinstance(m, BlockMask) for m in masks)  # flex ran, with the rows' block mask
+    assert float(((lp - lp_pad) * mask).abs().max()) <= 1e-5 and float(((ent - ent_pad) * mask).abs().max()) <= 1e-5
+    assert float((lp * (1 - mask)).abs().max()) == 0.0
+
+
 class NoPositions(torch.nn.Module):
     """A model that drops the position ids it is given (so it cannot tell packed rows apart)."""
 
@@ -149,9 +183,14 @@ def test_a_model_that_cannot_pack_falls_back_to_the_padded_path(caplog):
     assert lp.shape == (len(prompts), R)
 
 
-def test_packing_resolves_auto_on_cuda_only():
-    assert not use_packing("auto", torch.device("cpu")) and use_packing("auto", torch.device("cuda"))
-    assert use_packing(True, torch.device("cpu")) and not use_packing(False, torch.device("cuda"))
+def test_packing_resolves_auto_on_cuda_with_a_block_skipping_attention_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    for attn in BLOCK_SKIPPING_ATTENTION:
+        assert use_packing("auto", cuda, attn) and not use_packing("auto", cpu, attn)
+    for attn in ("sdpa", "eager", None):  # a dense [T, T] mask of the packed rows: auto keeps the padded path
+        assert not use_packing("auto", cuda, attn) and not use_packing("auto", cpu, attn)
+    assert use_packing(True, cpu, "sdpa") and use_packing(True, cuda, "eager")
+    assert not use_packing(False, cuda, "flash_attention_2") and not use_packing(False, cpu, "flex_attention")
     cfg = load_config(pair="micro", algo="grpo", overrides=["optim.packing=true"])
     pol = tiny_policy()
     assert pol.packing == "auto" and not pol.packs()  # CPU: the padded path, as before
@@ -159,6 +198,71 @@ def test_packing_resolves_auto_on_cuda_only():
     assert pol.packing is True
     pol.apply_optim_settings(load_config(pair="micro", algo="grpo").optim)
     assert pol.packing == "auto"
+
+
+def test_a_hub_kernel_skips_masked_blocks_as_the_attention_it_is_masked_like(monkeypatch):
+    """A hub kernel (``kernels-community/flash-attn2`` standing in for ``flash_attention_2`` without the flash_attn
+    package) counts as the attention whose mask transformers registered for it: flash's (varlen) packs, sdpa's
+    (a kernel with its own forward, masked densely) does not."""
+    mapping = masking_utils.AttentionMaskInterface._global_mapping
+    monkeypatch.setitem(mapping, "kernels-community/flash-attn2", mapping["flash_attention_2"])
+    monkeypatch.setitem(mapping, "kernels-community/dense", mapping["sdpa"])
+    assert skips_masked_blocks("kernels-community/flash-attn2") and not skips_masked_blocks("kernels-community/dense")
+    assert not skips_masked_blocks("kernels-community/unregistered") and not skips_masked_blocks(None)
+    assert not any(map(skips_masked_blocks, ("sdpa", "eager", "paged|eager")))
+
+
+def on_cuda(monkeypatch, pol, attn):
+    """``pol`` seen as on CUDA with ``attn`` as its model's attention (``config._attn_implementation``, what
+    ``attention_of`` reads), its ``packing_fault`` check counted (its model stays on the CPU, which runs neither
+    flash kernel)."""
+    monkeypatch.setattr(Policy, "device", property(lambda self: torch.device("cuda")))
+    pol.model.config._attn_implementation = attn
+    checked = []
+    monkeypatch.setattr(policy_mod, "packing_fault", lambda model: checked.append(model) and None)
+    return checked
+
+
+@pytest.mark.parametrize("attn,packs", [("sdpa", False), ("eager", False), ("flex_attention", True),
+                                        ("flash_attention_2", True), ("flash_attention_3", True)])
+def test_policy_packs_on_cuda_under_auto_with_a_block_skipping_attention_only(monkeypatch, attn, packs):
+    pol = tiny_policy()
+    assert attention_of(pol.model) == "sdpa" and pol.packing == "auto"  # transformers' default here, as before
+    checked = on_cuda(monkeypatch, pol, attn)
+    assert attention_of(pol.model) == attn and pol.device.type == "cuda"
+    assert pol.packs() is packs and len(checked) == packs  # the fault check runs only where packing is wanted
+    pol.packing = True
+    assert pol.packs()  # true packs whatever the attention
+
+
+def test_packing_true_under_a_dense_mask_on_cuda_warns_once(monkeypatch, caplog):
+    pol = tiny_policy()
+    pol.packing = True
+    on_cuda(monkeypatch, pol, "sdpa")
+    with caplog.at_level("WARNING", logger="graftzoo"):
+        assert pol.packs() and pol.packs()
+    assert caplog.text.count("masks the packed rows densely") == 1
+    caplog.clear()
+    pol = tiny_policy()
+    pol.packing = True
+    on_cuda(monkeypatch, pol, "flex_attention")
+    with caplog.at_level("WARNING", logger="graftzoo"):
+        assert pol.packs()
+    assert "densely" not in caplog.text
+
+
+def test_model_attn_implementation_is_set_at_load_and_auto_keeps_transformers_default():
+    cfg = load_config(pair="micro", algo="grpo")
+    spec = cfg.pair.models[0]
+    assert cfg.model.attn_implementation == "auto" and spec.attn_implementation == "auto"
+    model, _, _ = load_model(spec)
+    assert attention_of(model) == "sdpa"  # auto: untouched, the attention every run had before the key
+    eager = load_config(pair="micro", algo="grpo", overrides=["model.attn_implementation=eager"]).pair.models[0]
+    assert eager.attn_implementation == "eager" and eager.key_of("attn_implementation") == "model.attn_implementation"
+    model, _, _ = load_model(eager)
+    assert attention_of(model) == "eager"
+    with pytest.raises(ConfigError, match="model.attn_implementation"):
+        load_config(pair="micro", algo="grpo", overrides=["model.attn_implementation=flash"])
 
 
 def test_adamw_is_fused_on_cuda_and_foreach_elsewhere():

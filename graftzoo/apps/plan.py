@@ -11,8 +11,8 @@ import click
 
 from graftzoo.apps.options import plugin_option
 from graftzoo.contract.config import load_config
-from graftzoo.training.memory import (CHIPS, PART_NAMES, PCIE_BYTES_PER_S, PHASES, USABLE, calibration_of, gpu_layout,
-                                      plan)
+from graftzoo.training.memory import (CHIPS, GIB, MARGIN, PART_NAMES, PCIE_BYTES_PER_S, PHASES, USABLE,
+                                      calibration_of, gpu_layout, margin_bytes, plan)
 
 LAYOUT_NAMES = {"separate": "separate groups", "colocated": "colocated, the models sharing each GPU",
                 "resident": "resident, every model's training state on the GPU (run.layout resident)",
@@ -64,6 +64,17 @@ def gpu_phase_lines(row: dict, usable: float) -> list:
     return out
 
 
+def margin_lines(peak_gb: float, usable_gb: float, gpu_gb: float, what: str, fixes: str) -> list:
+    """A warning where a peak that fits leaves less than the margin free (``memory.MARGIN``: the allocator's
+    fragmentation beyond ``USABLE``), naming ``fixes``; none otherwise."""
+    margin, left = margin_bytes(gpu_gb) / GIB, usable_gb - peak_gb
+    if left < 0 or left >= margin:
+        return []
+    return [f"  warning: {what} peak {peak_gb:.2f} GiB leaves {left:.2f} GiB of the {usable_gb:.1f} usable free, less "
+            f"than the {margin:.1f} GiB margin ({MARGIN:.0%} of the GPU, for the allocator's fragmentation): it may "
+            f"run out of memory; to leave more: {fixes}"]
+
+
 def settings_text(settings: dict) -> str:
     """``--set key=value ...`` of a layout's settings (the per-model num_workers aside: they go in the pair file)."""
     return " ".join(f"--set {k}={v:g}" if isinstance(v, float) else f"--set {k}={v}" for k, v in settings.items()
@@ -90,6 +101,9 @@ def one_gpu_lines(p: dict) -> list:
                    f"state); {engine_text(g, p['prompts'])}")
         out.append(f"    the GPU during its phases: {phases_text(g['phases_gb'])}")
     out += gpu_phase_lines(p["per_gpu"][0], usable)
+    out += margin_lines(p["per_gpu"][0]["peak_gb"], usable, p["gpu_gb"], "the step",
+                        "a smaller rollout.vllm.kv_cache_gb or optim.max_tokens_per_micro"
+                        + (", or run.layout offload" if p["layout"] == "resident" else ""))
     if p["layout"] == "offload" or p["moved_gb_per_step"]:
         out.append(f"  moved per step: {p['moved_gb_per_step']:.1f} GiB over PCIe (~{p['transfer_s']:.0f} s at "
                    f"{PCIE_BYTES_PER_S / 1e9:g} GB/s); host memory held: {p['host_gb']:.1f} GiB")
@@ -117,6 +131,11 @@ def placement_lines(p: dict) -> list:
         top = max(p["per_gpu"], key=lambda r: r["peak_gb"])
         out.append(f"  per GPU, its models together: up to {top['peak_gb']:.2f} GiB of {usable:.1f} "
                    f"({top['peak_phase']})")
+    if p["per_gpu"]:
+        top = max(p["per_gpu"], key=lambda r: r["peak_gb"])
+        out += margin_lines(top["peak_gb"], usable, p["gpu_gb"], f"GPU {top['rank']}'s",
+                            "a smaller optim.max_tokens_per_micro or rollout.vllm.gpu_memory_utilization, or more "
+                            "GPUs")
     if p["fits"]:
         workers = ", ".join(f"{g['num_workers']} for {g['model']}" for g in p["placement"])
         out.append("  run it with: " + settings_text(p["settings"]) + f"; num_workers in the pair file's models: "
@@ -158,6 +177,8 @@ def model_lines(rows: list, gpu_gb: float) -> list:
         if p["gpus"]:
             out.append(f"  needs {p['gpus']} x {gpu_gb:g} GiB GPU(s), by phase: {phases_text(p['phases_gib'])}; "
                        f"peak {p['peak_gib_per_gpu']:.1f} GiB each")
+            out += margin_lines(p["peak_gib_per_gpu"], gpu_gb * USABLE, gpu_gb, "its",
+                                "a smaller optim.max_tokens_per_micro or rollout.vllm.gpu_memory_utilization")
         else:
             out.append(f"  needs: does not fit {gpu_gb:g} GiB GPUs at any count (lower the micro-batch budget or turn "
                        f"gradient checkpointing on)")
@@ -179,7 +200,8 @@ def model_lines(rows: list, gpu_gb: float) -> list:
 @click.option("--chip", type=click.Choice(sorted(CHIPS)), default="h200", show_default=True,
               help="the GPU whose FLOP/s and memory bandwidth the step-time estimate uses")
 @click.option("--calibration", "calibration_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="JSON with update_mfu and generate_bw_fraction measured on a GPU (defaults: assumed)")
+              help="JSON with update_hfu, hf_decode_bw_fraction, vllm_decode_bw_fraction (and optionally "
+                   "measured_bf16_flops, chip) measured on a GPU, or the device check's report (defaults: assumed)")
 @click.option("--json", "as_json", is_flag=True, help="print the same as JSON, with the step-time estimate")
 @click.pass_context
 def plan_cmd(ctx, config, algo, overrides, gpu_gb, gpus, chip, calibration_file, as_json):

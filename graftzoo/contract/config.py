@@ -174,16 +174,25 @@ class LoraSection(Section):
         return v
 
 
+# model.attn_implementation: auto (transformers' default) or an implementation transformers dispatches by name
+AttnImplementation = Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"]
+
+
 class ModelSection(Section):
     """Defaults for every model of the pair; a ``pair.models`` entry may set its own (same key)."""
     gradient_checkpointing: bool = key(False, "recompute activations in the backward pass (less memory)")
     lora: Optional[LoraSection] = key(None, "null trains every parameter; a mapping trains LoRA adapters only")
+    attn_implementation: AttnImplementation = key(
+        "auto", "the attention the model runs (transformers' attn_implementation); auto: transformers' default (sdpa, "
+                "eager where a model lacks it); flex_attention and flash_attention_2/3 skip the masked blocks of "
+                "packed rows (optim.packing, docs/scaling.md#memory-bounded-updates)")
 
 
 # the keys of a pair.models entry that set, for that model, what a run key sets for all: key -> that run key
 MODEL_RUN_KEYS = {"template": "pair.template", "stop": "rollout.stop", "max_new_tokens": "rollout.max_new_tokens",
                   "lr": "optim.lr", "device": "run.device", "gradient_checkpointing": "model.gradient_checkpointing",
-                  "num_workers": "ray.num_workers", "lora": "model.lora"}
+                  "num_workers": "ray.num_workers", "lora": "model.lora",
+                  "attn_implementation": "model.attn_implementation"}
 HF_KEYS = ("path", "tokenizer_id")  # keys of a kind: hf entry only
 TINY_KEYS = ("family", "tokenizer", "hidden", "layers", "heads", "ffn", "kv_heads", "max_positions", "warmup")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
@@ -216,6 +225,7 @@ class ModelSpec(Section):
                                       le=MAX_WORKERS)
     lora: Optional[LoraSection] = key(None, "LoRA adapters of this model; null: none (full fine-tuning); not "
                                             "given: model.lora")
+    attn_implementation: Optional[AttnImplementation] = key(None, "null: model.attn_implementation")
     dtype: Optional[str] = key(None, "the dtype its weights load in: float32 | bfloat16 | float16 (not given: "
                                      "bfloat16 for kind hf, as saved for kind tiny)")
     arch: Optional[dict] = key(None, "config.json fields of a kind: hf model, for graftzoo plan without its files")
@@ -450,7 +460,9 @@ class OptimSection(Section):
         None, "padded tokens per forward pass; null = one pass per minibatch", ge=1, le=MAX_MICRO_TOKENS)
     packing: Union[Literal["auto"], bool] = key(
         "auto", "padding-free updates, a micro-batch's rows as one sequence (docs/scaling.md#memory-bounded-updates): "
-                "true | false | auto (on for a model on CUDA, off on CPU: CPU runs and their figures unchanged)")
+                "true | false | auto (on for a model on CUDA whose attention skips masked blocks: "
+                "model.attn_implementation flex_attention or flash_attention_2/3; off on CPU and under sdpa or eager, "
+                "which mask the packed sequence densely over all T² positions)")
     precision: Literal["auto", "fp32", "bf16-mixed", "model"] = key(
         "auto", "auto: bf16-mixed for a model loaded in 16 bits, else fp32")
     epochs: Int = key(1, "optimization epochs over a rollout batch", ge=1, le=MAX_EPOCHS)

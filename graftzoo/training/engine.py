@@ -241,13 +241,14 @@ class HFEngine(Engine):
         was_training = pol.model.training
         pol.model.eval()
         try:
-            for chunk in chunks:
-                if chunk is None:
-                    self._decode(*_stand_in(pol), greedy, temp, max_new, idle=True)
-                    continue
-                for (i, pids, pre), ro in zip(chunk, self._generate_rows(chunk, greedy, temp, max_new)):
-                    ro.prompt_id = prompts[i].id
-                    groups[i].rollouts.append(ro)
+            with pol.compute_weights():  # bf16-mixed: weights, KV cache and attention in bfloat16
+                for chunk in chunks:
+                    if chunk is None:
+                        self._decode(*_stand_in(pol), greedy, temp, max_new, idle=True)
+                        continue
+                    for (i, pids, pre), ro in zip(chunk, self._generate_rows(chunk, greedy, temp, max_new)):
+                        ro.prompt_id = prompts[i].id
+                        groups[i].rollouts.append(ro)
         finally:
             pol.model.train(was_training)
         return groups

@@ -36,6 +36,12 @@ from graftzoo.tiny.build import tiny_config
 
 GIB = 1 << 30
 USABLE = 0.9  # of a GPU's memory, for the planned peak (the rest: CUDA contexts, allocator fragmentation)
+# of a GPU's memory, kept free below USABLE where the plan can choose (margin_bytes): the plan's figures are not the
+# allocator's. Each phase frees and allocates tensors of other sizes (a KV cache, activations, logits chunks), and the
+# caching allocator's reserved-but-unused blocks grow with the memory in use (free blocks too small or split for the
+# next request), besides the activation formulas' stated error (tests/test_plan.py: up to 6 % of the update's, 15 %
+# of the logprob pass's activations). A chosen figure, not a measurement: 2.8 GiB on 141 GiB, 1.6 GiB on 80 GiB.
+MARGIN = 0.02
 PCIE_BYTES_PER_S = 25e9  # host <-> GPU copies of pinned memory, one direction (PCIe 4.0 x16 as measured in
 #                          practice; PCIe 5.0 about doubles it): what offload's moves and level-1 sleep cost
 ENGINE_BATCH_TOKENS = 16384  # tokens of one vLLM forward (its max_num_batched_tokens for the LLM class on large GPUs)
@@ -129,21 +135,21 @@ def state_per_param(precision: str, low: bool = True) -> tuple[int, int, int]:
 
 
 def compute_bytes(precision: str, low: bool = True) -> int:
-    """Bytes of one value of the forward's matrix products: 2 under ``bf16-mixed`` (autocast) and ``model`` on a
-    16-bit model, else 4."""
+    """Bytes of one value the forward computes with: 2 under ``bf16-mixed`` (its bfloat16 working copy of the
+    weights) and ``model`` on a 16-bit model, else 4."""
     return 2 if precision == "bf16-mixed" or (precision == "model" and low) else 4
 
 
-def working_copy_bytes(a: Arch, precision: str, checkpointing: bool, shards: int) -> float:
-    """The 16-bit copies of the weights an update's forward holds under ``bf16-mixed``: unsharded without gradient
-    checkpointing, every matrix's bfloat16 cast (autocast keeps each for its backward: ~2N); with checkpointing, the
-    output head's cast and one recomputed layer's; sharded (FSDP2, bf16 gathers), the root's gathered embeddings
-    and two gathered layers (the one computing and the one prefetched). 0 in other precisions."""
+def working_copy_bytes(a: Arch, precision: str, shards: int) -> float:
+    """The bfloat16 weights the forward passes of ``bf16-mixed`` compute with, beside the float32 masters: in one
+    process the whole working copy (``Policy.compute_weights``: 2 bytes a parameter, alive through a generation, a
+    theta_old pass or an update's minibatch); sharded (FSDP2, bf16 gathers), the root's gathered embeddings and two
+    gathered layers (the one computing and the one prefetched). 0 in other precisions."""
     if precision != "bf16-mixed":
         return 0.0
-    if shards == 1 and not checkpointing:
+    if shards == 1:
         return 2.0 * param_count(a)
-    return 2.0 * (embedding_params(a) + (1 if shards == 1 else 2) * layer_params(a))
+    return 2.0 * (embedding_params(a) + 2 * layer_params(a))
 
 
 def train_state_bytes(n: int, precision: str, shards: int, low: bool = True) -> float:
@@ -152,8 +158,11 @@ def train_state_bytes(n: int, precision: str, shards: int, low: bool = True) -> 
 
 
 def ref_bytes(n: int, precision: str, low: bool, shards: int) -> float:
-    """The frozen KL reference (``algo.beta_kl`` > 0): a copy of the trained model's parameters as they are trained
-    (float32 master weights under ``fp32`` / ``bf16-mixed``, 16-bit under ``model``), sharded like them."""
+    """The frozen KL reference (``algo.beta_kl`` > 0): a copy of the trained model's parameters, in the compute
+    dtype in one process (float32 under ``fp32``; bfloat16 under ``bf16-mixed``, which has no use for frozen
+    float32 masters: graftzoo.training.models ``ref_of``; 16-bit under ``model``), as trained when sharded."""
+    if shards == 1:
+        return compute_bytes(precision, low) * n
     return state_per_param(precision, low)[0] * n / shards
 
 
@@ -176,35 +185,38 @@ class LayerBytes:
     forward: tuple
 
 
-# per (family row, compute bytes): float32, and bf16-mixed (autocast: the residual stream and the norms stay
-# float32, the matrix products' inputs and outputs are bfloat16). GPT-2's h·d = k·d = H sit in the H column.
+# per family row, in float32 (a forward in 16 bits keeps the same tensors at half the bytes). GPT-2's h·d = k·d = H
+# sit in the H column.
 LAYER_BYTES = {
-    ("llama", 4): LayerBytes((24, 16, 8, 8), (0, 4, 0, 8), (12, 23, 7, 10), (7, 8, 10, 18)),  # Llama, Qwen2, SmolLM3
-    ("llama", 2): LayerBytes((26, 8, 4, 4), (10, 0, 1, 0), (13, 10, 5, 9), (16, 3, 9, 19)),
-    ("qwen3", 4): LayerBytes((24, 16, 16, 16), (0, 4, 0, 8), (12, 23, 15, 18), (7, 8, 10, 18)),  # + q / k norms
-    ("qwen3", 2): LayerBytes((26, 8, 10, 10), (11, 0, 1, 1), (13, 11, 11, 15), (16, 3, 10, 20)),
-    ("gpt2", 4): LayerBytes((32, 20, 0, 0), (0, 5, 0, 0), (17, 28, 0, 0), (23, 16, 0, 0)),
-    ("gpt2", 2): LayerBytes((20, 10, 0, 0), (10, 0, 0, 0), (11, 13, 0, 0), (29, 8, 0, 0)),
+    "llama": LayerBytes((24, 16, 8, 8), (0, 4, 0, 8), (12, 23, 7, 10), (7, 8, 10, 18)),  # Llama, Qwen2, SmolLM3
+    "qwen3": LayerBytes((24, 16, 16, 16), (0, 4, 0, 8), (12, 23, 15, 18), (7, 8, 10, 18)),  # + q / k norms
+    "gpt2": LayerBytes((32, 20, 0, 0), (0, 5, 0, 0), (17, 28, 0, 0), (23, 16, 0, 0)),
 }
+# what a 16-bit forward keeps on top of the halved float32 row, per family, as (H, F, h·d, k·d) of ``saved``: the
+# RMS norms' float32 upcasts of their inputs (the layer's two, and Qwen3's q / k norms), fitted to
+# bench/plan_check.py's bf16-mixed cases without gradient checkpointing
+SAVED_16BIT_EXTRA = {"llama": (4, 0, 0, 0), "qwen3": (4, 0, 2, 2), "gpt2": (0, 0, 0, 0)}
 
 
 def layer_bytes(a: Arch, precision: str, kind: str, low: bool = True) -> float:
     """Bytes per token of one decoder layer of ``a``: ``LAYER_BYTES``'s ``kind`` row (saved, backward, recompute,
-    forward) for its family and precision, plus the attention's float32 log-sum-exp per head where the layer's
-    tensors are kept; ``model`` precision on a 16-bit model is the float32 row halved (derived, not measured)."""
-    half = precision == "model" and low
-    row = LAYER_BYTES[(a.family if a.family in ("qwen3", "gpt2") else "llama",
-                       4 if half or compute_bytes(precision, low) == 4 else 2)]
-    ch, cf, cq, ckv = getattr(row, kind)
-    per = ch * a.hidden + cf * a.ffn + cq * a.heads * a.head_dim + ckv * a.kv_heads * a.head_dim
-    return per * (0.5 if half else 1.0) + (4 * a.heads if kind in ("saved", "recompute") else 0)
+    forward) for its family, halved where the forward computes in 16 bits (``compute_bytes``: ``bf16-mixed``'s
+    working copy, ``model`` on a 16-bit model; checked on CPU by bench/plan_check.py), plus the attention's float32
+    log-sum-exp per head where the layer's tensors are kept."""
+    half = compute_bytes(precision, low) == 2
+    family = a.family if a.family in ("qwen3", "gpt2") else "llama"
+
+    def bytes_of(ch, cf, cq, ckv):
+        return ch * a.hidden + cf * a.ffn + cq * a.heads * a.head_dim + ckv * a.kv_heads * a.head_dim
+    per = bytes_of(*getattr(LAYER_BYTES[family], kind)) * (0.5 if half else 1.0)
+    if half and kind == "saved":
+        per += bytes_of(*SAVED_16BIT_EXTRA[family])
+    return per + (4 * a.heads if kind in ("saved", "recompute") else 0)
 
 
 def residual_bytes(precision: str, low: bool = True) -> int:
-    """Bytes of one value of the residual stream (a checkpointed layer's input): float32 under ``fp32`` and under
-    ``bf16-mixed`` (the float32 embeddings' output plus bfloat16 products stays float32), 2 under ``model`` on a
-    16-bit model."""
-    return 2 if precision == "model" and low else 4
+    """Bytes of one value of the residual stream (a checkpointed layer's input): the compute dtype's."""
+    return compute_bytes(precision, low)
 
 
 def head_bytes(a: Arch, tokens: int, logit_tokens: int, precision: str, low: bool = True) -> float:
@@ -255,11 +267,10 @@ def update_activation_bytes(a: Arch, tokens: int, logit_tokens: int, precision: 
 
 def forward_activation_bytes(a: Arch, tokens: int, logit_tokens: int, precision: str, low: bool = True) -> float:
     """The peak of a forward micro-batch without gradients (the theta_old and reference passes): the larger of one
-    layer's (``layer_bytes`` forward) and the output's — the final norm's input and output, the output head's
-    bfloat16 cast under ``bf16-mixed`` (autocast casts a weight for each use when no gradient is kept), the logits
-    of the kept positions and a float32 piece of their log-softmax."""
-    cast = 2.0 * a.vocab * a.hidden if precision == "bf16-mixed" else 0.0
-    out = (2 * tokens * a.hidden * residual_bytes(precision, low) + cast + logits_bytes(a, logit_tokens, precision, low)
+    layer's (``layer_bytes`` forward) and the output's — the final norm's input and output, the logits of the kept
+    positions and a float32 piece of their log-softmax. (``bf16-mixed``'s weights are cast once, for the whole
+    pass: ``working_copy_bytes``.)"""
+    out = (2 * tokens * a.hidden * residual_bytes(precision, low) + logits_bytes(a, logit_tokens, precision, low)
            + logit_chunk_bytes(a, logit_tokens))
     return max(tokens * layer_bytes(a, precision, "forward", low), out)
 
@@ -406,14 +417,15 @@ def kv_min_bytes(m: ModelMemory) -> float:
 
 def state_parts(m: ModelMemory, ranks: int, updating: bool) -> dict:
     """Model ``m``'s training state on one GPU of a group of ``ranks`` (bytes): its weights and AdamW moments
-    (sharded by FSDP2), the KL reference, and while ``updating`` the gradients and bf16-mixed's working copy."""
+    (sharded by FSDP2), the KL reference, and while ``updating`` the gradients and bf16-mixed's working copy
+    (``working_copy_bytes``: the other phases that run a forward add it in ``phase_parts``)."""
     w, g, mo = state_per_param(m.precision, m.low)
     out = {"weights": w * m.params / ranks, "adamw_moments": mo * m.params / ranks}
     if m.ref:
         out["ref_weights"] = ref_bytes(m.params, m.precision, m.low, ranks)
     if updating:
         out["grads"] = g * m.params / ranks
-        out["working_copy"] = working_copy_bytes(m.arch, m.precision, m.checkpointing, ranks)
+        out["working_copy"] = working_copy_bytes(m.arch, m.precision, ranks)
     return out
 
 
@@ -433,10 +445,11 @@ def phase_parts(m: ModelMemory, phase: str, ranks: int, kv: float) -> dict:
     out.update(engine_parts(m, kv, awake=not (updating and m.sleep_level > 0)))
     if phase == "generate":
         out["engine_workspace"] = (engine_workspace_bytes(m.arch, m.max_num_seqs) if m.vllm else hf_generate_bytes(m))
+        if not m.vllm:  # the HF engine decodes with the training model, in its compute dtype
+            out["working_copy"] = working_copy_bytes(m.arch, m.precision, ranks)
     elif phase == "logprob":
         out["activations"] = forward_bytes(m)
-        if ranks > 1 and m.precision == "bf16-mixed":
-            out["working_copy"] = working_copy_bytes(m.arch, m.precision, m.checkpointing, ranks)
+        out["working_copy"] = working_copy_bytes(m.arch, m.precision, ranks)
     elif updating:  # AdamW's fused CUDA step adds nothing (optimizer_step_bytes)
         out["activations"] = update_bytes(m)
     elif phase == "sync" and m.vllm:
@@ -531,11 +544,47 @@ def largest_kv(phases_of, usable: float) -> float:
     return math.floor(best / GIB * 10) / 10 * GIB
 
 
-def movable_bytes(m: ModelMemory) -> float:
-    """What the offload layout moves of model ``m``: its weights and AdamW moments (graftzoo.training.policy's
-    ``offload``; the KL reference stays on the GPU, gradients hold nothing between updates)."""
+def param_tensor_sizes(a: Arch) -> list[int]:
+    """The parameters of each tensor of a model of ``a`` as transformers lays its family out: the embeddings, the
+    final norm, per layer the attention projections, the MLP, two norms and the family's biases / per-head norms
+    (GPT-2: its position embeddings and every norm's bias), an untied output head. Their sum is ``param_count``."""
+    h, f, d = a.hidden, a.ffn, a.head_dim
+    q, kv = a.heads * d, a.kv_heads * d
+    if a.family == "gpt2":
+        top = [a.vocab * h, a.extra - h, h, h]  # wte, wpe, ln_f's weight and bias
+        layer = [h, h, h * 3 * h, 3 * h, h * h, h, h, h, h * f, f, f * h, h]
+    else:
+        top = [a.vocab * h, h]
+        layer = ([h * q, h * kv, h * kv, q * h] + [h * f] * (3 if a.gated else 2) + [h, h]
+                 + {"qwen2": [q, kv, kv], "qwen3": [d, d]}.get(a.family, []))
+    return top + layer * a.layers + ([] if a.tied else [a.vocab * h])
+
+
+def state_tensor_bytes(m: ModelMemory) -> list[int]:
+    """The bytes of each tensor of model ``m``'s training state, as ``Policy._state_tensors`` lists them once it has
+    updated: its parameters (``param_tensor_sizes``) in the training dtype, its buffers (the rotary embeddings' two
+    float32 tables of head_dim / 2, transformers 5; none for GPT-2), and per parameter AdamW's two moments and its
+    float32 step count."""
     w, _, mo = state_per_param(m.precision, m.low)
-    return float((w + mo) * m.params)
+    sizes = param_tensor_sizes(m.arch)
+    rotary = [] if m.arch.family == "gpt2" else [4 * (m.arch.head_dim // 2)] * 2
+    return [w * n for n in sizes] + rotary + [b for n in sizes for b in (mo // 2 * n, mo // 2 * n, 4)]
+
+
+def movable_bytes(m: ModelMemory) -> float:
+    """What the offload layout moves of model ``m``: its training state (``state_tensor_bytes``: the weights, buffers
+    and AdamW's state; graftzoo.training.policy's ``offload``; the KL reference stays on the GPU, gradients hold
+    nothing between updates)."""
+    return float(sum(state_tensor_bytes(m)))
+
+
+def host_buffer_bytes(m: ModelMemory) -> float:
+    """The host buffer the offload layout holds for model ``m``, as allocated: ``Policy.host_buffer_size`` of its
+    ``state_tensor_bytes`` (each tensor aligned to ``Policy.HOST_ALIGN`` bytes, the buffer to whole pages). One
+    buffer per model, pinned at its exact size (``Policy._pin``: cudaHostRegister), so torch's pinned allocator and
+    its power-of-two rounding (a 12 GiB buffer would hold 16) play no part:
+    docs/scaling.md#one-gpu-placement-layouts-offload."""
+    return float(policy.Policy.host_buffer_size(state_tensor_bytes(m)))
 
 
 def offload_bytes_per_step(models: list) -> float:
@@ -551,9 +600,10 @@ def sleep_bytes_per_step(models: list) -> float:
 
 
 def host_bytes_one_gpu(models: list, layout: str) -> float:
-    """Host memory the one-GPU layouts hold besides the process: offload, a pinned buffer for every model's
-    ``movable_bytes`` (``Policy.offload`` keeps them between moves); sleep level 1, the sleeping engine's weights."""
-    buffers = sum(movable_bytes(m) for m in models) if layout == "offload" else 0.0
+    """Host memory the one-GPU layouts hold besides the process: offload, every model's pinned buffer as allocated
+    (``host_buffer_bytes``: ``Policy.offload`` keeps it between moves); sleep level 1, the sleeping engine's
+    weights."""
+    buffers = sum(host_buffer_bytes(m) for m in models) if layout == "offload" else 0.0
     return buffers + max((m.engine_weights for m in models if m.vllm and m.sleep_level == 1), default=0.0)
 
 
@@ -563,47 +613,120 @@ def host_bytes_one_gpu(models: list, layout: str) -> float:
 
 @dataclass(frozen=True)
 class Chip:
-    """A GPU's limits: dense bfloat16 FLOP/s, memory bandwidth (bytes/s), memory (GiB as sold)."""
+    """A GPU's limits: dense bfloat16 FLOP/s, memory bandwidth (bytes/s), memory (GiB as sold); ``name``: its key in
+    ``CHIPS``."""
 
     bf16_flops: float
     hbm_bytes_per_s: float
     memory_gb: float
+    name: str = ""
 
 
-CHIPS = {  # SXM parts, the vendors' data sheets (dense, no sparsity)
-    "h200": Chip(989e12, 4.8e12, 141), "h100": Chip(989e12, 3.35e12, 80), "a100": Chip(312e12, 2.039e12, 80)}
-# Assumed until a GPU check measures them (``--calibration FILE``): the update's model FLOP utilisation (transformers
-# layers with gradient checkpointing reach 0.3-0.4) and the fraction of the memory bandwidth vLLM's decode achieves.
-DEFAULT_CALIBRATION = {"update_mfu": 0.35, "generate_bw_fraction": 0.5}
+CHIPS = {name: Chip(*limits, name) for name, limits in {  # SXM parts, the vendors' data sheets (dense, no sparsity)
+    "h200": (989e12, 4.8e12, 141), "h100": (989e12, 3.35e12, 80), "a100": (312e12, 2.039e12, 80)}.items()}
+# Assumed until a GPU check measures them (``--calibration FILE``; docs/scaling.md#step-time-and-mfu): the update's
+# hardware FLOP utilisation (``train_flops`` with gradient checkpointing's recompute, against the chip's data-sheet
+# peak: transformers layers with gradient checkpointing reach 0.3-0.4) and the fraction of the memory bandwidth each
+# engine's decode steps achieve (the HF engine's taken as vLLM's until measured).
+DEFAULT_CALIBRATION = {"update_hfu": 0.35, "hf_decode_bw_fraction": 0.5, "vllm_decode_bw_fraction": 0.5}
+# what a calibration may give besides: the measured matrix-product rate its update_hfu is relative to, and the chip
+CALIBRATION_PEAK = ("measured_bf16_flops", "chip")
+RETIRED_CALIBRATION = {
+    "generate_bw_fraction": "it does not say which engine's decode it was measured on; give vllm_decode_bw_fraction "
+                            "(vLLM's decode steps) or hf_decode_bw_fraction (the HF engine's): a figure measured on "
+                            "one engine is not applied to the other",
+    "update_mfu": "the step time counts hardware FLOPs (gradient checkpointing's recompute included), so the plan "
+                  "reads update_hfu; update_mfu (model FLOPs, 6·N per token) is what the device check reports"}
+
+
+def calibration_value(key: str, value):
+    """One calibration entry checked (``calibration_of``): a fraction in (0, 1], a positive FLOP/s, or a chip of
+    ``CHIPS``; ``ValueError`` names the key."""
+    if key in RETIRED_CALIBRATION:
+        raise ValueError(f"calibration key {key!r} is no longer read: {RETIRED_CALIBRATION[key]}")
+    if key not in DEFAULT_CALIBRATION and key not in CALIBRATION_PEAK:
+        raise ValueError(f"calibration key {key!r}: not one of {', '.join([*DEFAULT_CALIBRATION, *CALIBRATION_PEAK])}")
+    if key == "chip":
+        if value not in CHIPS:
+            raise ValueError(f"calibration key 'chip': {value!r} is not one of {', '.join(CHIPS)}")
+        return value
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if key == "measured_bf16_flops":
+        if not number or value <= 0:
+            raise ValueError(f"calibration key {key!r}: {value!r} is not a positive FLOP/s")
+    elif not number or not 0 < value <= 1:
+        raise ValueError(f"calibration key {key!r}: {value!r} is not a fraction in (0, 1]")
+    return float(value)
 
 
 def calibration_of(data: dict | None) -> dict:
-    """``DEFAULT_CALIBRATION`` overridden by ``data`` (keys ``update_mfu``, ``generate_bw_fraction``, each in
-    (0, 1]); ``ValueError`` names a key that is unknown or out of range."""
-    out = dict(DEFAULT_CALIBRATION)
-    for k, v in (data or {}).items():
-        if k not in out:
-            raise ValueError(f"calibration key {k!r}: not one of {', '.join(out)}")
-        if not isinstance(v, (int, float)) or not 0 < v <= 1:
-            raise ValueError(f"calibration key {k!r}: {v!r} is not a fraction in (0, 1]")
-        out[k] = float(v)
-    return out
+    """``DEFAULT_CALIBRATION`` overridden by ``data``: a calibration, or a device check's report (bench/gpu_check.py)
+    holding one under ``calibration``. Its keys: ``update_hfu``, ``hf_decode_bw_fraction``,
+    ``vllm_decode_bw_fraction`` (fractions in (0, 1]); ``measured_bf16_flops``, the peak ``update_hfu`` is then
+    relative to (it needs an ``update_hfu`` measured against it: the default is a data-sheet figure), and ``chip``,
+    the ``CHIPS`` key of the GPU measured (``peak_flops``). A null value is a key not given. ``ValueError`` names a
+    key that is unknown, retired (``RETIRED_CALIBRATION``) or out of range. docs/scaling.md#step-time-and-mfu."""
+    if isinstance(data, dict) and isinstance(data.get("calibration"), dict):
+        data = data["calibration"]
+    given = {k: calibration_value(k, v) for k, v in (data or {}).items() if v is not None}
+    if "measured_bf16_flops" in given and "update_hfu" not in given:
+        raise ValueError("calibration key 'measured_bf16_flops' needs the update_hfu measured against it (the "
+                         f"default {DEFAULT_CALIBRATION['update_hfu']} is relative to the chip's data-sheet peak)")
+    return {**DEFAULT_CALIBRATION, **given}
 
 
-def update_flops(n: int, tokens: float, checkpointing: bool) -> float:
-    """An update's FLOPs: 6·N per token (forward 2, backward 4), 8·N with gradient checkpointing (the forward
-    again); attention's own FLOPs left out."""
-    return (8.0 if checkpointing else 6.0) * n * tokens
+def peak_flops(chip: Chip, cal: dict) -> float:
+    """The bfloat16 FLOP/s on ``chip`` that ``cal``'s ``update_hfu`` is relative to: the data sheet's
+    (``chip.bf16_flops``), or the calibration's ``measured_bf16_flops`` — as measured where it names ``chip`` (or
+    no chip), scaled by the ratio of the two chips' data-sheet peaks where it names another.
+    docs/scaling.md#step-time-and-mfu."""
+    measured = cal.get("measured_bf16_flops")
+    if measured is None:
+        return chip.bf16_flops
+    on = cal.get("chip")
+    if on is None or on == chip.name:
+        return float(measured)
+    return measured * chip.bf16_flops / CHIPS[on].bf16_flops
 
 
-def forward_flops(n: int, tokens: float) -> float:
-    """A forward pass's FLOPs: 2·N per token."""
-    return 2.0 * n * tokens
+def attention_flops(a: Arch, seq_len: float) -> float:
+    """Attention's own FLOPs per token of a forward pass over sequences of ``seq_len`` tokens, beside the weights'
+    2·N: per layer the scores Q·Kᵀ and their product with V, 2·(h·d)·seq_len each: 4·layers·(h·d)·seq_len.
+    The whole score matrix is counted, the causal mask's half too, as PaLM counts it (12·L·H·Q·T per trained token:
+    Chowdhery et al. 2022, arXiv:2204.02311, appendix B); a kernel that skips the masked blocks does about half.
+    docs/scaling.md#step-time-and-mfu."""
+    return 4.0 * a.layers * a.heads * a.head_dim * seq_len
 
 
-def compute_seconds(flops: float, chip: Chip, mfu: float) -> float:
-    """``flops`` at ``mfu`` of the chip's bfloat16 peak."""
-    return flops / (chip.bf16_flops * mfu)
+def forward_flops(n: int, tokens: float, attention: float = 0.0) -> float:
+    """A forward pass's FLOPs over ``tokens`` tokens: 2·N per token (a multiply and an add per weight), plus
+    ``attention`` per token (``attention_flops``; 0 leaves attention's own FLOPs out).
+    docs/scaling.md#step-time-and-mfu."""
+    return (2.0 * n + attention) * tokens
+
+
+def train_flops(n: int, tokens: float, checkpointing: bool, recompute: bool = True, attention: float = 0.0) -> float:
+    """An update's FLOPs over ``tokens`` trained tokens, 3 x ``forward_flops``: the forward and the backward (twice
+    the forward: the activations' gradients and the weights'), 6·N per token — the model FLOPs MFU is reported
+    against (PaLM's definition: Chowdhery et al. 2022, arXiv:2204.02311, appendix B; with ``attention``
+    6·N + 12·L·H·Q·T), whatever the recompute; with gradient checkpointing and ``recompute``, the forward again:
+    8·N per token, the hardware FLOPs a step's time is made of (HFU). docs/scaling.md#step-time-and-mfu."""
+    passes = 4.0 if checkpointing and recompute else 3.0
+    return passes * forward_flops(n, tokens, attention)
+
+
+def mfu(flops: float, seconds: float, peak_flops: float) -> float:
+    """The utilisation of ``peak_flops`` FLOP/s by ``flops`` done in ``seconds``: MFU with model FLOPs
+    (``train_flops`` with ``recompute`` False), HFU with hardware FLOPs (``recompute`` True); the peak a data
+    sheet's (``CHIPS``) or a measured matrix product's. docs/scaling.md#step-time-and-mfu."""
+    if seconds <= 0 or peak_flops <= 0:
+        raise ValueError(f"utilisation of {flops:g} FLOPs in {seconds:g} s at {peak_flops:g} FLOP/s: both must be > 0")
+    return flops / seconds / peak_flops
+
+
+def compute_seconds(flops: float, peak: float, utilisation: float) -> float:
+    """``flops`` at ``utilisation`` of ``peak`` FLOP/s (``peak_flops``)."""
+    return flops / (peak * utilisation)
 
 
 def decode_batch(kv: float, context: float, kv_per_token: int, max_num_seqs: int, sequences: int) -> int:
@@ -613,38 +736,73 @@ def decode_batch(kv: float, context: float, kv_per_token: int, max_num_seqs: int
     return max(1, min(max_num_seqs, sequences, fit))
 
 
+def decode_weight_bytes(a: Arch, dtype_bytes: int) -> float:
+    """The weights one decode step reads, at ``dtype_bytes`` a parameter: all but an untied model's input embeddings
+    and GPT-2's position embeddings, of which a step reads only its tokens' rows. docs/scaling.md#step-time-and-mfu."""
+    skipped = (0 if a.tied else a.vocab * a.hidden) + (a.extra - a.hidden if a.family == "gpt2" else 0)
+    return float(dtype_bytes * (param_count(a) - skipped))
+
+
 def decode_step_bytes(weights: float, batch: int, context: float, kv_per_token: int) -> float:
     """Bytes one decode step reads: the engine's weights once, and every sequence's KV cache over its ``context``
     tokens."""
     return weights + batch * context * kv_per_token
 
 
+def decode_bytes(weights: float, batch: int, prompt_tokens: float, steps: int, kv_per_token: int) -> float:
+    """Bytes the ``steps`` decode steps of ``batch`` sequences read after their prefill of ``prompt_tokens`` tokens
+    (which yields each one's first token; not counted): step k of 1..``steps`` reads ``weights`` and every
+    sequence's KV cache over prompt_tokens + k tokens (``decode_step_bytes``), prompt_tokens + (steps + 1) / 2 on
+    average. docs/scaling.md#step-time-and-mfu."""
+    return steps * decode_step_bytes(weights, batch, prompt_tokens + (steps + 1) / 2, kv_per_token)
+
+
+def bw_fraction(nbytes: float, seconds: float, bytes_per_s: float) -> float:
+    """The fraction of a memory bandwidth of ``bytes_per_s`` that reading ``nbytes`` in ``seconds`` achieves."""
+    if seconds <= 0 or bytes_per_s <= 0:
+        raise ValueError(f"bandwidth fraction of {nbytes:g} bytes in {seconds:g} s at {bytes_per_s:g} B/s: "
+                         f"both must be > 0")
+    return nbytes / seconds / bytes_per_s
+
+
+def decode_bw_key(engine: str) -> str:
+    """The calibration key of ``engine``'s (``rollout.engine``: hf | vllm) decode bandwidth fraction."""
+    return f"{engine}_decode_bw_fraction"
+
+
 def generate_seconds(m: ModelMemory, sequences: int, kv: float, chip: Chip, cal: dict) -> float:
-    """Model ``m``'s engine generating ``sequences`` rollouts at full length: the prompts' prefill at the update's
-    FLOP utilisation, then waves of ``decode_batch`` sequences (the last one what is left), ``response_tokens``
-    decode steps each, every step reading ``decode_step_bytes`` at ``generate_bw_fraction`` of the memory bandwidth;
-    a sequence's mean context is its prompt and half its response."""
-    weights = m.engine_weights or float(state_per_param(m.precision, m.low)[0] * m.params)
+    """Model ``m``'s engine generating ``sequences`` rollouts at full length: the prompts' prefill
+    (``forward_flops`` with ``attention_flops`` over the prompt) at ``update_hfu`` of ``peak_flops``, then waves of
+    ``decode_batch`` sequences (the last one what is left), ``response_tokens`` - 1 decode steps each
+    (``decode_bytes``: the weights in the engine's dtype, ``decode_weight_bytes``; the HF engine decodes with the
+    training model in its compute dtype) at its engine's ``decode_bw_key`` fraction of the memory bandwidth; a
+    sequence's mean context for the batch: its prompt and half its response."""
+    dtype = m.engine_dtype_bytes if m.vllm else compute_bytes(m.precision, m.low)
+    weights = decode_weight_bytes(m.arch, dtype)
     context = m.prompt_tokens + m.response_tokens / 2
     batch = decode_batch(kv, context, m.kv_per_token, m.max_num_seqs if m.vllm else m.gen_batch_size, sequences)
     full, rest = divmod(sequences, batch)
-    read = full * decode_step_bytes(weights, batch, context, m.kv_per_token) + (
-        decode_step_bytes(weights, rest, context, m.kv_per_token) if rest else 0.0)
-    decode = m.response_tokens * read / (chip.hbm_bytes_per_s * cal["generate_bw_fraction"])
-    prefill = compute_seconds(forward_flops(m.params, sequences * m.prompt_tokens), chip, cal["update_mfu"])
-    return prefill + decode
+    steps = max(0, m.response_tokens - 1)
+    read = sum(waves * decode_bytes(weights, b, m.prompt_tokens, steps, m.kv_per_token)
+               for b, waves in ((batch, full), (rest, 1)) if b and waves)
+    decode = read / (chip.hbm_bytes_per_s * cal[decode_bw_key(m.engine)])
+    prefill = forward_flops(m.params, sequences * m.prompt_tokens, attention_flops(m.arch, m.prompt_tokens))
+    return compute_seconds(prefill, peak_flops(chip, cal), cal["update_hfu"]) + decode
 
 
 def model_seconds(m: ModelMemory, ranks: int, kv: float, chip: Chip, cal: dict) -> dict:
     """Seconds of each phase of model ``m``'s full-size step on ``ranks`` ranks (each with its share of the
     rollouts and of the update's tokens, every rollout at full length): ``generate_seconds``; the theta_old pass
-    (``forward_flops``) and the update (``update_flops`` over ``optim.epochs``) at ``update_mfu``; the weight sync,
-    the engine's weights out of the GPU and back in through host memory at ``PCIE_BYTES_PER_S``."""
+    (``forward_flops``) and the update (``train_flops`` over ``optim.epochs``, the recompute counted), both with
+    ``attention_flops`` over a whole sequence, at ``update_hfu`` of ``peak_flops``; the weight sync, the engine's
+    weights out of the GPU and back in through host memory at ``PCIE_BYTES_PER_S``.
+    docs/scaling.md#step-time-and-mfu."""
     tokens = m.sequences * m.seq_len / ranks
+    peak, hfu, attention = peak_flops(chip, cal), cal["update_hfu"], attention_flops(m.arch, m.seq_len)
     return {"generate": generate_seconds(m, math.ceil(m.sequences / ranks), kv, chip, cal),
-            "logprob": compute_seconds(forward_flops(m.params, tokens), chip, cal["update_mfu"]),
-            "update": compute_seconds(update_flops(m.params, tokens * m.epochs, m.checkpointing), chip,
-                                      cal["update_mfu"]),
+            "logprob": compute_seconds(forward_flops(m.params, tokens, attention), peak, hfu),
+            "update": compute_seconds(train_flops(m.params, tokens * m.epochs, m.checkpointing, attention=attention),
+                                      peak, hfu),
             "sync": 2.0 * m.engine_weights / PCIE_BYTES_PER_S}
 
 
@@ -807,9 +965,15 @@ def colocated(models: list, workers: list, gpus: int, prompts: int, usable: floa
     return out
 
 
-def one_gpu_try(models: list, layout: str, level: int, usable: float, together: bool) -> dict:
+def margin_bytes(gpu_gb: float) -> float:
+    """The room the plan keeps free below ``usable`` on a GPU of ``gpu_gb`` GiB where it can (``MARGIN``)."""
+    return gpu_gb * MARGIN * GIB
+
+
+def one_gpu_try(models: list, layout: str, level: int, usable: float, together: bool, margin: float) -> dict:
     """The one-GPU ``layout`` at sleep level ``level``: the KV cache per engine (``kv_cache_gb``, else the largest
-    that fits: ``largest_kv``) and the phases with it."""
+    that leaves ``margin`` free below ``usable``: ``largest_kv``; where that is less than ``kv_min_bytes``, the
+    largest that fits ``usable`` at all) and the phases with it."""
     ms = [dataclasses.replace(m, sleep_level=level) if m.vllm else m for m in models]
     resident = layout == "resident"
     given = next((m.kv_cache for m in ms if m.vllm and m.kv_cache is not None), None)
@@ -819,7 +983,12 @@ def one_gpu_try(models: list, layout: str, level: int, usable: float, together: 
     elif given is not None:
         kv = given
     else:
-        kv = max(0.0, largest_kv(lambda k: shared_phases(ms, k, resident, together), usable))
+        def phases_of(k):
+            return shared_phases(ms, k, resident, together)
+        kv = largest_kv(phases_of, usable - margin)
+        if kv < max(kv_min_bytes(m) for m in ms if m.vllm):
+            kv = largest_kv(phases_of, usable)
+        kv = max(0.0, kv)
     return {"models": ms, "level": level, "kv": kv, "sized": engines and given is None,
             "phases": shared_phases(ms, kv, resident, together)}
 
@@ -828,18 +997,19 @@ def one_gpu_layout(cfg: RunConfig, models: list, layout: str, gpu_gb: float) -> 
     """Two or more models on one GPU in one process (``LAYOUTS_ONE_GPU``; module docstring). The sleep level is the
     config's, or 2 where the config's is 0 and sleeping leaves the engines a larger KV cache (or makes the layout
     fit); the KV cache per engine is ``rollout.vllm.kv_cache_gb`` where given, else sized by the plan: the largest
-    every phase leaves room for. It must hold ``kv_min_bytes``."""
-    usable = gpu_gb * USABLE * GIB
+    every phase leaves room for with ``margin_bytes`` to spare. It must hold ``kv_min_bytes``. ``tight``: it fits
+    with less than the margin to spare (``slack_gb``)."""
+    usable, margin = gpu_gb * USABLE * GIB, margin_bytes(gpu_gb)
     together = (layout == "resident" and all(m.vllm for m in models) and bool(cfg.ray.concurrent_models))
     level0 = int(cfg.rollout.vllm.sleep_level)
-    tries = [one_gpu_try(models, layout, level0, usable, together)]
+    tries = [one_gpu_try(models, layout, level0, usable, together, margin)]
     if level0 == 0 and any(m.vllm for m in models):
-        tries.append(one_gpu_try(models, layout, 2, usable, together))
+        tries.append(one_gpu_try(models, layout, 2, usable, together, margin))
 
-    def fits(t):
-        return all(v <= usable for v in phase_peaks(t["phases"]).values())
+    def room(t):
+        return usable - peak_of(t["phases"])[1]
 
-    best = max(tries, key=lambda t: (fits(t), t["kv"] if t["sized"] else 0.0, -peak_of(t["phases"])[1],
+    best = max(tries, key=lambda t: (room(t) >= 0, room(t) >= margin, t["kv"] if t["sized"] else 0.0, room(t),
                                      t is tries[0]))
     ms, kv, phases = best["models"], best["kv"], best["phases"]
     kv_min = max((kv_min_bytes(m) for m in ms if m.vllm), default=0.0)
@@ -863,22 +1033,37 @@ def one_gpu_layout(cfg: RunConfig, models: list, layout: str, gpu_gb: float) -> 
             "kv_min_gb": kv_min / GIB, "kv_from_share_gb": sum(kv_share_bytes(m, gpu_gb) for m in ms if m.vllm) / GIB,
             "sleep_level": best["level"], "sleep_level_from_config": best["level"] == level0,
             "phase_1_together": together, "moved_gb_per_step": moved / GIB, "transfer_s": transfer_seconds(moved),
-            "host_gb": host_bytes_one_gpu(ms, layout) / GIB, "models": ms}
+            "host_gb": host_bytes_one_gpu(ms, layout) / GIB, "slack_gb": (usable - peak) / GIB,
+            "margin_gb": margin / GIB, "tight": error is None and usable - peak < margin, "models": ms}
+
+
+def tight_text(t: dict) -> str:
+    """How little a ``tight`` one-GPU layout ``t`` leaves free, against the margin."""
+    return (f"its peak leaves {t['slack_gb']:.2f} GiB of the GPU's usable memory free, less than the "
+            f"{t['margin_gb']:.1f} GiB margin ({MARGIN:.0%} of the GPU) kept for the allocator's fragmentation")
 
 
 def one_gpu_why(chosen: dict, other: dict | None) -> str:
-    """Why ``chosen`` (a ``one_gpu_layout``) over ``other``."""
+    """Why ``chosen`` (a ``one_gpu_layout``) over ``other``; a ``tight`` layout says how little it leaves free."""
     if chosen["layout"] == "resident":
         sleep = (f"each engine frees its KV cache and weights during its model's update (sleep level "
                  f"{chosen['sleep_level']})" if chosen["sleep_level"] else "the engines stay awake (sleep level 0)")
-        return ("every model's training state stays on the GPU, nothing moved between host and GPU per step "
-                f"(chosen where it fits); {sleep}" + (
-                    f"; offload would move {other['moved_gb_per_step']:.0f} GiB per step (~{other['transfer_s']:.0f} "
-                    f"s at {PCIE_BYTES_PER_S / 1e9:g} GB/s)" if other and other["fits"] else ""))
-    return ((f"resident does not fit ({other['error']}); " if other else "")
-            + f"one model's training state on the GPU at a time, the others' in host memory (pinned buffers "
-              f"{chosen['host_gb']:.1f} GiB): {chosen['moved_gb_per_step']:.0f} GiB moved per step, "
-              f"~{chosen['transfer_s']:.0f} s at {PCIE_BYTES_PER_S / 1e9:g} GB/s")
+        fit = "chosen where it fits with the margin to spare"
+        if chosen["tight"]:
+            fit = ("it fits only within the margin, offload " + ("only within it too" if other and other["fits"]
+                                                                else "not at all") + f": {tight_text(chosen)}")
+        return (f"every model's training state stays on the GPU, nothing moved between host and GPU per step ({fit});"
+                f" {sleep}" + (f"; offload would move {other['moved_gb_per_step']:.0f} GiB per step "
+                               f"(~{other['transfer_s']:.0f} s at {PCIE_BYTES_PER_S / 1e9:g} GB/s)"
+                               if other and other["fits"] else ""))
+    if other and other["tight"]:
+        head = f"resident fits only within the margin, the safer offload chosen: {tight_text(other)}; "
+    else:
+        head = f"resident does not fit ({other['error']}); " if other else ""
+    return (head + f"one model's training state on the GPU at a time, the others' in host memory (pinned buffers "
+                   f"{chosen['host_gb']:.1f} GiB): {chosen['moved_gb_per_step']:.0f} GiB moved per step, "
+                   f"~{chosen['transfer_s']:.0f} s at {PCIE_BYTES_PER_S / 1e9:g} GB/s"
+            + (f"; it fits only within the margin: {tight_text(chosen)}" if chosen["tight"] else ""))
 
 
 def ray_settings(groups: list, gpus_per_worker: float) -> dict:
@@ -909,19 +1094,20 @@ def layout_seconds(p: dict, models: list, chip: Chip, cal: dict, kvs: list) -> d
 
 def one_gpu_choice(cfg: RunConfig, models: list, gpu_gb: float, chip: Chip, cal: dict) -> dict:
     """``gpu_layout`` for two or more models on one GPU: ``run.layout`` where the config gives one, else
-    ``resident`` where it fits (it moves nothing per step), else ``offload``; the other layout's figures under
-    ``alternatives``."""
+    ``resident`` where it fits with ``margin_bytes`` to spare (it moves nothing per step), else ``offload`` where
+    it does, else the first that fits at all (``tight``); the other layout's figures under ``alternatives``."""
     asked = [cfg.run.layout] if cfg.run.layout in LAYOUTS_ONE_GPU else list(LAYOUTS_ONE_GPU)
     tries = {lay: one_gpu_layout(cfg, models, lay, gpu_gb) for lay in asked}
     for t in tries.values():
         t["step_time"] = layout_seconds(t, t["models"], chip, cal, [t["kv_cache_gb"] * GIB] * len(models))
-    chosen = next((tries[lay] for lay in asked if tries[lay]["fits"]), tries[asked[-1]])
+    chosen = next((tries[lay] for lay in asked if tries[lay]["fits"] and not tries[lay]["tight"]),
+                  next((tries[lay] for lay in asked if tries[lay]["fits"]), tries[asked[-1]]))
     other = next((t for t in tries.values() if t is not chosen), None)
     out = {k: v for k, v in chosen.items() if k != "models"}
     out["why"] = f"run.layout {cfg.run.layout} in the config" if len(asked) == 1 else one_gpu_why(chosen, other)
     out["settings"] = one_gpu_settings(chosen) if chosen["fits"] else {}
-    out["alternatives"] = {lay: {k: t[k] for k in ("fits", "error", "kv_cache_gb", "sleep_level", "moved_gb_per_step",
-                                                   "host_gb", "step_time")}
+    out["alternatives"] = {lay: {k: t[k] for k in ("fits", "tight", "slack_gb", "error", "kv_cache_gb", "sleep_level",
+                                                   "moved_gb_per_step", "host_gb", "step_time")}
                            for lay, t in tries.items() if t is not chosen}
     if not chosen["fits"]:
         out["error"] = (f"no layout of {cfg.pair.name} fits 1 x {gpu_gb:g} GiB GPU, {gpu_gb * USABLE:.1f} GiB "
@@ -935,7 +1121,8 @@ def gpu_layout(cfg: RunConfig, gpus: int, gpu_gb: float, chip: str = "h200", cal
     ``calibration_of``'s keys).
 
     Two or more models on one GPU: the one-GPU layouts (``one_gpu_layout``), ``run.layout`` where the config gives
-    one, else ``resident`` where it fits (it moves nothing per step), else ``offload``. On more GPUs (or one
+    one, else ``resident`` where it fits with ``margin_bytes`` to spare (it moves nothing per step), else
+    ``offload``. On more GPUs (or one
     model): ``pair.models[i].num_workers`` (or ``ray.num_workers`` above 1) fix a model's ranks; with
     ``ray.gpus_per_worker`` 1 the models get groups on GPUs of their own (``separate``), the GPUs the config leaves
     open split in proportion to the models' parameters, each at least the GPUs it needs; where no such split fits (or
@@ -1012,7 +1199,7 @@ def host_peak_bytes(cfg: RunConfig) -> float:
     for m in model_memory(cfg):
         state = train_state_bytes(m.params, m.precision, 1, m.low) + (
             ref_bytes(m.params, m.precision, m.low, 1) if m.ref else 0.0)
-        work = max(update_bytes(m) + working_copy_bytes(m.arch, m.precision, m.checkpointing, 1),
+        work = max(update_bytes(m) + working_copy_bytes(m.arch, m.precision, 1),
                    optimizer_step_bytes(m.params, "cpu"))
         engine = m.engine_weights + (m.kv_cache or 0.0) if m.vllm else hf_generate_bytes(m)
         total += state + work + engine

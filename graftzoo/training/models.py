@@ -6,8 +6,9 @@
 An entry is a ``graftzoo.contract.config.ModelSpec``, validated and resolved by ``load_config``: its keys that
 stand for run keys (``template``, ``stop``, ``max_new_tokens``, ``lr``, ``device``, ``gradient_checkpointing``,
 ``num_workers``: with ``--backend ray`` the ranks of the model's worker group, its parameters sharded over them by
-FSDP2; ``lora``) hold the model's values, its own or the run's, and ``dtype`` its load dtype (bfloat16 for ``kind:
-hf`` unless given, as saved for ``kind: tiny``).
+FSDP2; ``lora``; ``attn_implementation``, set on the loaded model by ``set_attention``) hold the model's values,
+its own or the run's, and ``dtype`` its load dtype (bfloat16 for ``kind: hf`` unless given, as saved for ``kind:
+tiny``).
 
 A group of more than one rank builds its model with ``build_sharded_policy``: the model on the meta device from its
 folder's ``config.json``, sharded, and each rank's rows read from the safetensors files (``fsdp.materialize``), so
@@ -67,14 +68,31 @@ def load_model(spec: ModelSpec, seed: int = 0, progress=None):
         model, tok = load_tiny(path)
         if dtype is not None:
             model.to(dtype)
+        set_attention(model, spec)
         return model, tok, f"{ts.tokenizer}"
     path, local_only = check_hf_model(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=spec_dtype(spec), local_files_only=local_only)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model '{spec.id}': cannot load its weights from {path}: {_one_line(e)}") from e
+    set_attention(model, spec)
     tok = hf_tokenizer(spec, path, local_only)
     return model, tok, spec.tokenizer_id or path
+
+
+def set_attention(model, spec: ModelSpec) -> None:
+    """Give a loaded model its entry's attention implementation (``attn_implementation``: its own, else
+    ``model.attn_implementation``); ``auto`` leaves the one transformers chose at load untouched (sdpa, eager
+    where the model lacks it). ``optim.packing: auto`` packs with the ones that skip masked blocks only
+    (docs/scaling.md#memory-bounded-updates). One the model or this machine cannot run is a ``ConfigError``."""
+    attn = spec.attn_implementation
+    if attn in (None, "auto"):
+        return
+    try:
+        model.set_attn_implementation(attn)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"config key '{spec.key_of('attn_implementation')}' is {attn!r}, which model "
+                          f"'{spec.id}' cannot run here: {_one_line(e)}") from None
 
 
 def load_tokenizer_of(spec: ModelSpec, progress=None) -> tuple:
@@ -352,6 +370,7 @@ def meta_skeleton(spec: ModelSpec, cfg: RunConfig, folder: Path, files: dict) ->
     dtype = load_dtype(spec, config, files)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    set_attention(model, spec)
     real_buffers(model, dtype)
     if (folder / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
@@ -433,6 +452,9 @@ def ref_of(policy: Policy, model) -> Policy:
     ref.model = model.eval()
     for q in ref.model.parameters():
         q.requires_grad_(False)
+        if policy.autocast_dtype is not None and q.dtype == torch.float32 and not hasattr(q, "to_local"):
+            q.data = q.data.to(policy.autocast_dtype)  # bf16-mixed: frozen, kept in the compute dtype only (a
+            # sharded reference's FSDP2 gathers cast it instead)
     return ref
 
 

@@ -11,8 +11,8 @@
 - ``run.layout`` (two models on one GPU): ``resident`` keeps every model's training state on the device, the
   engines freeing their memory during updates (``sleep_level``); ``offload`` keeps one model active at a time, the
   other's parameters (float32 master weights under bf16-mixed) and AdamW moments in host memory (``Residency``);
-  ``auto`` is ``graftzoo plan``'s choice for the GPU (``memory.gpu_layout``: resident where it fits, it is the
-  faster), resident on the CPU and with the Ray backend.
+  ``auto`` is ``graftzoo plan``'s choice for the GPU (``memory.gpu_layout``: resident where it fits with the
+  plan's margin to spare, it is the faster), resident on the CPU and with the Ray backend.
 - On GPUs (in-process), ``optim.max_tokens_per_micro: null`` becomes the largest micro-batch budget plan fits,
   and gradient checkpointing is turned on where plan fits only with it (``fit_update``).
 - ``describe``: where each model's weights, optimizer state, engine and KV cache live; the trainer logs it before
@@ -98,10 +98,11 @@ def shared_gpu(cfg: RunConfig, devices: dict) -> Optional[str]:
 
 def choose_layout(cfg: RunConfig, gpu: Optional[str]) -> dict:
     """The settings of the layout: ``run.layout`` as given, or for ``auto`` plan's choice on the shared GPU ``gpu``
-    (resident where it fits; when neither fits, offload, the smaller, with a warning), resident where no GPU is
-    shared. With plan's choice come the engines' settings it was planned with, where the config leaves them
-    open: ``rollout.vllm.kv_cache_gb`` null, and ``rollout.vllm.sleep_level`` when below the plan's (the layout
-    fits only with the engines asleep during updates; give ``run.layout`` to keep the config's)."""
+    (resident where it fits with the plan's margin to spare; when neither fits, offload, the smaller, with a
+    warning), resident where no GPU is shared. With plan's choice come the engines' settings it was planned with,
+    where the config leaves them open: ``rollout.vllm.kv_cache_gb`` null, and ``rollout.vllm.sleep_level`` when
+    below the plan's (the layout fits only with the engines asleep during updates; give ``run.layout`` to keep the
+    config's)."""
     if cfg.run.layout == "offload" and cfg.run.backend != "inprocess":
         raise ConfigError(f"config key 'run.layout' (offload) moves models in the trainer's process: it needs "
                           f"run.backend=inprocess, got {cfg.run.backend!r} (each Ray worker group holds its own GPUs)")

@@ -8,12 +8,16 @@ position ids restarting at 0 for each row, and the log-probs come back in the sa
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
+import weakref
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask, flex_attention_mask
 
 from graftzoo.training import lora as lora_mod
 from graftzoo.contract.batch import micro_split, pad_pairs
@@ -60,10 +64,46 @@ def unpack(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return values.new_zeros(valid.shape).masked_scatter(valid, values)
 
 
-def use_packing(setting, device: torch.device) -> bool:
-    """Whether ``optim.packing`` (``True | False | "auto"``) packs the micro-batches of a model on ``device``: auto
-    packs on CUDA only, so CPU runs keep the padded forward."""
-    return setting is True or (setting == "auto" and torch.device(device).type == "cuda")
+# The attention implementations (a model's ``config._attn_implementation``) that run a packed micro-batch without
+# a dense [T, T] mask, so that packing saves the padding's work (docs/scaling.md#memory-bounded-updates). sdpa and
+# eager are not among them: given restarting position ids and no attention mask, transformers builds them a dense
+# block-diagonal mask (masking_utils.find_packed_sequence_indices), which rules out sdpa's flash kernel and costs
+# attention over all T² positions of the packed sequence.
+BLOCK_SKIPPING_ATTENTION = (
+    "flash_attention_2",  # no mask built: the varlen kernel takes each row's bounds from its position ids
+    "flash_attention_3",  # the same varlen path (FlashAttention 3, Hopper)
+    "flash_attention_4",  # the same varlen path (FlashAttention 4, the CuTe kernels)
+    "flex_attention",  # a BlockMask of the rows: the blocks wholly outside every row's causal triangle are skipped
+)
+
+
+def skips_masked_blocks(attn_implementation) -> bool:
+    """Whether a model with this attention implementation runs packed rows without a dense mask: one of
+    ``BLOCK_SKIPPING_ATTENTION``, or a hub kernel transformers masks as one of them (``kernels-community/flash-attn2``
+    stands in for ``flash_attention_2`` where the flash_attn package is missing: the varlen path, no mask)."""
+    if attn_implementation in BLOCK_SKIPPING_ATTENTION:
+        return True
+    if not isinstance(attn_implementation, str) or attn_implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
+        return False
+    return ALL_MASK_ATTENTION_FUNCTIONS[attn_implementation] in (flash_attention_mask, flex_attention_mask)
+
+
+def use_packing(setting, device: torch.device, attn_implementation) -> bool:
+    """Whether ``optim.packing`` (``True | False | "auto"``) packs the micro-batches of a model on ``device`` whose
+    attention implementation is ``attn_implementation`` (``attention_of``): true packs anywhere; auto packs on
+    CUDA with an attention that skips the masked blocks (``skips_masked_blocks``) only, where packing saves work,
+    so CPU runs and sdpa or eager models keep the padded forward."""
+    if setting == "auto":
+        return torch.device(device).type == "cuda" and skips_masked_blocks(attn_implementation)
+    return setting is True
+
+
+def attention_of(model) -> Optional[str]:
+    """A model's attention implementation as transformers dispatches it (``config._attn_implementation``:
+    ``sdpa``, ``eager``, ``flex_attention``, ``flash_attention_2``, ...); None for a model without a config. A
+    LoRA (peft) or compiled wrapper answers with its model's config."""
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return attn if isinstance(attn, str) else None
 
 
 def adamw_kwargs(device: torch.device) -> dict:
@@ -163,6 +203,86 @@ def token_entropies(logits: torch.Tensor, temperature: float = 1.0) -> torch.Ten
     return torch.cat(pieces, dim=0)
 
 
+class ComputeWeights:
+    """The weights of ``model`` in the compute dtype while forward passes run (``Policy.compute_weights``).
+
+    Under ``bf16-mixed`` the parameters are float32 master weights. Inside this context every float32 parameter's
+    ``.data`` is a bfloat16 copy (the "working copy", 2 bytes per parameter, which the plan counts in every phase
+    that runs a forward: graftzoo.training.memory ``working_copy_bytes``), so the whole forward computes in
+    bfloat16: the residual stream, the attention inputs, the KV cache and the logits, as FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=bf16)`` computes a sharded model (graftzoo.training.fsdp). Autocast over the
+    float32 weights would not: the residual stream, RoPE's keys and with them the KV cache stay float32, SDPA then
+    has no bfloat16 kernel to pick for grouped-query attention, and autocast keeps a cached cast of every weight,
+    also without gradients. Buffers (the rotary tables) keep their dtype.
+
+    A gradient reaching a parameter in the copy's dtype is added to a float32 accumulator at once (a
+    post-accumulate-grad hook), so the micro-batches of a minibatch sum their gradients in float32; on leaving, the
+    master weights return (bit for bit: they are never written inside) with those float32 sums as their ``.grad``,
+    ready for the optimizer step. Re-entrant and shared by threads: the copy is made by the first entry and undone
+    by the last exit."""
+
+    def __init__(self, model, dtype: torch.dtype):
+        self.model, self.dtype = model, dtype
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._masters: list = []  # (parameter, its float32 master data)
+        self._grads: dict = {}  # parameter -> float32 gradient accumulated inside the context
+        self._hooks: list = []
+
+    def _cast(self) -> None:
+        for p in dict.fromkeys(self.model.parameters()):
+            if p.dtype != torch.float32 or not p.is_floating_point():
+                continue
+            self._masters.append((p, p.data))
+            if p.grad is not None:  # a gradient from before the context is carried on in float32
+                self._grads[p], p.grad = p.grad, None
+            p.data = p.data.to(self.dtype)
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._to_master))
+
+    def _to_master(self, p) -> None:
+        acc = self._grads.get(p)
+        if acc is None:
+            self._grads[p] = p.grad.float()
+        else:
+            acc.add_(p.grad)
+        p.grad = None
+
+    def _restore(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        for p, master in self._masters:
+            if p.grad is not None and p.grad.dtype != master.dtype:  # a backward cut short before its hook ran
+                self._to_master(p)
+            p.data = master
+            grad = self._grads.pop(p, None)
+            if grad is not None:
+                p.grad = grad
+        self._masters, self._hooks, self._grads = [], [], {}
+
+    @property
+    def active(self) -> bool:
+        return self._depth > 0
+
+    def __enter__(self):
+        with self._lock:
+            if self._depth == 0:
+                try:
+                    self._cast()
+                except BaseException:
+                    self._restore()
+                    raise
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                self._restore()
+        return False
+
+
 class Policy:
     stop_strings: tuple = ()  # a rollout ends at the token that completes one (rollout.stop, graftzoo.training.models)
 
@@ -190,7 +310,8 @@ class Policy:
         self._gathered = None  # (version, whole weights on rank 0) of a sharded policy, see full_state_dict
         self._home: Optional[torch.device] = None  # where the offloaded training state returns to (``offload``)
         self._guard = None  # the forward pre-hook that refuses a pass over an offloaded model
-        self._host: dict = {}  # id of a state tensor -> its host buffer, kept between moves (``offload``)
+        self._host: dict = {}  # the host buffer of the training state and its views, kept between moves (``offload``)
+        self._compute: Optional[ComputeWeights] = None  # forward passes in the compute dtype (``compute_weights``)
         if optim is not None:
             self.configure_optimizer(optim)
 
@@ -326,12 +447,30 @@ class Policy:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     # ---- scoring ---------------------------------------------------------------------------
+    def compute_weights(self):
+        """A context in which forward passes compute in the policy's compute dtype (``ComputeWeights``: the
+        float32 master weights of ``bf16-mixed`` as a bfloat16 working copy; gradients summed in float32 onto the
+        masters). A no-op in other precisions and for a sharded model, whose FSDP2 gathers already compute in it.
+        Generation, the theta_old, reference and embedding passes and each minibatch of the update run inside one."""
+        if self.autocast_dtype is None or self.sharded:
+            return contextlib.nullcontext()
+        if self._compute is None or self._compute.model is not self.model:
+            self._compute = ComputeWeights(self.model, self.autocast_dtype)
+        return self._compute
+
     def packs(self) -> bool:
-        """Whether ``logprobs`` packs its rows (``use_packing`` of ``optim.packing`` and the model's device), and
-        the model scores packed rows apart (``packing_fault``, checked once; else one warning and the padded path)."""
-        if not use_packing(self.packing, self.device):
+        """Whether ``logprobs`` packs its rows (``use_packing`` of ``optim.packing``, the model's device and its
+        attention, ``attention_of``), and the model scores packed rows apart (``packing_fault``, checked once;
+        else one warning and the padded path). ``optim.packing: true`` on CUDA under an attention that masks the
+        packed rows densely (sdpa, eager) packs, with one warning (docs/scaling.md#memory-bounded-updates)."""
+        attn = attention_of(self.model)
+        if not use_packing(self.packing, self.device, attn):
             return False
         if self._packing_fault is None:
+            if self.device.type == "cuda" and not skips_masked_blocks(attn):
+                log.warning("model %r: optim.packing is true but its attention (%s) masks the packed rows densely: "
+                            "model.attn_implementation flex_attention or flash_attention_2 skips the masked blocks "
+                            "(docs/scaling.md#memory-bounded-updates)", self.model_id, attn)
             self._packing_fault = packing_fault(self.model) or ""
             if self._packing_fault:
                 log.warning("model %r: optim.packing falls back to padded micro-batches: %s", self.model_id,
@@ -350,6 +489,16 @@ class Policy:
         logits that predict response tokens, and the values come back in the ``[B, resp_len]`` layout, 0 on
         padding (``unpack``).
         """
+        weights = self.compute_weights()
+        if (torch.is_grad_enabled() and isinstance(weights, ComputeWeights) and not weights.active
+                and any(p.requires_grad for p in self.model.parameters())):
+            raise RuntimeError(f"model {self.model_id!r}: a forward with gradients under bf16-mixed runs inside "
+                               f"Policy.compute_weights(), which sums the gradients onto the float32 master weights "
+                               f"(graftzoo.training.step.optimize enters it for each minibatch)")
+        with weights:
+            return self._logprobs(input_ids, attention_mask, resp_len, with_entropy, entropy_grad)
+
+    def _logprobs(self, input_ids, attention_mask, resp_len, with_entropy, entropy_grad):
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         packed = self.packs()
         if packed:
@@ -392,15 +541,16 @@ class Policy:
         was = self.model.training
         self.model.eval()
         try:
-            for part in parts:
-                for start in range(0, len(part), chunk):
-                    idx = sorted(part[start:start + chunk])
-                    ids, att, R = pad_pairs([prompts[i] for i in idx], [responses[i] for i in idx], self.pad_id)
-                    logp, ent = self.logprobs(ids, att, R, with_entropy=with_entropy)
-                    for b, i in enumerate(idx):
-                        logps[i] = logp[b, :len(responses[i])].tolist()
-                        if with_entropy:
-                            ents[i] = ent[b, :len(responses[i])].float().cpu()
+            with self.compute_weights():
+                for part in parts:
+                    for start in range(0, len(part), chunk):
+                        idx = sorted(part[start:start + chunk])
+                        ids, att, R = pad_pairs([prompts[i] for i in idx], [responses[i] for i in idx], self.pad_id)
+                        logp, ent = self.logprobs(ids, att, R, with_entropy=with_entropy)
+                        for b, i in enumerate(idx):
+                            logps[i] = logp[b, :len(responses[i])].tolist()
+                            if with_entropy:
+                                ents[i] = ent[b, :len(responses[i])].float().cpu()
         finally:
             self.model.train(was)
         return logps, ents
@@ -414,19 +564,20 @@ class Policy:
         model.eval()
         out = []
         try:
-            for start in range(0, len(texts), batch):
-                ids = [self.encode_text(t) or [self.eos_id] for t in texts[start:start + batch]]
-                width = max(len(x) for x in ids)
-                inp = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
-                att = torch.zeros((len(ids), width), dtype=torch.long)
-                for r, x in enumerate(ids):
-                    inp[r, :len(x)] = torch.tensor(x, dtype=torch.long)
-                    att[r, :len(x)] = 1
-                inp, att = inp.to(self.device), att.to(self.device)
-                hid = model(input_ids=inp, attention_mask=att, output_hidden_states=True,
-                            use_cache=False).hidden_states[-1].float()
-                m = att.unsqueeze(-1).float()
-                out.append(((hid * m).sum(1) / m.sum(1)).cpu())
+            with self.compute_weights():
+                for start in range(0, len(texts), batch):
+                    ids = [self.encode_text(t) or [self.eos_id] for t in texts[start:start + batch]]
+                    width = max(len(x) for x in ids)
+                    inp = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+                    att = torch.zeros((len(ids), width), dtype=torch.long)
+                    for r, x in enumerate(ids):
+                        inp[r, :len(x)] = torch.tensor(x, dtype=torch.long)
+                        att[r, :len(x)] = 1
+                    inp, att = inp.to(self.device), att.to(self.device)
+                    hid = model(input_ids=inp, attention_mask=att, output_hidden_states=True,
+                                use_cache=False).hidden_states[-1].float()
+                    m = att.unsqueeze(-1).float()
+                    out.append(((hid * m).sum(1) / m.sum(1)).cpu())
         finally:
             model.train(was_training)
         if not out:
@@ -548,34 +699,109 @@ class Policy:
                 out.append(t)
         return out
 
+    # the host buffer (``offload``): every state tensor at a multiple of HOST_ALIGN bytes of one buffer per model, its
+    # pinned range on HOST_PAGE boundaries of its own
+    HOST_ALIGN = 64  # bytes: a cache line; every dtype's element size divides it, so each tensor is a view in place
+    HOST_PAGE = 1 << 16  # bytes: 4 KiB and 64 KiB host pages divide it
+
+    @staticmethod
+    def host_buffer_size(tensor_bytes) -> int:
+        """The bytes of the host buffer ``offload`` allocates for state tensors of ``tensor_bytes`` bytes each (pure;
+        the plan's ``memory.host_buffer_bytes``): each tensor rounded up to ``HOST_ALIGN``, their sum up to
+        ``HOST_PAGE``, and one page more, so that the range pinned starts on a page of its own (CUDA refuses to
+        register a page twice). This is what host memory holds: no power-of-two rounding (``_pin``)."""
+        align, page = Policy.HOST_ALIGN, Policy.HOST_PAGE
+        used = sum(-(-int(n) // align) * align for n in tensor_bytes)
+        return -(-used // page) * page + page
+
+    def _host_views(self, state: list) -> list:
+        """A host tensor for each of ``state``, a view into the one host buffer of this model (``host_buffer_size``):
+        the buffer kept from the last move where it was laid out for the same dtypes and shapes, else a new one (the
+        old one released first, ``_release_host``), pinned where the state leaves a GPU (``_pin``)."""
+        pin = any(t.is_cuda for t in state)
+        key = (pin, [(t.dtype, tuple(t.shape)) for t in state])
+        if self._host.get("key") == key:
+            return self._host["views"]
+        self._release_host()
+        sizes = [t.numel() * t.element_size() for t in state]
+        raw = torch.empty(self.host_buffer_size(sizes), dtype=torch.uint8, device="cpu")
+        start = -raw.data_ptr() % self.HOST_PAGE
+        region = raw[start:start + raw.numel() - self.HOST_PAGE]  # page-aligned, whole pages
+        views, at = [], 0
+        for t, n in zip(state, sizes):
+            views.append(region[at:at + n].view(t.dtype).view(t.shape))
+            at += -(-n // self.HOST_ALIGN) * self.HOST_ALIGN
+        unpin = self._pin(region) if pin else None
+        self._host = {"key": key, "views": views, "region": region, "unpin": unpin}
+        return views
+
+    def _pin(self, region: torch.Tensor):
+        """Page-lock ``region`` (page-aligned, whole pages) where it is, at its exact size, with ``cudaHostRegister``;
+        returns the finalizer that unregisters it (``_release_host`` calls it, or collecting ``region`` does).
+        ``pin_memory=True`` would take torch's CachingHostAllocator, which rounds every allocation up to the next
+        power of two (ATen/core/CachingHostAllocator.h, torch 2.11 to 2.13): a 12 GiB state would hold 16 GiB of
+        pinned memory. Only a process-wide setting lifts it (``pinned_max_round_threshold_mb`` of
+        ``PYTORCH_ALLOC_CONF``, read by torch 2.13, not by every release of that range), so it is not used."""
+        cudart = torch.cuda.cudart()
+        err = int(cudart.cudaHostRegister(region.data_ptr(), region.numel(), 0))
+        if err:
+            raise RuntimeError(f"model {self.model_id!r}: pinning its {region.numel() / 2**30:.2f} GiB host buffer "
+                               f"for run.layout offload failed (cudaHostRegister: "
+                               f"{cudart.cudaGetErrorString(cudart.cudaError(err))}, error {err})")
+        unpin = weakref.finalize(region, Policy._unpin, region.data_ptr(), self.model_id)
+        unpin.atexit = False  # the process's memory goes with it
+        return unpin
+
+    @staticmethod
+    def _unpin(ptr: int, model_id: str) -> None:
+        """Unregister a host buffer ``_pin`` registered; a refusal raises naming the model."""
+        cudart = torch.cuda.cudart()
+        err = int(cudart.cudaHostUnregister(ptr))
+        if err:
+            raise RuntimeError(f"model {model_id!r}: unpinning its host buffer (cudaHostUnregister) failed: "
+                               f"{cudart.cudaGetErrorString(cudart.cudaError(err))}, error {err}")
+
+    def _release_host(self) -> None:
+        """Drop the host buffer, unpinned first."""
+        unpin = self._host.get("unpin")
+        if unpin is not None:
+            unpin()
+        self._host = {}
+
+    def host_bytes(self, pinned: bool = False) -> int:
+        """The bytes of this model's host buffer (``host_buffer_size`` of the state it was laid out for; 0 before
+        the first ``offload``), or with ``pinned`` the bytes of it page-locked (0 unless the state left a GPU)."""
+        region = self._host.get("region")
+        if region is None:
+            return 0
+        if pinned:
+            return region.numel() if self._host["unpin"] is not None else 0
+        return region.untyped_storage().nbytes()
+
     def offload(self) -> int:
-        """Move the training state (``_state_tensors``) to host memory (pinned when it leaves a GPU) and free its
-        device copies; gradients hold nothing between steps (``apply_gradients``). Every tensor keeps its identity
-        (its ``.data`` is replaced), so the optimizer, tied weights and hooks stay valid; a forward pass over the
-        model while it is offloaded is refused, naming it. Returns the bytes moved; a no-op when offloaded."""
+        """Move the training state (``_state_tensors``) to host memory and free its device copies; gradients hold
+        nothing between steps (``apply_gradients``). The state goes into one host buffer per model, each tensor a
+        view into it (``_host_views``), kept between moves (pinned memory is slow to allocate) and pinned at its
+        exact size where it leaves a GPU (``_pin``): docs/scaling.md#one-gpu-placement-layouts-offload. Every
+        tensor keeps its identity (its ``.data`` is replaced), so the optimizer, tied weights and hooks stay valid;
+        a forward pass over the model while it is offloaded is refused, naming it. Returns the bytes moved; a no-op
+        when offloaded."""
         if self.offloaded:
             return 0
         if self.sharded:
             raise RuntimeError(f"model {self.model_id!r}: a sharded (FSDP2) model is not offloaded by run.layout "
                                f"offload; its ranks hold 1/N of the state each")
-        home, moved, state = self.device, 0, self._state_tensors()
-        # the host buffers are kept between moves (pinned memory is slow to allocate): one per state tensor
-        self._host = {id(t): h for t in state if (h := self._host.get(id(t))) is not None
-                      and h.shape == t.shape and h.dtype == t.dtype}
-        for t in state:
-            host = self._host.get(id(t))
-            if host is None:
-                host = self._host[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
+        home, state = self.device, self._state_tensors()
+        for t, host in zip(state, self._host_views(state)):
             host.copy_(t.data)
             t.data = host
-            moved += host.numel() * host.element_size()
         self._home = home
 
         def refuse(module, args):
             raise RuntimeError(f"model {self.model_id!r} is offloaded to host memory (run.layout offload): a pass "
                                f"over it needs Policy.onload() first")
         self._guard = self.model.register_forward_pre_hook(refuse)
-        return moved
+        return sum(t.numel() * t.element_size() for t in state)
 
     def onload(self) -> int:
         """Bring the training state back from host memory (``offload``) to its device, bit for bit; returns the

@@ -181,19 +181,20 @@ def optimize(ctx, policy, learner, minibatches: list, base_from_forward: bool, w
             here = f"{where}, minibatch {u}"
             policy.zero_grad()
             total, records = 0.0, []
-            for mb in micros:
-                loss, met = micro_batch_loss(ctx, policy, learner, mb, base_from_forward and u == 0)
-                if mb.scale != 1.0:
-                    loss = loss * mb.scale
-                try:
-                    value = policy.accumulate(loss, here)
-                except NonFiniteError as e:
-                    e.metrics = {**met, **e.metrics}
-                    raise
-                if mb.scale != 0.0:
-                    total += value
-                    records.append((len(mb), met))
-                del loss  # its graph is freed before the next micro-batch's forward
+            with policy.compute_weights():  # bf16-mixed: the forwards in bf16, the gradients summed in float32
+                for mb in micros:
+                    loss, met = micro_batch_loss(ctx, policy, learner, mb, base_from_forward and u == 0)
+                    if mb.scale != 1.0:
+                        loss = loss * mb.scale
+                    try:
+                        value = policy.accumulate(loss, here)
+                    except NonFiniteError as e:
+                        e.metrics = {**met, **e.metrics}
+                        raise
+                    if mb.scale != 0.0:
+                        total += value
+                        records.append((len(mb), met))
+                    del loss  # its graph is freed before the next micro-batch's forward
             try:
                 grad_norm = policy.apply_gradients(total, here)
             except NonFiniteError as e:

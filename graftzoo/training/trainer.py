@@ -285,7 +285,9 @@ class Trainer:
         self.concurrent = bool(getattr(self.backend, "concurrent_models", False)) and len(self.model_ids) > 1
         # phase 1 also at once in this process where the models share a GPU, resident, generating through vLLM
         self.concurrent_collect = self.concurrent or placement.collect_at_once(cfg, self.model_ids)
-        self.meter = ComputeMeter(per_thread=self.concurrent_collect)
+        # each model's phases synchronise its own device (a worker group's: its ranks measure, the driver holds CPU)
+        self.meter = ComputeMeter(per_thread=self.concurrent_collect,
+                                  devices={m: p.device for m, p in self.policies.items()})
         # run.layout offload: one model's training state on the device at a time (graftzoo.training.placement)
         self.residency = placement.Residency(self.policies, self.meter, cfg.run.layout == "offload")
         self.placement = placement.describe(cfg, self.policies)
