@@ -39,7 +39,7 @@ def ordinary(spec, cfg, ref):
     from graftzoo.training import fsdp
     from graftzoo.training.models import build_policy, make_ref
     pol = build_policy(spec, cfg, seed=0)
-    frozen = make_ref(pol) if ref else None
+    frozen = make_ref(pol, sharded=True) if ref else None
     fsdp.shard_policy(pol, frozen)
     return pol, frozen
 

@@ -423,7 +423,7 @@ def build_sharded_policy(spec: ModelSpec, cfg: RunConfig, seed: int = 0, ref: bo
     except MetaUnsupported as e:
         log.info("model %r: every rank loads the whole model before FSDP2 shards it: %s", spec.id, e)
         pol = build_policy(spec, cfg, seed, progress)
-        frozen = make_ref(pol) if ref else None
+        frozen = make_ref(pol, sharded=True) if ref else None
         fsdp.shard_policy(pol, frozen)
         return pol, frozen
     pol = policy_of(spec, cfg, model, tok, tok_id, autocast, counts)
@@ -432,16 +432,23 @@ def build_sharded_policy(spec: ModelSpec, cfg: RunConfig, seed: int = 0, ref: bo
     return pol, frozen
 
 
-def make_ref(policy: Policy) -> Policy:
+def make_ref(policy: Policy, sharded: bool = False) -> Policy:
     """A frozen copy of ``policy`` (the KL reference: its initial weights), sharing the tokenizer. A LoRA policy's
     reference is its own model with the adapters disabled (``lora.AdaptersOff``): the base weights, which LoRA never
-    changes, without a second copy of them."""
+    changes, without a second copy of them. Under ``bf16-mixed`` a reference kept in one process holds its weights
+    in the compute dtype only (it never steps: no float32 masters); one that FSDP2 will shard (``sharded``) keeps
+    them as trained, its gathers computing in bf16, as the meta-device build makes it."""
     ref = copy.copy(policy)
     ref.optimizer = ref.scheduler = None
     if lora_mod.is_lora(policy.model):
         ref.model = lora_mod.AdaptersOff(policy.model)
         return ref
-    return ref_of(policy, copy.deepcopy(policy.model))
+    ref = ref_of(policy, copy.deepcopy(policy.model))
+    if policy.autocast_dtype is not None and not sharded:
+        for q in ref.model.parameters():
+            if q.dtype == torch.float32:
+                q.data = q.data.to(policy.autocast_dtype)
+    return ref
 
 
 def ref_of(policy: Policy, model) -> Policy:
@@ -452,9 +459,6 @@ def ref_of(policy: Policy, model) -> Policy:
     ref.model = model.eval()
     for q in ref.model.parameters():
         q.requires_grad_(False)
-        if policy.autocast_dtype is not None and q.dtype == torch.float32 and not hasattr(q, "to_local"):
-            q.data = q.data.to(policy.autocast_dtype)  # bf16-mixed: frozen, kept in the compute dtype only (a
-            # sharded reference's FSDP2 gathers cast it instead)
     return ref
 
 
