@@ -556,12 +556,37 @@ def timed_generate(ctx, engine, prompts, new_tokens: int) -> tuple:
     return time.perf_counter() - t, [r for g in groups for r in g.rollouts]
 
 
+def decode_figures(ctx, engine, arch, dtype_bytes: int, padded: bool) -> dict:
+    """One engine's decode steps alone, at ``gen_prompts`` x ``n`` sequences of ``max_new_tokens`` tokens: timed as
+    a generate of them less one of a single token (the same prefill), after a warm-up, and the bytes they read
+    (``memory.decode_bytes``: the weights at ``dtype_bytes`` a parameter and every sequence's KV cache, over the
+    longest prompt where the engine pads every row to it, ``padded``, else the mean one) against the GPU's memory
+    bandwidth (``memory.bw_fraction``)."""
+    from graftzoo.training import memory
+    s = ctx.sizes
+    prompts = check_prompts(ctx, s.gen_prompts)
+    engine.seed(0)
+    timed_generate(ctx, engine, prompts[:2], 4)  # kernels warmed up
+    prefill_s, _ = timed_generate(ctx, engine, prompts, 1)
+    wall, rows = timed_generate(ctx, engine, prompts, s.max_new_tokens)
+    steps, decode_s = s.max_new_tokens - 1, max(wall - prefill_s, 1e-9)
+    lens = [len(r.prompt_token_ids) for r in rows]
+    weights = memory.decode_weight_bytes(arch, dtype_bytes)
+    moved = memory.decode_bytes(weights, len(rows), max(lens) if padded else sum(lens) / len(lens), steps,
+                                memory.kv_bytes_per_token(arch, dtype_bytes))
+    return {"sequences": len(rows), "new_tokens": s.max_new_tokens, "generated_tokens": sum(len(r.token_ids)
+            for r in rows), "wall_s": wall, "prefill_s": prefill_s, "decode_s": decode_s,
+            "decode_steps_per_s": steps / decode_s, "tokens_per_s": len(rows) * s.max_new_tokens / wall,
+            "compute_dtype_bytes": dtype_bytes, "weights_gb": weights / GIB, "bytes_per_step_gb": moved / steps / GIB,
+            "bytes_read": moved, "bytes_per_s": moved / decode_s,
+            "bw_fraction": memory.bw_fraction(moved, decode_s, ctx.dev["bandwidth_tb_s"] * 1e12)}
+
+
 def stage_generate(ctx) -> dict:
     """Both models' HF engine at ``gen_prompts`` x ``n`` sequences, as the trainer builds it (bf16-mixed: the
-    bfloat16 working copy and KV cache): the decode steps alone, timed as the difference between a generate of
-    ``max_new_tokens`` tokens and one of a single token (the same prefill), and the bytes each step reads
-    (``memory.decode_step_bytes``: the 16-bit weights and every sequence's KV cache at its mean context) per
-    second against the GPU's memory bandwidth: ``hf_decode_bw_fraction``."""
+    bfloat16 working copy and KV cache): its decode steps alone (``decode_figures``, over the longest prompt, to
+    which the engine pads every row), over both models against the GPU's memory bandwidth:
+    ``hf_decode_bw_fraction``."""
     torch = ctx.torch
     from graftzoo.training import memory
     from graftzoo.training.engine import HFEngine
@@ -576,31 +601,14 @@ def stage_generate(ctx) -> dict:
         load_s = time.perf_counter() - t
         pol.stop_strings = ()  # every sequence decodes its full length
         engine = HFEngine(pol, temperature=1.0, max_new_tokens=s.max_new_tokens)
-        prompts = check_prompts(ctx, s.gen_prompts)
-        engine.seed(0)
-        timed_generate(ctx, engine, prompts[:2], 4)  # kernels warmed up
-        prefill_s, _ = timed_generate(ctx, engine, prompts, 1)
-        wall, rows = timed_generate(ctx, engine, prompts, s.max_new_tokens)
-        steps = s.max_new_tokens - 1
-        decode_s = max(wall - prefill_s, 1e-9)
-        prompt_len = max(len(r.prompt_token_ids) for r in rows)  # the HF engine pads every row to the longest
-        arch = memory.architecture(spec)
         compute = memory.compute_bytes(resolve_precision(cfg.optim.precision, True))
-        weights = memory.decode_weight_bytes(arch, compute)
-        moved = memory.decode_bytes(weights, len(rows), prompt_len, steps, memory.kv_bytes_per_token(arch, compute))
-        per_step = moved / steps
-        out[mid] = {"sequences": len(rows), "new_tokens": s.max_new_tokens, "wall_s": wall, "prefill_s": prefill_s,
-                    "decode_s": decode_s, "decode_steps_per_s": steps / decode_s,
-                    "tokens_per_s": len(rows) * s.max_new_tokens / wall, "compute_dtype_bytes": compute,
-                    "weights_gb": weights / GIB, "bytes_per_step_gb": per_step / GIB, "bytes_per_s": moved / decode_s,
-                    "bw_fraction": memory.bw_fraction(moved, decode_s, ctx.dev["bandwidth_tb_s"] * 1e12),
-                    "load_s": load_s}
-        total_bytes += moved
-        total_s += decode_s
-        del engine, pol, rows
+        out[mid] = {**decode_figures(ctx, engine, memory.architecture(spec), compute, padded=True), "load_s": load_s}
+        total_bytes += out[mid]["bytes_read"]
+        total_s += out[mid]["decode_s"]
+        del engine, pol
         free_memory(torch)
     frac = memory.bw_fraction(total_bytes, total_s, ctx.dev["bandwidth_tb_s"] * 1e12)
-    ctx.report.data["calibration"]["hf_decode_bw_fraction"] = frac
+    ctx.report.data["calibration"][memory.decode_bw_key("hf")] = frac
     return {"status": "PASS" if all(m["decode_steps_per_s"] > 0 for m in out.values()) else "FAIL",
             "engine": "hf (graftzoo's KV-cached decoding loop)", "batch": f"{s.gen_prompts} prompts x {s.n}",
             "bw_fraction": frac, "bandwidth_tb_s": ctx.dev["bandwidth_tb_s"], "models": out,
@@ -877,8 +885,8 @@ def stage_fsdp(ctx) -> dict:
 
 def stage_vllm(ctx) -> dict:
     """The smaller model's vLLM engine (graftzoo's ``VLLMEngine``): start-up seconds, tokens/s, and its decode
-    steps alone (``timed_generate`` of ``max_new_tokens`` tokens less one of a single token) against the memory
-    bandwidth: ``vllm_decode_bw_fraction`` (16-bit weights, every sequence's KV cache at its own prompt length)."""
+    steps alone (``decode_figures``: 16-bit weights, every sequence's KV cache over its own prompt) against the
+    memory bandwidth: ``vllm_decode_bw_fraction``."""
     torch = ctx.torch
     from graftzoo.training import memory
     from graftzoo.training.models import build_engine, build_policy
@@ -891,26 +899,14 @@ def stage_vllm(ctx) -> dict:
     try:
         engine.sync_weights()
         start_s = time.perf_counter() - t
-        prompts = check_prompts(ctx, ctx.sizes.gen_prompts)
-        engine.seed(0)
-        timed_generate(ctx, engine, prompts[:2], 4)
-        prefill_s, _ = timed_generate(ctx, engine, prompts, 1)
-        wall, rows = timed_generate(ctx, engine, prompts, ctx.sizes.max_new_tokens)
+        rec = decode_figures(ctx, engine, memory.architecture(spec), 2, padded=False)
     finally:
         engine.close()
         del pol
         free_memory(torch)
-    steps, decode_s = ctx.sizes.max_new_tokens - 1, max(wall - prefill_s, 1e-9)
-    arch = memory.architecture(spec)
-    prompt_len = sum(len(r.prompt_token_ids) for r in rows) / len(rows)
-    moved = memory.decode_bytes(memory.decode_weight_bytes(arch, 2), len(rows), prompt_len, steps,
-                                memory.kv_bytes_per_token(arch, 2))
-    frac = memory.bw_fraction(moved, decode_s, ctx.dev["bandwidth_tb_s"] * 1e12)
-    ctx.report.data["calibration"]["vllm_decode_bw_fraction"] = frac
-    gen = sum(len(r.token_ids) for r in rows)
-    return {"status": "PASS" if gen > 0 else "FAIL", "model": spec.id, "start_s": start_s,
-            "batch": f"{ctx.sizes.gen_prompts} prompts x {ctx.sizes.n}", "generated_tokens": gen, "wall_s": wall,
-            "prefill_s": prefill_s, "decode_s": decode_s, "tokens_per_s": gen / wall, "bw_fraction": frac}
+    ctx.report.data["calibration"][memory.decode_bw_key("vllm")] = rec["bw_fraction"]
+    return {"status": "PASS" if rec["generated_tokens"] > 0 else "FAIL", "model": spec.id, "start_s": start_s,
+            "batch": f"{ctx.sizes.gen_prompts} prompts x {ctx.sizes.n}", **rec}
 
 
 # ------------------------------------------------------------------------------------------------
