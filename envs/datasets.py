@@ -143,6 +143,17 @@ def bundled_names() -> list[str]:
     return sorted(BUNDLED) + ["arithmetic", "gsm8k"]
 
 
+def is_user_data(name: Union[str, Path]) -> bool:
+    """Whether :func:`load_dataset` reads ``name`` as the user's own file or folder (or refuses it as unknown): not a
+    bundled name, the arithmetic task or a Hub name. ``graftzoo train`` reads such data before it imports torch, so
+    that a missing file or a broken row is refused at once."""
+    key = str(name)
+    if key in bundled_names():
+        return False
+    path = Path(key)
+    return not (HUB_NAME.match(key) and not path.exists() and path.suffix not in FILE_SUFFIXES)
+
+
 def load_dataset(name_or_path: Union[str, Path], split: Optional[str] = None, **kw: Any) -> MathDataset:
     """Load a bundled dataset by name, the procedural arithmetic task, or the user's own data.
 

@@ -1,5 +1,6 @@
 """Evaluation metrics: unbiased pass@k, avg@k, maj@k, t intervals (over seeds) and bootstrap
-intervals of accuracies (over prompts) (docs/algorithms.md#evaluation-metrics).
+intervals of accuracies (over prompts) (docs/algorithms.md#evaluation-metrics); the test over seeds that a report's
+marks and the demo's verdict rest on (``seed_test``, docs/results.md#marks-of-significance).
 
 Pure Python (no scipy): the Student-t quantile comes from the regularized incomplete beta function,
 evaluated by its continued fraction and inverted by bisection.
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Hashable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Hashable, Mapping, Optional, Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -183,5 +185,87 @@ def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = 
     return max(lo, min(vals)), min(hi, max(vals))
 
 
+# --------------------------------------------------------------------------------------------
+# Tests over training seeds: what a report may call a difference
+# --------------------------------------------------------------------------------------------
+
+SIGNIFICANCE = 0.05
+"""The level α of ``seed_test``: a difference is significant when its two-sided p-value is below it."""
+
+
+def paired_t_p(diffs: Sequence[float]) -> float:
+    """Two-sided p-value of the paired t-test that the mean of ``diffs`` (one difference per seed) is 0
+    (docs/results.md#marks-of-significance): ``t = mean / (sd / sqrt(n))`` with the sample sd, ``p = 2 (1 -
+    T_{n-1}(|t|))``. When every difference is the same (sd 0: t is undefined) it is the exact sign-flip test's p,
+    ``2 / 2^n`` (only the observed signs and their mirror reach the observed |mean|), and 1 when they are all 0.
+    Needs n >= 2."""
+    d = [float(x) for x in diffs]
+    n = len(d)
+    if n < 2:
+        raise ValueError(f"paired_t_p: need >= 2 differences, got {n}")
+    mean = math.fsum(d) / n
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in d) / (n - 1))
+    if sd <= 1e-12 * max(1.0, abs(mean)):
+        return 1.0 if abs(mean) <= 1e-12 else min(1.0, 2.0 / 2 ** n)
+    t = mean / (sd / math.sqrt(n))
+    return min(1.0, 2.0 * (1.0 - t_cdf(abs(t), n - 1)))
+
+
+def welch_t_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of Welch's t-test that two independent samples (seeds of two methods that share too few
+    seeds to pair) have the same mean (docs/results.md#marks-of-significance): ``t = (mean_b - mean_a) / se``,
+    ``se^2 = s_a^2/n_a + s_b^2/n_b``, Welch-Satterthwaite degrees of freedom ``se^4 / ((s_a^2/n_a)^2/(n_a-1) +
+    (s_b^2/n_b)^2/(n_b-1))``. When both samples are constant (se 0) it is the exact label-permutation test's p,
+    ``(1 + [n_a = n_b]) / C(n_a + n_b, n_a)``, and 1 when their values are equal. Needs two values on each side."""
+    xa, xb = [float(x) for x in a], [float(x) for x in b]
+    na, nb = len(xa), len(xb)
+    if min(na, nb) < 2:
+        raise ValueError(f"welch_t_p: need >= 2 values on each side, got {na} and {nb}")
+    ma, mb = math.fsum(xa) / na, math.fsum(xb) / nb
+    va = math.fsum((x - ma) ** 2 for x in xa) / (na - 1) / na
+    vb = math.fsum((x - mb) ** 2 for x in xb) / (nb - 1) / nb
+    if va + vb <= 1e-24 * max(1.0, ma * ma, mb * mb):
+        return 1.0 if abs(mb - ma) <= 1e-12 else (1.0 + (na == nb)) / math.comb(na + nb, na)
+    t = (mb - ma) / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
+    return min(1.0, 2.0 * (1.0 - t_cdf(abs(t), df)))
+
+
+@dataclass(frozen=True)
+class SeedTest:
+    """The outcome of ``seed_test``: the tested difference (other - base, a fraction), its p-value, how many seeds
+    it rests on (pairs, or the smaller side unpaired) and whether they were paired."""
+
+    diff: float
+    p: float
+    n: int
+    paired: bool
+
+    @property
+    def significant(self) -> bool:
+        return self.p < SIGNIFICANCE
+
+    @property
+    def name(self) -> str:
+        return "paired t-test" if self.paired else "Welch's t-test"
+
+
+def seed_test(base: Mapping[int, float], other: Mapping[int, float]) -> Optional[SeedTest]:
+    """Whether two methods' per-seed scores (seed -> score) differ (docs/results.md#marks-of-significance): over the
+    seeds both have, when there are at least two, ``paired_t_p`` of the differences ``other - base`` (a seed index
+    is one warm-up and one prompt order for both methods); else, with two seeds or more on each side,
+    ``welch_t_p`` over all of them; else None (one seed has no spread: no test). ``diff`` is the mean of the tested
+    differences (paired) or of other minus the mean of base."""
+    common = sorted(set(base) & set(other))
+    if len(common) >= 2:
+        diffs = [float(other[s]) - float(base[s]) for s in common]
+        return SeedTest(math.fsum(diffs) / len(diffs), paired_t_p(diffs), len(common), True)
+    if min(len(base), len(other)) >= 2:
+        a, b = list(base.values()), list(other.values())
+        diff = math.fsum(b) / len(b) - math.fsum(a) / len(a)
+        return SeedTest(diff, welch_t_p(a, b), min(len(a), len(b)), False)
+    return None
+
+
 __all__ = ["pass_at_k", "mean_pass_at_k", "avg_at_k", "maj_at_k", "betainc", "t_cdf", "t_quantile", "mean_sd_ci",
-           "bootstrap_ci"]
+           "bootstrap_ci", "SIGNIFICANCE", "paired_t_p", "welch_t_p", "SeedTest", "seed_test"]

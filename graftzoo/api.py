@@ -148,25 +148,54 @@ def export(run_or_ckpt, step: Optional[int] = None, out=None, models: Optional[S
     return export_run(_target(run_or_ckpt), step=step, out=out, models=models)
 
 
+def before_training(metrics: pd.DataFrame, model: str) -> dict:
+    """The held-out evaluation before training (``run.eval_at_start``: the ``eval/*`` row of metrics.jsonl at step
+    -1) of ``model``: its ``eval/avg`` and ``eval/greedy``; {} when there is none."""
+    if metrics.empty or M.STEP not in metrics:
+        return {}
+    rows = metrics[(metrics[M.STEP] == -1) & (metrics[M.MODEL] == model)]
+    if rows.empty:
+        return {}
+    row = rows.iloc[-1]
+    return {k: float(row[k]) for k in (M.EVAL_AVG, M.EVAL_GREEDY) if k in row and pd.notna(row[k])}
+
+
+def before_after(before: Optional[float], after: Optional[float]) -> str:
+    """``44.5 -> 51.5 (+7.0)``: a held-out score before and after training, in points, and the change (computed from
+    the unrounded scores); the after score alone without a before one."""
+    if before is None or after is None:
+        return fmt_score(after)
+    return f"{fmt_score(before)} -> {fmt_score(after)} ({100 * (after - before):+.1f})"
+
+
+def score_line(m: str, width: int, payload: dict, before: dict) -> str:
+    """One model's line of ``summary_lines``: its held-out score before -> after training (avg@k, or greedy when
+    k = 0), the greedy score too where both are measured, the step, the number of problems."""
+    whole = payload.get("overall") or {}
+    sampled = whole.get("avg") is not None
+    what = f"avg@{whole.get('k')}" if sampled else "greedy"
+    first = before.get(M.EVAL_AVG if sampled else M.EVAL_GREEDY)
+    line = f"  {m:<{width}}  held-out {what} {before_after(first, final_score(payload))}"
+    if "greedy" in whole and sampled:
+        line += f"  greedy {before_after(before.get(M.EVAL_GREEDY), whole['greedy'])}"
+    line += f"  (step {payload.get('step')}, n={whole.get('n_items')}"
+    return line + ("; no score before training: run.eval_at_start is false)" if not before else ")")
+
+
 def summary_lines(run_dir) -> list:
-    """The end-of-training summary ``graftzoo train`` prints: status and steps, the final held-out score per model,
-    the files of the run and the commands to go on with."""
+    """The end-of-training summary ``graftzoo train`` prints: status and steps, the held-out score per model before
+    and after training, the files of the run and the commands to go on with."""
     res = RunResult.from_dir(run_dir)
     root = res.run_dir
     total = res.config.get("run", {}).get("steps")
     lines = [f"{res.status}: {res.steps} of {total} steps" + (f" ({res.error})" if res.error else "")]
     width = max(len(m) for m in res.scores)
-    for m, score in res.scores.items():
+    for m in res.scores:
         payload = res.evals.get(m)
         if payload is None:
             lines.append(f"  {m:<{width}}  no final evaluation (run.eval_at_end=false): graftzoo eval --ckpt {root}")
             continue
-        whole = payload.get("overall") or {}
-        what = f"avg@{whole.get('k')}" if whole.get("avg") is not None else "greedy"
-        greedy = f"  greedy {fmt_score(whole['greedy'])}" if "greedy" in whole and whole.get("avg") is not None \
-            else ""
-        lines.append(f"  {m:<{width}}  held-out {what} {fmt_score(score)}{greedy}  (step {payload.get('step')}, "
-                     f"n={whole.get('n_items')})")
+        lines.append(score_line(m, width, payload, before_training(res.metrics, m)))
     lines.append(f"run directory: {root}")
     lines.append(f"  summary  {root / SUMMARY}")
     lines.append(f"  metrics  {root / METRICS}")
@@ -179,5 +208,5 @@ def summary_lines(run_dir) -> list:
     return lines
 
 
-__all__ = ["ConfigError", "RunResult", "evaluate", "export", "final_score", "load_config", "summary_lines", "train",
-           "train_run"]
+__all__ = ["ConfigError", "RunResult", "before_training", "evaluate", "export", "final_score", "load_config",
+           "summary_lines", "train", "train_run"]

@@ -120,3 +120,25 @@ def one_run(folder, pattern: str) -> Path:
     found = sorted(Path(folder).glob(pattern))
     assert len(found) == 1, (pattern, sorted(p.name for p in Path(folder).iterdir()))
     return found[0]
+
+
+def wandb_records(path):
+    """The protobuf ``Record``s of a wandb transaction log (an offline run's ``run-ID.wandb``, what ``wandb sync``
+    uploads): a 7-byte header, then LevelDB log blocks of 32 KiB, each piece behind a 7-byte header (checksum,
+    length, type: 1 a whole record, 2-4 its first, middle and last pieces)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", f"{path}: not a wandb transaction log"
+    block, pos, part = 32768, 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:   # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        part += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(part)
+            yield record
+            part = b""

@@ -1,6 +1,7 @@
 """The grid runner (graftzoo grid): expansion, dependencies, skipping finished cells, failures, report."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers import wandb_records
 
 from graftzoo.apps import grid as G
 from graftzoo.apps.cli import main
@@ -103,6 +105,43 @@ def test_a_second_grid_that_reopens_a_cell_the_first_finished_leaves_it_done(ran
     report = G.write_report(grid, G.select_cells(grid, ()), echo=lambda _: None, warn=lambda _: None)
     table = (report / "table1.md").read_text()
     assert "| RLOO | 4 |" in table and "| grpo | 4 |" in table
+
+
+def _offline_report_runs(grid_dir: Path) -> list:
+    """The offline wandb runs of a grid's report: (folder, its Table 1 as {"columns", "data"})."""
+    out = []
+    for run in sorted((grid_dir / "report" / "wandb").glob("offline-run-*")):
+        tables = list(run.glob("files/media/table/table1_*.table.json"))
+        out.append((run, json.loads(tables[0].read_text()) if len(tables) == 1 else None))
+    return out
+
+
+def test_the_grid_logs_its_report_to_wandb(ran, tmp_path):
+    """A grid whose runs track to wandb (run.track, offline without an API key) logs its Table 1, Δ vs the baseline
+    per method, to a wandb run of job_type "report" in the grid's group; ``report: {wandb: false}`` keeps it off."""
+    wandb = pytest.importorskip("wandb")
+    _, out, _ = ran
+    for name in CELLS:   # the finished cells, rerun (skipped) under a grid that tracks them
+        shutil.copytree(out / name, tmp_path / name, ignore=shutil.ignore_patterns(".lock"))
+    tracked = {**TINY["set"], "run.track": True}
+    spec = write_grid(tmp_path / "t.yaml", set=tracked, report={"baseline": "grpo", "wandb": False})
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path), "--in-process"])
+    assert res.exit_code == 0, res.output
+    assert "grid t: 4 skipped" in res.output and not (tmp_path / "report" / "wandb").exists()
+
+    spec = write_grid(tmp_path / "t.yaml", set=tracked)
+    res = CliRunner().invoke(main, ["grid", str(spec), "--out", str(tmp_path), "--in-process"])
+    assert res.exit_code == 0, res.output
+    [(run, table)] = _offline_report_runs(tmp_path)
+    assert f"report logged to wandb: {run}" in res.output and "wandb sync" in res.output
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    assert sorted((r["model"], r["method"]) for r in rows) == sorted(
+        (m, x) for m in ("micro-qwen-char", "micro-gpt2-pair") for x in ("grpo", "RLOO"))
+    csv_rows = (tmp_path / "report" / "table1.csv").read_text().splitlines()   # the grid's Table 1, Δ included
+    assert table["columns"] == csv_rows[0].split(",") and "delta" in table["columns"] and len(rows) == len(csv_rows) - 1
+    wandb.teardown()   # wandb's service process writes the transaction log: stopped, it has written it all
+    [info] = [r.run for r in wandb_records(next(run.glob("run-*.wandb"))) if r.WhichOneof("record_type") == "run"]
+    assert (info.job_type, info.run_group, info.display_name) == ("report", "t", "t-report")
 
 
 def test_unfinished_cell_is_resumed(ran, tmp_path):
@@ -272,6 +311,7 @@ def test_alias_entry_and_its_report_rows(tmp_path):
     ({"variants": [{"label": "A", "same_as": "grpo"}, {"label": "B", "same_as": "A"}]}, "'A', which is not"),
     ({"variants": [{"label": "A", "same_as": "grpo", "algo": "grpo"}]}, "exactly 'label' and 'same_as'"),
     ({"variants": [{"label": "grpo", "same_as": "grpo"}]}, "repeat"),
+    ({"report": {"wandb": "no"}}, "report.wandb must be true or false"),
 ])
 def test_grid_file_errors_name_the_key(tmp_path, change, message):
     spec = write_grid(tmp_path / "bad.yaml", **change)
@@ -408,3 +448,20 @@ def test_sigterm_to_a_grid_stops_its_child_with_a_checkpoint(tmp_path):
     assert "Error: grid interrupted by SIGTERM; stopped: rloo-micro-s0; rerun the same command to resume" in output
     summary = json.loads((tmp_path / "out" / "rloo-micro-s0" / "summary.json").read_text())
     assert summary["status"] == "interrupted"
+
+
+def test_each_cell_says_its_place_as_it_starts_and_its_time_as_it_ends(ran, tmp_path):
+    """The grid's progress: "cell i/N" as each cell starts, its outcome, time and "i of N cells ended" as it ends;
+    a cell that does not run (done already) says its place too."""
+    _, out, res = ran
+    started = re.findall(r"^\[new\] (\S+) \(cell (\d)/4\)$", res.output, re.M)
+    assert sorted(n for n, _ in started) == sorted(CELLS) and [int(i) for _, i in started] == [1, 2, 3, 4]
+    ended = re.findall(r"^\[done\] (\S+) \(\d+ s; (\d) of 4 cells ended\)$", res.output, re.M)
+    assert ended == [(n, str(i)) for i, (n, _) in enumerate(started, 1)], res.output   # one at a time, in order
+    for name in CELLS:
+        shutil.copytree(out / name, tmp_path / name, ignore=shutil.ignore_patterns(".lock"))
+    again = CliRunner().invoke(main, ["grid", str(write_grid(tmp_path / "t.yaml")), "--out", str(tmp_path),
+                                      "--in-process", "--no-report"])
+    assert again.exit_code == 0, again.output
+    assert re.findall(r"^\[skipped\] (\S+): done \(cell (\d)/4\)$", again.output, re.M) == \
+        [(n, str(i)) for i, (n, _) in enumerate(started, 1)], again.output

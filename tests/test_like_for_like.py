@@ -72,8 +72,14 @@ def test_report_says_rows_that_differ_in_budget_clip_or_steps(tmp_path):
     _run(tmp_path, "graft", "GRAFT", 0, 4, {A: (0.3, 0.3), B: (0.2, 0.1)}, {A: B, B: A}, source="live",
          task__prompts_per_step=8, run__steps=30)
     out = tmp_path / "rep"
-    res = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(out)])
-    assert res.exit_code == 2 and "run.steps (30: g16, g32, g8, graft; 50: rloo)" in res.output   # refused, as before
+    res = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(out)])   # run.steps differs: two groups
+    assert res.exit_code == 0, res.output
+    assert "2 groups of runs differ in run.steps: one section of Table 1 each" in res.stderr
+    md = (out / "table1.md").read_text()
+    assert "### steps 30 (4 runs; Δ against GRPO (n=8))" in md and "### steps 50 (1 run; no baseline row, no Δ)" in md
+    rloo = md.split("### steps 50")[1]   # RLOO alone in its group: nothing to compare it with
+    assert "| RLOO | 8 | 20.0 | 20.0 | 20.0 | – | 0.2/0.28 |  |" in rloo
+    assert "_No baseline row in this group: no Δ (--baseline LABEL names one)._" in rloo
     res = CliRunner().invoke(main, ["report", str(tmp_path), "--out", str(out), "--allow-mixed", "run.steps"])
     assert res.exit_code == 0, res.output
     note = " (the Differs column of Table 1)"
@@ -83,10 +89,10 @@ def test_report_says_rows_that_differ_in_budget_clip_or_steps(tmp_path):
         "not like for like: rows differ in clip: RLOO 0.2/0.28 vs GRPO (n=8) 0.2/0.2" + note,
         "not like for like: rows differ in run.steps: RLOO 50 vs GRPO (n=8) 30" + note], res.stderr
     md = (out / "table1.md").read_text()
-    assert "| RLOO | 8 | 20.0 | 20.0 | **20.0** | +5.0 | 0.2/0.28 | task.prompts_per_step 4 vs 8; clip 0.2/0.28 vs " \
+    assert "| RLOO | 8 | 20.0 | 20.0 | 20.0 | +5.0 | 0.2/0.28 | task.prompts_per_step 4 vs 8; clip 0.2/0.28 vs " \
            "0.2/0.2; run.steps 50 vs 30 |" in md
     assert "| GRPO (n=16) | 16 | 30.0 | 10.0 | 20.0 | +5.0 | 0.2/0.2 |  |" in md
-    assert "| GRPO (n=32) | 16 | 30.0 | 20.0 | **25.0** | +10.0 | 0.2/0.2 | rollout.n 16 vs 8 |" in md
+    assert "| GRPO (n=32) | 16 | 30.0 | 20.0 | 25.0 | +10.0 | 0.2/0.2 | rollout.n 16 vs 8 |" in md
     rows = list(csv.DictReader(io.StringIO((out / "table1.csv").read_text())))
     assert {r["method"]: r["differs"] for r in rows if r["model"] == A}["GRAFT"] == "rollout.n 4 vs 8"
 
@@ -107,7 +113,7 @@ def test_report_groups_runs_by_method_and_task(tmp_path):
     assert f"**{A} (peer: {B}) on a.jsonl**" in md and f"**{A} (peer: {B}) on b.jsonl**" in md
     assert md.count("| GRPO (n=8) | 8 |") == 2 and "| GRPO (n=8) | 8 | 20.0 | 20.0 | 20.0 | – |" in md
     assert "| GRPO (n=8) | 8 | 60.0 | 60.0 | 60.0 | – |" in md
-    assert "| GRAFT | 8 | 30.0 | 30.0 | **30.0** | +10.0 |" in md         # Δ against GRPO on a.jsonl
+    assert "| GRAFT | 8 | 30.0 | 30.0 | 30.0 | +10.0 |" in md             # Δ against GRPO on a.jsonl; one seed: no bold
     assert f"| GRAFT on a.jsonl | {A} | {B} | 1.00 | 2.00 |" in (out / "clip_table.md").read_text()
     rows = list(csv.DictReader(io.StringIO((out / "table1.csv").read_text())))
     assert sorted((r["task"], r["method"], r["seeds"]) for r in rows) == [

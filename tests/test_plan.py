@@ -484,8 +484,10 @@ def test_the_decode_bytes_and_each_engine_its_own_bandwidth_fraction():
 
 
 def test_the_json_has_a_step_time_from_the_chip_and_the_calibration(tmp_path):
-    base = placed("configs/pairs/pair1.yaml", "--gpus", "8")
-    assert base["chip"] == "h200" and base["calibration"] == M.DEFAULT_CALIBRATION
+    base = placed("configs/pairs/pair1.yaml", "--gpus", "8")  # memory and step time of one GPU: an 80 GB H100
+    assert (base["chip"], base["gpu_gb"]) == ("h100", 80) and base["calibration"] == M.DEFAULT_CALIBRATION
+    assert placed("configs/pairs/pair1.yaml", "--gpus", "1", "--gpu-gb", "141")["chip"] == "h200"
+    assert placed("configs/pairs/pair1.yaml", "--gpus", "8", "--chip", "h200")["gpu_gb"] == 141
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"update_hfu": 0.7, "vllm_decode_bw_fraction": 0.5}))
     fast = placed("configs/pairs/pair1.yaml", "--gpus", "8", "--calibration", str(cal))
@@ -506,3 +508,14 @@ def test_the_json_has_a_step_time_from_the_chip_and_the_calibration(tmp_path):
         cal.write_text(json.dumps(bad))
         res = run_plan("configs/pairs/pair1.yaml", "--gpus", "8", "--calibration", str(cal))
         assert res.exit_code == 2 and key in res.output
+
+
+def test_the_default_gpu_is_one_gpu():
+    """plan's memory and its step time describe the same GPU, whichever of --chip and --gpu-gb is given."""
+    assert M.gpu_of() == ("h100", 80.0)
+    assert M.gpu_of("h200") == ("h200", 141.0) and M.gpu_of("a100") == ("a100", 80.0)
+    assert M.gpu_of(None, 141) == ("h200", 141.0) and M.gpu_of(None, 80) == ("h100", 80.0)
+    assert M.gpu_of(None, 24) == ("h100", 24.0)   # no listed chip sold with 24 GB: the default chip's limits
+    assert M.gpu_of("h200", 80) == ("h200", 80.0)  # both given: as given (a partitioned GPU)
+    with pytest.raises(ValueError, match="'v100'"):
+        M.gpu_of("v100")

@@ -4,8 +4,9 @@ tell configurations apart, so no command of the block resumes another's run.
 The block's commands run through the CLI in this process (an interpreter per command would spend most of the test
 importing torch), each made cheap: the micro pair for the tiny one (the same two kinds of model, warmed up in
 seconds, not minutes; model ids and run names follow), a one-model micro pair in ./configs for the quickstart pair,
-a few prompts for two steps, a few eval problems, grid --dry-run (the full grid is minutes); `demo --quick` runs from
-an installed wheel in tests/test_packaging.py."""
+a few prompts for two steps, a few eval problems, one cell of the grid (the full grid is 51 runs). `make demo` comes
+first, as `demo --quick` (its runs in runs/demo: other settings, and a GRPO (n=8) run of the same model and seed as
+the grid's), so the block's last line, `report runs/`, reports runs of several settings and folders together."""
 import json
 import shlex
 from pathlib import Path
@@ -27,7 +28,7 @@ CHEAP_PAIR = {"task": {"prompts_per_step": 2}, "optim": {"minibatches": 2}, "rol
 CHEAP = {
     "train": ["--set", "run.steps=2", "--set", "eval.size=8", "--set", "run.progress=false", "--no-track"],
     "eval": ["--k", "2", "--limit", "8"],  # the last --k wins
-    "grid": ["--dry-run"],
+    "grid": ["--only", "grpo-n8-micro-s0", "--in-process"],  # one cell of 51; the report at the end as always
 }
 
 
@@ -52,6 +53,8 @@ def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
         (tmp_path / "configs" / "pairs" / f"{name}.yaml").write_text(yaml.safe_dump(pair))
     cmds = usage_commands()
     assert [c[1] for c in cmds[:3]] == ["--help", "algos", "env"] and sum(c[1] == "train" for c in cmds) == 4
+    res = CliRunner().invoke(main, ["demo", "--quick"])  # `make demo` first: the README allows either order
+    assert res.exit_code == 0, f"demo --quick\n{res.output[-3000:]}\n{res.exception!r}"
     ran = []
     for cmd in cmds:
         args = cmd[1:]
@@ -89,11 +92,26 @@ def test_readme_usage_block_runs_top_to_bottom(tmp_path, monkeypatch):
     assert listed[0].split() == ["NAME", "SOURCE", "MODULE"]
     assert any(x.split() == ["grpo_n8", "preset", "algo.name=grpo", "rollout.n=8", 'run.variant="GRPO', '(n=8)"']
                for x in listed)
-    assert "[new]" in dict(ran)["grid"] and not (tmp_path / "runs" / "tiny_table1").exists()  # dry run: nothing ran
+    cell = tmp_path / "runs" / "tiny_table1" / "grpo-n8-micro-s0"
+    assert json.loads((cell / "summary.json").read_text())["status"] == "done"
+    # the block's last line reported every run below runs/: the quick start's (2 steps), the grid's cell (6 steps,
+    # eval k=2 on 32 problems) and the demo's (eval k=1 on 16), one section of Table 1 per group of settings
     table = (tmp_path / "report" / "table1.md").read_text()
     for name in runs:
         variant = runs[name]["run"]["variant"]
         assert variant in table, (name, variant)
+    sections = [line for line in table.splitlines() if line.startswith("### ")]
+    assert len(sections) == 3 and any("steps 6" in x for x in sections), sections
+    assert "GRAFT (stored)" in table  # a demo row
+    assert (tmp_path / "report" / "table1.csv").is_file() and list((tmp_path / "report").rglob("learning_curve.png"))
+    # one table of everything: the demo's and the grid's GRPO (n=8) on the same model and seed are two rows, each
+    # named by its folder
+    res = CliRunner().invoke(main, ["report", "runs/", "--out", "mixed/", "--mixed"])
+    assert res.exit_code == 0, res.output[-3000:]
+    rows = [line for line in (tmp_path / "mixed" / "table1.md").read_text().splitlines()
+            if line.startswith("| GRPO (n=8) [")]
+    assert sorted(r.split("]")[0] for r in rows) == sorted(2 * [  # a block per model; the quick start's grpo-micro-s0
+        "| GRPO (n=8) [runs", "| GRPO (n=8) [runs/demo/quick", "| GRPO (n=8) [runs/tiny_table1"]), rows  # n=8 too
 
 
 def test_default_run_names_tell_configurations_apart():

@@ -22,7 +22,9 @@ from graftzoo.apps.report import report_cmd
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.eval.plots import (FIGURES, axis_label, method_colors, plot_fractions, plot_learning_curve,
                                  plot_score_vs_compute, run_colors, smooth, write_figures)
-from graftzoo.eval.report import (build_table1, clip_fraction_table, default_baseline, flat_rows,
+from graftzoo.apps.report import MIXABLE
+from graftzoo.eval.metrics import SIGNIFICANCE, paired_t_p, seed_test, welch_t_p
+from graftzoo.eval.report import (COMPARABLE_KEYS, build_table1, clip_fraction_table, default_baseline, flat_rows,
                                   is_report_baseline, log_table_to_wandb, to_csv, to_latex, to_markdown)
 
 A, B = "tiny-qwen-char", "tiny-gpt2-pair"
@@ -64,8 +66,10 @@ def _graft_metrics(seed):
     """Per-step clip fractions and group fractions of the live GRAFT run."""
     if seed == 0:
         own, peer, af, solved = [0.002, 0.004], [0.01, 0.02], [0.5, 0.3], [0.2, 0.4]
-    else:
+    elif seed == 1:
         own, peer, af, solved = [0.005], [0.025], [0.4], [0.3]
+    else:
+        own, peer, af, solved = [0.004], [0.02], [0.45], [0.35]
     out = []
     for step in range(len(own)):
         for m in (A, B):
@@ -75,17 +79,25 @@ def _graft_metrics(seed):
     return out
 
 
+# Per-seed offsets (seeds 0, 1, 2; mean 0.01 each) added to every score of a method's runs: the seed-to-seed noise
+# that the report's paired test weighs. GRAFT's differences from the P0 rows vary a little (±0.5 points) around
+# their mean; GRPO+DS's vary more (its Δ +2.0 over GRPO n=8 is +1, +3, +2 points: all positive, not significant).
+P0 = (0.0, 0.02, 0.01)
+JITTER = {"GRAFT": (0.005, 0.02, 0.005), "GRPO+DS": (-0.01, 0.03, 0.01)}
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """Block A (peer B): GRPO n=8 30, GRPO+DS 32, n=16 34, n=32 38, GRAFT 36, w/o gate 33,
-    stored 40. Block B (peer A): GRPO n=8 21, n=16 23 (no n=32), GRAFT 26, w/o gate 22."""
+    stored 40 (one seed). Block B (peer A): GRPO n=8 21, n=16 23 (no n=32), GRAFT 26, w/o gate 22. Seeds 0-2."""
     root = tmp_path_factory.mktemp("results")
     single_ab = {A: None, B: None}
     live = {A: B, B: A}
-    for s, d in ((0, 0.0), (1, 0.02)):
+    for s in (0, 1, 2):
+        d, g, ds = P0[s], JITTER["GRAFT"][s], JITTER["GRPO+DS"][s]
         make_run(root, f"grpo8-s{s}", "GRPO (n=8)", s, 8,
                  {A: (0.30 + d, 0.28 + d), B: (0.22 + d, 0.18 + d)}, single_ab)
-        make_run(root, f"ds-s{s}", "GRPO+DS", s, 8, {A: (0.33 + d, 0.29 + d)}, {A: None})
+        make_run(root, f"ds-s{s}", "GRPO+DS", s, 8, {A: (0.33 + ds, 0.29 + ds)}, {A: None})
         make_run(root, f"grpo16a-s{s}", "GRPO (n=16)", s, 16, {A: (0.34 + d, 0.32 + d)},
                  {A: None}, cpu=200.0)
         make_run(root, f"grpo16b-s{s}", "GRPO (n=16)", s, 16, {B: (0.24 + d, 0.20 + d)},
@@ -93,7 +105,7 @@ def results(tmp_path_factory):
         make_run(root, f"grpo32-s{s}", "GRPO (n=32)", s, 32, {A: (0.38 + d, 0.36 + d)},
                  {A: None}, cpu=400.0)
         make_run(root, f"graft-s{s}", "GRAFT", s, 8,
-                 {A: (0.40 + d, 0.30 + d), B: (0.27 + d, 0.23 + d)}, live, source="live",
+                 {A: (0.40 + g, 0.30 + g), B: (0.27 + g, 0.23 + g)}, live, source="live",
                  metrics=_graft_metrics(s))
         make_run(root, f"nogate-s{s}", "GRAFT w/o gate", s, 8,
                  {A: (0.33 + d, 0.31 + d), B: (0.23 + d, 0.19 + d)}, live, source="live")
@@ -114,11 +126,11 @@ def _rows(table, title):
 
 def test_load_runs_finds_nested_runs_once(results):
     runs = load_runs([results, results / "graft-s0", results / "stored"])
-    assert len(runs) == 15
+    assert len(runs) == 22
     graft = load_run(results / "graft-s0")
     assert graft.peers == {A: B, B: A} and graft.rollout_n == 8 and graft.seed == 0
     assert graft.series(A, "clip/frac_own") == ([0, 1], [0.002, 0.004])
-    assert graft.evals[B]["benchmarks"]["aime24"]["avg"] == 0.23
+    assert graft.evals[B]["benchmarks"]["aime24"]["avg"] == pytest.approx(0.235)
 
 
 def test_blocks_rows_and_order(table, results):
@@ -130,9 +142,9 @@ def test_blocks_rows_and_order(table, results):
     first = build_table1(load_runs([results]), methods=["GRAFT", "GRPO (n=32)"])
     assert [r.method for r in first.blocks[1].rows][:3] == ["GRAFT", "GRPO (n=32)", "GRPO (n=8)"]
     rows = _rows(table, BLOCK_A)
-    assert rows["GRAFT"].seeds == [0, 1] and rows["GRAFT (stored)"].seeds == [0]
+    assert rows["GRAFT"].seeds == [0, 1, 2] and rows["GRAFT (stored)"].seeds == [0]
     assert rows["GRAFT"].avg.mean == pytest.approx(0.36)
-    assert rows["GRAFT"].avg.sd == pytest.approx(0.0141421356)   # sample sd of 0.35, 0.37
+    assert rows["GRAFT"].avg.sd == pytest.approx(0.0086602540)   # sample sd of 0.355, 0.37, 0.355
     assert rows["GRAFT (stored)"].avg.sd is None
 
 
@@ -146,30 +158,35 @@ def test_delta_against_grpo_n8(table):
     assert _rows(table, BLOCK_B)["GRAFT"].delta == pytest.approx(0.05)
 
 
-def test_bold_is_best_avg_within_budget(table):
+def test_bold_is_the_best_of_its_budget_only_when_significantly_above_the_rest(table):
     bold_a = {m for m, r in _rows(table, BLOCK_A).items() if r.bold}
     bold_b = {m for m, r in _rows(table, BLOCK_B).items() if r.bold}
-    # budget 8 in A: 30, 32, 36, 33, 40 -> stored; budgets 16 and 32 hold one row each
-    assert bold_a == {"GRAFT (stored)"}
-    # budget 8 in B: 21, 26, 22 -> GRAFT; budget 16 has one row
+    # budget 8 in A: 30, 32, 36, 33, 40 -> stored has the best mean but one seed: no test, no bold
+    assert bold_a == set()
+    # budget 8 in B: 21, 26, 22 -> GRAFT, significantly above both (paired over seeds 0-2); budget 16 has one row
     assert bold_b == {"GRAFT"}
 
 
-def test_dagger_marks(table):
+def test_dagger_marks_need_a_significant_paired_test(table):
     marks_a = {m: r.mark for m, r in _rows(table, BLOCK_A).items()}
     assert marks_a == {"GRPO (n=8)": "", "GRPO+DS": "", "GRPO (n=16)": "", "GRPO (n=32)": "",
-                       "GRAFT": "†",            # 36 > 30, 32, 34 but not 38
+                       "GRAFT": "†",            # significantly above 30, 32, 34 but not 38
                        "GRAFT w/o gate": "",    # 33 < 34
-                       "GRAFT (stored)": "‡"}   # 40 > every baseline up to n=32
+                       "GRAFT (stored)": ""}    # 40 > every baseline up to n=32, with one seed: no claim
     marks_b = {m: r.mark for m, r in _rows(table, BLOCK_B).items()}
     # B has no n=32 baseline: tier 32 is not covered, so beating everything gives † only
     assert marks_b == {"GRPO (n=8)": "", "GRPO (n=16)": "", "GRAFT": "†", "GRAFT w/o gate": ""}
+    rows = _rows(table, BLOCK_A)
+    # GRPO+DS: Δ +2.0 from differences +1, +3, +2 points: t = 3.46 on 2 df, p = 0.074 (docs/results.md)
+    assert rows["GRPO+DS"].delta == pytest.approx(0.02) and rows["GRPO+DS"].p == pytest.approx(0.0742, abs=1e-4)
+    assert rows["GRAFT"].p < 0.01 and rows["GRAFT (stored)"].p is None and rows["GRPO (n=8)"].p is None
 
 
 def test_budget_tiers_are_configurable(results):
     t = build_table1(load_runs([results]), budgets=(8, 16))
     marks = {m: r.mark for m, r in _rows(t, BLOCK_A).items()}
-    assert marks["GRAFT"] == "‡" and marks["GRAFT w/o gate"] == "†"
+    # w/o gate is 3 points above GRPO n=8 in every seed: a sign-flip p of 2/2^3 = 0.25, no mark
+    assert marks["GRAFT"] == "‡" and marks["GRAFT w/o gate"] == ""
     with pytest.raises(ValueError, match="two increasing tiers"):
         build_table1(load_runs([results]), budgets=(32, 16))
 
@@ -178,10 +195,12 @@ def test_markdown(table):
     md = to_markdown(table)
     assert f"**{BLOCK_A}**" in md and f"**{BLOCK_B}**" in md
     assert "| Method | n | math500 | aime24 | Avg | Δ |" in md
-    assert "| GRAFT | 8 | 41.0 ± 1.4 | 31.0 ± 1.4 | 36.0 ± 1.4† | +6.0 |" in md
-    assert "| GRAFT (stored) | 8 | 42.0 | 38.0 | **40.0**‡ | +10.0 |" in md
-    assert "| GRPO (n=8) | 8 | 31.0 ± 1.4 | 29.0 ± 1.4 | 30.0 ± 1.4 | – |" in md
-    assert "| GRAFT | 8 | 28.0 ± 1.4 | 24.0 ± 1.4 | **26.0 ± 1.4**† | +5.0 |" in md
+    assert "| GRAFT | 8 | 41.0 ± 0.9 | 31.0 ± 0.9 | 36.0 ± 0.9† | +6.0 |" in md
+    assert "| GRAFT (stored) | 8 | 42.0 | 38.0 | 40.0 | +10.0 |" in md
+    assert "| GRPO (n=8) | 8 | 31.0 ± 1.0 | 29.0 ± 1.0 | 30.0 ± 1.0 | – |" in md
+    assert "| GRAFT | 8 | 28.0 ± 0.9 | 24.0 ± 0.9 | **26.0 ± 0.9**† | +5.0 |" in md
+    assert "paired t-test" in md and "p < 0.05" in md and "a row with one seed is never marked" in md
+    assert "###" not in md   # one group of settings: no section headings
 
 
 def test_csv(table):
@@ -189,16 +208,17 @@ def test_csv(table):
     assert len(rows) == 11
     graft = next(r for r in rows if r["block"] == BLOCK_A and r["method"] == "GRAFT")
     assert float(graft["avg_mean"]) == pytest.approx(36.0)
-    assert float(graft["avg_sd"]) == pytest.approx(1.414, abs=1e-3)
+    assert float(graft["avg_sd"]) == pytest.approx(0.866, abs=1e-3)
     assert float(graft["delta"]) == pytest.approx(6.0)
+    assert float(graft["p_vs_baseline"]) < 0.01
     assert graft["mark"] == "†" and graft["best_in_budget"] == "False"
-    assert graft["seeds"] == "0 1" and graft["baseline"] == "False"
+    assert graft["seeds"] == "0 1 2" and graft["baseline"] == "False" and graft["group"] == graft["folder"] == ""
     # live GRAFT charges A the pair: 2 models x (100 + 50) wall-s, eval excluded
     assert float(graft["charged_wall_s"]) == pytest.approx(300.0)
     stored = next(r for r in rows if r["method"] == "GRAFT (stored)")
     assert float(stored["charged_wall_s"]) == pytest.approx(150.0)
     assert float(stored["amortized_wall_s"]) == pytest.approx(450.0)
-    assert stored["avg_sd"] == "" and stored["best_in_budget"] == "True"
+    assert stored["avg_sd"] == "" and stored["best_in_budget"] == "False" and stored["p_vs_baseline"] == ""
     base = next(r for r in rows if r["block"] == BLOCK_A and r["method"] == "GRPO (n=8)")
     assert base["delta"] == "" and base["baseline"] == "True"
 
@@ -207,9 +227,9 @@ def test_latex(table):
     tex = to_latex(table)
     assert tex.startswith(r"\begin{tabular}{lrcccrl}") and tex.rstrip().endswith(r"\end{tabular}")
     assert rf"\multicolumn{{7}}{{l}}{{\textit{{{BLOCK_A}}}}} \\" in tex
-    assert r"GRAFT (stored) & 8 & 42.0 & 38.0 & \textbf{40.0}$^\ddagger$ & +10.0 & 0.2/0.2 \\" in tex
-    assert r"GRAFT & 8 & 41.0 $\pm$ 1.4 & 31.0 $\pm$ 1.4 & 36.0 $\pm$ 1.4$^\dagger$ & +6.0 & 0.2/0.2 \\" in tex
-    assert r"GRPO (n=8) & 8 & 31.0 $\pm$ 1.4 & 29.0 $\pm$ 1.4 & 30.0 $\pm$ 1.4 & -- & 0.2/0.2 \\" in tex
+    assert r"GRAFT (stored) & 8 & 42.0 & 38.0 & 40.0 & +10.0 & 0.2/0.2 \\" in tex
+    assert r"GRAFT & 8 & 41.0 $\pm$ 0.9 & 31.0 $\pm$ 0.9 & 36.0 $\pm$ 0.9$^\dagger$ & +6.0 & 0.2/0.2 \\" in tex
+    assert r"GRPO (n=8) & 8 & 31.0 $\pm$ 1.0 & 29.0 $\pm$ 1.0 & 30.0 $\pm$ 1.0 & -- & 0.2/0.2 \\" in tex
     assert "±" not in tex and "–" not in tex
 
 
@@ -228,8 +248,8 @@ def test_alias_shows_one_method_under_a_second_label(results):
         assert [r.method for r in next(b for b in t.blocks if b.title == title).rows][:4] == [
             "GRPO (n=8)", "GRAFT w/o gate", "GRAFT", "SGT + GRAFT how"]
     md = to_markdown(t)
-    assert md.count("| SGT + GRAFT how | 8 | 34.0 ± 1.4 | 32.0 ± 1.4 | 33.0 ± 1.4 | +3.0 |") == 1
-    assert md.count("| GRAFT w/o gate | 8 | 34.0 ± 1.4 | 32.0 ± 1.4 | 33.0 ± 1.4 | +3.0 |") == 1
+    assert md.count("| SGT + GRAFT how | 8 | 34.0 ± 1.0 | 32.0 ± 1.0 | 33.0 ± 1.0 | +3.0 |") == 1
+    assert md.count("| GRAFT w/o gate | 8 | 34.0 ± 1.0 | 32.0 ± 1.0 | 33.0 ± 1.0 | +3.0 |") == 1
     assert "SGT + GRAFT how = GRAFT w/o gate (the same runs)." in md
     rows = list(csv.DictReader(io.StringIO(to_csv(t))))
     assert len(rows) == 13 and {r["same_as"] for r in rows if r["method"] == "SGT + GRAFT how"} == {"GRAFT w/o gate"}
@@ -238,14 +258,22 @@ def test_alias_shows_one_method_under_a_second_label(results):
         build_table1(runs, aliases={"GRAFT": "GRAFT w/o gate"})
 
 
-def test_unknown_baseline_and_duplicate_seed(results, tmp_path):
+def test_unknown_baseline_and_a_seed_run_twice(results, tmp_path):
+    """A run of the same method, models and seed in another folder is a second row labelled with its folder, not an
+    error; a seed repeated inside one folder is labelled with each run's path."""
     runs = load_runs([results])
     with pytest.raises(ValueError, match="baseline 'GRPO n=8' is not a method"):
         build_table1(runs, baseline="GRPO n=8")
-    dup = make_run(tmp_path, "graft-again", "GRAFT", 0, 8, {A: (0.1, 0.1), B: (0.1, 0.1)},
+    dup = make_run(tmp_path / "again", "graft-s0", "GRAFT", 0, 8, {A: (0.1, 0.1), B: (0.1, 0.1)},
                    {A: B, B: A}, source="live")
-    with pytest.raises(ValueError, match="seed 0: .*graft-s0 and .*graft-again"):
-        build_table1(runs + [load_run(dup)])
+    rows = [r for r in build_table1(runs + [load_run(dup)]).blocks[1].rows if r.method == "GRAFT"]
+    assert [(r.label, r.seeds) for r in rows] == [(f"GRAFT [{results.name}]", [0, 1, 2]),
+                                                  (f"GRAFT [{tmp_path.name}/again]", [0])]
+    assert rows[0].delta == pytest.approx(0.06) and rows[1].delta == pytest.approx(0.10 - 0.30)
+    twice = make_run(results.parent / "same", "graft-a", "GRAFT", 0, 8, {A: (0.1, 0.1)}, {A: B}, source="live")
+    make_run(results.parent / "same", "graft-b", "GRAFT", 0, 8, {A: (0.2, 0.2)}, {A: B}, source="live")
+    labels = [r.label for r in build_table1(load_runs([twice.parent]), baseline=None).blocks[0].rows]
+    assert labels == ["GRAFT [same/graft-a]", "GRAFT [same/graft-b]"]
     solo = make_run(tmp_path, "graft-solo", "GRAFT", 5, 8, {A: (0.1, 0.1)}, {A: None})
     with pytest.raises(ValueError, match=r"label\(s\) \['GRAFT'\] used by both"):
         build_table1(runs + [load_run(solo)])
@@ -255,13 +283,13 @@ def test_clip_fraction_table(results):
     clip = clip_fraction_table(load_runs([results]))
     assert [(r.method, r.model) for r in clip.rows] == [("GRAFT", B), ("GRAFT", A)]
     row = clip.rows[1]
-    assert row.own.mean == pytest.approx(0.004)          # seeds: mean(0.002, 0.004), 0.005
-    assert row.peer_tokens.mean == pytest.approx(0.020)  # seeds: 0.015, 0.025
+    assert row.own.mean == pytest.approx(0.004)          # seeds: mean(0.002, 0.004), 0.005, 0.004
+    assert row.peer_tokens.mean == pytest.approx(0.020)  # seeds: 0.015, 0.025, 0.02
     md = to_markdown(clip)
-    assert f"| GRAFT | {A} | {B} | 0.40 ± 0.14 | 2.00 ± 0.71 |" in md
+    assert f"| GRAFT | {A} | {B} | 0.40 ± 0.10 | 2.00 ± 0.50 |" in md
     header, rows = flat_rows(clip)
     assert header[4] == "own_mean" and rows[1][4] == pytest.approx(0.4)
-    assert r"0.40 $\pm$ 0.14 & 2.00 $\pm$ 0.71 \\" in to_latex(clip)
+    assert r"0.40 $\pm$ 0.10 & 2.00 $\pm$ 0.50 \\" in to_latex(clip)
 
 
 def _assert_png(path):
@@ -389,18 +417,60 @@ def test_one_model_run_and_a_run_naming_it_as_peer(tmp_path):
     assert "| graft (n=8, stored peer) |" in res.output and f"**{B} (peer: {A})**" in res.output
 
 
-def test_runs_with_different_steps_or_eval_are_refused(tmp_path):
-    _cfg_run(tmp_path, "a", "GRPO (n=8)", 0, {A: (0.2, 0.1)}, {A: None}, steps=30, k=4)
-    _cfg_run(tmp_path, "b", "GRPO (n=8)", 1, {A: (0.2, 0.1)}, {A: None}, steps=50, k=8)
-    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep")])
-    assert res.exit_code != 0
-    line = res.output.strip().splitlines()[-1]
-    assert "run.steps (30: a; 50: b)" in line and "eval.k (4: a; 8: b)" in line and "--allow-mixed" in line
-    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep"), "--allow-mixed", "run.steps"])
-    assert res.exit_code != 0 and "eval.k" in res.output and "run.steps" not in res.output.splitlines()[-1]
+def test_runs_with_different_steps_or_eval_are_grouped_not_refused(tmp_path):
+    """Runs of 30 steps at eval k=4 and runs of 50 steps at k=8 (another folder, the same methods and seeds): one
+    section of Table 1 per group, headed by its settings, each with its own Δ and its figures in a subfolder; the
+    CSV names the group. --allow-mixed KEY merges groups on KEY, --mixed merges them all, and then the runs of one
+    method and seed from the two folders are two rows labelled with their folders."""
+    for s in (0, 1):
+        _cfg_run(tmp_path, f"g-s{s}", "GRPO (n=8)", s, {A: (0.2 + s / 50, 0.1)}, {A: None})
+        _cfg_run(tmp_path, f"graft-s{s}", "GRAFT", s, {A: (0.3, 0.2), B: (0.25, 0.1)}, {A: B, B: A}, source="live")
+        _cfg_run(tmp_path / "later", f"g-s{s}", "GRPO (n=8)", s, {A: (0.4, 0.3)}, {A: None}, steps=50, k=8)
+    out = tmp_path / "rep"
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "2 groups of runs differ in run.steps, eval.k: one section of Table 1 each" in res.stderr
+    md = (out / "table1.md").read_text()
+    assert "### steps 30 · eval k=4 (4 runs; Δ against GRPO (n=8))" in md
+    assert "### steps 50 · eval k=8 (2 runs; Δ against GRPO (n=8))" in md
+    first, second = md.split("### steps 50")
+    # GRAFT 25.0 against 15.5 = mean(15.0, 16.0): 10 and 9 points, a paired t of 19 on 1 df, p = 0.033: bold
+    assert "| GRAFT | 8 | 30.0 ± 0.0 | 20.0 ± 0.0 | **25.0 ± 0.0** | +9.5 |" in first
+    assert "| GRPO (n=8) | 8 | 40.0 ± 0.0 | 30.0 ± 0.0 | 35.0 ± 0.0 | – |" in second and "GRAFT" not in second.split("Scores")[0]
+    assert f"**{A}**" in second and f"**{B} (peer: {A})**" in first
+    for folder in ("steps-30-eval-k4", "steps-50-eval-k8"):
+        _assert_png(out / folder / "learning_curve.png")
+    assert not (out / "learning_curve.png").exists()
+    assert {r["group"] for r in csv.DictReader(io.StringIO((out / "table1.csv").read_text()))} == {
+        "steps 30 · eval k=4", "steps 50 · eval k=8"}
+    assert r"\textbf{steps 30 $\cdot$ eval k=4 (4 runs; $\Delta$ against GRPO (n=8))}" in (out / "table1.tex").read_text()
+
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(out), "--allow-mixed", "run.steps"])
+    assert res.exit_code == 0 and "### eval k=4 (4 runs" in (out / "table1.md").read_text(), res.output
     for extra in (["--allow-mixed", "run.steps", "--allow-mixed", "eval.k"], ["--mixed"]):
-        res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep"), *extra])
+        res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "one"), *extra])
         assert res.exit_code == 0, res.output
+        md = (tmp_path / "one" / "table1.md").read_text()
+        assert "###" not in md and "groups of runs" not in res.stderr
+        assert f"| GRPO (n=8) [{tmp_path.name}] | 8 | 21.0 ± 1.4 | 10.0 ± 0.0 | 15.5 ± 0.7 | – |" in md, md
+        assert f"| GRPO (n=8) [{tmp_path.name}/later] | 8 | 40.0 ± 0.0 | 30.0 ± 0.0 | 35.0 ± 0.0 | +19.5 |" in md
+        _assert_png(tmp_path / "one" / "learning_curve.png")
+    bad = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(out), "--allow-mixed", "eval.x"])
+    assert bad.exit_code == 2 and "--allow-mixed eval.x: not one of run.steps" in bad.output
+
+
+def test_refusals_fit_in_two_lines(tmp_path):
+    """An unknown --baseline among 12 methods, and 12 methods without any baseline row: one Error line each,
+    naming a few methods and how many more."""
+    for i in range(12):
+        _cfg_run(tmp_path, f"m{i}", f"Method {i:02d}", 0, {A: (0.2, 0.1)}, {A: None})
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep"), "--baseline", "GRPO"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert "'Method 00', 'Method 01', 'Method 02', 'Method 03', 'Method 04', 'Method 05' and 6 more" in res.output
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output
+    assert res.output.strip().endswith("pass --baseline with one of: 'Method 00', 'Method 01', 'Method 02', "
+                                       "'Method 03', 'Method 04', 'Method 05' and 6 more")
 
 
 def test_method_labels_match_case_insensitively(tmp_path):
@@ -536,3 +606,63 @@ def test_report_says_it_dropped_a_torn_metrics_line(tmp_path):
     warned = [x for x in res.stderr.splitlines() if "torn" in x]
     assert warned == [f"{metrics}:3: dropped a torn last line (21 characters), the write of a killed run; the 2 "
                       f"records before it are used"], res.stderr
+
+
+# ---------------------------------------------------------------- marks of significance
+
+def test_seed_test_worked_examples():
+    """docs/results.md#marks-of-significance: the paired t-test over seeds, its sign-flip fallback, Welch's test."""
+    # differences +1, +3, +2 points: t = 0.02 / (0.01 / sqrt 3) = 3.464 on 2 df; T_2(t) = 1/2 + t / (2 sqrt(2 + t^2))
+    assert paired_t_p([0.01, 0.03, 0.02]) == pytest.approx(2 * (0.5 - 3.4641 / (2 * 14 ** 0.5)), abs=1e-4)
+    assert paired_t_p([0.01, 0.03, 0.02]) == pytest.approx(0.0742, abs=1e-4) and SIGNIFICANCE == 0.05
+    assert paired_t_p([0.02, 0.03, 0.04]) == pytest.approx(0.0351, abs=1e-4)     # t = 5.196 on 2 df: significant
+    assert paired_t_p([0.005] * 3) == 0.25 and paired_t_p([0.0, 0.0]) == 1.0   # no spread: sign flips, 2 / 2^n
+    # no seed in common: [0, 2] vs [3, 5]: t = 3 / sqrt(2) on 2 df (Welch-Satterthwaite), p = 0.168
+    assert welch_t_p([0, 2], [3, 5]) == pytest.approx(0.1679, abs=1e-4)
+    assert welch_t_p([0, 0], [1, 1]) == pytest.approx(2 / 6) and welch_t_p([0, 0], [1, 1, 1]) == pytest.approx(0.1)
+    test = seed_test({0: 0.50, 1: 0.52, 2: 0.51, 3: 0.9}, {0: 0.60, 1: 0.61, 2: 0.62})   # paired on seeds 0-2
+    assert (test.paired, test.n, round(test.diff, 6), test.significant) == (True, 3, 0.1, True)
+    test = seed_test({0: 0.0, 1: 0.02}, {5: 0.03, 6: 0.05})
+    assert (test.paired, test.name, round(test.p, 4)) == (False, "Welch's t-test", 0.1679)
+    assert seed_test({0: 0.3}, {0: 0.9}) is None and seed_test({0: 0.3, 1: 0.2}, {0: 0.9}) is None
+    with pytest.raises(ValueError, match="need >= 2"):
+        paired_t_p([0.1])
+
+
+def test_noise_gets_no_bold_and_no_mark_and_a_real_gap_does(tmp_path):
+    """The quick start's grid on a pair that learns nothing: scores 0.0, or 0.5 ± 0.9 (one seed of three scores
+    1.5), or +0.5 in every seed; none of it is bold or marked. A row 10-12 points above every baseline in each seed
+    is bold and ‡; the caption names the test and its level. The same table with one seed per row: no mark at all,
+    and the caption says why."""
+    single = {A: None}
+    for s in (0, 1, 2):
+        for n in (8, 16, 32):
+            make_run(tmp_path, f"grpo{n}-s{s}", f"GRPO (n={n})", s, n, {A: (0.0, 0.0)}, single)
+        peer = {"peers": {A: B}, "source": "live"}
+        make_run(tmp_path, f"graft-s{s}", "GRAFT", s, 8, {A: (0.015 if s == 2 else 0.0,) * 2}, **peer)
+        make_run(tmp_path, f"sgt-s{s}", "SGT", s, 8, {A: (0.005, 0.005)}, **peer)
+        make_run(tmp_path, f"win-s{s}", "GRAFT how", s, 8, {A: (0.10 + s / 100, 0.10 + s / 100)}, **peer)
+    res = CliRunner().invoke(report_cmd, [str(tmp_path), "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 0, res.output
+    md = (tmp_path / "rep" / "table1.md").read_text()
+    rows = {line.split(" | ")[0][2:]: line for line in md.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["GRAFT"].startswith("| GRAFT | 8 | 0.5 ± 0.9 | 0.5 ± 0.9 | 0.5 ± 0.9 | +0.5 |")
+    assert rows["SGT"].startswith("| SGT | 8 | 0.5 ± 0.0 | 0.5 ± 0.0 | 0.5 ± 0.0 | +0.5 |")
+    assert rows["GRAFT how"].startswith("| GRAFT how | 8 | 11.0 ± 1.0 | 11.0 ± 1.0 | **11.0 ± 1.0**‡ | +11.0 |")
+    assert not [r for m, r in rows.items() if m != "GRAFT how" and ("**" in r or "†" in r or "‡" in r)], rows
+    assert "p < 0.05 in a two-sided paired t-test of the per-seed Avg" in md
+    by_method = {r["method"]: r for r in csv.DictReader(io.StringIO((tmp_path / "rep" / "table1.csv").read_text()))}
+    assert float(by_method["GRAFT"]["p_vs_baseline"]) == pytest.approx(0.4226, abs=1e-4)   # t = 1 on 2 df
+    assert float(by_method["SGT"]["p_vs_baseline"]) == 0.25 and float(by_method["GRAFT how"]["p_vs_baseline"]) < 0.01
+
+    one = tmp_path / "one"
+    for n in (8, 16, 32):
+        make_run(one, f"grpo{n}", f"GRPO (n={n})", 0, n, {A: (0.0, 0.0)}, single)
+    make_run(one, "win", "GRAFT how", 0, 8, {A: (0.5, 0.5)}, {A: B}, source="live")
+    md = to_markdown(build_table1(load_runs([one])))
+    assert "| GRAFT how | 8 | 50.0 | 50.0 | 50.0 | +50.0 | ? |" in md   # no bold, no ‡
+    assert "Every row has one seed: no test, so no bold and no marks." in md
+
+
+def test_the_report_help_lists_the_keys_the_report_groups_by():
+    assert MIXABLE == COMPARABLE_KEYS

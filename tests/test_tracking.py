@@ -1,15 +1,23 @@
-"""wandb tracking: the completions table (rows from the step's slots, any algorithm) and resuming into the same
-wandb run, with real wandb in offline mode."""
+"""wandb tracking: the completions table (rows from the step's slots, any algorithm), resuming into the same
+wandb run and the step axis (the evaluation before training on the charts), with real wandb in offline mode, read
+back from wandb's own files."""
 import json
 import math
+import shutil
+from types import SimpleNamespace
 
 import pytest
+from helpers import wandb_records
 
+from graftzoo.contract import metrics as M
 from graftzoo.contract.config import load_config
+from graftzoo.training.checkpoint import latest_checkpoint
 from graftzoo.training.eval_checkpoints import load_run_config
-from graftzoo.training.tracking import COMPLETION_COLUMNS, Tracker, completion_rows
+from graftzoo.training.tracking import COMPLETION_COLUMNS, Tracker, completion_rows, wandb_step
 from graftzoo.training.trainer import train
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout
+
+MODELS = ["micro-qwen-char", "micro-gpt2-pair"]
 
 
 def _roll(text, reward, logprobs, origin=None, role="own"):
@@ -50,25 +58,61 @@ def _offline_run_ids(run_dir) -> list:
     return sorted(f.stem[len("run-"):] for f in run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 
 
-def test_completions_table_and_resume_into_the_same_wandb_run(tmp_path, monkeypatch):
+def _wandb_history(run_dir) -> list:
+    """Every history row (key -> value, ``_step`` included) of the run's offline wandb folders, oldest folder
+    first, as wandb wrote them to its transaction logs (once its service process, which writes them after
+    ``finish`` returns, has stopped: ``wandb.teardown``)."""
+    import wandb
+    wandb.teardown()
+    rows = []
+    for f in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+        for rec in wandb_records(f):
+            if rec.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in rec.history.item})
+    return rows
+
+
+def _records(run_dir) -> list:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+OVERRIDES = ["run.track=true", "run.steps=2", "task.prompts_per_step=2", "rollout.n=2", "eval.size=2",
+             "run.eval_at_start=true", "run.eval_at_end=false", "tracking.log_completions_every=1",
+             "tracking.completions_rows=3", "tracking.entity=graftzoo-lab", "peer.source=online"]
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    """A GRAFT run of the micro pair (2 steps, evaluated before training) tracked to an offline wandb run, then
+    the same command with 3 steps after the checkpoint of its last step was lost (a run killed between logging a
+    step and saving it): it resumes from step 0, replays step 1 and trains step 2, into the same wandb run. Returns
+    the run folder and what the first attempt left (tables, wandb ids, history, metrics.jsonl records)."""
     pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    run_dir = tmp_path / "run"
-    overrides = ["run.track=true", "run.steps=2", "task.prompts_per_step=2", "rollout.n=2", "eval.size=2",
-                 "run.eval_at_end=false", "tracking.log_completions_every=1", "tracking.completions_rows=3",
-                 "tracking.entity=graftzoo-lab", "peer.source=online"]
-    train(load_config(pair="micro", algo="graft", overrides=overrides), run_dir=str(run_dir))
-    tables = _tables(run_dir)
-    models = ["micro-qwen-char", "micro-gpt2-pair"]
-    assert sorted(tables) == sorted((s, m) for s in (0, 1) for m in models)
+    tmp = tmp_path_factory.mktemp("tracked")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_DIR", str(tmp))
+        mp.setenv("WANDB_SILENT", "true")
+        run_dir = tmp / "run"
+        train(load_config(pair="micro", algo="graft", overrides=OVERRIDES), run_dir=str(run_dir))
+        first = SimpleNamespace(tables=_tables(run_dir), ids=_offline_run_ids(run_dir),
+                                history=_wandb_history(run_dir), records=_records(run_dir))
+        shutil.rmtree(latest_checkpoint(run_dir))   # step 1's checkpoint: the rerun resumes from step 0
+        train(load_config(pair="micro", algo="graft", overrides=OVERRIDES[:1] + ["run.steps=3"] + OVERRIDES[2:]),
+              run_dir=str(run_dir))
+    return SimpleNamespace(run_dir=run_dir, first=first)
+
+
+def test_completions_table_and_resume_into_the_same_wandb_run(tracked, tmp_path):
+    run_dir, first = tracked.run_dir, tracked.first
+    tables = first.tables
+    assert sorted(tables) == sorted((s, m) for s in (0, 1) for m in MODELS)
     columns, rows = tables[(1, "micro-gpt2-pair")]
     assert columns == COMPLETION_COLUMNS and len(rows) == 3             # tracking.completions_rows
     assert all(r["prompt"] and r["source"] in ("own", "peer") and r["reward"] in (0.0, 1.0) for r in rows)
-    first = _offline_run_ids(run_dir)
-    assert len(first) == 1
-    run_id = first[0]
+    assert len(first.ids) == 1
+    run_id = first.ids[0]
     # tracking.entity: the run's wandb path (entity/project/id) as wandb records it in the offline run's config
     tracker = Tracker(tmp_path / "entity", load_run_config(run_dir))
     try:
@@ -76,8 +120,53 @@ def test_completions_table_and_resume_into_the_same_wandb_run(tmp_path, monkeypa
     finally:
         tracker.wandb_run.finish()
 
-    # rerun the command with more steps: it resumes from the checkpoint into the same wandb run
-    train(load_config(pair="micro", algo="graft", overrides=overrides[:1] + ["run.steps=3"] + overrides[2:]),
-          run_dir=str(run_dir))
+    # the rerun with more steps resumed from a checkpoint into the same wandb run
     assert _offline_run_ids(run_dir) == [run_id, run_id]
     assert (2, "micro-qwen-char") in _tables(run_dir)
+    files = list(run_dir.glob("wandb/offline-run-*/files/media/table/**/*.table.json"))
+    assert len(files) == len(_tables(run_dir)) == 3 * len(MODELS)    # each step's table once: step 1 not again
+
+
+def test_the_evaluation_before_training_is_on_wandbs_step_axis(tracked):
+    """The step -1 evaluation of metrics.jsonl is wandb's first row, at train/step -1 (wandb's step 0), with the
+    same values; every row's train/step is its metrics.jsonl step, wandb's steps only go forward, and the resumed
+    attempt logs each step once (the replayed step 1 stays the first attempt's)."""
+    assert wandb_step(-1) == 0 and wandb_step(4) == 5   # worked example: step -1 is wandb's step 0
+    run_dir, first = tracked.run_dir, tracked.first
+    before = {r["model"]: r for r in first.records if r["step"] == -1}
+    assert sorted(before) == sorted(MODELS)
+    row = first.history[0]
+    assert row["_step"] == 0 and row[M.WANDB_STEP] == -1
+    for model, rec in before.items():
+        scores = {k: v for k, v in rec.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+        assert M.EVAL_AVG in scores
+        assert {k: row[M.wandb_key(model, k)] for k in scores} == pytest.approx(scores)
+    assert [r[M.WANDB_STEP] for r in first.history] == [-1, 0, 1]
+    history = _wandb_history(run_dir)
+    assert history[:len(first.history)] == first.history
+    assert [r[M.WANDB_STEP] for r in history] == [-1, 0, 1, 2]           # each step once, in order
+    assert all(r["_step"] == wandb_step(r[M.WANDB_STEP]) for r in history)
+    # one row per step: both models' records (and their completions tables) share it
+    assert all(M.wandb_key(m, M.LOSS) in r for r in history[1:] for m in MODELS)
+    # metrics.jsonl keeps step -1 and holds the replayed step 1 once
+    assert [(r["step"], r["model"]) for r in _records(run_dir)] == [(s, m) for s in (-1, 0, 1, 2) for m in MODELS]
+
+
+def test_a_new_wandb_run_of_a_resumed_run_starts_with_its_kept_records(tmp_path):
+    """A run resumed with tracking on after untracked attempts (its checkpoint holds no wandb id) opens a new wandb
+    run: the records metrics.jsonl keeps go there first, the evaluation before training included, then the new
+    steps (the trainer's calls: Tracker, truncate_after(checkpoint step), log)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    old = [{"step": -1, "model": "m", "eval/avg": 0.25}, {"step": 0, "model": "m", "loss": 0.5},
+           {"step": 1, "model": "m", "loss": 0.75}]   # step 1: after the checkpoint, replayed
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    tracker = Tracker(run_dir, load_config(pair="micro", algo="grpo", overrides=["run.track=true"]))
+    tracker.truncate_after(0)
+    tracker.log(1, "m", {"loss": 0.125})
+    tracker.finish()
+    history = _wandb_history(run_dir)
+    assert [(r[M.WANDB_STEP], r["_step"]) for r in history] == [(-1, 0), (0, 1), (1, 2)]
+    assert (history[0]["m/eval/avg"], history[1]["m/loss"], history[2]["m/loss"]) == (0.25, 0.5, 0.125)
+    assert [(r["step"], r.get("loss")) for r in _records(run_dir)] == [(-1, None), (0, 0.5), (1, 0.125)]
+

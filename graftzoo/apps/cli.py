@@ -1,21 +1,24 @@
 """The ``graftzoo`` command line (click), a thin layer over graftzoo.api.
 
-It answers ``--help``, ``train --help`` and every config error before torch or transformers are imported: the
-subcommands other than ``train``, ``algos`` and ``config`` live in their own modules, imported when one is run
-(``LAZY``); ``train`` checks the config (graftzoo.contract.config, light) before it imports the trainer; the
-anticipated errors are recognised by name, from the modules already imported (``anticipated``).
+It answers the ``--help`` of every command, every config error and every refusal of a bad path, file or checkpoint
+before torch or transformers are imported: the subcommands other than ``train``, ``algos`` and ``config`` live in
+their own modules, light to import and imported when one is run (``LAZY``), each importing its heavy body once its
+arguments are checked; ``train`` checks the config (graftzoo.contract.config) and its files (graftzoo.apps.checks)
+before it imports the trainer; a path that does not exist is one line (``Main``); the anticipated errors are
+recognised by name, from the modules already imported (``anticipated``).
 """
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
 
 import click
 import yaml
 
 from graftzoo.algos import BUILTIN
-from graftzoo.apps.options import PEER_FORMS, peer_option, plugin_option
+from graftzoo.apps.checks import check_fresh_start, check_train
+from graftzoo.apps.options import PEER_FORMS, UsageLine, peer_option, plugin_option
+from graftzoo.contract import output
 from graftzoo.contract.config import ALIASES, algo_presets, as_dict, config_keys, load_config
 from graftzoo.contract.registry import get_config
 
@@ -55,6 +58,10 @@ class Main(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.BadParameter as e:  # a path that does not exist (click.Path): one line, no usage banner
+            if not isinstance(getattr(e.param, "type", None), click.Path):
+                raise
+            raise UsageLine(e.format_message()) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except KeyboardInterrupt as e:  # the trainer's Interrupted is one: its line and 128 + signal (143, 130)
@@ -96,23 +103,29 @@ LAZY = {
     "eval": ("graftzoo.apps.evaluate", "eval_cmd", "Evaluate a checkpoint on math benchmarks: avg@k, CI, pass@k."),
     "export": ("graftzoo.apps.export", "export_cmd", "Write a run's trained models as Hugging Face folders."),
     "grid": ("graftzoo.apps.grid", "grid_cmd", "Run an algorithm x pair x seed grid and its report."),
-    "plan": ("graftzoo.apps.plan", "plan_cmd", "GPU memory per model, GPUs needed, placement on a node."),
+    "plan": ("graftzoo.apps.plan_command", "plan_cmd", "GPU memory per model, GPUs needed, placement on a node."),
     "report": ("graftzoo.apps.report", "report_cmd", "Tables, plots and the clip table of finished runs."),
 }
 
 
 @click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, envvar="GRAFTZOO_DEBUG", help="show the traceback of an error")
-def main(debug):
+@click.option("--debug", is_flag=True, envvar="GRAFTZOO_DEBUG",
+              help="show the traceback of an error, and the libraries' warnings and progress bars (hidden otherwise)")
+@click.pass_context
+def main(ctx, debug):
     """graftzoo: RLVR on language models: a Gymnasium math environment, an algorithm zoo
     (GRPO family, HACPO, SGT, HORA, ExTra, OM-GRPO, GRAFT) and peer exchange between models."""
-    logger = logging.getLogger("graftzoo")
-    if not logger.handlers:  # what a run does (a resume, a moved-aside run) on stderr, one line each
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    output.log_to_stderr()  # what a run does (its waits, a resume, a moved-aside run) on stderr, one line each
+    if ctx.invoked_subcommand != "demo":  # the demo quiets the libraries itself (graftzoo demo --debug)
+        ctx.with_resource(output.quiet_libraries(debug))
+    if sys.stderr.isatty():  # the waits (warm-up, loading a model, evaluation) as rich rows; plain lines elsewhere
+        ctx.with_resource(output.showing(terminal_display))
+
+
+def terminal_display():
+    """The rich display of the waits on a terminal (graftzoo.apps.progress), made at the first wait."""
+    from graftzoo.apps.progress import ProgressPrinter  # rich: only once a wait is shown
+    return ProgressPrinter()
 
 
 def _split_keys(ctx, param, value) -> tuple:
@@ -148,12 +161,17 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, all
     if backend:
         overrides.append(f"run.backend={backend}")
     cfg = load_config(pair=pair, algo=algo, files=files, overrides=overrides)  # every config check, once
+    check_train(cfg, run_dir)  # a missing or broken data file, model folder or peer store: one line, before torch
+    if no_resume and not overwrite:
+        check_fresh_start(cfg, run_dir)
     from graftzoo.api import summary_lines, train_run as run_train  # torch: after config check
     from graftzoo.apps.progress import ProgressPrinter  # rich: only when training
+    # the training bar and the waits (warm-up, loading, evaluation); run.progress false: their start and end only
     progress = ProgressPrinter(f"{cfg.algo.name} on {cfg.pair.name}") if cfg.run.progress else None
     try:
-        out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress, overwrite=overwrite,
-                        allow_config_change=allow)
+        with output.showing(progress, detail=cfg.run.progress):
+            out = run_train(cfg, run_dir=run_dir, resume=not no_resume, progress=progress, overwrite=overwrite,
+                            allow_config_change=allow)
     finally:
         if progress is not None:
             progress.close()

@@ -7,8 +7,9 @@
    over 2 seeds (``--full``: 3 seeds, GRPO n=16/32 and the named ablations, then the plan's ``also`` grids:
    the positive control and the regime map);
 4. prints the Table-1-style report with Delta, writes the PNG plots and the wandb offline runs;
-5. ends with a plain-language paragraph worded from the seed means and their spread (``verdict``): "no clear
-   difference" when the gap is inside the spread, never a verdict from one seed.
+5. ends with a plain-language paragraph: the seed means and spread, and the verdict of the paired test over seeds
+   that the report's marks use (``verdict``): "no significant difference at n=2 seeds" unless it rejects, never a
+   verdict from one seed.
 
 The plan (steps, prompts per step, seeds, eval size per mode) lives in configs/demo/demo.yaml (packaged in
 graftzoo/configs; a ./configs/demo/ of the current directory overrides it). The demo prints its own progress only:
@@ -16,34 +17,25 @@ the libraries' warnings, logging and progress bars are off, in it and in its chi
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import statistics
 import threading
 import time
-import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import click
-import torch
-from huggingface_hub import utils as hub_utils
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from transformers.utils import logging as hf_logging
 
-from graftzoo.apps.grid import load_grid, run_grid, write_report
+from graftzoo.apps.grid import load_grid, write_report
 from graftzoo.apps.grid.load import method_algorithm, pair_models
+from graftzoo.contract import output
 from graftzoo.contract.config import find_config, load_config, named_configs, read_yaml
 from graftzoo.contract.errors import ConfigError, did_you_mean
-from graftzoo.training.models import build_engine, build_policy, tiny_spec
 from graftzoo.envs.task import Task
-from graftzoo.eval.artifacts import eval_path
-from graftzoo.eval.compute import joint_charge
-from graftzoo.eval.report import is_report_baseline
-from graftzoo.tiny.warmup import warmup_info, warmup_pair
+from graftzoo.eval.metrics import seed_test
 
 
 def _steps_logged(run_dir: Path) -> int:
@@ -92,6 +84,7 @@ class RunBars:
 
 def run_with_progress(grid, cells, jobs: int, console, rerun_changed: bool = False) -> dict:
     """``graftzoo.apps.grid.run_grid`` with a rich progress bar per run (``RunBars``)."""
+    from graftzoo.apps.grid.run import run_grid  # torch: the demo's modules load once it runs (demo --help, not)
     stop = threading.Event()
     bars = RunBars(cells, console)
     with bars.progress:
@@ -110,45 +103,19 @@ def run_with_progress(grid, cells, jobs: int, console, rerun_changed: bool = Fal
     return result
 
 
-QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
-             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "PYTHONWARNINGS": "ignore", "WANDB_SILENT": "true"}
+QUIET_ENV = {**output.QUIET_ENV, "PYTHONWARNINGS": "ignore"}   # set for the demo's child processes too
 
 
-@contextlib.contextmanager
 def quiet_libraries(debug: bool = False):
-    """Unless ``debug``: the libraries' warnings, logging and progress bars off (transformers, huggingface_hub,
-    Python warnings), in this process and, through the environment (``QUIET_ENV``, where not set already), in the
-    child processes it starts (warm-up, runs); restored on exit."""
-    if debug:
-        yield
-        return
-    saved = {k: os.environ.get(k) for k in QUIET_ENV}
-    level, bars, hub_bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled(), \
-        not hub_utils.are_progress_bars_disabled()
-    for k, v in QUIET_ENV.items():
-        os.environ.setdefault(k, v)
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    hub_utils.disable_progress_bars()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
-        if hub_bars:
-            hub_utils.enable_progress_bars()
+    """Unless ``debug``: the libraries' warnings, logging and progress bars off, every Python warning included, in
+    this process and its children; restored on exit (``graftzoo.contract.output.quiet_libraries``)."""
+    return output.quiet_libraries(debug, every_warning=True)
 
 
 def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 0) -> dict:
     """Per model: fraction of its all-fail held-out prompts that the peer solves / where the peer's group is mixed."""
+    import torch  # the demo's modules load once it runs (demo --help does not)
+    from graftzoo.training.models import build_engine, build_policy  # torch: the demo's modules load once it runs
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
     env = Task(cfg).make_env("test", size=size)
     prompts = list(env.dataset)
@@ -177,20 +144,23 @@ def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 
     return out
 
 
-def _avg(run_dirs: list, model: str):
-    vals = []
-    for d in run_dirs:
-        f = eval_path(d, model)
+def _avg(cells: list, model: str) -> dict:
+    """Seed -> the held-out Avg of ``model`` in each cell's run (cells without an eval file left out)."""
+    from graftzoo.eval.artifacts import eval_path  # torch: the demo's modules load once it runs
+    vals = {}
+    for c in cells:
+        f = eval_path(c.run_dir, model)
         if f.exists():
             bench = json.loads(f.read_text())["benchmarks"]
-            vals.append(statistics.fmean(v["avg"] for v in bench.values()))
+            vals[c.seed] = statistics.fmean(v["avg"] for v in bench.values())
     return vals
 
 
-def _charge(run_dirs: list, model: str):
+def _charge(cells: list, model: str):
+    from graftzoo.eval.compute import joint_charge  # torch: the demo's modules load once it runs
     vals = []
-    for d in run_dirs:
-        f = Path(d) / "summary.json"
+    for c in cells:
+        f = Path(c.run_dir) / "summary.json"
         if f.exists():
             charge = joint_charge(json.loads(f.read_text())).get(model)
             if charge:
@@ -198,40 +168,48 @@ def _charge(run_dirs: list, model: str):
     return statistics.fmean(vals) if vals else None
 
 
-def _ms(xs: list) -> tuple:
+def _by_seed(xs) -> dict:
+    """Per-seed scores as seed -> score; a list is taken in seed order (its index is the seed)."""
+    return dict(xs) if isinstance(xs, Mapping) else dict(enumerate(xs))
+
+
+def _ms(xs) -> tuple:
     """(mean, sample s.d.) of per-seed scores; s.d. 0 for one seed."""
+    xs = list(_by_seed(xs).values())
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def verdict(baseline: list, method: list, name: str = "GRAFT", base: str = "GRPO", tie: float = 0.005) -> str:
-    """The comparison of two methods' per-seed scores in words, from their seed means and spread.
+def verdict(baseline, method, name: str = "GRAFT", base: str = "GRPO") -> str:
+    """The comparison of two methods' per-seed scores (seed -> score, or lists in seed order) in words, from the
+    test the report's marks use (``graftzoo.eval.metrics.seed_test``: a paired t-test over the seeds both have,
+    docs/results.md#marks-of-significance): "significantly above/below" only where it rejects at p < 0.05, else "no
+    significant difference at n=N seeds" (the words stay true on any CPU whatever its seeds' figures). One seed
+    has no spread, so it gets no test and no verdict beyond that run."""
+    baseline, method = _by_seed(baseline), _by_seed(method)
+    test = seed_test(baseline, method)
+    if test is None:
+        gap = _ms(method)[0] - _ms(baseline)[0]
+        side = "above" if gap > 0 else "below" if gap < 0 else "level with"
+        return (f"{name} is {side} {base} in this single seed (one seed has no spread: no test, no verdict beyond "
+                f"this run)")
+    how = f"at n={test.n} seeds ({test.name}, p = {test.p:.2f})"
+    if not test.significant:
+        return f"there is no significant difference between {name} and {base} {how}"
+    return f"{name} is significantly {'above' if test.diff > 0 else 'below'} {base} {how}"
 
-    The spread is the larger of the two methods' seed standard deviations. A gap no larger than it (or than
-    ``tie``, half a point: below that two runs tie on a 200-prompt eval) is "no clear difference"; a larger one
-    says which is above. One seed has no spread, so it gets no verdict beyond that run."""
-    (b, sb), (m, sm) = _ms(baseline), _ms(method)
-    gap, spread = m - b, max(sb, sm)
-    if min(len(baseline), len(method)) < 2:
-        side = "above" if gap > tie else "below" if gap < -tie else "level with"
-        return f"{name} is {side} {base} in this single seed (one seed has no spread: no verdict beyond this run)"
-    if abs(gap) <= max(spread, tie):
-        return (f"there is no clear difference between {name} and {base} (the gap is inside the seeds' spread, "
-                f"s.d. up to {100 * spread:.1f})")
-    side = "above" if gap > 0 else "below"
-    return f"{name} is {side} {base} by more than the seeds' spread (s.d. up to {100 * spread:.1f})"
 
-
-def _seeds(xs: list) -> str:
-    return ", ".join(f"{100 * x:.1f}" for x in xs)
+def _seeds(xs: dict) -> str:
+    return ", ".join(f"{100 * x:.1f}" for _, x in sorted(xs.items()))
 
 
 def conclusion(cells: list, model_ids: list, baseline: str = "GRPO (n=8)", method: str = "GRAFT",
                stored: Optional[str] = "GRAFT (stored)", budget: Optional[str] = "GRPO (n=32)") -> str:
     """A plain-language paragraph per model comparing ``method`` with ``baseline`` from their seed means and
-    spread (``verdict``), whatever they turn out to be; plus the stored-trajectory and the budget rows if run."""
+    spread and the paired test over seeds (``verdict``), whatever they turn out to be; plus the stored-trajectory
+    and the budget rows if run."""
     by_label: dict = {}
     for c in cells:
-        by_label.setdefault(c.label, []).append(c.run_dir)
+        by_label.setdefault(c.label, []).append(c)
     lines = []
     for m in model_ids:
         grpo = _avg(by_label.get(baseline, []), m)
@@ -239,7 +217,7 @@ def conclusion(cells: list, model_ids: list, baseline: str = "GRPO (n=8)", metho
         st = _avg(by_label.get(stored, []), m)
         if not grpo or not graft:
             continue
-        if not any(grpo + graft + st):  # nothing learned to compare: say so, no verdict
+        if not any([*grpo.values(), *graft.values(), *st.values()]):  # nothing learned to compare: no verdict
             lines.append(f"For {m}, every score is 0 ({baseline}, {method}{', ' + stored if st else ''}): these runs "
                          f"are too short to learn the task, so they check the pipeline, not the methods; no method "
                          f"is compared.")
@@ -270,6 +248,7 @@ def learner_conclusion(grid) -> str:
     each method other than the baselines (the methods of an algorithm that declares ``report_baseline``, such as
     GRPO's presets) against the baseline on that pair's learner (the baseline's runs of that learner may come from
     another pair of the grid: a method's ``pairs``)."""
+    from graftzoo.eval.report import is_report_baseline  # torch: the demo's modules load once it runs
     baseline = grid.report.get("baseline") or "GRPO (n=8)"
     budget = "GRPO (n=32)"
     learner = {}
@@ -317,7 +296,10 @@ def demo_cmd(quick, full, out, jobs, rerun_changed, debug):
 
 
 def _demo(quick, full, out, jobs, rerun_changed):
+    from graftzoo.tiny.warmup import warmup_info, warmup_pair  # torch: the demo's modules load once it runs
+    from graftzoo.training.models import tiny_spec  # torch: the demo's modules load once it runs
     console = Console()
+    console.soft_wrap = not console.is_terminal  # piped output is not cut at 80 columns (a terminal: word-wrapped)
     t0 = time.time()
     mode = "full" if full else "quick" if quick else "default"
     plan = read_yaml(_config_file("demo", "demo"))[mode]

@@ -1,11 +1,12 @@
-"""``graftzoo eval``: the command over ``graftzoo.training.eval_runner.evaluate_checkpoint``."""
+"""``graftzoo eval``: the command over ``graftzoo.training.eval_runner.evaluate_checkpoint``, imported (with torch)
+once the target is checked: ``--help`` and a missing run or checkpoint answer at once (graftzoo.apps.checks)."""
 from __future__ import annotations
 
 import click
 
+from graftzoo.apps.checks import eval_target
 from graftzoo.apps.options import plugin_option
-from graftzoo.training.eval_runner import evaluate_checkpoint
-from graftzoo.training.selection import SELECT_RULES
+from graftzoo.contract.config import SELECT_RULES
 
 
 @click.command("eval")
@@ -38,6 +39,8 @@ def eval_cmd(path, benchmarks, k, seeds, greedy, temperature, top_p, max_new_tok
     """Evaluate a checkpoint on math benchmarks: avg@k ± sd, 95% CI and pass@k per benchmark."""
     # an error is one line naming its culprit (graftzoo.apps.cli.Main): a usage or config error (an unknown benchmark
     # or model, a bad selection) exits 2, a missing or broken file 1
+    eval_target(path, benchmarks)  # a run or checkpoint folder, a checkpoint, benchmark files: one line, before torch
+    from graftzoo.training.eval_runner import evaluate_checkpoint  # torch, transformers: after the target check
     paths = evaluate_checkpoint(path, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature,
                                 top_p=top_p, max_new_tokens=max_new_tokens, limit=limit, seed=seed, out=out,
                                 select=select, val_dataset=val_dataset, val_size=val_size,

@@ -1,10 +1,11 @@
-"""``graftzoo export``: the command over ``graftzoo.training.export.export_run``."""
+"""``graftzoo export``: the command over ``graftzoo.training.export.export_run``, imported (with torch) once the
+run is checked: ``--help`` and a missing run or checkpoint answer at once (graftzoo.apps.checks)."""
 from __future__ import annotations
 
 import click
 
+from graftzoo.apps.checks import export_target
 from graftzoo.apps.options import plugin_option
-from graftzoo.training.export import export_run
 
 
 @click.command("export")
@@ -21,4 +22,6 @@ def export_cmd(path, step, out, models):
     PATH is a run directory or one of its checkpoints (RUN/checkpoints/step_N)."""
     # an error is one line naming its culprit (graftzoo.apps.cli.Main): an unknown --model or --step exits 2, a
     # missing or broken checkpoint, or a model that cannot be exported, 1
+    export_target(path, step)  # a run or checkpoint folder, with a checkpoint (of --step): one line before torch
+    from graftzoo.training.export import export_run  # torch, transformers: after the run's check
     export_run(path, step=step, out=out, models=models or None, log_line=click.echo)

@@ -14,11 +14,15 @@ class PeerOptionError(ValueError):
     """A peer value is malformed; the message says which form is expected."""
 
 
-class PeerUsageError(click.ClickException):
-    """A malformed ``--peer`` on the command line: one line ``Error: Invalid value for '--peer': ...``, exit code 2
-    (a usage error, without click's usage banner)."""
+class UsageLine(click.ClickException):
+    """A usage error in one line ``Error: ...``, exit code 2, without click's usage banner: a malformed ``--peer``, a
+    path that does not exist (``graftzoo.apps.cli.Main``)."""
 
     exit_code = 2
+
+
+class PeerUsageError(UsageLine):
+    """A malformed ``--peer`` on the command line: one line ``Error: Invalid value for '--peer': ...``."""
 
 
 def parse_peer(value: str) -> dict:

@@ -1,7 +1,8 @@
 """``graftzoo plan CONFIG``: the GPU memory each model of a run needs, phase by phase (generate, logprob, update,
 sync), how many GPUs it takes and where the models go on a node, and how long a full-size step should take — so a
 run can be sized before a node is booked. The memory and step-time model is graftzoo.training.memory (its
-docstrings give every formula; docs/scaling.md#plan-a-run-graftzoo-plan); this module prints it.
+docstrings give every formula; docs/scaling.md#plan-a-run-graftzoo-plan); this module prints it, imported (with
+torch and transformers) by the command once its config and files are checked (graftzoo.apps.plan_command).
 """
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import json
 
 import click
 
-from graftzoo.apps.options import plugin_option
-from graftzoo.contract.config import load_config
-from graftzoo.training.memory import (CHIPS, GIB, MARGIN, PART_NAMES, PCIE_BYTES_PER_S, PHASES, USABLE,
-                                      calibration_of, gpu_layout, margin_bytes, plan)
+from graftzoo.apps.options import UsageLine
+from graftzoo.training.memory import (GIB, MARGIN, PART_NAMES, PCIE_BYTES_PER_S, PHASES, USABLE,
+                                      calibration_of, gpu_layout, gpu_of, margin_bytes, plan)
 
 LAYOUT_NAMES = {"separate": "separate groups", "colocated": "colocated, the models sharing each GPU",
                 "resident": "resident, every model's training state on the GPU (run.layout resident)",
@@ -187,33 +187,15 @@ def model_lines(rows: list, gpu_gb: float) -> list:
     return out
 
 
-@click.command("plan")
-@plugin_option
-@click.argument("config")
-@click.option("--algo", default="grpo", show_default=True,
-              help="algorithm (its KL coefficient decides whether a reference model is counted)")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="dotted override")
-@click.option("--gpu-gb", "--gpu-mem-gb", "gpu_gb", type=float, default=80.0, show_default=True,
-              help="memory of one GPU, GiB")
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
-              help="place the models on a node of this many GPUs: layout, ranks, engines, per-phase peaks")
-@click.option("--chip", type=click.Choice(sorted(CHIPS)), default="h200", show_default=True,
-              help="the GPU whose FLOP/s and memory bandwidth the step-time estimate uses")
-@click.option("--calibration", "calibration_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="JSON with update_hfu, hf_decode_bw_fraction, vllm_decode_bw_fraction (and optionally "
-                   "measured_bf16_flops, chip) measured on a GPU, or the device check's report (defaults: assumed)")
-@click.option("--json", "as_json", is_flag=True, help="print the same as JSON, with the step-time estimate")
-@click.pass_context
-def plan_cmd(ctx, config, algo, overrides, gpu_gb, gpus, chip, calibration_file, as_json):
-    """GPU memory per model and phase, GPUs needed, layout: graftzoo plan configs/pairs/pair1.yaml [--gpus 1]."""
-    cfg = load_config(pair=config, algo=algo, overrides=list(overrides) + ["run.track=false"])
-    calibration = None
-    if calibration_file:
-        with open(calibration_file) as f:
-            try:
-                calibration = calibration_of(json.load(f))
-            except (ValueError, TypeError, AttributeError) as e:
-                raise click.BadParameter(str(e), param_hint="--calibration") from None
+def run_plan(ctx, cfg, gpu_gb, gpus, chip, calibration, as_json):
+    """What ``graftzoo plan`` prints (the command and its checks: graftzoo.apps.plan_command) for the checked run
+    config ``cfg`` and the calibration file's data ``calibration`` (None: the assumed one)."""
+    chip, gpu_gb = gpu_of(chip, gpu_gb)  # one GPU: its memory and its limits
+    if calibration is not None:
+        try:
+            calibration = calibration_of(calibration)
+        except (ValueError, TypeError, AttributeError) as e:
+            raise UsageLine(f"Invalid value for '--calibration': {e}") from None
     if gpus is not None:
         p = gpu_layout(cfg, gpus, gpu_gb, chip, calibration)
         if as_json:

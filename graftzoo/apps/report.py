@@ -1,4 +1,7 @@
-"""``graftzoo report``: tables and figures from run directories (wired into the main CLI)."""
+"""``graftzoo report``: tables and figures from run directories (wired into the main CLI).
+
+Light at import: ``graftzoo report --help`` and a missing folder answer before torch loads (the report's modules
+import it through ``graftzoo.eval.compute``), so those are imported in the command's body."""
 from __future__ import annotations
 
 import os
@@ -7,13 +10,11 @@ from pathlib import Path
 import click
 
 from graftzoo.algos import BUILTIN
+from graftzoo.apps.checks import report_targets
 from graftzoo.contract.errors import did_you_mean
-from graftzoo.eval.artifacts import ArtifactError, load_runs
-from graftzoo.eval.plots import write_figures
-from graftzoo.eval.report import (COMPARABLE_KEYS, baseline_runs, build_table1, check_comparable,
-                                  clip_fraction_table, default_baseline, is_report_baseline, log_table_to_wandb,
-                                  method_labels, method_of, row_labels, to_csv, to_latex, to_markdown,
-                                  transfer_markdown, transfer_table)
+
+MIXABLE = ("run.steps", "run.epochs", "eval.k", "eval.dataset", "eval.size", "eval.benchmarks")
+"""``graftzoo.eval.report.COMPARABLE_KEYS``, spelt out so that ``--help`` imports no torch (a test keeps them equal)."""
 
 
 @click.command("report")
@@ -21,73 +22,147 @@ from graftzoo.eval.report import (COMPARABLE_KEYS, baseline_runs, build_table1, 
 @click.option("--out", "out_dir", default="report", show_default=True,
               type=click.Path(file_okay=False), help="Folder for the tables and figures.")
 @click.option("--baseline", default=None,
-              help="Method label that the Δ column is measured against [default: of the single-model rows of an "
-                   "algorithm whose section declares report_baseline, as GRPO's does, the one with the most seeds].")
+              help="Method label that the Δ column is measured against [default: per group of runs, of the "
+                   "single-model rows of an algorithm whose section declares report_baseline, as GRPO's does, the "
+                   "one with the most seeds].")
 @click.option("--wandb/--no-wandb", "use_wandb", default=False, show_default=True,
               help="Also log the tables and figures to a wandb run (offline without an API key).")
 @click.option("--allow-mixed", "allow_mixed", multiple=True, metavar="KEY",
-              help=f"tabulate runs that differ in KEY (repeatable; one of {', '.join(COMPARABLE_KEYS)})")
-@click.option("--mixed", is_flag=True, help="tabulate runs whatever their steps, eval k and eval set")
+              help=f"put runs that differ in KEY in one group (repeatable; one of {', '.join(MIXABLE)})")
+@click.option("--mixed", is_flag=True, help="one group: runs whatever their steps, eval k and eval set")
 def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     """Write table1.md/.csv/.tex, clip_table.md, transfer.md (runs with a peer), score_vs_compute.png, fractions.png
     and learning_curve.png from RUNS (run directories or folders holding them) into --out, and print Table 1.
 
-    Runs that differ in training steps, eval k or eval set are refused unless --allow-mixed / --mixed. Runs on
-    different tasks are tabulated in separate blocks; rows that differ in rollout budget, clip or a mixed key are
-    marked in the Differs column and said on stderr, one line per key."""
-    unknown = [k for k in allow_mixed if k not in COMPARABLE_KEYS]
+    Runs that differ in training steps, eval k or eval set are tabulated in separate groups, each a section of
+    Table 1 headed by its settings, with its own baseline row and Δ, and its figures in a subfolder of --out named
+    after them; --allow-mixed KEY / --mixed merge groups. Runs on different tasks are tabulated in separate blocks;
+    rows that differ in rollout budget, clip or a mixed key are marked in the Differs column and said on stderr,
+    one line per key. Bold, † and ‡ need a significant paired test over seeds (the caption says which)."""
+    unknown = [k for k in allow_mixed if k not in MIXABLE]
     if unknown:
-        raise click.UsageError(f"--allow-mixed {unknown[0]}: not one of {', '.join(COMPARABLE_KEYS)}")
+        raise click.UsageError(f"--allow-mixed {unknown[0]}: not one of {', '.join(MIXABLE)}")
+    report_targets(runs)  # a folder without runs: refused before torch
+    from graftzoo.eval.artifacts import ArtifactError, load_runs  # torch (eval.compute): after the argument checks
+    from graftzoo.eval.report import build_table1, row_labels  # torch (eval.compute): after the argument checks
+
     try:
         records = load_runs(runs)
     except ArtifactError as e:
         raise click.ClickException(str(e)) from None
-    try:
-        check_comparable(records, allow=("*",) if mixed else allow_mixed)
-    except ValueError as e:   # a usage error: --allow-mixed / --mixed put them in one table
-        raise _usage_error(str(e)) from None
+    allow = ("*",) if mixed else tuple(allow_mixed)
     try:
         labels = row_labels(records)
+        if baseline is not None and labels and baseline.casefold() not in {x.casefold() for x in labels}:
+            raise _usage_error(f"--baseline {baseline!r} is not a method of these runs{did_you_mean(baseline, labels)}"
+                               f" (methods: {_few_labels(labels)})")
         if baseline is None and labels:   # no rows at all: build_table1 says so
-            baseline = _pick_baseline(records)
-        elif labels and baseline not in labels:
-            raise _usage_error(f"--baseline {baseline!r} is not a method of these runs{did_you_mean(baseline, labels)} "
-                               f"(methods: {', '.join(repr(x) for x in labels)})")
-        table = build_table1(records, baseline=baseline or "")
+            _check_some_baseline(records, labels)
+        table = build_table1(records, baseline=baseline, allow=allow)
     except (ArtifactError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    if baseline is None:
+        _say_baselines(records, table)
+    _say_groups(table)
     for line in table.warnings:
         click.echo(line, err=True)
-    out = Path(out_dir)
+    md, clip, figures = _write(records, table, Path(out_dir))
+    click.echo(md)
+    if use_wandb:
+        _log_wandb(table, clip, figures, Path(out_dir))
+
+
+def _few_labels(labels) -> str:
+    from graftzoo.eval.report import few  # torch (eval.compute): imported by the command, not at start
+
+    return few([repr(x) for x in labels], 6)
+
+
+def _check_some_baseline(records, labels) -> None:
+    """A usage error (exit 2, one line listing a few labels) when no group of runs has a row ``default_baseline``
+    can take, so that Δ has nothing to be measured against anywhere."""
+    from graftzoo.eval.report import baseline_runs, is_report_baseline  # torch (eval.compute): in the command
+
+    if baseline_runs(records):
+        return
+    declared = [name for name in BUILTIN if is_report_baseline(name)]
+    raise _usage_error(f"no baseline row (single-model runs of an algorithm whose section declares "
+                       f"report_baseline{'; builtin: ' + ', '.join(declared) if declared else ''}) to measure "
+                       f"Δ against; pass --baseline with one of: {_few_labels(labels)}")
+
+
+def _say_baselines(records, table) -> None:
+    """One line naming the baseline ``default_baseline`` chose (per group when the groups' differ)."""
+    from graftzoo.eval.report import baseline_runs, method_labels, method_of  # torch (eval.compute): in the command
+
+    chosen = [g.baseline for g in table.groups if g.baseline]
+    if not chosen:
+        return
+    if len(set(chosen)) == 1:
+        labels = method_labels(records)
+        algos = sorted({str(r.summary.get("algo")) for r in baseline_runs(records)
+                        if method_of(r, labels) == chosen[0]})
+        click.echo(f"baseline: {chosen[0]!r} (algo {', '.join(algos)}: the baseline row with the most seeds; "
+                   f"--baseline to choose another)", err=True)
+        return
+    per = "; ".join(f"{g.label}: {g.baseline!r}" for g in table.groups if g.baseline)
+    click.echo(f"baselines per group: {per} (the baseline row with the most seeds; --baseline to choose one)",
+               err=True)
+
+
+def _say_groups(table) -> None:
+    """One line when the runs fall into several groups of settings."""
+    if len(table.groups) < 2:
+        return
+    keys = list(dict.fromkeys(k for g in table.groups for k in g.settings))
+    click.echo(f"{len(table.groups)} groups of runs differ in {', '.join(keys)}: one section of Table 1 each, "
+               f"figures in a subfolder each (--allow-mixed KEY or --mixed: one group)", err=True)
+
+
+def _sections(parts: list) -> str:
+    """Markdown of one table per group: under a heading per group when there are several."""
+    if len(parts) == 1:
+        return parts[0][1]
+    return "\n".join(f"### {group.label}\n\n{text}" for group, text in parts)
+
+
+def _write(records, table, out: Path) -> tuple:
+    """The tables and figures into ``out``; (Table 1's markdown, the clip tables, the figures written)."""
+    from graftzoo.eval.plots import write_figures  # matplotlib and torch: only when a report is written
+    from graftzoo.eval.report import (clip_fraction_table, to_csv, to_latex,  # torch (eval.compute): in the command
+                                      to_markdown, transfer_markdown, transfer_table)
+
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(table)
     (out / "table1.md").write_text(md, encoding="utf-8")
     (out / "table1.csv").write_text(to_csv(table), encoding="utf-8")
     (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
-    clip = clip_fraction_table(records)
-    (out / "clip_table.md").write_text(to_markdown(clip), encoding="utf-8")
-    transfer = transfer_table(records)
-    if transfer.rows:  # runs with a peer: what the exchange moved
-        (out / "transfer.md").write_text(transfer_markdown(transfer), encoding="utf-8")
-    figures = write_figures(records, out, table.baseline, echo=lambda m: click.echo(m, err=True))
-    click.echo(md)
-    if use_wandb:
-        _log_wandb(table, clip, figures)
+    clips = [(g, clip_fraction_table(g.runs)) for g in table.groups]
+    (out / "clip_table.md").write_text(_sections([(g, to_markdown(c)) for g, c in clips]), encoding="utf-8")
+    transfers = [(g, transfer_table(g.runs)) for g in table.groups]
+    transfers = [(g, t) for g, t in transfers if t.rows]
+    if transfers:  # runs with a peer: what the exchange moved
+        (out / "transfer.md").write_text(_sections([(g, transfer_markdown(t)) for g, t in transfers]),
+                                         encoding="utf-8")
+    figures = []
+    for group, folder in _figure_folders(table, out):
+        said = "" if folder == out else f"{group.label}: "
+        figures += write_figures(group.runs, folder, group.baseline,
+                                 echo=lambda m, said=said: click.echo(said + m, err=True))
+    return md, [c for _, c in clips], figures
 
 
-def _pick_baseline(records) -> str:
-    """``default_baseline``, said in one line; a usage error (exit 2) listing the labels when there is none."""
-    chosen = default_baseline(records)
-    if chosen is None:
-        declared = [name for name in BUILTIN if is_report_baseline(name)]
-        raise _usage_error(f"no baseline row (single-model runs of an algorithm whose section declares "
-                           f"report_baseline{'; builtin: ' + ', '.join(declared) if declared else ''}) to measure "
-                           f"Δ against; pass --baseline with one of: {', '.join(repr(x) for x in row_labels(records))}")
-    labels = method_labels(records)
-    algos = sorted({str(r.summary.get("algo")) for r in baseline_runs(records) if method_of(r, labels) == chosen})
-    click.echo(f"baseline: {chosen!r} (algo {', '.join(algos)}: the baseline row with the most seeds; --baseline to "
-               f"choose another)", err=True)
-    return chosen
+def _figure_folders(table, out: Path) -> list:
+    """(group, the folder of its figures): ``out`` for a table of one group, else a subfolder per group named after
+    its settings (``Group.slug``; "-2" added where two slugs meet)."""
+    if len(table.groups) < 2:
+        return [(table.groups[0], out)] if table.groups else []
+    seen: dict = {}
+    folders = []
+    for g in table.groups:
+        seen[g.slug] = seen.get(g.slug, 0) + 1
+        folders.append((g, out / (g.slug if seen[g.slug] == 1 else f"{g.slug}-{seen[g.slug]}")))
+    return folders
 
 
 def _usage_error(message: str) -> click.ClickException:
@@ -97,15 +172,18 @@ def _usage_error(message: str) -> click.ClickException:
     return e
 
 
-def _log_wandb(table, clip, figures) -> None:
+def _log_wandb(table, clips, figures, out: Path) -> None:
     import wandb
+
+    from graftzoo.eval.report import log_table_to_wandb  # torch (eval.compute): imported by the command
 
     mode = None if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY") else "offline"
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", "graftzoo"), job_type="report",
                      mode=mode)
     try:
         log_table_to_wandb(table, run)
-        log_table_to_wandb(clip, run)
-        run.log({p.stem: wandb.Image(str(p)) for p in figures})
+        for i, clip in enumerate(clips):
+            log_table_to_wandb(clip, run, key="clip_table" if i == 0 else f"clip_table_{i + 1}")
+        run.log({str(p.relative_to(out).with_suffix("")): wandb.Image(str(p)) for p in figures})
     finally:
         run.finish()

@@ -101,7 +101,8 @@ class RunSection(Section):
         None, "wandb mode; null: WANDB_MODE, else online if WANDB_API_KEY is set, else offline")
     tags: Optional[list] = key(list, "wandb tags")
     variant: Optional[str] = key(None, "label used in reports, e.g. \"GRPO (n=8)\" (default: algorithm and n)")
-    progress: bool = key(True, "a progress bar on the terminal")
+    progress: bool = key(True, "progress of the training and its long waits (warm-up, loading, evaluation): "
+                               "bars on a terminal, plain lines elsewhere; false: their start and end lines only")
     threads: Int = key(1, "torch intra-op threads", ge=1, le=MAX_WORKERS)
     device: str = key("auto", "device of the models: auto (cuda when a GPU is visible, else cpu), cpu, cuda, cuda:1; "
                               "pair.models[i].device overrides")
@@ -387,6 +388,9 @@ class TaskSection(Section):
         return data
 
 
+SELECT_RULES = ("last", "val_avg")  # eval.select (graftzoo.training.selection applies them)
+
+
 class EvalSection(Section):
     dataset: Optional[str] = key(None, "null: held-out split of the task")
     size: Optional[Int] = key(200, "held-out prompts", ge=1, le=MAX_PROMPTS)
@@ -398,7 +402,7 @@ class EvalSection(Section):
                              why="eval.greedy=true decodes greedily")
     max_new_tokens: Optional[Int] = key(None, "null: rollout.max_new_tokens", ge=1, le=MAX_TOKENS)
     benchmarks: Union[str, list[str]] = key(list, "benchmarks of the final evaluation (all, names or paths)")
-    select: Optional[Literal["last", "val_avg"]] = key("last", "checkpoint selection rule (never the test set)")
+    select: Optional[Literal[SELECT_RULES]] = key("last", "checkpoint selection rule (never the test set)")
     val_dataset: Optional[str] = key(None, "validation set for select=val_avg")
     val_size: Optional[Int] = key(64, "validation prompts", ge=1, le=MAX_PROMPTS)
     allow_test_selection: bool = key(False, "allow val_avg selection on a test set")
@@ -1057,6 +1061,45 @@ def resolve_models(cfg: RunConfig) -> RunConfig:
 def trained_ids(cfg: RunConfig) -> list:
     """The ids of the models the run trains: ``pair.train`` as given, else every model in pair order."""
     return list(cfg.pair.train or [s.id for s in cfg.pair.models])
+
+
+HF_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def looks_like_folder(src: str) -> bool:
+    """A hub id is ``name`` or ``owner/name``; anything else (``/abs``, ``./rel``, ``~/x``, ``a/b/c``) is a folder."""
+    return src.startswith(("/", ".", "~")) or src.count("/") > 1 or "\\" in src
+
+
+def model_folder(spec: ModelSpec) -> Optional[str]:
+    """The local folder a ``kind: hf`` model loads from (its ``path``, or an ``id`` that is a folder), checked with
+    the file system only: it holds a ``config.json``, weights and tokenizer files; None for a hub id (resolved in the
+    Hugging Face cache or on the hub by ``graftzoo.training.models.check_hf_model``). Anything else is one
+    ``ConfigError`` naming the model and what is wrong (docs/guide.md#bring-your-own-model)."""
+    mid = spec.id
+    src = str(spec.path or mid)
+    folder = Path(src).expanduser()
+    if folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model '{mid}': {folder} is not a Hugging Face model folder (no config.json)")
+        if not any(next(folder.glob(w), None) for w in HF_WEIGHTS):
+            raise ConfigError(f"model '{mid}': {folder} holds no weights (*.safetensors or pytorch_model*.bin)")
+        if not any((folder / f).is_file() for f in HF_TOKENIZER_FILES):
+            raise ConfigError(f"model '{mid}': {folder} holds no tokenizer ({' or '.join(HF_TOKENIZER_FILES)})")
+        return str(folder)
+    if spec.path or looks_like_folder(src):
+        raise ConfigError(f"model '{mid}': no such folder {src}")
+    return None
+
+
+def check_model_folders(cfg: RunConfig) -> None:
+    """``model_folder`` of every trained ``kind: hf`` model: what ``graftzoo train`` checks of the models before it
+    imports torch (the hub ids are resolved later, by ``graftzoo.training.models.check_models``)."""
+    train = trained_ids(cfg)
+    for spec in cfg.pair.models:
+        if spec.kind == "hf" and spec.id in train:
+            model_folder(spec)
 
 
 def clip_label(clip: dict | None) -> str:

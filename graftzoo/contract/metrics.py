@@ -251,6 +251,13 @@ COMPLETIONS = Family("{model}/completions", "table", "the responses a step train
                      "all (wandb)")
 
 
+WANDB_STEP = "train/step"
+"""The x axis of every wandb chart (wandb's ``define_metric``): the record's ``step`` (not a ``Metric``: never in
+metrics.jsonl)."""
+WANDB_STEP_MEANING = ("the x axis of every wandb chart: the record's `step` (-1: the evaluation before training; "
+                      "run.steps: the final evaluation); wandb's own step is `step` + 1")
+
+
 def wandb_key(model: str, name: str) -> str:
     """The wandb key of ``name`` for ``model`` (``WANDB_METRIC``)."""
     return f"{model}/{name}"
@@ -334,7 +341,8 @@ def markdown() -> str:
              "a test checks that this page is current and that every key a run",
              "writes to `metrics.jsonl` is declared. One record per (step, model); the keys of the fixed vocabulary",
              "(marked \\*) are in every record, null where they do not apply. wandb logs each numeric key as",
-             "`<model>/<key>`.", ""]
+             f"`<model>/<key>` against `{WANDB_STEP}`, the record's step: the evaluation before training",
+             "(`run.eval_at_start`, step -1) is the first point of the evaluation charts.", ""]
     _with_algorithms()
     always = set(EVERY_RECORD)
     topics: dict = {}
@@ -355,6 +363,7 @@ def markdown() -> str:
                 lines.append(_row(m, m.unit, m.meaning, m.by, " \\*" if m in always else ""))
         lines.append("")
     lines += ["## wandb", "", "| name | unit | meaning | logged by |", "| --- | --- | --- | --- |"]
+    lines += [_row(WANDB_STEP, "index", WANDB_STEP_MEANING, "all (wandb)")]
     lines += [_row(f.shown, f.unit, f.meaning, f.by) for f in FAMILIES if f not in JSONL_FAMILIES]
     lines += ["", "## Units", "", "| unit | meaning |", "| --- | --- |"]
     lines += [f"| {u} | {d} |" for u, d in UNITS.items()]

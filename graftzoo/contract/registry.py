@@ -139,6 +139,9 @@ def load_local_plugins(specs=None):
     """Import the local plugins ``specs`` (default: ``plugin_specs()``) not imported yet; ``PluginError`` names the
     first that is missing or fails to import."""
     todo = [s for s in (plugin_specs() if specs is None else specs) if _plugin_key(s) not in _LOCAL]
+    missing = [s for s in todo if _is_file(s) and not Path(s).is_file()]
+    if missing:  # said before the builtins are imported (they import torch)
+        raise PluginError(f"plugin '{missing[0]}': no such file")
     if todo:
         _load_registered()   # builtins and installed plugins first: a local plugin reusing their names clashes
     for spec in todo:

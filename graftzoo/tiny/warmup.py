@@ -33,6 +33,7 @@ import torch.nn.functional as F
 import transformers
 from transformers import AutoModelForCausalLM
 
+from graftzoo.contract.output import log_to_stderr, wait
 from graftzoo.envs import arithmetic
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
 from graftzoo.tiny import build
@@ -181,18 +182,25 @@ def probe(model, tokenizer, w: WarmupSpec, seed: int, skills: Optional[Sequence[
 CONTINUE_START = 10_000_000  # a continuation's problems start this far into the train stream (past any first phase)
 
 
-def _warm(spec: TinyModelSpec, seed: int, progress=None, threads: int = 1, cache_dir=None) -> tuple:
+def _warm(spec: TinyModelSpec, seed: int, progress=None, threads: int = 1, cache_dir=None, shown=None) -> tuple:
     """Train ``spec``'s warm-up; with ``warmup.then``, load (or make) the first phase's cached checkpoint and
-    continue it with the second recipe. The final probe covers the skills of both phases."""
+    continue it with the second recipe. The final probe covers the skills of both phases. ``progress`` gets each
+    step's record, ``shown`` (a ``graftzoo.contract.output.Wait``) the steps of this phase."""
     torch.set_num_threads(threads)
     w = spec.warmup
+
+    def report(rec: dict) -> None:
+        if shown is not None:
+            shown.update(rec["step"], f"loss {rec['loss']:.3f}")
+        if progress is not None:
+            progress(rec)
     if w.then is None:
         model, tok = build_tiny(spec, seed)
-        stats = sft_train(model, tok, w, seed, progress)
+        stats = sft_train(model, tok, w, seed, report)
     else:
         first = load_or_warmup(replace(spec, warmup=w.first_phase()), seed, cache_dir, progress, threads)
         model, tok = load_tiny(first)
-        stats = sft_train(model, tok, w.then, seed, progress, start=CONTINUE_START)
+        stats = sft_train(model, tok, w.then, seed, report, start=CONTINUE_START)
         stats["first_phase"] = {k: v for k, v in warmup_info(first).items() if k not in ("spec", "version")}
         w = replace(w.then, mix={**{k: v for k, v in w.mix.items() if v > 0}, **w.then.mix})
     t = time.perf_counter()
@@ -229,7 +237,13 @@ def load_or_warmup(spec: TinyModelSpec, seed: Optional[int] = None, cache_dir=No
     if twin is not None:
         return str(twin)
     root.mkdir(parents=True, exist_ok=True)
-    model, tok, stats = _warm(spec, seed, progress, threads, root)
+    w = spec.warmup.then or spec.warmup   # a continuation's first phase is a warm-up (and a wait) of its own
+    phase = " (its continuation)" if spec.warmup.then else ""
+    with wait(f"warm-up of {spec.id}{phase}", total=w.steps, unit="steps",
+              note=f"once: cached in {root}" + (", may stop early" if w.stop_when else "")) as shown:
+        model, tok, stats = _warm(spec, seed, progress, threads, root, shown)
+        probe_text = ", ".join(f"{k} {v:.2f}" for k, v in stats["probe_greedy"].items())
+        shown.finish(f"{stats['steps']} steps, greedy probe {probe_text}")
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.id}-", dir=root))
     try:
         model.save_pretrained(tmp)
@@ -248,6 +262,7 @@ def load_or_warmup(spec: TinyModelSpec, seed: Optional[int] = None, cache_dir=No
 
 
 def _warm_in_child(spec_dict: dict, seed: Optional[int], cache_dir) -> str:
+    log_to_stderr()  # its warm-up's progress lines on the parent's stderr
     return load_or_warmup(TinyModelSpec.from_dict(spec_dict), seed, cache_dir)
 
 

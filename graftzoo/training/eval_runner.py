@@ -28,6 +28,7 @@ warning (``graftzoo.training.selection``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Callable, Optional, Sequence
 
 from graftzoo.training.checkpoint import checkpoint_step, load_weights
 from graftzoo.contract.config import with_values
+from graftzoo.contract.output import wait
 from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.envs.datasets import BENCHMARKS, bundled_names
 from graftzoo.envs.task import HELDOUT, LOAD_ERRORS, Task
@@ -67,17 +69,56 @@ def cli_eval_folder(run_dir, step: int, req: dict) -> Path:
     return Path(run_dir) / EVAL_DIR / CLI_EVAL_DIR / name
 
 
-def check_benchmarks(task: Task, names: Sequence[str], limit: Optional[int] = None) -> None:
+def check_benchmarks(task: Task, names: Sequence[str], limit: Optional[int] = None) -> int:
     """Load each benchmark of an evaluation once, so that an unknown name, a missing file or a broken row is one
-    ``ConfigError`` line naming it (with the closest known names) before any model is built."""
+    ``ConfigError`` line naming it (with the closest known names) before any model is built; returns their prompts
+    in all."""
+    prompts = 0
     for name in names:
         try:
-            task.benchmark(name, limit)
+            prompts += len(task.benchmark(name, limit).prompts)
         except LOAD_ERRORS as e:
             text = " ".join(str(e).split()) or type(e).__name__
             known = [HELDOUT, "all", *BENCHMARKS, *bundled_names()]
             hint = did_you_mean(name, dict.fromkeys(known)) if name not in known and not Path(name).exists() else ""
             raise ConfigError(f"--benchmarks {name!r}{hint}: {text}") from None
+    return prompts
+
+
+def eval_answers(prompts: int, request: dict) -> int:
+    """The answers an evaluation generates (docs/guide.md#what-a-command-prints): each prompt's k sampled answers
+    in each of ``seeds`` runs, plus one greedy answer with ``greedy``. Example: 8 prompts, k=2, one run, greedy:
+    8 × (2 × 1 + 1) = 24."""
+    return int(prompts) * (int(request["k"]) * int(request["seeds"]) + (1 if request["greedy"] else 0))
+
+
+class Counted:
+    """An engine that counts the answers it generates into a wait (an evaluation's progress, ``evaluating``);
+    the engine's own in everything else."""
+
+    def __init__(self, engine, shown):
+        self.engine, self.shown, self.done = engine, shown, 0
+
+    def generate(self, prompts, n, *args, **kwargs):
+        out = self.engine.generate(prompts, n, *args, **kwargs)
+        self.done += len(prompts) * n if isinstance(n, int) else sum(n)
+        self.shown.update(self.done)
+        return out
+
+    def __getattr__(self, name):
+        if name == "engine":  # not set yet (a copy being made)
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+
+@contextlib.contextmanager
+def evaluating(what: str, engine, request: dict, prompts: int):
+    """An evaluation as a wait (graftzoo.contract.output) called ``what``: yields ``engine`` counting its answers
+    against ``eval_answers``."""
+    each = eval_answers(1, request)
+    with wait(what, total=eval_answers(prompts, request), unit="answers",
+              note=f"{prompts} problems, {each} answer{'s' if each != 1 else ''} each") as shown:
+        yield Counted(engine, shown)
 
 
 def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds: int = 1,
@@ -98,7 +139,7 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
     req = eval_request(cfg, benchmarks, k, seeds=seeds, greedy=greedy, temperature=temperature, top_p=top_p,
                        max_new_tokens=max_new_tokens, limit=limit, seed=seed, select=select)
     task = Task(cfg)
-    check_benchmarks(task, req["benchmarks"], limit)  # before any model is built
+    prompts = check_benchmarks(task, req["benchmarks"], limit)  # before any model is built
     policies = build_policies(cfg, models)
     # engines sized for the request's response limit (a vLLM engine's max_model_len), --max-new-tokens included
     sized = with_values(cfg, {"eval.max_new_tokens": req["max_new_tokens"]}) if req["max_new_tokens"] else cfg
@@ -121,11 +162,12 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
             m = spec.id
             use, selection = chosen[m]
             folder = Path(out) if out else cli_eval_folder(run_dir, checkpoint_step(use), req)
-            _, path = evaluate_and_write(policies[m], engines[m], req, run_dir, folder=folder, task=task,
-                                         step=checkpoint_step(use), log=log,
-                                         extra={"run": cfg.run.name, "checkpoint": f"checkpoints/{use.name}",
-                                                "model_spec": spec.model_dump(), "selection": selection,
-                                                "request": req})
+            with evaluating(f"evaluating {m} on {', '.join(req['benchmarks'])}", engines[m], req, prompts) as engine:
+                _, path = evaluate_and_write(policies[m], engine, req, run_dir, folder=folder, task=task,
+                                             step=checkpoint_step(use), log=log,
+                                             extra={"run": cfg.run.name, "checkpoint": f"checkpoints/{use.name}",
+                                                    "model_spec": spec.model_dump(), "selection": selection,
+                                                    "request": req})
             written.append(path)
         return written
     finally:
@@ -133,4 +175,4 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
             engine.close()
 
 
-__all__ = ["CLI_EVAL_DIR", "cli_eval_folder", "evaluate_checkpoint"]
+__all__ = ["CLI_EVAL_DIR", "Counted", "cli_eval_folder", "eval_answers", "evaluate_checkpoint", "evaluating"]

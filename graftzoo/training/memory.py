@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 from transformers import AutoConfig
 
@@ -624,6 +625,23 @@ class Chip:
 
 CHIPS = {name: Chip(*limits, name) for name, limits in {  # SXM parts, the vendors' data sheets (dense, no sparsity)
     "h200": (989e12, 4.8e12, 141), "h100": (989e12, 3.35e12, 80), "a100": (312e12, 2.039e12, 80)}.items()}
+DEFAULT_CHIP = "h100"  # an 80 GB part, the GPU most clusters have: plan's memory and its step time agree by default
+
+
+def gpu_of(chip: Optional[str] = None, gpu_gb: Optional[float] = None) -> tuple:
+    """The GPU ``plan`` sizes for, as (chip name, memory in GiB), so that its memory and its step time describe one
+    GPU: neither given, ``DEFAULT_CHIP`` and its memory; a chip alone, its memory; a memory alone, the first chip of
+    ``CHIPS`` sold with that memory (141 -> h200, 80 -> h100), else ``DEFAULT_CHIP``'s limits for the step time (a
+    memory no listed chip has: a partitioned or another GPU); both, as given. docs/scaling.md#plan-a-run-graftzoo-plan.
+    """
+    if chip is not None and chip not in CHIPS:
+        raise ValueError(f"chip {chip!r} is not one of {', '.join(sorted(CHIPS))}")
+    if gpu_gb is None:
+        name = chip or DEFAULT_CHIP
+        return name, float(CHIPS[name].memory_gb)
+    if chip is None:
+        chip = next((name for name, c in CHIPS.items() if c.memory_gb == gpu_gb), DEFAULT_CHIP)
+    return chip, float(gpu_gb)
 # Assumed until a GPU check measures them (``--calibration FILE``; docs/scaling.md#step-time-and-mfu): the update's
 # hardware FLOP utilisation (``train_flops`` with gradient checkpointing's recompute, against the chip's data-sheet
 # peak: transformers layers with gradient checkpointing reach 0.3-0.4) and the fraction of the memory bandwidth each

@@ -36,7 +36,8 @@ from graftzoo.training import fsdp
 from graftzoo.training import lora as lora_mod
 from graftzoo.training.engine import HFEngine
 from graftzoo.training.policy import Policy, context_of
-from graftzoo.contract.config import TINY_KEYS, ModelSpec, RunConfig, trained_ids, with_values
+from graftzoo.contract.config import TINY_KEYS, ModelSpec, RunConfig, model_folder, trained_ids, with_values
+from graftzoo.contract.output import libraries_shown, wait
 from graftzoo.contract.errors import ConfigError
 from graftzoo.training.vllm_engine import VLLMEngine
 from graftzoo.envs.templates import resolve_stop, resolve_template
@@ -60,7 +61,8 @@ def spec_dtype(spec: ModelSpec) -> Optional[torch.dtype]:
 
 def load_model(spec: ModelSpec, seed: int = 0, progress=None):
     """(model, tokenizer, tokenizer_id) of a pair.models entry."""
-    hf_logging.disable_progress_bar()  # "Loading weights" bars for every model load clutter the run output
+    if not libraries_shown():  # "Loading weights" bars for every model load clutter the run output (not --debug)
+        hf_logging.disable_progress_bar()
     if spec.kind == "tiny":
         ts = tiny_spec(spec)
         dtype = spec_dtype(spec)  # e.g. bfloat16, to train a tiny model as a real one would be
@@ -105,8 +107,6 @@ def load_tokenizer_of(spec: ModelSpec, progress=None) -> tuple:
     return hf_tokenizer(spec, path, local_only), spec.tokenizer_id or path
 
 
-HF_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
-HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 HUB_PROBE_S = 3.0  # seconds to reach the hub before a model that is not cached is refused
 
 
@@ -131,11 +131,6 @@ def hub_unreachable() -> str | None:
     return None
 
 
-def _looks_like_path(src: str) -> bool:
-    """A hub id is ``name`` or ``owner/name``; anything else (``/abs``, ``./rel``, ``~/x``, ``a/b/c``) is a folder."""
-    return src.startswith(("/", ".", "~")) or src.count("/") > 1 or "\\" in src
-
-
 def _cached(repo: str) -> bool:
     """Whether the hub model ``repo`` is in the local Hugging Face cache (its config and weights)."""
     def hit(name):
@@ -151,17 +146,9 @@ def check_hf_model(spec: ModelSpec) -> tuple[str, bool]:
     and why, in seconds (``HF_HUB_OFFLINE=1``, or an unreachable hub, means the cache only)."""
     mid = spec.id
     src = str(spec.path or mid)
-    folder = Path(src).expanduser()
-    if folder.is_dir():
-        if not (folder / "config.json").is_file():
-            raise ConfigError(f"model '{mid}': {folder} is not a Hugging Face model folder (no config.json)")
-        if not any(next(folder.glob(w), None) for w in HF_WEIGHTS):
-            raise ConfigError(f"model '{mid}': {folder} holds no weights (*.safetensors or pytorch_model*.bin)")
-        if not any((folder / f).is_file() for f in HF_TOKENIZER_FILES):
-            raise ConfigError(f"model '{mid}': {folder} holds no tokenizer ({' or '.join(HF_TOKENIZER_FILES)})")
-        return str(folder), True
-    if spec.path or _looks_like_path(src):
-        raise ConfigError(f"model '{mid}': no such folder {src}")
+    folder = model_folder(spec)  # a local folder, checked with the file system only (before torch, in the CLI)
+    if folder is not None:
+        return folder, True
     if _cached(src):
         return src, _hub_offline() or hub_unreachable() is not None
     where = f"not a local folder and not in the Hugging Face cache ({hf_constants.HF_HUB_CACHE})"
@@ -254,7 +241,8 @@ def build_policy(spec: ModelSpec, cfg: RunConfig, seed: int = 0, progress=None) 
     """The Policy of a pair.models entry, its whole model loaded in this process (``load_model``), in the run's
     precision, with gradient checkpointing and LoRA adapters as configured, on its device."""
     use_run_threads(cfg)
-    model, tok, tok_id = load_model(spec, seed, progress)
+    with wait(f"loading model {spec.id}", note=f"kind {spec.kind}"):  # a tiny model's first warm-up inside it
+        model, tok, tok_id = load_model(spec, seed, progress)
     autocast = apply_precision(model, cfg.optim.precision)
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -472,8 +460,11 @@ class InProcess:
         self.engines: dict = {}
         policies = {s.id: build_policy(s, cfg, seed) for s in specs if s.id in train_ids}
         check_context(cfg, policies)
-        for m, p in policies.items():
-            self.engines[m] = build_engine(p, cfg)
+        for m, p in policies.items():  # an hf engine decodes with the training weights: nothing to wait for
+            starting = contextlib.nullcontext() if cfg.rollout.engine == "hf" else \
+                wait(f"starting the {cfg.rollout.engine} engine of {m}")
+            with starting:
+                self.engines[m] = build_engine(p, cfg)
         refs = {m: make_ref(p) for m, p in policies.items()} if wants_ref(cfg) else {}
         return policies, self.engines, refs
 

@@ -17,13 +17,12 @@ import logging
 from pathlib import Path
 from typing import Callable, Optional
 
-from graftzoo.contract.config import RunConfig
+from graftzoo.contract.config import SELECT_RULES, RunConfig
 from graftzoo.training.checkpoint import CheckpointError, check_weights, checkpoint_step, list_checkpoints, load_weights
 from graftzoo.envs.task import Task
 from graftzoo.eval.evaluate import fmt_score
 from graftzoo.eval.protocol import score_benchmark
 
-SELECT_RULES = ("last", "val_avg")
 log_ = logging.getLogger("graftzoo")
 
 

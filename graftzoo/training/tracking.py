@@ -8,7 +8,16 @@ wandb settings: ``run.wandb_project`` / ``run.wandb_group`` / ``run.wandb_mode``
 first checks, within seconds, that the wandb server answers (``server_unreachable``); when it does not, or
 ``wandb.init`` fails online, the run logs offline (in ``RUN/wandb``, for ``wandb sync`` later) and says so in one
 line: no network never holds a run up for wandb's minutes of retries. A resumed run continues the same wandb run
-(its id is kept in the checkpoint: ``resume_id``). Every
+(its id is kept in the checkpoint: ``resume_id``).
+
+wandb's step axis: every chart is drawn against ``train/step`` (``M.WANDB_STEP``, wandb's ``define_metric``), the
+record's ``step`` as in metrics.jsonl, so the evaluation before training (step -1) is on the charts; wandb's own
+step is ``wandb_step(step)`` = step + 1, never negative and never going back: one wandb row per step (both models'
+records and the completions tables of the step), and a resumed run does not log again the steps that its wandb run
+already holds (those the first attempt logged after its last checkpoint, replayed on resume; metrics.jsonl keeps
+the replayed records, wandb the first ones; a finished run extended to more steps keeps its final evaluation at
+that step on wandb, and the first new step's record is in metrics.jsonl only); a run resumed with tracking after
+untracked attempts opens a new wandb run and logs the records metrics.jsonl keeps first, step -1 included. Every
 ``tracking.log_completions_every`` steps (0 = never) each model logs a completions table ``<model>/completions``
 (``COMPLETION_COLUMNS``, at most ``tracking.completions_rows`` rows, peer rows first): the responses the step trains
 on, from the exchange's slots, whatever the algorithm.
@@ -102,14 +111,17 @@ def server_unreachable(url: str, timeout: float = PROBE_S) -> Optional[str]:
     return result[0] if result else f"no answer within {timeout:g} s"
 
 
-def _init_wandb(run_dir: Path, cfg: RunConfig, resume_id: Optional[str]):
-    """``wandb.init`` in ``wandb_mode``; an online run that cannot reach its server logs offline, said in one line."""
+def init_wandb(run_dir: Path, cfg: RunConfig, resume_id: Optional[str] = None, **settings):
+    """``wandb.init`` in ``wandb_mode`` with ``cfg``'s project, entity, group, tags and config, into
+    ``run_dir/wandb`` (``settings`` replace any of ``wandb.init``'s arguments, e.g. a grid's report run sets
+    ``job_type``); an online run that cannot reach its server logs offline, said in one line."""
     import wandb
     run, tracking = cfg.run, cfg.tracking
     mode = wandb_mode(run)
     kw = dict(project=run.wandb_project or "graftzoo", entity=tracking.entity, group=run.wandb_group,
               name=run_dir.name, dir=str(run_dir), config=as_dict(cfg), id=resume_id,
               resume="allow" if resume_id else None, reinit="create_new", tags=[str(t) for t in (run.tags or [])])
+    kw.update(settings)
     if mode in ONLINE_MODES:
         url = wandb.setup().settings.base_url  # WANDB_BASE_URL, `wandb login --host`, else wandb's server
         why = server_unreachable(url)
@@ -125,6 +137,19 @@ def _init_wandb(run_dir: Path, cfg: RunConfig, resume_id: Optional[str]):
     return wandb.init(mode=mode, settings=wandb.Settings(silent=True), **kw)
 
 
+def _wandb_data(rec: dict) -> dict:
+    """A metrics.jsonl record's numeric values under their wandb keys (``<model>/<key>``)."""
+    return {M.wandb_key(rec[M.MODEL], k): v for k, v in rec.items()
+            if k not in (M.STEP, M.MODEL) and isinstance(v, (int, float))}
+
+
+def wandb_step(step: int) -> int:
+    """wandb's own step of a record of training step ``step`` (docs/metrics.md#wandb): ``step + 1``, so the
+    evaluation before training (step -1) is wandb's step 0 and the final evaluation (step ``run.steps``) its last;
+    the charts' x axis is ``train/step`` = ``step`` itself."""
+    return step + 1
+
+
 class MetricsFileError(ValueError):
     """``metrics.jsonl`` holds an unreadable record that is not a torn last line."""
 
@@ -134,10 +159,16 @@ class Tracker:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         self.wandb_run = None
+        self.resume_id = resume_id
         self.completions_every = cfg.tracking.log_completions_every
         self.completions_rows = cfg.tracking.completions_rows
+        self.wandb_next = 0   # the lowest wandb step a record may go to: wandb's steps only go forward
+        self.said_replayed = False   # a resumed run's steps that its wandb run already holds: said once
         if cfg.run.track:
-            self.wandb_run = _init_wandb(self.run_dir, cfg, resume_id)
+            self.wandb_run = init_wandb(self.run_dir, cfg, resume_id)
+            self.wandb_run.define_metric(M.WANDB_STEP)
+            self.wandb_run.define_metric("*", step_metric=M.WANDB_STEP)   # every chart against train/step
+            self.wandb_next = self.wandb_run.step   # a resumed run's wandb history goes on from there
 
     @property
     def run_id(self) -> Optional[str]:
@@ -150,8 +181,21 @@ class Tracker:
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
         if self.wandb_run is not None:
-            self.wandb_run.log({M.wandb_key(model, k): v for k, v in rec.items()
-                                if k not in (M.STEP, M.MODEL) and isinstance(v, (int, float))}, step=step)
+            self._log_wandb(step, _wandb_data(rec))
+
+    def _log_wandb(self, step: int, data: dict) -> bool:
+        """Log ``data`` at wandb step ``wandb_step(step)`` with ``train/step`` = ``step``; a step below one wandb
+        already holds (a resumed run replaying the steps after its last checkpoint) is left out, said once."""
+        at = wandb_step(step)
+        if at < self.wandb_next:
+            if not self.said_replayed:
+                self.said_replayed = True
+                log.info("%s: wandb already holds this run's steps up to %d; the replayed steps keep their first "
+                         "points there (metrics.jsonl has the replayed ones)", self.run_dir, self.wandb_next - 2)
+            return False
+        self.wandb_run.log({M.WANDB_STEP: step, **data}, step=at)
+        self.wandb_next = at
+        return True
 
     def log_completions(self, step: int, model: str, slots):
         """Log ``model``'s completions table of ``step`` (``completion_rows``) to wandb when the step is on the
@@ -161,13 +205,15 @@ class Tracker:
         import wandb
         table = wandb.Table(columns=COMPLETION_COLUMNS,
                             data=completion_rows(step, model, slots, self.completions_rows))
-        self.wandb_run.log({M.COMPLETIONS.of(model=model): table}, step=step)
-        return table
+        return table if self._log_wandb(step, {M.COMPLETIONS.of(model=model): table}) else None
 
     def truncate_after(self, step: int):
         """On resume: drop records of steps after the checkpoint, so replayed steps are not doubled. A torn
         trailing line (a write cut short by a kill) is dropped and said; an unreadable line before intact ones is
-        a ``MetricsFileError`` naming the file and line (that is not a torn write)."""
+        a ``MetricsFileError`` naming the file and line (that is not a torn write). A run that continues its wandb
+        run (``resume_id``) logs to wandb only the steps after the last one the file held: wandb has the others
+        (an offline run's new folder too, so that ``wandb sync`` of both has each step once). A new wandb run
+        (no ``resume_id``: the earlier attempts were not tracked) gets the kept records first, step -1 included."""
         if not self.path.exists():
             return
         lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -187,7 +233,15 @@ class Tracker:
                             self.path, i + 1, len(line))
                 continue
             records.append((rec, line))
-        keep = [line for rec, line in records if rec.get(M.STEP, -1) <= step]
+        kept = [(rec, line) for rec, line in records if rec.get(M.STEP, -1) <= step]
+        keep = [line for _, line in kept]
+        logged = [rec[M.STEP] for rec, _ in records if isinstance(rec.get(M.STEP), int)]
+        if self.wandb_run is not None and self.resume_id is not None and logged:
+            self.wandb_next = max(self.wandb_next, wandb_step(max(logged)) + 1)
+        elif self.wandb_run is not None and self.resume_id is None:
+            for rec, _ in kept:
+                if isinstance(rec.get(M.STEP), int) and rec.get(M.MODEL):
+                    self._log_wandb(rec[M.STEP], _wandb_data(rec))
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, self.path)

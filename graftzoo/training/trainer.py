@@ -42,6 +42,7 @@ from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.training.engine import fitting_prompts
+from graftzoo.training.eval_runner import evaluating
 from graftzoo.training.models import InProcess, check_models, make_eval_engine, prompt_limits
 from graftzoo.training import placement
 from graftzoo.peers.sources import make_peer_source
@@ -385,16 +386,20 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------------------------------
-    def evaluate(self, step: int, final: bool = False) -> dict:
+    def evaluate(self, step: int, final: bool = False, when: Optional[str] = None) -> dict:
         """Every trained model on the task's held-out split through ``graftzoo eval``'s path
         (``graftzoo.eval.evaluate``, ``eval.*`` settings); the final evaluation is written to
-        ``RUN/eval/<model>.json``. model id -> payload (its ``eval_metrics`` are logged)."""
+        ``RUN/eval/<model>.json``. model id -> payload (its ``eval_metrics`` are logged). ``when``: the wait's
+        words for it (graftzoo.contract.output; default: after which step)."""
         req = heldout_request(self.cfg)
         kw = dict(task=self.task, step=step, group_by=self.task.group_field)
         res = {}
+        when = when or ("after training" if final else f"after step {step + 1}")
         for m in self.model_ids:
             engine = make_eval_engine(self.policies[m], self.cfg, req["top_p"], engine=self.engines[m])
-            with self.residency.active(m), self.meter.phase(m, "eval"):
+            with self.residency.active(m), self.meter.phase(m, "eval"), \
+                    evaluating(f"evaluating {m} on the held-out split {when}", engine, req,
+                               len(self.task.heldout().prompts)) as engine:
                 if final:
                     res[m], _ = evaluate_and_write(self.policies[m], engine, req, self.run_dir, **kw)
                 else:
@@ -471,7 +476,7 @@ class Trainer:
             stop.last_checkpoint = resumed_from
             try:
                 if start == 0 and self.cfg.run.eval_at_start:
-                    res = self.evaluate(0)
+                    res = self.evaluate(0, when="before training")
                     for m in self.model_ids:
                         self.tracker.log(-1, m, eval_metrics(res[m]))
                 for step in range(start, self.total_steps):

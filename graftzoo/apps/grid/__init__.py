@@ -74,18 +74,35 @@ moved aside. Cells run one after another (``--jobs N``: N at a time), each in it
 by name and the grid goes on; cells that depend on it are not run. The exit code is 1 if any cell failed. At the
 end the report (Table 1, the clip table, the figures and the regime map) is written to
 ``<grid dir>/report``; rows that differ in rollout budget, clip or run length other than by their preset (or
-``clip: own``) are marked in its Differs column and said on stderr (``graftzoo.eval.report.ROW_KEYS``).
+``clip: own``) are marked in its Differs column and said on stderr (``graftzoo.eval.report.ROW_KEYS``). When the
+cells track to wandb (``run.track``, the default) the report is also logged to a wandb run of job_type ``report``,
+``<name>-report`` in the cells' group: Table 1 (``table1``, Δ vs the baseline), the clip table and the figures
+(``run.log_report_to_wandb``); ``report: {wandb: false}`` keeps it off wandb.
 
 Modules: ``model`` (Method, Cell, Grid, ordering and selection), ``load`` (reading and expanding a
 grid file), ``run`` (cell status, the runners, ``run_grid``), ``command`` (``graftzoo grid``,
-the dry-run plan, the report).
+the dry-run plan, the report). Reading and checking a grid file imports no torch: ``run`` (the trainer) and the
+report's modules are imported once the grid runs (this package's names from ``run`` on first use).
 """
+import importlib
+
 from graftzoo.apps.grid.command import grid_cmd, print_plan, write_report
 from graftzoo.apps.grid.load import load_grid
 from graftzoo.apps.grid.model import Cell, Grid, GridError, Method, order_cells, select_cells, slug
-from graftzoo.apps.grid.run import (GridInterrupted, cell_status, changed_cells, check_changed, check_configs,
-                                    config_drift, eval_command, eval_done, resume_note, run_cell_inprocess,
-                                    run_cell_subprocess, run_grid, summary_status)
+
+# the names of ``run``, which imports the trainer (torch): imported on first use, so that ``graftzoo grid --help``
+# and a broken grid file answer without it
+RUN_NAMES = ("GridInterrupted", "cell_status", "changed_cells", "check_changed", "check_configs", "config_drift",
+             "eval_command", "eval_done", "resume_note", "run_cell_inprocess", "run_cell_subprocess", "run_grid",
+             "summary_status")
+
+
+def __getattr__(name: str):
+    """A name of ``run`` (``RUN_NAMES``), imported on first use (PEP 562)."""
+    if name in RUN_NAMES:
+        return getattr(importlib.import_module("graftzoo.apps.grid.run"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Cell", "Grid", "GridError", "GridInterrupted", "Method", "cell_status", "changed_cells", "check_changed",
            "check_configs", "config_drift", "eval_command", "eval_done", "grid_cmd", "load_grid", "order_cells",

@@ -1,4 +1,6 @@
-"""``graftzoo grid``: the click command, its dry-run plan and the report of the finished cells."""
+"""``graftzoo grid``: the click command, its dry-run plan and the report of the finished cells. The command reads and
+checks the grid file (``load_grid``: every cell's config) before it imports the runners and the report (torch):
+``--help``, a missing or broken grid file and a cell whose config does not load answer at once."""
 from __future__ import annotations
 
 import shlex
@@ -8,19 +10,11 @@ from typing import Callable, Optional
 
 import click
 
-from graftzoo.apps.grid.on_ray import RayCells
 from graftzoo.apps.options import plugin_option
 
 from graftzoo.apps.grid.load import load_grid
 from graftzoo.apps.grid.model import Grid, select_cells
-from graftzoo.apps.grid.run import (cell_status, changed_cells, check_changed, check_configs, eval_command, resume_note,
-                                    run_grid, summary_status)
 from graftzoo.contract.config import clip_label
-from graftzoo.eval.artifacts import ArtifactError, load_run
-from graftzoo.eval.plots import write_figures
-from graftzoo.eval.regime import write_regime_map
-from graftzoo.eval.report import (build_table1, clip_fraction_table, design_keys, to_csv, to_latex, to_markdown,
-                                  transfer_markdown, transfer_table)
 
 
 def _stderr(line: str) -> None:
@@ -33,6 +27,12 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print,
     ``regime_map.{png,md,json}`` of the finished cells, in ``<grid dir>/report``; None when nothing is finished.
     Rows that differ in a setting they do not set by design (a key of their preset, the clip of ``clip: own``) are
     said to ``warn``, one line per setting (``Table.warnings``)."""
+    from graftzoo.apps.grid.run import log_report_to_wandb, summary_status  # torch: only once a report is written
+    from graftzoo.eval.artifacts import ArtifactError, load_run  # torch: only once a report is written
+    from graftzoo.eval.plots import write_figures  # matplotlib, torch: only once a report is written
+    from graftzoo.eval.regime import write_regime_map  # matplotlib, torch: only once a report is written
+    from graftzoo.eval.report import (build_table1, clip_fraction_table, design_keys,  # torch: a report only
+                                      to_csv, to_latex, to_markdown, transfer_markdown, transfer_table)
     finished = [c for c in cells if summary_status(c.run_dir) == "done"]
     if not finished:
         echo("report skipped: no finished cell")
@@ -68,12 +68,14 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print,
     write_figures(runs, out, table.baseline, echo=echo)
     echo(md)
     echo(f"report: {out}")
+    log_report_to_wandb(grid, finished, table, runs, out, echo=echo)   # report.wandb: false keeps it off wandb
     return out
 
 
 def print_plan(grid: Grid, cells: list, echo: Callable[[str], None]) -> None:
     """The report's rows (labels, with each method's algorithm, peer and overrides), then the cells, their
     status and the commands that would run them (``--dry-run``)."""
+    from graftzoo.apps.grid.run import cell_status, changed_cells, eval_command, resume_note  # torch: the runners
     echo(f"grid {grid.name}: {len(grid.methods)} row(s)")
     for m in grid.methods:
         parts = [m.algo] + ([f"peer={m.peer}"] if m.peer else []) + (["each_model"] if m.each_model else [])
@@ -123,19 +125,25 @@ def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report, rerun_c
     cells = select_cells(grid, only)
     if in_process and jobs > 1:
         raise click.UsageError("--in-process runs one cell at a time; drop --jobs")
-    errors = check_configs(cells)
+    errors: dict = {}  # error -> the cells whose config it stops (load_grid loaded each cell's config)
+    for c in cells:
+        if c.config_error:
+            errors.setdefault(c.config_error, []).append(c.name)
     if dry_run:
         print_plan(grid, cells, click.echo)
-    for name, why in errors.items():
-        click.echo(f"config error in cell {name}: {why}", err=True)
+    for why, names in errors.items():  # one line per error, however many cells share it (a grid's file, say)
+        more = f" (and {len(names) - 1} more: {', '.join(names[1:])})" if len(names) > 1 else ""
+        click.echo(f"config error in cell {names[0]}{more}: {why}", err=True)
     if errors:
         sys.exit(2)
+    from graftzoo.apps.grid.run import check_changed, run_grid  # torch: after the grid file's checks
     check_changed(grid, cells, rerun_changed)   # a GridError: one line, exit 2
     if dry_run:
         return
     if ray_address and in_process:
         raise click.UsageError("--ray runs cells as Ray tasks; drop --in-process")
     if ray_address:
+        from graftzoo.apps.grid.on_ray import RayCells  # ray: only for --ray
         ray_cells = RayCells(None if ray_address == "local" else ray_address, cells)
         try:
             result = run_grid(grid, cells, jobs=max(1, len(cells)), echo=click.echo, runner=ray_cells,

@@ -1,25 +1,27 @@
-"""Reading a grid file and expanding it into cells (format: the package docstring); nothing is run or created."""
+"""Reading a grid file and expanding it into cells (format: the package docstring); nothing is run or created, and
+torch is not imported (a grid with ``report.map`` imports graftzoo.eval.regime once the map is checked)."""
 from __future__ import annotations
 
-import inspect
 import re
 from pathlib import Path
 from typing import Optional
 
+from graftzoo.apps.evaluate import eval_cmd
 from graftzoo.apps.grid.model import (Cell, Grid, GridError, Method, check_one_clip, order_cells, resolve_clips,
                                       slug)
 from graftzoo.apps.options import PEER_FORMS, PeerOptionError, parse_peer
 from graftzoo.contract.errors import did_you_mean
 from graftzoo.contract.config import SCHEMA, ConfigError, find_config, flat_settings, pair_file, read_yaml
-from graftzoo.eval.regime import RegimeMap
-from graftzoo.training.eval_runner import evaluate_checkpoint
 
 GRID_KEYS = {"name", "out_dir", "pairs", "seeds", "files", "set", "algorithms", "variants", "eval", "report"}
 METHOD_KEYS = {"label", "algo", "set", "files", "peer", "each_model", "clip", "pairs"}
 CLIP_MARKS = ("shared", "own")   # a method's ``clip``: the table's one clip (default) | its own, by design
-REPORT_KEYS = {"baseline", "budgets", "map"}
+REPORT_KEYS = {"baseline", "budgets", "map", "wandb"}   # wandb: false keeps the report off wandb
 MAP_KEYS = {"title", "rows", "cols", "methods", "budget", "skill"}
 CELL_REF = re.compile(r"^\{cell:(.+)\}$")
+# the options of ``graftzoo eval`` a grid's ``eval`` block may set: those of evaluate_checkpoint (a test checks they
+# agree) but the run and where it writes, which each cell sets
+EVAL_OPTIONS = frozenset(p.name for p in eval_cmd.params) - {"path", "out", "models", "plugins"}
 
 
 def _preset(algo: str) -> dict:
@@ -138,7 +140,7 @@ def _map_pairs(block, key: str, pairs: list, where: str) -> dict:
     return out
 
 
-def _regime_map(block, where: str, pairs: list, methods: list, report: dict) -> RegimeMap:
+def _regime_map(block, where: str, pairs: list, methods: list, report: dict):
     """The validated ``report.map`` (format: the package docstring; what it computes: graftzoo.eval.regime)."""
     if not isinstance(block, dict):
         raise GridError(f"{where}: report.map must be a mapping with keys among {sorted(MAP_KEYS)}")
@@ -190,6 +192,7 @@ def _regime_map(block, where: str, pairs: list, methods: list, report: dict) -> 
         raise GridError(f"{where}: report.map.skill must be the name of one benchmark of the eval files (e.g. mul)")
     runs = {x: fold[x.casefold()].same_as or x for x in [baseline, *shown] + ([budget] if budget else [])}
     title = str(block.get("title") or f"Δ against {baseline} on the learner's {skill or 'held-out score'}")
+    from graftzoo.eval.regime import RegimeMap  # matplotlib, torch: once the map is checked
     return RegimeMap(title=title, rows=list(rows), cols=list(cols), cell_pair=cell_pair, base_pairs=base_pairs,
                      learner=learner, baseline=baseline, methods=shown, budget=budget, skill=skill, labels=runs)
 
@@ -197,11 +200,9 @@ def _regime_map(block, where: str, pairs: list, methods: list, report: dict) -> 
 def _eval_options(ev, where: str) -> dict:
     if not isinstance(ev, dict):
         raise GridError(f"{where} must be a mapping of graftzoo eval options")
-    allowed = {p for p in inspect.signature(evaluate_checkpoint).parameters
-               if p not in ("path", "out", "log", "models")}
-    unknown = sorted(set(ev) - allowed)
+    unknown = sorted(set(ev) - EVAL_OPTIONS)
     if unknown:
-        raise GridError(f"{where}: unknown option(s) {unknown}; known: {sorted(allowed)}")
+        raise GridError(f"{where}: unknown option(s) {unknown}; known: {sorted(EVAL_OPTIONS)}")
     return dict(ev)
 
 
@@ -273,6 +274,8 @@ def load_grid(path, out: Optional[str] = None) -> Grid:
     report = data.get("report") or {}
     if not isinstance(report, dict) or set(report) - REPORT_KEYS:
         raise GridError(f"{where}: report must be a mapping with keys among {sorted(REPORT_KEYS)}")
+    if not isinstance(report.get("wandb", True), bool):
+        raise GridError(f"{where}: report.wandb must be true or false (false: the report is not logged to wandb)")
     regime = _regime_map(report["map"], where, pairs, methods, report) if "map" in report else None
 
     cells, names = [], {}

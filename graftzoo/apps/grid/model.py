@@ -8,11 +8,13 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from graftzoo.contract.config import clip_label, effective_clip, load_config
 from graftzoo.contract.names import label_slug
-from graftzoo.eval.regime import RegimeMap
+
+if TYPE_CHECKING:  # graftzoo.eval.regime imports torch and matplotlib: a grid file is read without them
+    from graftzoo.eval.regime import RegimeMap
 
 
 class GridError(ValueError):

@@ -30,7 +30,7 @@ from graftzoo.api import train_run as train
 from graftzoo.contract.config import as_dict, read_yaml
 from graftzoo.envs.verify_worker import die_with_parent
 from graftzoo.eval.artifacts import CONFIG, EVAL_DIR, GRID_EVAL_DIR, eval_file_name, summary_status
-from graftzoo.eval.report import COMPARABLE_KEYS
+from graftzoo.eval.report import COMPARABLE_KEYS, clip_fraction_table, log_table_to_wandb
 from graftzoo.training.eval_checkpoints import load_run_config, trained_specs
 from graftzoo.eval.evaluate import eval_request
 from graftzoo.training.eval_runner import evaluate_checkpoint
@@ -267,6 +267,7 @@ def run_grid(grid: Grid, cells: list, *, jobs: int = 1, in_process: bool = False
     pending = list(cells)
     running: dict = {}
     selected = {c.name for c in cells}
+    count = {"started": 0, "ended": 0, "of": len(cells)}   # "cell i/N" as each cell starts, "i of N ended" as it ends
 
     def ready(c: Cell) -> Optional[bool]:
         """True: can start; False: blocked by a failed dependency; None: wait."""
@@ -277,12 +278,20 @@ def run_grid(grid: Grid, cells: list, *, jobs: int = 1, in_process: bool = False
         return True if all(s in ("done", "skipped") for s in states) else None
 
     def finish(c: Cell, why: Optional[str], t0: float):
+        count["ended"] += 1
+        took = f"{time.time() - t0:.0f} s; {count['ended']} of {count['of']} cells ended"
         if why and stop["signum"]:   # stopped by the grid's signal: it resumes on a rerun
             result[c.name] = "interrupted"
-            echo(f"[interrupted] {c.name} ({time.time() - t0:.0f} s)")
+            echo(f"[interrupted] {c.name} ({took})")
             return
         result[c.name] = "failed" if why else "done"
-        echo(f"[{'FAILED' if why else 'done'}] {c.name} ({time.time() - t0:.0f} s)" + (f": {why}" if why else ""))
+        echo(f"[{'FAILED' if why else 'done'}] {c.name} ({took})" + (f": {why}" if why else ""))
+
+    def settled(c: Cell, outcome: str, line: str):   # a cell that does not run: skipped, blocked
+        count["started"] += 1
+        count["ended"] += 1
+        result[c.name] = outcome
+        echo(f"{line} (cell {count['started']}/{count['of']})")
 
     with guard as stop, cf.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         while (pending and not stop["signum"]) or running:
@@ -295,17 +304,16 @@ def run_grid(grid: Grid, cells: list, *, jobs: int = 1, in_process: bool = False
                     continue
                 pending.remove(c)
                 if not ok:
-                    result[c.name] = "blocked"
-                    echo(f"[blocked] {c.name}: depends on failed cell(s) {c.depends}")
+                    settled(c, "blocked", f"[blocked] {c.name}: depends on failed cell(s) {c.depends}")
                     continue
                 status = "changed" if c.name in changed else cell_status(c, grid.eval)
                 if status == "done":
-                    result[c.name] = "skipped"
-                    echo(f"[skipped] {c.name}: done")
+                    settled(c, "skipped", f"[skipped] {c.name}: done")
                     continue
                 note = (resume_note(c) if status == "resume" else
                         f"{changed[c.name]}: reruns from the start" if status == "changed" else None)
-                echo(f"[{status}] {c.name}" + (f" ({note})" if note else ""))
+                count["started"] += 1
+                echo(f"[{status}] {c.name} ({note + '; ' if note else ''}cell {count['started']}/{count['of']})")
                 if in_process or jobs <= 1:
                     t0 = time.time()
                     finish(c, runner(c, status, grid.eval, logs), t0)
@@ -322,3 +330,43 @@ def run_grid(grid: Grid, cells: list, *, jobs: int = 1, in_process: bool = False
     if signum:
         raise GridInterrupted(signum, [n for n, s in result.items() if s == "interrupted"], [c.name for c in pending])
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# the report on wandb
+# ---------------------------------------------------------------------------------------------
+
+def log_report_to_wandb(grid: Grid, finished: list, table, runs: list, out: Path,
+                        echo: Callable[[str], None] = print) -> Optional[str]:
+    """Log the grid's report to a wandb run of job_type ``report`` named ``<grid>-report``, in the cells' wandb
+    group (the grid's name): Table 1 as ``table1`` (each method's scores and its Δ vs the baseline), the clip table
+    as ``clip_table`` and the report's figures (``out/*.png``), the grid's name, cells and baseline in its config.
+    Only when the finished cells track to wandb (the first one's ``run.track``, the default) and the grid file does
+    not say ``report: {wandb: false}``; the mode, project and entity are the cells' (offline without an API key,
+    in ``out/wandb``). A wandb failure is said in one line and never fails the grid. Returns where the run went
+    (its URL, or its offline folder for ``wandb sync``), else None."""
+    cfg = finished[0].config() if finished and grid.report.get("wandb", True) else None
+    if cfg is None or not cfg.run.track:
+        return None
+    import wandb
+    from graftzoo.training.tracking import init_wandb   # imports torch: kept off the grid's import (--help)
+    try:
+        run = init_wandb(out, cfg, name=f"{grid.name}-report", job_type="report",
+                         group=cfg.run.wandb_group or grid.name, tags=["report"],
+                         config={"grid": grid.name, "baseline": table.baseline, "cells": [c.name for c in finished]})
+        try:
+            log_table_to_wandb(table, run)
+            log_table_to_wandb(clip_fraction_table(runs), run)
+            figures = sorted(out.glob("*.png"))
+            if figures:
+                run.log({p.stem: wandb.Image(str(p)) for p in figures})
+            where = run.settings.sync_dir if run.offline else run.url
+        finally:
+            run.finish()
+    except Exception as e:  # noqa: BLE001 - wandb's errors (auth, network, disk) must not fail a finished grid
+        echo(f"wandb: the report was not logged ({type(e).__name__}: {' '.join(str(e).split())[:300]})")
+        return None
+    if where:
+        echo(f"report logged to wandb: {where}" + (f" (offline: `wandb sync {where}` uploads it)" if run.offline
+                                                   else ""))
+    return where
