@@ -63,13 +63,11 @@ def test_every_help_imports_no_torch(command):
     assert f"Usage: graftzoo {' '.join(command)}".rstrip() in out and not errors, (out, errors)
 
 
-@pytest.fixture(scope="module")
-def bad(tmp_path_factory) -> Path:
+def make_bad_files(d: Path) -> Path:
     """The bad paths, files and checkpoints the refusal cases name, made once: a JSONL file whose second row is
     broken, grid files (invalid YAML, an unknown key, a missing config file), a pair whose model folder is missing,
     a calibration file that is not JSON, a plain file, a folder that is not a run, a run without a checkpoint and a
     run with one (its manifest only: what is checked before torch)."""
-    d = tmp_path_factory.mktemp("bad")
     (d / "broken.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2", "answer"\n')
     (d / "broken_grid.yaml").write_text("name: x\npairs: [micro\n")
     (d / "badkey_grid.yaml").write_text("name: y\npairs: [micro]\nalgorithms: [grpo]\nbogus: 1\n")
@@ -90,6 +88,12 @@ def bad(tmp_path_factory) -> Path:
     ckpt.mkdir(parents=True)
     (ckpt / "manifest.json").write_text("{}")
     return d
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory) -> Path:
+    """The bad files, made once for the module (``make_bad_files``; bench/cli_startup.py times the same cases)."""
+    return make_bad_files(tmp_path_factory.mktemp("bad"))
 
 
 TRAIN = ["train", "--pair", "micro", "--algo", "grpo"]

@@ -80,7 +80,11 @@ def check_run_place(run_dir) -> None:
     """The run directory can be made: the nearest of it and its parents that exists is a folder."""
     target = Path(run_dir)
     for p in (target, *target.parents):
-        if p.exists():
+        try:
+            found = p.exists()
+        except PermissionError as e:  # a folder on the way this user may not enter: the run directory named
+            raise PermissionError(errno.EACCES, f"{e.strerror} (at {p})", str(target)) from None
+        if found:
             if not p.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, f"a file, not a folder: no run directory {target} can be "
                                                         f"made there", str(p))
@@ -89,11 +93,13 @@ def check_run_place(run_dir) -> None:
 
 def check_train(cfg: RunConfig, run_dir: Optional[str] = None) -> None:
     """What ``graftzoo train`` refuses before it imports torch (module docstring), in the trainer's order: the data,
-    the models' folders, the stored peer, then the run directory's place (``--run-dir``, else ``run.out_dir``)."""
+    the models' folders, the stored peer, then the run directory's place (``--run-dir``, else ``run.out_dir`` and
+    ``run.name`` where it is set)."""
     check_data(cfg)
     check_model_folders(cfg)
     check_peer_store(cfg)
-    check_run_place(run_dir or cfg.run.out_dir)
+    named = Path(cfg.run.out_dir) / cfg.run.name if cfg.run.name else cfg.run.out_dir  # the default name: torch's
+    check_run_place(run_dir or named)
 
 
 def holds_run(run_dir) -> bool:
