@@ -73,14 +73,12 @@ from typing import Any, Iterable, Mapping, Optional
 import yaml
 
 from graftzoo.contract import metrics as M
+from graftzoo.contract.layout import CONFIG, METRICS, SUMMARY
 from graftzoo.contract.names import model_slug
 from graftzoo.eval.compute import joint_charge
 
 log = logging.getLogger("graftzoo")
 
-CONFIG = "config.yaml"
-METRICS = "metrics.jsonl"
-SUMMARY = "summary.json"
 EVAL_DIR = "eval"
 GRID_EVAL_DIR = "grid"  # RUN/eval/grid/<model>.json: a grid's own evaluation of its cell, preferred by the report
 STATUSES = ("done", "running", "failed", "interrupted")  # "error" says why a run failed or stopped

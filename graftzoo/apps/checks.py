@@ -26,18 +26,12 @@ import yaml
 
 from graftzoo.contract.config import RunConfig, check_model_folders
 from graftzoo.contract.errors import ConfigError, did_you_mean
+from graftzoo.contract.layout import (CHECKPOINTS, CONFIG, MANIFEST, METRICS, STORE, SUMMARY,  # noqa: F401
+                                      TRAINER_FILE, holds_run)
 
-# the run directory's layout (graftzoo.eval.artifacts, graftzoo.training.checkpoint; a test checks they agree)
-CONFIG = "config.yaml"
-SUMMARY = "summary.json"
-METRICS = "metrics.jsonl"
-STORE = "store"
-CHECKPOINTS = "checkpoints"
-MANIFEST = "manifest.json"
-TRAINER_FILE = "trainer.pt"
 STEP_NAME = re.compile(r"^step_(\d+)$")
 # a stored peer's trajectory store: PATH/meta.json, or RUN/store/meta.json (graftzoo.peers.sources.StoredPeer)
-STORE_META = ("meta.json", "store/meta.json")
+STORE_META = ("meta.json", f"{STORE}/meta.json")
 
 
 @contextlib.contextmanager
@@ -100,11 +94,6 @@ def check_train(cfg: RunConfig, run_dir: Optional[str] = None) -> None:
     check_peer_store(cfg)
     named = Path(cfg.run.out_dir) / cfg.run.name if cfg.run.name else cfg.run.out_dir  # the default name: torch's
     check_run_place(run_dir or named)
-
-
-def holds_run(run_dir) -> bool:
-    """Whether ``run_dir`` holds (part of) a run, by graftzoo.training.rundir.holds_run's rule."""
-    return any((Path(run_dir) / name).exists() for name in (CONFIG, METRICS, SUMMARY, CHECKPOINTS, STORE))
 
 
 def check_fresh_start(cfg: RunConfig, run_dir: Optional[str]) -> None:

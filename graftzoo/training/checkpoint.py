@@ -43,14 +43,12 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
+from graftzoo.contract.layout import CHECKPOINTS, MANIFEST, TRAINER_FILE
 from graftzoo.contract.names import model_slug
 from graftzoo.training.fsdp import load_sharded
 
 log = logging.getLogger("graftzoo")
 
-CHECKPOINTS = "checkpoints"     # folder of a run directory holding its checkpoints
-MANIFEST = "manifest.json"      # written last: a checkpoint directory holding it is complete
-TRAINER_FILE = "trainer.pt"     # tensor state of the trainer (RNG states)
 FORMAT = "graftzoo-checkpoint"
 FORMAT_VERSION = 2
 _PREFIX = "step_"

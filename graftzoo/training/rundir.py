@@ -33,14 +33,13 @@ from typing import Iterable, Optional
 
 from graftzoo.training.checkpoint import CHECKPOINTS, prepare_resume, set_aside_checkpoints
 from graftzoo.contract.config import MAX_RUN_NAME, RunConfig, as_dict, defaults, read_yaml
+from graftzoo.contract.layout import STORE
 from graftzoo.contract.names import label_slug
-from graftzoo.eval.artifacts import CONFIG, METRICS, SUMMARY, summary_status
+from graftzoo.eval.artifacts import CONFIG, summary_status
 
 log = logging.getLogger("graftzoo")
 
 LOCK_FILE = ".lock"
-
-STORE = "store"  # the trajectory store's folder (the trainer's RUN/store)
 
 # keys that may differ between the stored config and a resumed run: they do not change what is trained
 FREE_TO_CHANGE = (
@@ -210,12 +209,6 @@ def default_run_name(cfg: RunConfig) -> str:
     if len(name) > MAX_RUN_NAME:  # long ids or data names: cut, and keep configurations apart by a hash
         name = f"{name[:MAX_RUN_NAME - 13]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
     return name
-
-
-def holds_run(run_dir) -> bool:
-    """Whether ``run_dir`` holds (part of) a run: its config, metrics, checkpoints or trajectory store."""
-    d = Path(run_dir)
-    return any((d / name).exists() for name in (CONFIG, METRICS, SUMMARY, CHECKPOINTS, STORE))
 
 
 def resume_checkpoint(run_dir) -> Optional[Path]:

@@ -33,9 +33,10 @@ from graftzoo.algos.base import StepContext
 from graftzoo.training.checkpoint import load_checkpoint, one_line, save_checkpoint
 from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_ids, with_values
 from graftzoo.contract.errors import ConfigError, NonFiniteError
+from graftzoo.contract.layout import holds_run
 from graftzoo.training.preemption import Interrupted, StopRequest
 from graftzoo.training.rundir import (LOCK_FILE, STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
-                                     check_resume_config, default_run_name, finished_run, holds_run, move_aside,
+                                     check_resume_config, default_run_name, finished_run, move_aside,
                                      name_note, resume_checkpoint)
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
