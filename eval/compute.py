@@ -32,8 +32,6 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Mapping, Optional
 
-import torch
-
 FIELDS = ("wall_s", "cpu_s", "gpu_h")
 GIB = float(1 << 30)
 
@@ -47,16 +45,19 @@ def _add(a: Mapping, b: Mapping) -> dict:
 
 
 def _default_gpus() -> int:
+    import torch  # late: the reports import this module, and torch only where a meter runs
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _cuda_in_use() -> bool:
     """Whether this process has put anything on a CUDA device (no CUDA context is created to find out)."""
+    import torch  # late: the reports import this module, and torch only where a meter runs
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def _cuda_sync(device=None) -> None:
     """Wait until every kernel queued on CUDA ``device`` (None: the current one) has run."""
+    import torch  # late: the reports import this module, and torch only where a meter runs
     torch.cuda.synchronize(device)
 
 
@@ -103,6 +104,7 @@ class ComputeMeter:
 
     def _cuda_device(self, model_id: str) -> tuple:
         """(whether ``model_id``'s phases run on a CUDA device, that device: None for the current one)."""
+        import torch  # late: the reports import this module, and torch only where a meter runs
         device = self.devices.get(model_id)
         if device is None:
             return True, None
@@ -114,6 +116,7 @@ class ComputeMeter:
         use, the device synchronised at both ends of the timed span (``sync``) and the phase's peak of allocated
         memory and of the memory the caching allocator reserved (both peaks reset when the phase begins). A synchronisation failing at the end (a
         kernel's error surfacing) is raised once the phase is recorded, unless the body raised first."""
+        import torch  # late: the reports import this module, and torch only where a meter runs
         held = self.gpus if gpus is None else int(gpus)
         cuda, device = self._cuda_device(model_id)
         began = cuda and _cuda_in_use()

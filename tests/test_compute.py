@@ -1,5 +1,6 @@
 """Compute accounting: ComputeMeter and the joint charging rule (docs/algorithms.md#evaluation-protocol-and-compute)."""
 import pytest
+import torch
 
 from graftzoo.eval import compute
 from graftzoo.eval.compute import ComputeMeter, joint_charge, model_total
@@ -78,8 +79,8 @@ class Events:
 def fake_cuda(monkeypatch):
     """CUDA "in use" on a CPU machine: the meter's probe says so, the allocator's peak reads 2 GiB."""
     monkeypatch.setattr(compute, "_cuda_in_use", lambda: True)
-    monkeypatch.setattr(compute.torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
-    monkeypatch.setattr(compute.torch.cuda, "max_memory_allocated", lambda device=None: 2 * compute.GIB)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 2 * compute.GIB)
 
 
 def test_a_phase_on_cuda_synchronises_the_device_at_both_ends_of_its_timed_span(fake_cuda):
@@ -104,7 +105,7 @@ def test_a_phase_on_cuda_synchronises_the_device_at_both_ends_of_its_timed_span(
 def test_a_phase_on_the_cpu_never_synchronises(monkeypatch):
     def no_sync(device=None):
         raise AssertionError("synchronised a CUDA device on the CPU")
-    monkeypatch.setattr(compute.torch.cuda, "synchronize", no_sync)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
     monkeypatch.setattr(compute, "_cuda_in_use", lambda: False)
     ev = Events()
     meter = ComputeMeter(gpus=0, clock=ev.clock, cpu_clock=ev.cpu_clock)  # the default sync: torch's

@@ -185,14 +185,3 @@ def export_target(path, step: Optional[int] = None) -> None:
     if not steps:
         raise FileNotFoundError(f"{run}: no intact checkpoint to export")
 
-
-def report_targets(paths) -> None:
-    """``graftzoo report RUNS``: each of ``RUNS`` is a run directory or holds one below it (a folder holding
-    ``SUMMARY`` or ``CONFIG``, as graftzoo.eval.artifacts.find_run_dirs finds them), refused in its words."""
-    for path in paths:
-        root = Path(path)
-        if not root.is_dir():
-            raise OSError(f"{root}: not a directory")
-        if not any(here.name in (SUMMARY, CONFIG) and here.is_file() for here in root.rglob("*")
-                   if not any(part.startswith(".") for part in here.relative_to(root).parts[:-1])):
-            raise OSError(f"{root}: no run directory (one holding {SUMMARY}) inside")

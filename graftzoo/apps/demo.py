@@ -35,7 +35,10 @@ from graftzoo.contract import output
 from graftzoo.contract.config import find_config, load_config, named_configs, read_yaml
 from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.envs.task import Task
+from graftzoo.eval.artifacts import eval_path
+from graftzoo.eval.compute import joint_charge
 from graftzoo.eval.metrics import seed_test
+from graftzoo.eval.report import is_report_baseline
 
 
 def _steps_logged(run_dir: Path) -> int:
@@ -146,7 +149,6 @@ def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 
 
 def _avg(cells: list, model: str) -> dict:
     """Seed -> the held-out Avg of ``model`` in each cell's run (cells without an eval file left out)."""
-    from graftzoo.eval.artifacts import eval_path  # torch: the demo's modules load once it runs
     vals = {}
     for c in cells:
         f = eval_path(c.run_dir, model)
@@ -157,7 +159,6 @@ def _avg(cells: list, model: str) -> dict:
 
 
 def _charge(cells: list, model: str):
-    from graftzoo.eval.compute import joint_charge  # torch: the demo's modules load once it runs
     vals = []
     for c in cells:
         f = Path(c.run_dir) / "summary.json"
@@ -248,7 +249,6 @@ def learner_conclusion(grid) -> str:
     each method other than the baselines (the methods of an algorithm that declares ``report_baseline``, such as
     GRPO's presets) against the baseline on that pair's learner (the baseline's runs of that learner may come from
     another pair of the grid: a method's ``pairs``)."""
-    from graftzoo.eval.report import is_report_baseline  # torch: the demo's modules load once it runs
     baseline = grid.report.get("baseline") or "GRPO (n=8)"
     budget = "GRPO (n=32)"
     learner = {}

@@ -1,7 +1,4 @@
-"""``graftzoo report``: tables and figures from run directories (wired into the main CLI).
-
-Light at import: ``graftzoo report --help`` and a missing folder answer before torch loads (the report's modules
-import it through ``graftzoo.eval.compute``), so those are imported in the command's body."""
+"""``graftzoo report``: tables and figures from run directories (wired into the main CLI)."""
 from __future__ import annotations
 
 import os
@@ -10,11 +7,13 @@ from pathlib import Path
 import click
 
 from graftzoo.algos import BUILTIN
-from graftzoo.apps.checks import report_targets
 from graftzoo.contract.errors import did_you_mean
+from graftzoo.eval.artifacts import ArtifactError, load_runs
+from graftzoo.eval.report import (COMPARABLE_KEYS, baseline_runs, build_table1, clip_fraction_table, few,
+                                  is_report_baseline, log_table_to_wandb, method_labels, method_of, row_labels, to_csv,
+                                  to_latex, to_markdown, transfer_markdown, transfer_table)
 
-MIXABLE = ("run.steps", "run.epochs", "eval.k", "eval.dataset", "eval.size", "eval.benchmarks")
-"""``graftzoo.eval.report.COMPARABLE_KEYS``, spelt out so that ``--help`` imports no torch (a test keeps them equal)."""
+MIXABLE = COMPARABLE_KEYS  # the settings --allow-mixed merges groups on
 
 
 @click.command("report")
@@ -42,9 +41,6 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     unknown = [k for k in allow_mixed if k not in MIXABLE]
     if unknown:
         raise click.UsageError(f"--allow-mixed {unknown[0]}: not one of {', '.join(MIXABLE)}")
-    report_targets(runs)  # a folder without runs: refused before torch
-    from graftzoo.eval.artifacts import ArtifactError, load_runs  # torch (eval.compute): after the argument checks
-    from graftzoo.eval.report import build_table1, row_labels  # torch (eval.compute): after the argument checks
 
     try:
         records = load_runs(runs)
@@ -73,7 +69,6 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
 
 
 def _few_labels(labels) -> str:
-    from graftzoo.eval.report import few  # torch (eval.compute): imported by the command, not at start
 
     return few([repr(x) for x in labels], 6)
 
@@ -81,7 +76,6 @@ def _few_labels(labels) -> str:
 def _check_some_baseline(records, labels) -> None:
     """A usage error (exit 2, one line listing a few labels) when no group of runs has a row ``default_baseline``
     can take, so that Δ has nothing to be measured against anywhere."""
-    from graftzoo.eval.report import baseline_runs, is_report_baseline  # torch (eval.compute): in the command
 
     if baseline_runs(records):
         return
@@ -93,7 +87,6 @@ def _check_some_baseline(records, labels) -> None:
 
 def _say_baselines(records, table) -> None:
     """One line naming the baseline ``default_baseline`` chose (per group when the groups' differ)."""
-    from graftzoo.eval.report import baseline_runs, method_labels, method_of  # torch (eval.compute): in the command
 
     chosen = [g.baseline for g in table.groups if g.baseline]
     if not chosen:
@@ -128,9 +121,7 @@ def _sections(parts: list) -> str:
 
 def _write(records, table, out: Path) -> tuple:
     """The tables and figures into ``out``; (Table 1's markdown, the clip tables, the figures written)."""
-    from graftzoo.eval.plots import write_figures  # matplotlib and torch: only when a report is written
-    from graftzoo.eval.report import (clip_fraction_table, to_csv, to_latex,  # torch (eval.compute): in the command
-                                      to_markdown, transfer_markdown, transfer_table)
+    from graftzoo.eval.plots import write_figures  # matplotlib: only when a report is written
 
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(table)
@@ -175,7 +166,6 @@ def _usage_error(message: str) -> click.ClickException:
 def _log_wandb(table, clips, figures, out: Path) -> None:
     import wandb
 
-    from graftzoo.eval.report import log_table_to_wandb  # torch (eval.compute): imported by the command
 
     mode = None if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY") else "offline"
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", "graftzoo"), job_type="report",
