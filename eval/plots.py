@@ -38,7 +38,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from graftzoo.contract import metrics as M  # noqa: E402
 from graftzoo.eval.artifacts import RunRecord  # noqa: E402
 from graftzoo.eval.metrics import mean_sd_ci  # noqa: E402
-from graftzoo.eval.report import build_table1, folder_tags, method_labels, method_of  # noqa: E402
+from graftzoo.eval.report import build_table1, method_labels, method_of, repeat_tags  # noqa: E402
 
 AXIS_LABELS = {
     M.GROUPS_ALL_FAIL: "all-fail groups (fraction)",
@@ -107,7 +107,7 @@ def run_labels(runs: Sequence[RunRecord]) -> dict:
     out = {}
     for method, members in by_method.items():
         seen = [(model, r.seed) for r in members for model in r.models]
-        tags = folder_tags(members) if len(set(seen)) < len(seen) else {}
+        tags = repeat_tags(members, seen)
         for r in members:
             tag = tags.get(str(r.path))
             out[str(r.path)] = method if tag is None else f"{method} [{tag}]"
@@ -248,7 +248,7 @@ def plot_score_vs_compute(runs: Sequence[RunRecord], out_png, baseline: Optional
     fig, axes = plt.subplots(1, len(blocks), figsize=(5.5 * len(blocks), 4.2), squeeze=False)
     for ax, (block, rows) in zip(axes[0], blocks):
         for r in rows:
-            label = getattr(r, "label", r.method)    # the method, with its folder where two rows share seeds
+            label = r.label    # the method, with its folder where two rows share seeds
             style = styles.get(label) or styles.get(r.same_as or r.method, Style("black", "o"))
             color = style.color
             err = None if r.avg.sd is None else [100 * r.avg.sd]
@@ -258,7 +258,7 @@ def plot_score_vs_compute(runs: Sequence[RunRecord], out_png, baseline: Optional
                 xa = r.compute_amortized[unit]
                 ax.errorbar([xa], [y], yerr=err, fmt=style.marker, mfc="none", color=color, capsize=3)
                 ax.plot([x, xa], [y, y], ls="--", color=color, lw=0.8)
-        group = getattr(block, "group", "")
+        group = block.group
         ax.set_title(block.title + (f"\n{group}" if group else ""), fontsize=9)
         ax.set_xlabel(f"compute ({UNITS[unit]})")
         ax.set_ylabel("Avg score (x100)")

@@ -326,6 +326,12 @@ def folder_tags(runs: Sequence[RunRecord]) -> dict:
     return parents
 
 
+def repeat_tags(runs: Sequence[RunRecord], seeds: Sequence) -> dict:
+    """``folder_tags`` of ``runs`` where ``seeds`` (a seed, or a (model, seed), per member) repeat; else {}: the runs
+    of one row or series that must be told apart by their folders."""
+    return folder_tags(runs) if len(set(seeds)) < len(seeds) else {}
+
+
 def method_labels(runs: Sequence[RunRecord]) -> dict:
     """Case-folded method label -> the label shown: the spelling of the first run (in path order) that uses it."""
     out: dict = {}
@@ -403,8 +409,7 @@ def _group(runs: Sequence[RunRecord], groups: Sequence[Group]) -> dict:
             keyed.setdefault(key, []).append((run, model))
     out: dict = {}
     for key, members in keyed.items():
-        seeds = [run.seed for run, _ in members]
-        tags = folder_tags([run for run, _ in members]) if len(set(seeds)) < len(seeds) else {}
+        tags = repeat_tags([run for run, _ in members], [run.seed for run, _ in members])
         for run, model in members:
             out.setdefault(key + (tags.get(str(run.path)),), []).append((run, model))
     return out
@@ -657,8 +662,7 @@ def step_means(runs: Sequence[RunRecord], keys: Sequence[str]) -> list:
             keyed.setdefault((method, model, run.peers[model]), []).append((run, vals))
     groups: dict = {}
     for (method, model, peer), items in keyed.items():
-        seeds = [run.seed for run, _ in items]
-        tags = folder_tags([run for run, _ in items]) if len(set(seeds)) < len(seeds) else {}
+        tags = repeat_tags([run for run, _ in items], [run.seed for run, _ in items])
         for run, vals in items:
             tag = tags.get(str(run.path))
             groups.setdefault((method if tag is None else f"{method} [{tag}]", model, peer), []).append((run.seed, vals))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Optional
 
 from rich.console import Console
@@ -21,6 +22,8 @@ from rich.text import Text
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.output import Wait, fmt_duration
+
+REDRAW_S = 0.1  # rich's own refresh period (10 per second)
 
 
 def short_model(model_id: str, width: int = 12) -> str:
@@ -85,6 +88,7 @@ class ProgressPrinter:
         self.label, self.console = label, console or stderr_console()
         self.rich = self.console.is_terminal
         self.bar: Optional[Progress] = None   # the live display, while something is drawn
+        self.drawn = 0.0   # when update_row last redrew the display (time.monotonic)
         self.task = None                      # the training bar's row (terminal)
         self.training: Optional[Wait] = None  # the training's plain lines (elsewhere)
         self.lock = threading.RLock()
@@ -116,7 +120,10 @@ class ProgressPrinter:
     def update_row(self, task: int, done, info: str = "") -> None:
         with self.lock:
             if self.bar is not None:
-                self.bar.update(task, completed=done, info=info, refresh=True)
+                now = time.monotonic()  # a warm-up updates every step: redraw at most every REDRAW_S, rich's own
+                redraw = now - self.drawn >= REDRAW_S  # refresh draws what comes between
+                self.drawn = now if redraw else self.drawn
+                self.bar.update(task, completed=done, info=info, refresh=redraw)
 
     def remove_row(self, task: int) -> None:
         with self.lock:
