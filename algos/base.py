@@ -185,8 +185,10 @@ class Learner:
         if self.cfg.mask_truncated and r.finish_reason == "length":
             lm = [0.0] * n
         old = r.old_logprobs if r.old_logp is None else r.old_logp
+        stale = r.staleness > 0 and r.role == "own" and r.origin is None
         return TrainRow(r.prompt_token_ids, r.token_ids, old, lm, self.kl_tokens(r, lm), advantage, weight, r.role,
-                        slot, r.origin.mean_logp if r.origin else None, r.old_logp is not None, r)
+                        slot, r.origin.mean_logp if r.origin else None, r.old_logp is not None, r,
+                        list(r.logprobs) if stale else None)
 
     def kl_tokens(self, r: Rollout, loss_mask: list) -> list:
         """The tokens of ``r`` that carry the KL term: an own response's ``kl_mask`` (default: its loss mask)."""

@@ -244,6 +244,23 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, eps_lo
     return ratio_surrogate(ratio, advantages, eps_low, eps_high, dual_clip_c)
 
 
+def truncated_is_weights(old_logp: Tensor, behaviour_logp: Tensor, stale: Tensor, cap: float,
+                         clamp: float = 20.0) -> Tensor:
+    """Per-token truncated importance weights of rollouts decoded by an older policy than theta_old
+    (docs/algorithms.md#stale-rollouts): ``w = min(exp(old_logp - behaviour_logp), cap)`` on the rows ``stale``
+    marks, exactly 1 on the others. ``old_logp``, ``behaviour_logp``: ``[B, T]``; ``stale``: ``[B]`` bool. The
+    log-ratio is clamped to +-``clamp`` as the clipped surrogate's is; the weights carry no gradient. The surrogate
+    stays clipped against theta_old (decoupled PPO: theta_old is the proximal policy), the weight multiplies each
+    token's term (truncated importance sampling, TIS)."""
+    if old_logp.shape != behaviour_logp.shape or stale.shape != old_logp.shape[:1]:
+        raise ValueError(f"truncated_is_weights: old_logp {tuple(old_logp.shape)}, behaviour_logp "
+                         f"{tuple(behaviour_logp.shape)} and stale {tuple(stale.shape)} do not match")
+    if not cap > 0:
+        raise ValueError(f"truncated_is_weights: cap must be > 0, got {cap}")
+    w = torch.exp((old_logp.detach() - behaviour_logp).clamp(min=-clamp, max=clamp)).clamp(max=cap)
+    return torch.where(stale.unsqueeze(1), w, torch.ones_like(w))
+
+
 def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: Optional[float] = 20.0, kl_clamp: Optional[float] = 10.0,
           kind: str = "k3") -> Tensor:
     """Per-token k3 ("low_var_kl") estimate of KL(pi_theta || pi_ref) (docs/algorithms.md#kl-and-entropy).
@@ -340,4 +357,4 @@ def aux_nll_loss(mean_logp: Tensor, weights: Tensor) -> Tensor:
     return -(weights.to(mean_logp.dtype) * mean_logp).sum()
 
 
-__all__ = ["sequence_terms_as_tokens", "aux_nll_loss", "AGG_MODES", "group_stats", "group_advantages", "rloo_advantages", "agg_loss", "agg_denominator", "ratio_surrogate", "clipped_surrogate", "kl_k3", "entropy_from_logits", "sequence_mean_logp", "gspo_sequence_ratio", "gspo_token_ratio"]
+__all__ = ["sequence_terms_as_tokens", "aux_nll_loss", "AGG_MODES", "group_stats", "group_advantages", "rloo_advantages", "agg_loss", "agg_denominator", "ratio_surrogate", "clipped_surrogate", "truncated_is_weights", "kl_k3", "entropy_from_logits", "sequence_mean_logp", "gspo_sequence_ratio", "gspo_token_ratio"]

@@ -81,6 +81,10 @@ class MiniBatch(ByRole):
     # the loss's factor: 0 for the stand-in pass of a worker rank holding fewer micro-batches than the others
     # (it runs the forward and backward the group's collectives need, and adds nothing)
     scale: float = 1.0
+    # rows decoded by an older policy than theta_old (rollout.max_staleness): [B, R] their behaviour log-probs and [B]
+    # bool which rows they are (graftzoo.training.loss weighs their tokens); None when the minibatch has none
+    behaviour_logp: Optional[torch.Tensor] = None
+    stale: Optional[torch.Tensor] = None
 
     def __len__(self):
         return self.input_ids.shape[0]
@@ -128,11 +132,14 @@ class TrainBatch:
         rows: list[TrainRow] = [self.rows[i] for i in idx]
         input_ids, attention_mask, R = pad_pairs([r.prompt_ids for r in rows], [r.response_ids for r in rows],
                                                  self.pad_id)
-        per_token = {"old_logp": [], "loss_mask": [], "kl_mask": []}
+        stale = [r.behaviour_logp is not None for r in rows]
+        per_token = {"old_logp": [], "loss_mask": [], "kl_mask": [], **({"behaviour_logp": []} if any(stale) else {})}
         for r in rows:
             n = len(r.response_ids)
             for name, out in per_token.items():
                 seq = getattr(r, name)
+                if seq is None:  # a fresh row among stale ones: its own theta_old (weight 1 regardless)
+                    seq = r.old_logp
                 if n and len(seq) != n:
                     raise ValueError(f"train row (slot {r.slot}): {name} has {len(seq)} entries "
                                      f"for {n} response tokens")
@@ -141,9 +148,12 @@ class TrainBatch:
         def f32(values):
             return torch.tensor(values, dtype=torch.float32)
 
-        return MiniBatch(input_ids, attention_mask, R, f32(per_token["old_logp"]), f32(per_token["loss_mask"]),
-                         f32(per_token["kl_mask"]), f32([r.advantage for r in rows]), f32([r.weight for r in rows]),
-                         torch.tensor([ROLE_ID[r.role] for r in rows], dtype=torch.long),
-                         torch.tensor([r.slot for r in rows], dtype=torch.long),
-                         f32([r.origin_mean_logp or 0.0 for r in rows]),
-                         torch.tensor([r.given_old_logp for r in rows], dtype=torch.bool), rows)
+        mb = MiniBatch(input_ids, attention_mask, R, f32(per_token["old_logp"]), f32(per_token["loss_mask"]),
+                       f32(per_token["kl_mask"]), f32([r.advantage for r in rows]), f32([r.weight for r in rows]),
+                       torch.tensor([ROLE_ID[r.role] for r in rows], dtype=torch.long),
+                       torch.tensor([r.slot for r in rows], dtype=torch.long),
+                       f32([r.origin_mean_logp or 0.0 for r in rows]),
+                       torch.tensor([r.given_old_logp for r in rows], dtype=torch.bool), rows)
+        if any(stale):
+            mb.behaviour_logp, mb.stale = f32(per_token["behaviour_logp"]), torch.tensor(stale, dtype=torch.bool)
+        return mb

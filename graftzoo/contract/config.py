@@ -50,6 +50,7 @@ MAX_TOKENS = 2**20            # prompt and response limits
 MAX_MICRO_TOKENS = 2**30      # padded tokens of one forward pass
 MAX_SEQS = 2**20              # sequences of one generate call
 MAX_VOCAB = 2**24             # top-k
+MAX_STALENESS = 16            # batches generated ahead of the update (rollout.max_staleness)
 MAX_TEMPERATURE = 10.0
 MAX_LEVEL = 100               # procedural difficulty (digits per operand, operations)
 MAX_WORKERS = 4096            # threads, ranks of a model's group
@@ -441,6 +442,12 @@ class RolloutSection(Section):
     recompute_old_logp: Union[Literal["auto"], bool] = key(
         "auto", "theta_old from the training path: true | false | auto (on unless the engine is the fp32 training "
                 "model sampling the uncut distribution)")
+    max_staleness: Int = key(
+        0, "asynchronous rollouts (docs/scaling.md#asynchronous-rollouts): the engines generate the next k batches "
+           "while the trainer updates; step t's rollouts come from policy version max(0, t - k); 0: in turn",
+        ge=0, le=MAX_STALENESS)
+    tis_cap: float = key(2.0, "truncated importance weight of a stale rollout's tokens, min(pi_old / pi_behaviour, "
+                              "C) (docs/algorithms.md#stale-rollouts)", gt=0, le=1e6)
     vllm: VllmSection = key(VllmSection, "")
 
 
@@ -603,6 +610,7 @@ class LearnerFacts(Section):
     verifier_timeout: float = run_fact("task.verifier_timeout")
     clip: ClipSection = run_fact("optim.clip")
     xt: XtSection = run_fact("xt")
+    tis_cap: float = run_fact("rollout.tis_cap")
 
     @classmethod
     def of(cls, cfg) -> "LearnerFacts":

@@ -9,6 +9,7 @@ METRICS = "metrics.jsonl"       # one record per (step, model)
 CHECKPOINTS = "checkpoints"     # folder of a run directory holding its checkpoints
 MANIFEST = "manifest.json"      # written last: a checkpoint directory holding it is complete
 TRAINER_FILE = "trainer.pt"     # tensor state of the trainer (RNG states)
+AHEAD_FILE = "ahead.pt"         # the rollouts collected ahead of their steps (rollout.max_staleness)
 STORE = "store"                 # the trajectory store's folder (the trainer's RUN/store)
 
 

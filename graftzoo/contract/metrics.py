@@ -154,6 +154,17 @@ ROLLOUT_LOGP_DIFF_MAX = Metric("rollout/logp_diff_max", "nats", "max |decoding l
 ROLLOUT_PROMPTS_TOO_LONG = Metric("rollout/prompts_too_long", "count", "training prompts dropped at start-up (never "
                                   "cut) because their rendering is over a trained model's prompt limit (the whole "
                                   "set, the same in every step's record)")
+ASYNC_STALENESS_MEAN = Metric("async/staleness_mean", "count", "mean of (theta_old's policy version - the version "
+                              "that decoded it) over the step's own rollouts", "all (rollout.max_staleness > 0)")
+ASYNC_STALENESS_MAX = Metric("async/staleness_max", "count", "the largest such gap of the step (at most "
+                             "rollout.max_staleness)", "all (rollout.max_staleness > 0)")
+ASYNC_IS_WEIGHT_MEAN = Metric("async/is_weight_mean", "ratio", "mean truncated importance weight min(pi_old / "
+                              "pi_behaviour, rollout.tis_cap) over the trained tokens of stale rollouts",
+                              "all (rollout.max_staleness > 0)")
+ASYNC_IS_WEIGHT_MAX = Metric("async/is_weight_max", "ratio", "the largest such weight of the step",
+                             "all (rollout.max_staleness > 0)")
+ASYNC_IS_CAPPED = Metric("async/is_capped_frac", "fraction", "trained tokens of stale rollouts whose weight is at "
+                         "the cap rollout.tis_cap", "all (rollout.max_staleness > 0)")
 BATCH_TOKENS = Metric("batch/tokens", "tokens", "prompt + response tokens of the step's training rows")
 
 # ---- complementarity and peer exchange ------------------------------------------------------------------------------

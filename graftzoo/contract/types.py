@@ -89,6 +89,7 @@ class Rollout:
     origin: Optional[Origin] = None
     dropped: Optional[str] = None
     theta_old: Optional[list] = None
+    staleness: int = 0  # updates between the policy version that decoded it and theta_old (the step's theta_old pass)
 
     @property
     def old_logprobs(self) -> list:
@@ -175,7 +176,9 @@ class TrainRow:
     Sequence-level: ``advantage``, ``weight``, ``role``, ``slot`` (the group slot it came from),
     ``origin_mean_logp`` (the peer's ``l_P`` for a localized response, used by HACPO's cross ratio) and
     ``given_old_logp`` (``old_logp`` is a given ratio base, e.g. GRAFT T2's aligned peer log-probs, not the
-    learner's theta_old: a recompute of theta_old leaves it as it is).
+    learner's theta_old: a recompute of theta_old leaves it as it is). ``behaviour_logp``: an own response decoded
+    by an older policy than theta_old (``Rollout.staleness`` > 0), its behaviour log-probs, which the loss weighs
+    its tokens by (docs/algorithms.md#stale-rollouts); None for every other row.
     ``rollout`` is the response it was built from, for inspection only: the loss reads the fields.
     """
 
@@ -191,6 +194,7 @@ class TrainRow:
     origin_mean_logp: Optional[float] = None
     given_old_logp: bool = False
     rollout: Optional[Rollout] = None
+    behaviour_logp: Optional[list] = None
 
     @property
     def is_peer(self) -> bool:

@@ -43,7 +43,7 @@ from typing import Iterable, Optional
 import numpy as np
 import torch
 
-from graftzoo.contract.layout import CHECKPOINTS, MANIFEST, TRAINER_FILE
+from graftzoo.contract.layout import AHEAD_FILE, CHECKPOINTS, MANIFEST, TRAINER_FILE
 from graftzoo.contract.names import model_slug
 from graftzoo.training.fsdp import load_sharded
 
@@ -406,9 +406,12 @@ def _prune(root: Path, step: int, keep: int):
         shutil.rmtree(p, ignore_errors=True)
 
 
-def save_checkpoint(run_dir, step: int, policies: dict, learners: dict, extra: dict, keep: int = 2) -> Path:
+def save_checkpoint(run_dir, step: int, policies: dict, learners: dict, extra: dict, keep: int = 2,
+                    ahead: Optional[dict] = None) -> Path:
     """Write ``RUN/checkpoints/step_N`` atomically (manifest last, then one rename) and prune to ``keep``
-    (0 = keep all). ``extra``: plain JSON data (string keys), returned by ``load_checkpoint``."""
+    (0 = keep all). ``extra``: plain JSON data (string keys), returned by ``load_checkpoint``. ``ahead``: the
+    rollouts collected ahead of their steps (graftzoo.training.ahead, plain data), in a file of their own
+    (``AHEAD_FILE``), returned as ``"ahead"``."""
     extra = dict(extra)
     _check_json(extra, "extra")
     final = checkpoint_dir(run_dir, step)
@@ -430,6 +433,8 @@ def save_checkpoint(run_dir, step: int, policies: dict, learners: dict, extra: d
             models[mid] = f.name
         tensors, plain = _rng_state()
         files[TRAINER_FILE] = _save_pt(tensors, tmp / TRAINER_FILE)
+        if ahead:
+            files[AHEAD_FILE] = _save_pt(ahead, tmp / AHEAD_FILE)
         body = {"format": FORMAT, "version": FORMAT_VERSION, "step": int(step), "extra": extra, "rng": plain,
                 "models": models, "files": files}
         doc = {**body, "sha256": hashlib.sha256(_canonical(body)).hexdigest()}
@@ -470,7 +475,9 @@ def load_checkpoint(path, policies: dict, learners: dict, hash_files: bool = Tru
     path = Path(path)
     doc = read_manifest(path)
     names = [_model_file(path, doc, mid) for mid in policies]
-    verify_checkpoint(path, hash_files, files=[x for n in names for x in _with_shards(doc, n)] + [TRAINER_FILE])
+    with_ahead = [AHEAD_FILE] if AHEAD_FILE in doc["files"] else []
+    verify_checkpoint(path, hash_files,
+                      files=[x for n in names for x in _with_shards(doc, n)] + [TRAINER_FILE, *with_ahead])
     for mid, name in zip(policies, names):
         f = path / name
         state = _safe_load(f)
@@ -481,7 +488,8 @@ def load_checkpoint(path, policies: dict, learners: dict, hash_files: bool = Tru
             raise CheckpointError(f"{f}: does not fit model {mid!r} of this run: {type(e).__name__}: "
                                   f"{one_line(e)[:300]}") from None
     _set_rng_state(_safe_load(path / TRAINER_FILE), doc["rng"], path / TRAINER_FILE)
-    return {**doc["extra"], "step": doc["step"]}
+    ahead = _safe_load(path / AHEAD_FILE) if with_ahead else {}
+    return {**doc["extra"], "step": doc["step"], "ahead": ahead}
 
 
 def _set_aside(ckpt: Path) -> Path:

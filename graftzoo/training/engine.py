@@ -71,6 +71,7 @@ class Engine:
     ``uses_training_model``: the engine decodes with the training model itself (no copy of its weights)."""
 
     uses_training_model = False
+    decodes_apart = False  # it decodes in a process of its own, so it may generate while the policy updates
     policy = None  # the policy the engine decodes for
     top_p, top_k, min_new_tokens = 1.0, 0, 0  # the sampling cuts (none by default)
 

@@ -18,7 +18,8 @@ from typing import Optional
 
 import torch
 
-from graftzoo.algos.functional import agg_denominator, agg_loss, kl_k3, sequence_terms_as_tokens
+from graftzoo.algos.functional import (agg_denominator, agg_loss, kl_k3, sequence_terms_as_tokens,
+                                      truncated_is_weights)
 from graftzoo.algos.losses import LossInputs, get_loss
 from graftzoo.contract import metrics as M
 from graftzoo.contract.batch import MiniBatch
@@ -59,10 +60,13 @@ def micro_batch_loss(ctx, policy, learner, mb: MiniBatch, base_from_forward: boo
     logp, ent = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len, with_entropy=True,
                                 entropy_grad=bool(c.entropy_coeff))
     mask = pg_mask(mb)
-    x = LossInputs(logp, ratio_base(mb, logp, base_from_forward), mb.advantages, mask, mb.weights, mb.role,
-                   mb.loss_mask, mb.origin_mean_logp, ctx.update)
+    base = ratio_base(mb, logp, base_from_forward)
+    x = LossInputs(logp, base, mb.advantages, mask, mb.weights, mb.role, mb.loss_mask, mb.origin_mean_logp,
+                   ctx.update)
     pl = get_loss(learner.loss)(x, c, learner.clip)
     tok = sequence_terms_as_tokens(pl.token_loss, pl.seq_loss, pl.seq_rows)
+    if mb.stale is not None:  # rows decoded by an older policy: each token's term by its truncated IS weight
+        tok = tok * truncated_is_weights(base, mb.behaviour_logp, mb.stale, learner.run.tis_cap)
     den = mb.norm["pg"] if mb.norm is not None else normalizer(ctx, learner, mb)
     loss = agg_loss(tok * mb.weights.unsqueeze(1), mask, c.loss_agg, den)
     metrics = {**token_metrics(pl, mask, mb.is_peer, ent), **pl.metrics}
@@ -80,6 +84,25 @@ def micro_batch_loss(ctx, policy, learner, mb: MiniBatch, base_from_forward: boo
         loss = loss + c.beta_kl * agg_loss(kl, mb.kl_mask, c.loss_agg, den, den_mask=mask)
         metrics[M.KL] = float(agg_loss(kl.detach(), mb.kl_mask, c.loss_agg))  # the mean over the KL tokens
     return loss, metrics
+
+
+def stale_metrics(batch, cap: float) -> dict:
+    """The stale rows of a step's batch (``TrainRow.behaviour_logp``): their truncated importance weights'
+    (``truncated_is_weights`` of theta_old against the behaviour log-probs) mean and max over the tokens they train,
+    the share of those tokens at the cap; None without stale rows (docs/algorithms.md#stale-rollouts)."""
+    rows = [r for r in batch.rows if r.behaviour_logp is not None]
+    ws, capped = [], 0
+    for r in rows:
+        old, beh = torch.tensor([r.old_logp], dtype=torch.float32), torch.tensor([r.behaviour_logp], dtype=torch.float32)
+        w = truncated_is_weights(old, beh, torch.ones(1, dtype=torch.bool), cap)[0]
+        on = torch.tensor(r.loss_mask) > 0
+        ws.append(w[on])
+        capped += int((w[on] >= cap).sum())
+    w = torch.cat(ws) if ws else torch.zeros(0)
+    if not w.numel():
+        return {M.ASYNC_IS_WEIGHT_MEAN: None, M.ASYNC_IS_WEIGHT_MAX: None, M.ASYNC_IS_CAPPED: None}
+    return {M.ASYNC_IS_WEIGHT_MEAN: float(w.double().mean()), M.ASYNC_IS_WEIGHT_MAX: float(w.max()),
+            M.ASYNC_IS_CAPPED: capped / w.numel()}
 
 
 def token_metrics(pl, mask: torch.Tensor, is_peer: torch.Tensor, ent: Optional[torch.Tensor]) -> dict:

@@ -24,25 +24,35 @@ from graftzoo.contract import metrics as M
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.envs.task import UNVERIFIED
 from graftzoo.training import diagnostics
+from graftzoo.training.ahead import Collected, steps_ahead
 from graftzoo.training.engine import EngineError
-from graftzoo.training.loss import denominators, mean_metrics, micro_batch_loss, minibatch_metrics
+from graftzoo.training.loss import denominators, mean_metrics, micro_batch_loss, minibatch_metrics, stale_metrics
 
 
 def train_step(run, step: int) -> dict:
     """Step ``step`` of every model of ``run`` (a ``Trainer``); model id -> the step's metrics."""
     t0 = time.perf_counter()
-    run.sampler.start_step(step)
-    prompts, epoch = run.sampler.batch(step)
     models = run.model_ids
     before = {m: run.phase_wall(m) for m in models}
     source = {m: old_logp_source(run.cfg, run.policies[m], run.engines[m]) for m in models}
-    ctxs = {m: run.context(step, epoch, m, i) for i, m in enumerate(models)}
+    ahead = run.ahead.take(step)  # collected while an earlier step updated (rollout.max_staleness)
+    if ahead is None:
+        run.sampler.start_step(step)
+        prompts, epoch = run.sampler.batch(step)
+        ctxs = {m: run.context(step, epoch, m, i) for i, m in enumerate(models)}
+    else:
+        prompts, epoch, ctxs = ahead.prompts, ahead.epoch, ahead.ctxs
 
-    # 1. rollouts: generate, score, theta_old, advantages (the store records them in model order)
+    # 1. rollouts: generate, score (unless collected ahead), theta_old, advantages (the store records them in
+    # model order)
     groups = run.collect_each(ctxs, lambda ctx: rollouts(run.learners[ctx.model_id], ctx, prompts,
-                                                         source[ctx.model_id]))
+                                                         source[ctx.model_id],
+                                                         ahead.groups[ctx.model_id] if ahead else None),
+                              seed=ahead is None)
     for m in models:  # answers the verifier's budget left undecided: a warning, or no update on them
         run.task.check_unverified(step, m, groups[m])
+        if run.ahead.k:
+            ctxs[m].metrics.update(staleness_metrics(groups[m]))
     if run.peers is not None:
         run.peers.observe(groups)
 
@@ -63,19 +73,41 @@ def train_step(run, step: int) -> dict:
             batches[m] = run.learners[m].build_batch(ctx, slots)
         xtime[m] = time.perf_counter() - t
 
+    # the rollouts of the next steps, up to step + k, generated while this step updates (rollout.max_staleness)
+    run.ahead.launch(steps_ahead(step, run.ahead.k, run.total_steps, run.ahead.ready), partial(collect_ahead, run),
+                     models)
+
     # 3. update and 4. weight sync, each model on its own batch
-    return run.each_model({m: partial(update, run, ctxs[m], batches[m], groups[m], source[m], before[m], xtime[m], t0)
-                           for m in models})
+    out = run.each_model({m: partial(update, run, ctxs[m], batches[m], groups[m], source[m], before[m], xtime[m], t0)
+                          for m in models})
+    run.ahead.wait()
+    return out
+
+
+def collect_ahead(run, step: int, finished) -> Collected:
+    """Phase 1's collect (generate, score) of step ``step``'s prompts, run ahead of its turn (graftzoo.training.ahead):
+    the step's sampler draws, contexts and engine seeds, as its own turn would make them; ``finished(m)`` once model
+    ``m``'s groups are in."""
+    run.sampler.start_step(step)
+    prompts, epoch = run.sampler.batch(step)
+    ctxs = {m: run.context(step, epoch, m, i) for i, m in enumerate(run.model_ids)}
+
+    def collect(ctx):
+        groups = run.learners[ctx.model_id].collect(ctx, prompts)
+        finished(ctx.model_id)
+        return groups
+
+    return Collected(step, epoch, prompts, ctxs, run.collect_each(ctxs, collect, store=False))
 
 
 # ----------------------------------------------------------------------------------------------
 # 1. rollouts and theta_old (docs/algorithms.md#notation-and-conventions: once per step, the training path)
 # ----------------------------------------------------------------------------------------------
 
-def rollouts(learner, ctx, prompts: list, source: str) -> list:
-    """Phase 1 of one model: its groups collected (generated, scored), theta_old of its own rollouts through the
-    training path (``theta_old_pass``), their advantages."""
-    groups = learner.collect(ctx, prompts)
+def rollouts(learner, ctx, prompts: list, source: str, collected: Optional[list] = None) -> list:
+    """Phase 1 of one model: its groups collected (generated, scored; or ``collected`` ahead), theta_old of its own
+    rollouts through the training path (``theta_old_pass``), their advantages."""
+    groups = learner.collect(ctx, prompts) if collected is None else collected
     with ctx.phase("logprob"):
         groups, diff = theta_old_pass(ctx.policy, groups, source)
     ctx.log(M.ROLLOUT_LOGP_DIFF_MAX, diff)
@@ -94,25 +126,29 @@ def old_logp_source(cfg, policy, engine) -> str:
 
 def theta_old_pass(policy, groups: list, source: str) -> tuple[list, Optional[float]]:
     """The training-path log-probs of the own rollouts of ``groups`` under theta_old (``Policy.score_sequences``: the
-    update's forward code, one no-grad pass), and max |engine log-prob - training-path log-prob| over their sampled
-    tokens (None without any). Returns the groups with, where ``source`` is ``training``, each such rollout a copy
-    carrying them as ``Rollout.theta_old`` (given prefix tokens keep the engine's), so the ratio base, the peer's
-    l_P and the store's log-prob sums all read theta_old as the update computes it (``Rollout.old_logprobs``). It
-    is the step's only theta_old pass over these rows; the update adds none (graftzoo.training.loss)."""
+    update's forward code, one no-grad pass), and max |engine log-prob - training-path log-prob| over the sampled
+    tokens of those the current policy version decoded (None without any). Returns the groups with, where ``source``
+    is ``training`` and for every rollout an older version decoded (``rollout.max_staleness``: its engine log-probs
+    are the behaviour policy's, not theta_old), each such rollout a copy carrying them as ``Rollout.theta_old``
+    (given prefix tokens keep the engine's) and its ``staleness``, so the ratio base, the peer's l_P and the store's
+    log-prob sums all read theta_old as the update computes it (``Rollout.old_logprobs``). It is the step's only
+    theta_old pass over these rows; the update adds none (graftzoo.training.loss)."""
     rolls = [r for g in groups for r in g.rollouts
              if r.role == "own" and r.origin is None and len(r.token_ids) > r.prefix_len]
     if not rolls:
         return groups, None
     lps, _ = policy.score_sequences([r.prompt_token_ids for r in rolls], [r.token_ids for r in rolls])
-    diff, scored = 0.0, {}
+    diff, scored, v = None, {}, policy.version
     for r, lp in zip(rolls, lps):
         k = r.prefix_len
-        diff = max([diff, *(abs(float(a) - b) for a, b in zip(r.logprobs[k:], lp[k:]))])
-        scored[id(r)] = list(r.logprobs[:k]) + lp[k:]
-    if source != "training":
+        if r.policy_version == v:
+            diff = max([diff or 0.0, *(abs(float(a) - b) for a, b in zip(r.logprobs[k:], lp[k:]))])
+        if source == "training" or r.policy_version != v:
+            scored[id(r)] = list(r.logprobs[:k]) + lp[k:]
+    if not scored:
         return groups, diff
-    return [replace(g, rollouts=[replace(r, theta_old=scored[id(r)]) if id(r) in scored else r for r in g.rollouts])
-            for g in groups], diff
+    return [replace(g, rollouts=[replace(r, theta_old=scored[id(r)], staleness=v - r.policy_version)
+                                 if id(r) in scored else r for r in g.rollouts]) for g in groups], diff
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,8 +160,9 @@ def update(run, ctx, batch, groups: list, source: str, before: dict, xtime: floa
     engine's weight sync; returns the step's metrics."""
     m, step, pol, learner = ctx.model_id, ctx.step, ctx.policy, run.learners[ctx.model_id]
     with run.residency.active(m):
-        check_policy_version(m, pol, groups)
-        run.engines[m].release_memory()
+        check_policy_version(m, pol, groups, run.ahead.k)
+        if not run.ahead.overlap:  # an engine generating the next batches stays awake
+            run.engines[m].release_memory()
         budget = run.cfg.optim.max_tokens_per_micro
         schedule = learner.schedule(ctx, batch)
         mbs = [[mb.to(pol.device) for mb in batch.micro_batches(idx, budget, partial(denominators, ctx, learner))]
@@ -144,6 +181,7 @@ def update(run, ctx, batch, groups: list, source: str, before: dict, xtime: floa
             with ctx.phase("diagnostics"):
                 diag = diagnostics.after_update(pol, batch, diag)
         pol.version += 1
+        run.ahead.wait(m)  # the rollouts ahead are decoded by the weights they began with, at step boundaries only
         sync_s = run.engines[m].sync_weights()  # the next generate decodes with the updated weights
         return step_metrics(run, ctx, groups, batch, parts, diag, before, xtime, sync_s, t0)
 
@@ -154,6 +192,8 @@ def step_metrics(run, ctx, groups, batch, parts, diag, before, xtime, sync_s, t0
     logged, the diagnostics, the time of each phase."""
     met = {**outcome_metrics(groups), **mean_metrics([minibatch_metrics(p) for p in parts]), **ctx.metrics,
            **(diag or {})}
+    if run.ahead.k:
+        met.update(stale_metrics(batch, run.cfg.rollout.tis_cap))
     dt = {k: v - before.get(k, 0.0) for k, v in run.phase_wall(ctx.model_id).items()}
     met.update({M.LR: ctx.policy.lr, M.TIME_GENERATE: dt.get("generate", 0.0), M.TIME_SCORE: dt.get("score", 0.0),
                 M.TIME_LOGPROB: dt.get("logprob", 0.0), M.TIME_UPDATE: dt.get("update", 0.0),
@@ -204,15 +244,26 @@ def optimize(ctx, policy, learner, minibatches: list, base_from_forward: bool, w
     return out
 
 
-def check_policy_version(model_id: str, policy, groups) -> None:
-    """Own rollouts are trained only by the policy version that generated them: an engine that decoded with other
-    weights (a weight sync that did not happen) fails the step (``EngineError``) instead of training off-policy
-    data as on-policy."""
+def check_policy_version(model_id: str, policy, groups, max_staleness: int = 0) -> None:
+    """Own rollouts are trained only by the policy version that generated them, or one at most ``max_staleness``
+    updates older (``rollout.max_staleness``; their loss corrects for it): an engine that decoded with other weights
+    (a weight sync that did not happen) fails the step (``EngineError``) instead of training off-policy data as
+    on-policy."""
+    v = policy.version
     stale = sorted({r.policy_version for g in groups for r in g.rollouts
-                    if r.model_id == model_id and r.origin is None and r.policy_version != policy.version})
+                    if r.model_id == model_id and r.origin is None and not 0 <= v - r.policy_version <= max_staleness})
     if stale:
+        allowed = f"version {v}" if not max_staleness else f"versions {max(0, v - max_staleness)}..{v}"
         raise EngineError(f"model {model_id!r}: rollouts generated by policy version(s) {stale} reached the update "
-                          f"of version {policy.version}: the engine's weights were not synced after an update")
+                          f"of version {v} (allowed: {allowed}, rollout.max_staleness={max_staleness}): the engine's "
+                          f"weights were not synced after an update")
+
+
+def staleness_metrics(groups) -> dict:
+    """How many updates old the step's own rollouts are (``Rollout.staleness``, set by ``theta_old_pass``)."""
+    ages = [r.staleness for g in groups for r in g.rollouts if r.role == "own" and r.origin is None]
+    return {M.ASYNC_STALENESS_MEAN: statistics.fmean(ages) if ages else None,
+            M.ASYNC_STALENESS_MAX: max(ages) if ages else None}
 
 
 def outcome_metrics(groups) -> dict:

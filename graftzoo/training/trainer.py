@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from graftzoo.algos.base import StepContext
+from graftzoo.training.ahead import Ahead
 from graftzoo.training.checkpoint import load_checkpoint, one_line, save_checkpoint
 from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_ids, with_values
 from graftzoo.contract.errors import ConfigError, NonFiniteError
@@ -287,8 +288,14 @@ class Trainer:
         self.concurrent = bool(getattr(self.backend, "concurrent_models", False)) and len(self.model_ids) > 1
         # phase 1 also at once in this process where the models share a GPU, resident, generating through vLLM
         self.concurrent_collect = self.concurrent or placement.collect_at_once(cfg, self.model_ids)
+        # rollout.max_staleness: the next batches collected during the update, in a thread of their own where every
+        # engine decodes apart from the training model and the models step in turn here (graftzoo.training.ahead)
+        k = int(cfg.rollout.max_staleness)
+        overlap = (k > 0 and not self.concurrent and cfg.run.layout != "offload"
+                   and all(e.decodes_apart for e in self.engines.values()))
+        self.ahead = Ahead(k, overlap)
         # each model's phases synchronise its own device (a worker group's: its ranks measure, the driver holds CPU)
-        self.meter = ComputeMeter(per_thread=self.concurrent_collect,
+        self.meter = ComputeMeter(per_thread=self.concurrent_collect or overlap,
                                   devices={m: p.device for m, p in self.policies.items()})
         # run.layout offload: one model's training state on the device at a time (graftzoo.training.placement)
         self.residency = placement.Residency(self.policies, self.meter, cfg.run.layout == "offload")
@@ -343,28 +350,33 @@ class Trainer:
         """One step of every model (graftzoo.training.step); model id -> its metrics."""
         return train_step(self, step)
 
-    def collect_each(self, ctxs: dict, phase: Callable) -> dict:
+    def collect_each(self, ctxs: dict, phase: Callable, seed: bool = True, store: bool = True) -> dict:
         """Phase 1 (``phase(ctx)``, graftzoo.training.step.rollouts) of every model, each model's groups written to
-        the store (model order). Model by model; or, with ``concurrent_collect``, the engines seeded in model order
-        here, then every model's phase at once, its refills from the sampler in model order (``InTurn``), then the
-        store's writes."""
+        the store (model order; not with ``store=False``, a collect ahead of its step). Model by model; or, with
+        ``concurrent_collect``, the engines seeded in model order here, then every model's phase at once, its
+        refills from the sampler in model order (``InTurn``), then the store's writes. ``seed``: the engines are
+        seeded for the step first (not for rollouts collected ahead, whose collect seeded them)."""
         if not self.concurrent_collect:
             groups = {}
             for m, ctx in ctxs.items():
-                self.engines[m].seed(derive_seed(self.seed, ctx.step, m, "generate"))  # where the engine samples
+                if seed:  # where the engine samples
+                    self.engines[m].seed(derive_seed(self.seed, ctx.step, m, "generate"))
                 with self.residency.active(m):
                     groups[m] = phase(ctx)
-                self._store_write(ctx, groups[m])
+                if store:
+                    self._store_write(ctx, groups[m])
             return groups
         for m, ctx in ctxs.items():
-            self.engines[m].seed(derive_seed(self.seed, ctx.step, m, "generate"))
+            if seed:
+                self.engines[m].seed(derive_seed(self.seed, ctx.step, m, "generate"))
         done = {m: threading.Event() for m in ctxs}
         for i, (m, ctx) in enumerate(ctxs.items()):
             ctx.sampler = InTurn(self.sampler, [done[e] for e in list(ctxs)[:i]])
         groups = self.each_model({m: partial(_signalled, phase, ctx, done[m]) for m, ctx in ctxs.items()},
                                  at_once=True)
         for m, ctx in ctxs.items():
-            self._store_write(ctx, groups[m])
+            if store:
+                self._store_write(ctx, groups[m])
         return groups
 
     def _store_write(self, ctx: StepContext, groups: list) -> None:
@@ -447,6 +459,7 @@ class Trainer:
         if ck is None:
             return 0, None
         state = load_checkpoint(ck, self.policies, self.learners)
+        self.ahead.load_state_dict(state.get("ahead") or {}, self.context)
         self.wandb_id = state.get("wandb_id")
         log.info("%s: resuming from %s (%d of %d steps done)", self.run_dir, ck.name, state["step"] + 1,
                  self.total_steps)
@@ -532,7 +545,7 @@ class Trainer:
                         {"wandb_id": self.tracker.run_id if self.tracker else None,
                          "peers": self.peers.state_dict() if self.peers is not None else {},
                          "compute": self.meter.summary(), "sampler": {"step": step + 1}},
-                        keep=int(self.cfg.run.keep_checkpoints))
+                        keep=int(self.cfg.run.keep_checkpoints), ahead=self.ahead.state_dict())
 
 
 # run.backend -> a factory of the object that builds and holds the models (``build``, ``close``): the in-process one

@@ -341,6 +341,7 @@ class VLLMEngine(Engine):
         self.max_new_tokens = int(max_new_tokens)
         self.min_new_tokens = int(min_new_tokens)
         self._owner = True
+        self._seeds = None  # torch's generator until the trainer seeds the engine (seed)
         longest = max(self.max_new_tokens, int(longest_new_tokens or 0))
         self.max_model_len = model_len(policy.context_window, policy.max_prompt_tokens, longest)
         self._backend = _Backend(policy, {**VllmSection().model_dump(), **(settings or {})}, seed,
@@ -352,6 +353,11 @@ class VLLMEngine(Engine):
             raise
 
     @property
+    def decodes_apart(self) -> bool:
+        """With its engine core in a process of its own, the engine may generate while the policy updates."""
+        return bool(self._backend.procs)
+
+    @property
     def version(self) -> int:
         """The policy version of the weights the engine decodes with."""
         return self._backend.version
@@ -361,7 +367,15 @@ class VLLMEngine(Engine):
         the view leaves the engine running."""
         view = super().with_sampling(**settings)
         view._owner = False
+        view._seeds = None  # the caller seeds torch's generator (evaluation: per sample)
         return view
+
+    def seed(self, seed: int) -> None:
+        """Seed torch's generator (``Engine.seed``) and the engine's own, which each sequence's seed is then drawn
+        from (the same values torch's would give): a generate running in a thread of its own
+        (graftzoo.training.ahead) draws the same seeds whatever the trainer's thread draws meanwhile."""
+        super().seed(seed)
+        self._seeds = torch.Generator().manual_seed(int(seed))
 
     def sync_weights(self) -> float:
         return self._backend.sync()
@@ -404,8 +418,8 @@ class VLLMEngine(Engine):
         rows, groups = expand_requests(pol, prompts, n, prefixes, max_new, window=self.max_model_len)
         if not rows:
             return groups
-        seeds = (torch.randint(0, 2**31 - 1, (len(rows),)).tolist() if prompt_seeds is None  # the caller's generator
-                 else row_seeds(rows, prompt_seeds))
+        seeds = (torch.randint(0, 2**31 - 1, (len(rows),), generator=self._seeds).tolist() if prompt_seeds is None
+                 else row_seeds(rows, prompt_seeds))  # the engine's generator, seeded per step and model
         params = self.sampling_params(seeds, greedy, temp, max_new)
         try:
             outs = back.wait("generated", back.llm.generate, [{"prompt_token_ids": pids + pre} for _, pids, pre in rows],

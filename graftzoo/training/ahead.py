@@ -1,0 +1,137 @@
+"""Rollouts generated ahead of the update (``rollout.max_staleness: k``, docs/scaling.md#asynchronous-rollouts).
+
+With k >= 1, while step t updates, every model's engine generates (and the verifier scores) the batches of the
+steps after t up to t + k that are not yet in; the weights reach an engine at step boundaries only, after its
+batches ahead are in. So the rollouts of step s are decoded by policy version max(0, s - k), always: the schedule
+is fixed by the step index, not by timing, and a seeded run repeats exactly. What runs ahead is a learner's
+``collect`` (allocate, generate, score) of the step's own prompts, with the step's context and seeds; theta_old,
+advantages, the store, the peer exchange and the update wait for the step itself (graftzoo.training.step).
+
+Where the generation runs: in a background thread of this process while the update runs (``overlap``) when every
+engine decodes apart from the training model (a vLLM engine core in a process of its own) and the models step in
+turn in this process; otherwise (an engine that decodes with the training model itself, models on Ray workers
+whose calls queue one at a time) just before the update. Both give the same rollouts; only the wall time differs.
+
+A checkpoint holds the batches ahead as plain data (``state_dict``): a kill and a resume continue with the very
+rollouts the interrupted run would have trained on, which no weights the checkpoint holds could decode again.
+"""
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
+
+from graftzoo.contract.types import Group, Origin, Prompt, Rollout
+
+
+@dataclass
+class Collected:
+    """One step's rollouts collected ahead: its prompts and epoch, each model's step context (its rng and the
+    metrics the collect logged) and its groups (generated, scored; no theta_old, no advantages yet)."""
+
+    step: int
+    epoch: int
+    prompts: list
+    ctxs: dict
+    groups: dict
+
+
+def steps_ahead(step: int, k: int, total: int, ready) -> list:
+    """The steps whose rollouts are collected while step ``step`` updates: after it, up to ``step + k`` and the run's
+    last step, those not ``ready``."""
+    return [s for s in range(step + 1, min(step + k, total - 1) + 1) if s not in ready]
+
+
+class Ahead:
+    """The batches collected ahead (step -> ``Collected``) and the collect in flight."""
+
+    def __init__(self, k: int, overlap: bool):
+        self.k, self.overlap = int(k), bool(overlap)
+        self.ready: dict = {}
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._done: dict = {}
+
+    def take(self, step: int) -> Optional[Collected]:
+        return self.ready.pop(step, None)
+
+    def launch(self, steps: list, collect: Callable, models: list) -> None:
+        """``collect(s, finished)`` for each of ``steps`` in order, in a background thread with ``overlap``, else
+        now; ``collect`` calls ``finished(m)`` once model ``m``'s rollouts of its step are in (``wait(m)``)."""
+        self._done = {m: threading.Event() for m in models}
+        last = steps[-1] if steps else None
+
+        def finished_last(m: str):
+            self._done[m].set()
+
+        def body():
+            try:
+                for s in steps:
+                    self.ready[s] = collect(s, finished_last if s == last else (lambda m: None))
+            except BaseException as e:  # noqa: BLE001 - raised on the trainer's thread by wait
+                self._error = e
+            finally:
+                for e in self._done.values():
+                    e.set()
+
+        if not self.overlap or not steps:
+            body()
+            self.wait()
+            return
+        # a daemon: a collect blocked in an engine the run has closed never keeps the process alive
+        self._thread = threading.Thread(target=body, name="graftzoo-ahead", daemon=True)
+        self._thread.start()
+
+    def wait(self, model: Optional[str] = None) -> None:
+        """Until model ``model``'s rollouts ahead are in (every model's: None); a failure of the collect is raised
+        here, on the trainer's thread."""
+        if model is not None and model in self._done:
+            self._done[model].wait()
+        elif self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    # ---- checkpoints: plain data (torch.load(weights_only=True) reads it back) -----------------------------------
+    def state_dict(self) -> dict:
+        """The batches ahead as plain data; the collect must be over (``wait``)."""
+        return {str(s): {"epoch": c.epoch, "prompts": [asdict(p) for p in c.prompts],
+                         "models": {m: {"groups": [asdict(g) for g in c.groups[m]],
+                                        "metrics": plain(c.ctxs[m].metrics), "rng": c.ctxs[m].rng.getstate()}
+                                    for m in c.groups}}
+                for s, c in self.ready.items()}
+
+    def load_state_dict(self, state: dict, context: Callable) -> None:
+        """The batches of ``state_dict``; ``context(step, epoch, model, index)`` builds each model's step context."""
+        self.ready = {}
+        for s, d in state.items():
+            ctxs, groups = {}, {}
+            for i, (m, md) in enumerate(d["models"].items()):
+                ctx = ctxs[m] = context(int(s), d["epoch"], m, i)
+                ctx.metrics.update(md["metrics"])
+                ctx.rng = random.Random()
+                ctx.rng.setstate(_tuples(md["rng"]))
+                groups[m] = [group_of(g) for g in md["groups"]]
+            self.ready[int(s)] = Collected(int(s), d["epoch"], [Prompt(**p) for p in d["prompts"]], ctxs, groups)
+
+
+def group_of(d: dict) -> Group:
+    """A ``Group`` from ``asdict`` data."""
+    rolls = [Rollout(**{**r, "origin": Origin(**r["origin"]) if r.get("origin") else None}) for r in d["rollouts"]]
+    return Group(**{**d, "prompt": Prompt(**d["prompt"]), "rollouts": rolls})
+
+
+def plain(value):
+    """``value`` with numpy scalars as Python numbers (a step's metrics)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value.item() if hasattr(value, "item") and not isinstance(value, (int, float, bool, str)) else value
+
+
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
