@@ -109,6 +109,9 @@ class Learner:
     Config = LearnerConfig
     loss = "clipped"
     """The policy loss (graftzoo.algos.losses, registered by name): a pure function of the micro-batch's tensors."""
+    collect_reads_policy = False
+    """Whether ``collect`` runs the training model itself (a forward pass, not only its tokenizer): then it never runs
+    while the model updates (graftzoo.training.ahead collects such a learner's batches ahead just before the update)."""
 
     def __init_subclass__(cls, **kwargs):
         """A learner written for the old loss hooks is refused by name: its ``surrogate`` / ``loss`` methods

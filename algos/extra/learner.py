@@ -43,6 +43,11 @@ class ExTra(Learner):
         self.queue: deque = deque(maxlen=cfg.queue_size)  # (guided Prompt, prefix token ids)
         self._cuts: Optional[tuple] = None
 
+    @property
+    def collect_reads_policy(self) -> bool:
+        """Prefix regeneration scores the hard prompts' rollouts under the training model inside ``collect``."""
+        return bool(self.cfg.prefix_regen)
+
     # ---- memories ------------------------------------------------------------------------
     def _entry(self, key: str) -> dict:
         if key not in self.memory:

@@ -207,8 +207,10 @@ XT_TOKEN_COUNT_RATIO = Metric("xt/token_count_ratio", "ratio", "learner tokens /
                               "responses", _XT)
 
 # ---- time and throughput -------------------------------------------------------------------------------------------
-TIME_GENERATE = Metric("time/generate", "s", "sampling (generate phase) of the step")
-TIME_SCORE = Metric("time/score", "s", "verifier scoring of the step")
+TIME_GENERATE = Metric("time/generate", "s", "sampling (generate phase) during the step (with rollout.max_staleness: "
+                       "the later steps' batches generated during it)")
+TIME_SCORE = Metric("time/score", "s", "verifier scoring during the step (with rollout.max_staleness: as "
+                    "time/generate)")
 TIME_LOGPROB = Metric("time/logprob", "s", "theta_old log-prob passes (recompute, localisation)")
 TIME_UPDATE = Metric("time/update", "s", "the optimizer updates")
 TIME_EXCHANGE = Metric("time/exchange", "s", "peer source, exchange and batch building")

@@ -10,19 +10,24 @@ advantages, the store, the peer exchange and the update wait for the step itself
 Where the generation runs: in a background thread of this process while the update runs (``overlap``) when every
 engine decodes apart from the training model (a vLLM engine core in a process of its own) and the models step in
 turn in this process; otherwise (an engine that decodes with the training model itself, models on Ray workers
-whose calls queue one at a time) just before the update. Both give the same rollouts; only the wall time differs.
+whose calls queue one at a time, a learner whose collect runs the training model: ``Learner.collect_reads_policy``,
+the offload layout, which moves the models between devices) just before the update. Both give the same rollouts;
+only the wall time differs.
 
 A checkpoint holds the batches ahead as plain data (``state_dict``): a kill and a resume continue with the very
 rollouts the interrupted run would have trained on, which no weights the checkpoint holds could decode again.
 """
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout
+
+log = logging.getLogger("graftzoo")
 
 
 @dataclass
@@ -105,9 +110,17 @@ class Ahead:
                 for s, c in self.ready.items()}
 
     def load_state_dict(self, state: dict, context: Callable) -> None:
-        """The batches of ``state_dict``; ``context(step, epoch, model, index)`` builds each model's step context."""
+        """The batches of ``state_dict``; ``context(step, epoch, model, index)`` builds each model's step context. A
+        batch older than this run's k allows (``rollout.max_staleness`` lowered on resume) is dropped, said once: its
+        step collects anew in its turn."""
         self.ready = {}
         for s, d in state.items():
+            version = min((r["policy_version"] for md in d["models"].values() for g in md["groups"]
+                           for r in g["rollouts"]), default=int(s))
+            if int(s) - version > self.k:
+                log.warning("step %s: its rollouts, collected ahead by policy version %d, are older than "
+                            "rollout.max_staleness=%d allows: dropped, the step collects anew", s, version, self.k)
+                continue
             ctxs, groups = {}, {}
             for i, (m, md) in enumerate(d["models"].items()):
                 ctx = ctxs[m] = context(int(s), d["epoch"], m, i)

@@ -292,7 +292,8 @@ class Trainer:
         # engine decodes apart from the training model and the models step in turn here (graftzoo.training.ahead)
         k = int(cfg.rollout.max_staleness)
         overlap = (k > 0 and not self.concurrent and cfg.run.layout != "offload"
-                   and all(e.decodes_apart for e in self.engines.values()))
+                   and all(e.decodes_apart for e in self.engines.values())
+                   and not any(lr.collect_reads_policy for lr in self.learners.values()))
         self.ahead = Ahead(k, overlap)
         # each model's phases synchronise its own device (a worker group's: its ranks measure, the driver holds CPU)
         self.meter = ComputeMeter(per_thread=self.concurrent_collect or overlap,
