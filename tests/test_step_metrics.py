@@ -25,10 +25,10 @@ SETTINGS = ["run.track=false", "run.steps=2", "run.eval_at_end=false", "run.eval
             "optim.max_tokens_per_micro=400", "algo.beta_kl=0.02", "algo.entropy_coeff=0.001"]
 
 
-def seeded_metrics(algo: str, out_dir) -> dict:
+def seeded_metrics(algo: str, out_dir, more=()) -> dict:
     """step -> model -> metric -> value of a two-step run of ``algo`` on the micro pair, and each model's weights
-    after it (``weights/sum``: the float64 sum of every parameter, ``weights/abs_sum``)."""
-    overrides = [f"run.out_dir={out_dir}", *SETTINGS] + (["peer.source=online"] if algo in PEER else [])
+    after it (``weights/sum``: the float64 sum of every parameter, ``weights/abs_sum``); ``more``: further settings."""
+    overrides = [f"run.out_dir={out_dir}", *SETTINGS, *more] + (["peer.source=online"] if algo in PEER else [])
     tr = Trainer(load_config(pair="micro", algo=algo, overrides=overrides))
     try:
         out = {}
@@ -60,6 +60,15 @@ def test_every_seeded_metric_equals_the_recorded_figure(algo, tmp_path):
              if not _same(want[s][m].get(k), got[s].get(m, {}).get(k))]
     assert set(got) == set(want) and all(set(got[s]) == set(want[s]) for s in want), (sorted(got), sorted(want))
     assert not diffs, f"{algo}: {len(diffs)} metrics moved:\n" + "\n".join(diffs[:40])
+
+
+@pytest.mark.parametrize("algo", ["grpo", "graft"])
+def test_rollouts_ahead_off_is_the_synchronous_loop_bit_for_bit(algo, tmp_path):
+    """rollout.max_staleness=0 (the default) runs the step in turn exactly as the figures were recorded before rollouts
+    could be collected ahead: every seeded number equal to the last bit, and no async/ metric logged."""
+    want = json.loads(FIGURES.read_text())[algo]
+    got = json.loads(json.dumps(seeded_metrics(algo, tmp_path, ["rollout.max_staleness=0"])))
+    assert got == want
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:  # --write [ALGO ...]: those algorithms' figures only

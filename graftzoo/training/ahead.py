@@ -138,9 +138,10 @@ def group_of(d: dict) -> Group:
 
 
 def plain(value):
-    """``value`` with numpy scalars as Python numbers (a step's metrics)."""
+    """``value`` with numpy scalars as Python numbers and its keys as plain str (a step's metrics, keyed by
+    ``Metric``)."""
     if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(plain(v) for v in value)
     return value.item() if hasattr(value, "item") and not isinstance(value, (int, float, bool, str)) else value
