@@ -2,8 +2,9 @@
 formulas are within a stated error of the peaks small models really allocate on CPU (bench/plan_check.py); the
 memory parts follow the settings (micro-batch budget, gradient checkpointing, KL reference, sleep level); every
 phase's peak is printed; the GPU count is the smallest that fits; ``--gpus N`` places the models (separate groups,
-colocated, and on one GPU the resident / offload layouts) or exits 1 naming what does not fit; the step-time
-formulas; the trainer's entry points (``gpu_layout``, ``host_peak_bytes``)."""
+colocated, and on one GPU the resident / offload layouts) or exits 1 naming what does not fit; with
+``rollout.max_staleness`` the engines that generate ahead stay awake in the update and the batches ahead are held in
+host memory; the step-time formulas; the trainer's entry points (``gpu_layout``, ``host_peak_bytes``)."""
 import dataclasses
 import json
 import math
@@ -360,6 +361,112 @@ def test_split_and_colocation_rules():
     for ph, v in p["per_gpu"][0]["phases"].items():
         assert v["peak_gb"] == pytest.approx(sum(sum(M.phase_parts(m, ph, 4, 4 * GIB).values()) for m in ms) / GIB)
     assert "kv_cache" not in p["per_gpu"][0]["phases"]["update"]["parts"]  # both engines asleep in the update
+
+
+# ------------------------------------------------------------------------------------------------
+# rollout.max_staleness: the rollouts collected ahead (docs/scaling.md#asynchronous-rollouts)
+# ------------------------------------------------------------------------------------------------
+
+AHEAD = ("--set", "rollout.max_staleness=2", "--set", "rollout.vllm.multiprocessing=true",
+         "--set", "rollout.vllm.sleep_level=2")
+
+
+def test_an_engine_generating_ahead_stays_awake_in_the_update_and_the_plan_says_so():
+    """A model on one GPU in the trainer's process, its engine core in a process of its own: with k >= 1 the engine
+    generates the next batches during the update, so its weights, KV cache and workspace join the update phase
+    whatever its sleep level. SmolLM3 then no longer fits one 80 GiB GPU: over 2 GPUs (Ray worker groups, calls one
+    at a time) it generates them before the update, asleep during it."""
+    k0 = {r["model"]: r for r in placed("configs/pairs/pair1.yaml", *AHEAD[2:])["models"]}
+    k2 = {r["model"]: r for r in placed("configs/pairs/pair1.yaml", *AHEAD)["models"]}
+    q = M.model_memory(pair1("rollout.vllm.multiprocessing=true"))[1]
+    assert q.model == QWEN and (k0[QWEN]["gpus"], k0[SMOL]["gpus"]) == (1, 1) and k2[QWEN]["gpus"] == 1
+    awake = q.engine_weights + M.kv_of(q, 80.0) + M.engine_workspace_bytes(q.arch, q.max_num_seqs)
+    assert k2[QWEN]["phases_gib"]["update"] - k0[QWEN]["phases_gib"]["update"] == pytest.approx(awake / GIB)
+    assert k0[QWEN]["engine_sleeps"] and not k2[QWEN]["engine_sleeps"] and k2[QWEN]["engine_generates_in_update"]
+    for ph in ("generate", "logprob", "sync"):  # the other phases as before
+        assert k2[QWEN]["phases_gib"][ph] == pytest.approx(k0[QWEN]["phases_gib"][ph])
+    assert k2[SMOL]["gpus"] == 2 and k2[SMOL]["engine_sleeps"] and not k2[SMOL]["engine_generates_in_update"]
+    assert k2[SMOL]["phases_gib"]["update"] < k0[SMOL]["phases_gib"]["update"]  # its state sharded over 2
+    text = run_plan("configs/pairs/pair1.yaml", *AHEAD).output
+    gib = k2[QWEN]["ahead_host_gib"]
+    assert text.count(f"  rollouts ahead (rollout.max_staleness 2): 2 batches in host memory, {gib:.2f} GiB at full "
+                      "length; ") == 2, text
+    assert "its engine generates them during the update, awake" in text and "generated just before each" in text
+    assert f"update {k2[QWEN]['phases_gib']['update']:.2f} | sync" in text and "total: 3 GPU(s)" in text
+    before = run_plan("configs/pairs/pair1.yaml", *AHEAD[2:]).output
+    assert "rollouts ahead" not in before and "total: 2 GPU(s)" in before  # k = 0: no line, SmolLM3 on 1 GPU
+
+
+def test_the_batches_ahead_are_counted_in_host_memory():
+    m = smol(pair1("rollout.max_staleness=3"))  # 128 prompts x 8 of 2048 + 4096 tokens, at full length
+    one = 128 * 8 * (2048 * M.ROLLOUT_PROMPT_TOKEN_BYTES + 4096 * M.ROLLOUT_RESPONSE_TOKEN_BYTES)
+    assert M.rollout_host_bytes(m) == one and M.ahead_host_bytes(m) == 3 * one
+    assert M.ahead_host_bytes(smol()) == 0
+    rows = placed("configs/pairs/pair1.yaml", "--set", "rollout.max_staleness=3")["models"]
+    assert [r["ahead_host_gib"] for r in rows] == pytest.approx([3 * one / GIB] * 2)
+    micro = load_config(pair="micro", algo="grpo")
+    ahead = load_config(pair="micro", algo="grpo", overrides=["rollout.max_staleness=2"])
+    extra = sum(2 * M.rollout_host_bytes(m) for m in M.model_memory(ahead))
+    assert extra > 0 and M.host_peak_bytes(ahead) - M.host_peak_bytes(micro) == pytest.approx(extra)
+
+
+def test_the_host_bytes_of_a_rollout_bound_what_python_allocates():
+    """``ROLLOUT_*_TOKEN_BYTES`` against the rollouts ``rollout_from_tokens`` builds, as the engines call it: token
+    ids of a 150k vocabulary as ``tolist()`` gives them, log-probs, 4 characters of text a token, each prompt's ids
+    shared by its n rollouts. tracemalloc counts the bytes asked for (pymalloc rounds them up to 16): the plan's
+    figure covers them, by at most a quarter."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from graftzoo.training.engine import rollout_from_tokens  # the engines' rollout builder, for this test only
+    pol = SimpleNamespace(eos_ids=[0], eos_id=0, stop_strings=[], model_id="m", tokenizer_id="t",
+                          decode=lambda ids: "abcd" * len(ids))
+    groups, n, prompt, response = 4, 8, 300, 500
+    gen = torch.Generator().manual_seed(0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = []
+        for _ in range(groups):
+            pids = torch.randint(1000, 150_000, (prompt,), generator=gen).tolist()
+            for _ in range(n):
+                toks = torch.randint(1000, 150_000, (response,), generator=gen).tolist()
+                lps = (-torch.rand(response, generator=gen, dtype=torch.float64)).tolist()
+                kept.append(rollout_from_tokens(pol, pids, [], toks, lps, 0))
+                del toks, lps
+            del pids
+        measured = (tracemalloc.get_traced_memory()[0] - before) / len(kept)
+    finally:
+        tracemalloc.stop()
+    planned = prompt * M.ROLLOUT_PROMPT_TOKEN_BYTES + response * M.ROLLOUT_RESPONSE_TOKEN_BYTES
+    assert len(kept[0].token_ids) == response and measured <= planned <= 1.25 * measured, (measured, planned)
+
+
+def test_one_gpu_resident_keeps_both_engines_awake_in_the_updates_and_offload_is_unchanged():
+    one = ("configs/pairs/pair1.yaml", "--gpus", "1", "--gpu-gb", "141")
+    k0, k1 = placed(*one), placed(*one, "--set", "rollout.max_staleness=1")
+    assert k0["layout"] == k1["layout"] == "resident" and k1["fits"]
+    assert k0["sleep_level"] == 2 and not k0["engines_generate_in_update"]
+    # k = 1: no engine sleeps (no level chosen for it), a smaller KV cache per engine as the update holds them all
+    assert k1["sleep_level"] == 0 and k1["engines_generate_in_update"] and k1["kv_cache_gb"] < k0["kv_cache_gb"]
+    upd = k1["per_gpu"][0]["phases"]["update"]["parts"]
+    ms = M.model_memory(pair1())
+    assert upd["engine_weights"] == pytest.approx(sum(m.engine_weights for m in ms) / GIB)
+    assert upd["kv_cache"] == pytest.approx(2 * k1["kv_cache_gb"])
+    assert upd["engine_workspace"] == pytest.approx(sum(M.engine_workspace_bytes(m.arch, m.max_num_seqs)
+                                                        for m in ms) / GIB)
+    assert "engine_weights" not in k0["per_gpu"][0]["phases"]["update"]["parts"] or \
+        k0["per_gpu"][0]["phases"]["update"]["parts"]["engine_weights"] < upd["engine_weights"]
+    text = run_plan(*one, "--set", "rollout.max_staleness=1").output
+    assert "(the engines never sleep: they generate the next batches during the updates)" in text
+    assert f"rollouts ahead (rollout.max_staleness 1): 1 batch of each model in host memory, " \
+           f"{k1['ahead_host_gb']:.2f} GiB at full length; the engines generate them during the updates" in text
+    assert "--set rollout.vllm.sleep_level=0" in text
+    # offload generates the batches ahead before each update: its GPU as with k = 0
+    off0, off1 = (placed(*one, "--set", "run.layout=offload", *extra)
+                  for extra in ((), ("--set", "rollout.max_staleness=1")))
+    assert not off1["engines_generate_in_update"] and off1["per_gpu"] == off0["per_gpu"]
+    assert off1["ahead_host_gb"] > 0 == off0["ahead_host_gb"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -44,13 +44,27 @@ def engine_text(g: dict, prompts: int) -> str:
     per = "-".join(str(x) for x in g["prompts_per_rank"])
     if g["num_workers"] == 1:
         return (f"its {g['engine_per_rank']} engine generating the step's {prompts} prompts"
-                + (", asleep during the model's update" if g["engine_sleeps"] else ""))
+                + (", asleep during the model's update" if g["engine_sleeps"] else "")
+                + (", and the next steps' during the model's update" if g["engine_generates_in_update"] else ""))
     if g["engine_per_rank"] != "vllm":
         return (f"the {g['engine_per_rank']} engine on every rank (the training weights), all {prompts} prompts "
                 f"in lockstep")
     return (f"a vllm engine on every rank generating its {per} of the step's {prompts} prompts, "
             + ("asleep during its model's update" if g["engine_sleeps"] else
                "awake during the update (rollout.vllm.sleep_level 0)"))
+
+
+def ahead_line(k: int, host_gb: float, overlap: bool, models: int = 1) -> str:
+    """The rollouts collected ahead of their steps (``rollout.max_staleness`` k >= 1) of ``models`` models: the host
+    memory of their k batches each, and whether the engines generate them while the models update, awake
+    (graftzoo.training.memory.generates_in_update; docs/scaling.md#asynchronous-rollouts)."""
+    each = " of each model" if models > 1 else ""
+    engines = ("the engines generate them during the updates" if models > 1
+               else "its engine generates them during the update")
+    when = (f"{engines}, awake: weights, KV cache and workspace counted in the update phase" if overlap
+            else "generated just before each update, not during it")
+    return (f"  rollouts ahead (rollout.max_staleness {k}): {k} batch{'es' if k > 1 else ''}{each} in host memory, "
+            f"{host_gb:.2f} GiB at full length; {when}")
 
 
 def gpu_phase_lines(row: dict, usable: float) -> list:
@@ -86,20 +100,26 @@ def one_gpu_lines(p: dict) -> list:
     usable = p["usable_gb"]
     out = [f"layout of {p['pair']} on 1 x {p['gpu_gb']:g} GiB GPU ({usable:.1f} GiB usable, {USABLE:.0%}): "
            f"{LAYOUT_NAMES[p['layout']]}", f"  why: {p['why']}"]
+    awake = " (the engines never sleep: they generate the next batches during the updates)" \
+        if p["engines_generate_in_update"] else ""
     if p["kv_sized_by_plan"]:
         out.append(f"  KV cache: {p['kv_cache_gb']:.1f} GiB per engine, sized by the plan (what every phase leaves; "
                    f"rollout.vllm.kv_cache_gb null would take gpu_memory_utilization's {p['kv_from_share_gb']:.1f} "
                    f"GiB in all); sleep level {p['sleep_level']}"
-                   + ("" if p["sleep_level_from_config"] else " (the config's is 0: the engines stay awake then)"))
+                   + ("" if p["sleep_level_from_config"] else " (the config's is 0: the engines stay awake then)")
+                   + awake)
     elif p["kv_min_gb"]:
         out.append(f"  KV cache: {p['kv_cache_gb']:.1f} GiB per engine (rollout.vllm.kv_cache_gb); sleep level "
-                   f"{p['sleep_level']}")
+                   f"{p['sleep_level']}" + awake)
     if p["phase_1_together"]:
         out.append("  phase 1 (generate, logprob) of the models at once, each engine in its own process")
     for g in p["placement"]:
         out.append(f"  {g['model']}: {size_text(g['params'])} parameters, {g['precision']} ({g['state_dtype']} "
                    f"state); {engine_text(g, p['prompts'])}")
         out.append(f"    the GPU during its phases: {phases_text(g['phases_gb'])}")
+    if p["max_staleness"]:
+        out.append(ahead_line(p["max_staleness"], p["ahead_host_gb"], p["engines_generate_in_update"],
+                              len(p["placement"])))
     out += gpu_phase_lines(p["per_gpu"][0], usable)
     out += margin_lines(p["per_gpu"][0]["peak_gb"], usable, p["gpu_gb"], "the step",
                         "a smaller rollout.vllm.kv_cache_gb or optim.max_tokens_per_micro"
@@ -127,6 +147,9 @@ def placement_lines(p: dict) -> list:
         out.append(f"    per GPU by phase: {phases_text(g['phases_gb'])}")
         out.append(f"    peak in {g['peak_phase']}: {parts_text(q)} ({g['state_dtype']} state, 1/{k} each) = "
                    f"{g['per_gpu_peak_gb']:.2f} GiB peak of {usable:.1f}")
+    if p["max_staleness"]:
+        out.append(ahead_line(p["max_staleness"], p["ahead_host_gb"],
+                              any(g["engine_generates_in_update"] for g in p["placement"]), len(p["placement"])))
     if p["layout"] == "colocated" and p["per_gpu"]:
         top = max(p["per_gpu"], key=lambda r: r["peak_gb"])
         out.append(f"  per GPU, its models together: up to {top['peak_gb']:.2f} GiB of {usable:.1f} "
@@ -174,6 +197,8 @@ def model_lines(rows: list, gpu_gb: float) -> list:
             out.append(f"  vLLM engine weights + KV cache  {p['engine_weights_gib']:8.2f} + {p['kv_cache_gib']:.2f} GiB"
                        + ("   (asleep during the update)" if p["engine_sleeps"] else "")
                        + f"   (every sequence of a step at once would need {p['kv_all_gib']:.1f} GiB of KV cache)")
+        if p["max_staleness"]:
+            out.append(ahead_line(p["max_staleness"], p["ahead_host_gib"], p["engine_generates_in_update"]))
         if p["gpus"]:
             out.append(f"  needs {p['gpus']} x {gpu_gb:g} GiB GPU(s), by phase: {phases_text(p['phases_gib'])}; "
                        f"peak {p['peak_gib_per_gpu']:.1f} GiB each")

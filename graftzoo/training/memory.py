@@ -14,6 +14,11 @@ A step of a model runs four phases, each with its own peak (``PHASES``):
   a copy of the weights in host memory, level 2 drops them: the weight sync after the update reloads them anyway);
 - ``sync``: the weights streamed into the engine one tensor at a time, the engine awake again.
 
+With ``rollout.max_staleness`` k >= 1 the engines generate the next k batches while the models update, where they
+decode in a process of their own beside the trainer's (``generates_in_update``): no engine sleeps then, and its
+weights, KV cache and forward workspace are counted in the update phase beside the training state; the k batches
+wait in host memory (``ahead_host_bytes``). docs/scaling.md#asynchronous-rollouts.
+
 A step's peak is the largest of its phases. Layouts on a node: each model in a group of ranks of its own
 (``separate``, training state sharded over the group by FSDP2), every model on every GPU (``colocated``), and for
 two or more models on one GPU (``LAYOUTS_ONE_GPU``) ``resident`` (every model's training state stays on the GPU) or
@@ -50,6 +55,16 @@ PHASES = ("generate", "logprob", "update", "sync")
 LAYOUTS_ONE_GPU = ("resident", "offload")  # run.layout values for models sharing one GPU (run.layout auto: plan's)
 OFFLOAD_SWITCHES = 3  # times per step the offload layout makes each model active: phase 1, the exchange, the update
 KV_MIN_SEQUENCES = 1  # an engine's KV cache holds at least this many sequences at full length (vLLM's own minimum)
+# the phases during which the batches ahead (rollout.max_staleness) are generated: launched after the exchange, waited
+# for before each model's weight sync and at the step's end (graftzoo.training.step)
+AHEAD_PHASES = ("update", "sync")
+# host bytes of a rollout held as Python lists (graftzoo.contract.types.Rollout), per token: a response token's id (an
+# int object and its list slot, 28 + 8), log-prob (a float and its slot, 24 + 8) and its share of the decoded text,
+# rounded up to pymalloc's 16-byte blocks (32 + 32 + 8 + 8 + a few characters); a prompt token, the slot of each
+# rollout's own prompt_token_ids list (the ints are the prompt's, shared by its rollouts). tests/test_plan.py measures
+# rollouts as the engines build them against these.
+ROLLOUT_RESPONSE_TOKEN_BYTES = 88
+ROLLOUT_PROMPT_TOKEN_BYTES = 12
 
 
 # ------------------------------------------------------------------------------------------------
@@ -327,6 +342,8 @@ class ModelMemory:
     ref: bool                 # a frozen KL reference (algo.beta_kl > 0)
     epochs: int               # optim.epochs
     num_workers: int | None   # ranks the config fixes (its num_workers, or ray.num_workers above 1); None: open
+    staleness: int = 0        # rollout.max_staleness: batches collected ahead of their step
+    overlap: bool = False     # its engine generates them while the model updates, on one rank (generates_in_update)
 
     @property
     def seq_len(self) -> int:
@@ -352,9 +369,23 @@ class ModelMemory:
         return float(self.kv_per_token) * self.sequences * self.seq_len
 
 
+def ahead_overlap(cfg: RunConfig, shared_gpu: bool) -> bool:
+    """Whether the engines of ``cfg`` generate the batches ahead while the models update (graftzoo.training.ahead's
+    ``overlap``; docs/scaling.md#asynchronous-rollouts): ``rollout.max_staleness`` >= 1, the models in the trainer's
+    process (``run.backend`` inprocess: Ray worker groups take one call at a time), not ``run.layout`` offload, and
+    every engine a vLLM engine core in a process of its own (``rollout.vllm.multiprocessing`` true, or auto on a GPU
+    two models share: graftzoo.training.placement). Otherwise the batches ahead are generated just before the update,
+    the engines asleep during it as their sleep level says."""
+    mp = cfg.rollout.vllm.multiprocessing
+    return (int(cfg.rollout.max_staleness) >= 1 and cfg.rollout.engine == "vllm" and cfg.run.backend == "inprocess"
+            and cfg.run.layout != "offload" and (mp is True or (mp == "auto" and shared_gpu)))
+
+
 def model_memory(cfg: RunConfig) -> list[ModelMemory]:
-    """The memory inputs of every trained model of ``cfg``, in pair order."""
+    """The memory inputs of every trained model of ``cfg``, in pair order; ``overlap`` for a model on GPUs of its
+    own (``ahead_overlap``; the one-GPU layouts set it for their GPU)."""
     r, o = cfg.rollout, cfg.optim
+    overlap = ahead_overlap(cfg, shared_gpu=False)
     sequences = int(cfg.task.prompts_per_step) * int(r.n)
     out = []
     for spec in cfg.pair.models:
@@ -380,7 +411,8 @@ def model_memory(cfg: RunConfig) -> list[ModelMemory]:
             kv_share=float(r.vllm.gpu_memory_utilization), sleep_level=int(r.vllm.sleep_level),
             max_num_seqs=int(r.vllm.max_num_seqs), gen_batch_size=int(r.gen_batch_size), ref=wants_ref(cfg),
             epochs=int(o.epochs),
-            num_workers=spec.num_workers if spec.sets("num_workers") or spec.num_workers > 1 else None))
+            num_workers=spec.num_workers if spec.sets("num_workers") or spec.num_workers > 1 else None,
+            staleness=int(r.max_staleness), overlap=overlap))
     return out
 
 
@@ -399,6 +431,20 @@ def hf_generate_bytes(m: ModelMemory) -> float:
     float32 next-token logits."""
     rows = min(m.gen_batch_size, m.sequences)
     return float(rows) * (m.seq_len * m.kv_per_token + 4 * m.arch.vocab)
+
+
+def rollout_host_bytes(m: ModelMemory) -> float:
+    """One step's batch of model ``m``'s rollouts in host memory, every rollout at full length: ``sequences`` x
+    (``prompt_tokens`` x ``ROLLOUT_PROMPT_TOKEN_BYTES`` + ``response_tokens`` x ``ROLLOUT_RESPONSE_TOKEN_BYTES``)."""
+    return float(m.sequences) * (m.prompt_tokens * ROLLOUT_PROMPT_TOKEN_BYTES
+                                 + m.response_tokens * ROLLOUT_RESPONSE_TOKEN_BYTES)
+
+
+def ahead_host_bytes(m: ModelMemory) -> float:
+    """The ``rollout.max_staleness`` batches of model ``m`` collected ahead of their steps and held in host memory
+    until then (graftzoo.training.ahead), beside the step's own batch: ``staleness`` x ``rollout_host_bytes``.
+    docs/scaling.md#asynchronous-rollouts."""
+    return m.staleness * rollout_host_bytes(m)
 
 
 def kv_share_bytes(m: ModelMemory, gpu_gb: float) -> float:
@@ -430,6 +476,19 @@ def state_parts(m: ModelMemory, ranks: int, updating: bool) -> dict:
     return out
 
 
+def generates_in_update(m: ModelMemory, ranks: int) -> bool:
+    """Whether model ``m``'s engine generates the batches ahead (``rollout.max_staleness``) while ``m`` updates on a
+    group of ``ranks`` ranks: ``m.overlap``, in the trainer's process, where a model has one rank (a model sharded over
+    ranks runs in a Ray worker group, whose calls queue one at a time). docs/scaling.md#asynchronous-rollouts."""
+    return m.overlap and ranks == 1
+
+
+def engine_sleeps(m: ModelMemory, ranks: int) -> bool:
+    """Whether model ``m``'s vLLM engine frees its GPU memory during ``m``'s update: a sleep level above 0, unless it
+    generates the batches ahead meanwhile (``generates_in_update``: the trainer never puts it to sleep then)."""
+    return m.vllm and m.sleep_level > 0 and not generates_in_update(m, ranks)
+
+
 def engine_parts(m: ModelMemory, kv: float, awake: bool) -> dict:
     """Model ``m``'s vLLM engine on one GPU: its weights and KV cache ``kv`` while it is ``awake``; nothing while it
     sleeps (sleep levels 1 and 2 both free its GPU memory)."""
@@ -440,10 +499,12 @@ def engine_parts(m: ModelMemory, kv: float, awake: bool) -> dict:
 
 def phase_parts(m: ModelMemory, phase: str, ranks: int, kv: float) -> dict:
     """What one GPU holds for model ``m`` (a group of ``ranks`` ranks, KV cache ``kv`` per engine) while ``m`` is in
-    ``phase`` (``PHASES``, module docstring)."""
+    ``phase`` (``PHASES``, module docstring). An engine that generates the batches ahead during the update
+    (``generates_in_update``) is awake in it with its forward workspace."""
     updating = phase == "update"
+    ahead = updating and generates_in_update(m, ranks)
     out = state_parts(m, ranks, updating)
-    out.update(engine_parts(m, kv, awake=not (updating and m.sleep_level > 0)))
+    out.update(engine_parts(m, kv, awake=not (updating and engine_sleeps(m, ranks))))
     if phase == "generate":
         out["engine_workspace"] = (engine_workspace_bytes(m.arch, m.max_num_seqs) if m.vllm else hf_generate_bytes(m))
         if not m.vllm:  # the HF engine decodes with the training model, in its compute dtype
@@ -453,19 +514,24 @@ def phase_parts(m: ModelMemory, phase: str, ranks: int, kv: float) -> dict:
         out["working_copy"] = working_copy_bytes(m.arch, m.precision, ranks)
     elif updating:  # AdamW's fused CUDA step adds nothing (optimizer_step_bytes)
         out["activations"] = update_bytes(m)
+        if ahead:  # the engine decodes the next batches meanwhile
+            out["engine_workspace"] = engine_workspace_bytes(m.arch, m.max_num_seqs)
     elif phase == "sync" and m.vllm:
         out["sync_buffer"] = 6.0 * m.arch.vocab * m.arch.hidden  # the largest tensor gathered (fp32) and cast (bf16)
     return out
 
 
-def idle_parts(m: ModelMemory, kv: float, resident: bool) -> dict:
-    """What one GPU holds for model ``m`` while another model of the GPU runs its phase (in-process, one after the
+def idle_parts(m: ModelMemory, kv: float, resident: bool, phase: str = "") -> dict:
+    """What one GPU holds for model ``m`` while another model of the GPU runs its ``phase`` (in-process, one after the
     other): its training state, or offloaded only its KL reference, and its engine, awake (the trainer frees an
-    engine only during its own model's update)."""
+    engine only during its own model's update), generating the batches ahead in ``AHEAD_PHASES`` where it does
+    (``generates_in_update``: its forward workspace too)."""
     out = state_parts(m, 1, False)
     if not resident:
         out = {k: v for k, v in out.items() if k == "ref_weights"}
     out.update(engine_parts(m, kv, awake=True))
+    if phase in AHEAD_PHASES and generates_in_update(m, 1):
+        out["engine_workspace"] = engine_workspace_bytes(m.arch, m.max_num_seqs)
     return out
 
 
@@ -507,14 +573,15 @@ def group_phases(m: ModelMemory, ranks: int, kv: float) -> dict:
 def shared_phases(models: list, kv: float, resident: bool, together: bool) -> dict:
     """One GPU shared by ``models`` in one process (the one-GPU layouts; ``resident``: every model's training state
     stays, else only the active model's): each phase at its worst over the models, the others idle beside it
-    (``idle_parts``); with ``together`` the models' generate and logprob phases run at once (the trainer's phase 1
-    in threads, each engine in its own process) and add up."""
+    (``idle_parts``, their engines generating the batches ahead in ``AHEAD_PHASES`` where they do); with ``together``
+    the models' generate and logprob phases run at once (the trainer's phase 1 in threads, each engine in its own
+    process) and add up."""
     out = {}
     for p in PHASES:
         if together and p in ("generate", "logprob"):
             out[p] = {"during": "all", "parts": add(*(phase_parts(m, p, 1, kv) for m in models))}
             continue
-        cands = [(m, add(phase_parts(m, p, 1, kv), *(idle_parts(o, kv, resident) for o in models if o is not m)))
+        cands = [(m, add(phase_parts(m, p, 1, kv), *(idle_parts(o, kv, resident, p) for o in models if o is not m)))
                  for m in models]
         m, parts = max(cands, key=lambda c: sum(c[1].values()))
         out[p] = {"during": m.model, "parts": parts}
@@ -596,8 +663,9 @@ def offload_bytes_per_step(models: list) -> float:
 
 def sleep_bytes_per_step(models: list) -> float:
     """What sleep level 1 moves per step: each engine's weights to host memory and back around its update
-    (level 2 drops them; the weight sync reloads them either way)."""
-    return sum(2.0 * m.engine_weights for m in models if m.vllm and m.sleep_level == 1)
+    (level 2 drops them; the weight sync reloads them either way); none for an engine that never sleeps
+    (``engine_sleeps``)."""
+    return sum(2.0 * m.engine_weights for m in models if engine_sleeps(m, 1) and m.sleep_level == 1)
 
 
 def host_bytes_one_gpu(models: list, layout: str) -> float:
@@ -605,7 +673,8 @@ def host_bytes_one_gpu(models: list, layout: str) -> float:
     (``host_buffer_bytes``: ``Policy.offload`` keeps it between moves); sleep level 1, the sleeping engine's
     weights."""
     buffers = sum(host_buffer_bytes(m) for m in models) if layout == "offload" else 0.0
-    return buffers + max((m.engine_weights for m in models if m.vllm and m.sleep_level == 1), default=0.0)
+    return buffers + max((m.engine_weights for m in models if engine_sleeps(m, 1) and m.sleep_level == 1),
+                         default=0.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -880,7 +949,9 @@ def group_entry(m: ModelMemory, ranks: list, prompts: int, explicit: bool, phase
     return {"model": m.model, "params": m.params, "ranks": ranks, "num_workers": len(ranks),
             "num_workers_from_config": explicit, "precision": m.precision,
             "state_dtype": "fp32" if state_per_param(m.precision, m.low)[0] == 4 else "bf16",
-            "engine_per_rank": m.engine, "engine_sleeps": m.vllm and m.sleep_level > 0,
+            "engine_per_rank": m.engine, "engine_sleeps": engine_sleeps(m, len(ranks)),
+            "engine_generates_in_update": generates_in_update(m, len(ranks)),
+            "ahead_host_gb": ahead_host_bytes(m) / GIB,
             "prompts_per_rank": sorted({prompts // k, -(-prompts // k)}),
             "kv_all_per_rank_gb": m.kv_all / len(ranks) / GIB,
             "phases_gb": {p: v / GIB for p, v in phase_peaks(phases).items()}, "peak_phase": top,
@@ -1016,12 +1087,16 @@ def one_gpu_layout(cfg: RunConfig, models: list, layout: str, gpu_gb: float) -> 
     config's, or 2 where the config's is 0 and sleeping leaves the engines a larger KV cache (or makes the layout
     fit); the KV cache per engine is ``rollout.vllm.kv_cache_gb`` where given, else sized by the plan: the largest
     every phase leaves room for with ``margin_bytes`` to spare. It must hold ``kv_min_bytes``. ``tight``: it fits
-    with less than the margin to spare (``slack_gb``)."""
+    with less than the margin to spare (``slack_gb``). In ``resident`` with ``rollout.max_staleness`` >= 1 the engines
+    generate the batches ahead during the updates (``ahead_overlap`` on a shared GPU), awake whatever their sleep
+    level."""
     usable, margin = gpu_gb * USABLE * GIB, margin_bytes(gpu_gb)
+    overlap = layout == "resident" and ahead_overlap(cfg, shared_gpu=True)
+    models = [dataclasses.replace(m, overlap=overlap) for m in models]
     together = (layout == "resident" and all(m.vllm for m in models) and bool(cfg.ray.concurrent_models))
     level0 = int(cfg.rollout.vllm.sleep_level)
     tries = [one_gpu_try(models, layout, level0, usable, together, margin)]
-    if level0 == 0 and any(m.vllm for m in models):
+    if level0 == 0 and any(m.vllm for m in models) and not overlap:  # an engine generating ahead never sleeps
         tries.append(one_gpu_try(models, layout, 2, usable, together, margin))
 
     def room(t):
@@ -1043,14 +1118,15 @@ def one_gpu_layout(cfg: RunConfig, models: list, layout: str, gpu_gb: float) -> 
     groups = []
     for m in ms:  # the GPU during each of this model's phases
         own = {p: {"during": m.model, "parts": (phases[p]["parts"] if phases[p]["during"] == "all" else add(
-            phase_parts(m, p, 1, kv), *(idle_parts(o, kv, layout == "resident") for o in ms if o is not m)))}
+            phase_parts(m, p, 1, kv), *(idle_parts(o, kv, layout == "resident", p) for o in ms if o is not m)))}
             for p in PHASES}
         groups.append(group_entry(m, [0], int(cfg.task.prompts_per_step), False, own))
     return {"layout": layout, "fits": error is None, "error": error, "placement": groups,
             "per_gpu": gpu_rows(groups, {0: phases}, 1), "kv_cache_gb": kv / GIB, "kv_sized_by_plan": best["sized"],
             "kv_min_gb": kv_min / GIB, "kv_from_share_gb": sum(kv_share_bytes(m, gpu_gb) for m in ms if m.vllm) / GIB,
             "sleep_level": best["level"], "sleep_level_from_config": best["level"] == level0,
-            "phase_1_together": together, "moved_gb_per_step": moved / GIB, "transfer_s": transfer_seconds(moved),
+            "phase_1_together": together, "engines_generate_in_update": overlap,
+            "moved_gb_per_step": moved / GIB, "transfer_s": transfer_seconds(moved),
             "host_gb": host_bytes_one_gpu(ms, layout) / GIB, "slack_gb": (usable - peak) / GIB,
             "margin_gb": margin / GIB, "tight": error is None and usable - peak < margin, "models": ms}
 
@@ -1066,6 +1142,8 @@ def one_gpu_why(chosen: dict, other: dict | None) -> str:
     if chosen["layout"] == "resident":
         sleep = (f"each engine frees its KV cache and weights during its model's update (sleep level "
                  f"{chosen['sleep_level']})" if chosen["sleep_level"] else "the engines stay awake (sleep level 0)")
+        if chosen["engines_generate_in_update"]:
+            sleep = "the engines stay awake during the updates, generating the next batches (rollout.max_staleness)"
         fit = "chosen where it fits with the margin to spare"
         if chosen["tight"]:
             fit = ("it fits only within the margin, offload " + ("only within it too" if other and other["fits"]
@@ -1125,7 +1203,8 @@ def one_gpu_choice(cfg: RunConfig, models: list, gpu_gb: float, chip: Chip, cal:
     out["why"] = f"run.layout {cfg.run.layout} in the config" if len(asked) == 1 else one_gpu_why(chosen, other)
     out["settings"] = one_gpu_settings(chosen) if chosen["fits"] else {}
     out["alternatives"] = {lay: {k: t[k] for k in ("fits", "tight", "slack_gb", "error", "kv_cache_gb", "sleep_level",
-                                                   "moved_gb_per_step", "host_gb", "step_time")}
+                                                   "engines_generate_in_update", "moved_gb_per_step", "host_gb",
+                                                   "step_time")}
                            for lay, t in tries.items() if t is not chosen}
     if not chosen["fits"]:
         out["error"] = (f"no layout of {cfg.pair.name} fits 1 x {gpu_gb:g} GiB GPU, {gpu_gb * USABLE:.1f} GiB "
@@ -1162,7 +1241,8 @@ def gpu_layout(cfg: RunConfig, gpus: int, gpu_gb: float, chip: str = "h200", cal
     cal, hw = calibration_of(calibration), CHIPS[chip]
     prompts = int(cfg.task.prompts_per_step)
     head = {"pair": cfg.pair.name, "prompts": prompts, "gpus": gpus, "gpu_gb": gpu_gb, "usable_gb": usable / GIB,
-            "chip": chip, "calibration": cal}
+            "chip": chip, "calibration": cal, "max_staleness": int(cfg.rollout.max_staleness),
+            "ahead_host_gb": sum(ahead_host_bytes(m) for m in models) / GIB}
     if gpus == 1 and len(models) > 1:
         return {**head, **one_gpu_choice(cfg, models, gpu_gb, hw, cal)}
     workers = [m.num_workers for m in models]
@@ -1200,8 +1280,9 @@ def plan(cfg: RunConfig, gpu_gb: float = 80.0) -> list[dict]:
                     "activations_gib": update_bytes(m) / GIB, "activations_other_gib": update_bytes(other) / GIB,
                     "logprob_gib": forward_bytes(m) / GIB,
                     "engine_weights_gib": m.engine_weights / GIB, "kv_cache_gib": kv_of(m, gpu_gb) / GIB,
-                    "kv_all_gib": m.kv_all / GIB, "engine_sleeps": m.vllm and m.sleep_level > 0,
-                    "ref": m.ref, "gpus": gpus,
+                    "kv_all_gib": m.kv_all / GIB, "engine_sleeps": engine_sleeps(m, gpus or 1),
+                    "max_staleness": m.staleness, "engine_generates_in_update": generates_in_update(m, gpus or 1),
+                    "ahead_host_gib": ahead_host_bytes(m) / GIB, "ref": m.ref, "gpus": gpus,
                     "phases_gib": {p: v / GIB for p, v in phase_peaks(phases).items()},
                     "peak_gib_per_gpu": None if gpus is None else peak_of(phases)[1] / GIB})
     return out
@@ -1211,8 +1292,8 @@ def host_peak_bytes(cfg: RunConfig) -> float:
     """What a run of ``cfg`` needs in host memory when it trains on the CPU (bytes): every trained model's training
     state (weights, gradients, AdamW moments, the KL reference), one update micro-batch (``update_activation_bytes``,
     or AdamW's ``foreach`` step where larger) and its rollout engine (vLLM: its weights and ``kv_cache_gb``; HF: a
-    generate call's KV cache, ``hf_generate_bytes``), all at once: an upper bound, as the models update one after the
-    other."""
+    generate call's KV cache, ``hf_generate_bytes``) and its batches collected ahead (``ahead_host_bytes``), all at
+    once: an upper bound, as the models update one after the other."""
     total = 0.0
     for m in model_memory(cfg):
         state = train_state_bytes(m.params, m.precision, 1, m.low) + (
@@ -1220,5 +1301,5 @@ def host_peak_bytes(cfg: RunConfig) -> float:
         work = max(update_bytes(m) + working_copy_bytes(m.arch, m.precision, 1),
                    optimizer_step_bytes(m.params, "cpu"))
         engine = m.engine_weights + (m.kv_cache or 0.0) if m.vllm else hf_generate_bytes(m)
-        total += state + work + engine
+        total += state + work + engine + ahead_host_bytes(m)
     return total
