@@ -7,7 +7,7 @@ import torch
 
 from graftzoo.algos.functional import (agg_loss, clipped_surrogate, entropy_from_logits, group_advantages,
                                        gspo_sequence_ratio, gspo_token_ratio, kl_k3, ratio_surrogate,
-                                       rloo_advantages, sequence_mean_logp)
+                                       rloo_advantages, sequence_mean_logp, truncated_is_weights)
 from graftzoo.algos.dapo.formulas import dapo_overlong_penalty, zero_variance_groups
 
 torch.set_num_threads(1)
@@ -190,6 +190,54 @@ def test_ratio_surrogate_sequence_level_gspo_clips():
     assert torch.allclose(loss, t([-1.0004, 0.9997, -1.0001]))
     assert info["clipped_high"].tolist() == [True, False, False]
     assert info["clipped_low"].tolist() == [False, True, False]
+
+
+# ------------------------------------------------ truncated importance weights (docs/algorithms.md#stale-rollouts)
+
+def test_truncated_is_weights_worked_example():
+    """Row 0 decoded by an older policy (stale), row 1 by theta_old itself (fresh); w = min(pi_old / pi_behaviour, C)
+    with C = 2 on the stale row, 1 on the fresh one whatever its log-probs say:
+
+        row 0  pi_old      0.3   0.9   0.5
+               pi_beh      0.6   0.3   0.4
+               ratio       0.5   3.0   1.25
+               w           0.5   2.0   1.25    (below 1; above the cap, cut to C; between)
+        row 1  pi_old      0.9   0.2   0.5
+               pi_beh      0.1   0.8   0.5
+               w           1     1     1       (fresh: exactly 1, although the ratios are 9 and 0.25)
+    """
+    old = torch.log(t([[0.3, 0.9, 0.5], [0.9, 0.2, 0.5]])).requires_grad_(True)
+    beh = torch.log(t([[0.6, 0.3, 0.4], [0.1, 0.8, 0.5]]))
+    w = truncated_is_weights(old, beh, torch.tensor([True, False]), cap=2.0)
+    assert torch.allclose(w[0], t([0.5, 2.0, 1.25]), rtol=0, atol=1e-12)
+    assert w[0, 1].item() == 2.0                                # the cap itself, not 2.0000001
+    assert torch.equal(w[1], t([1.0, 1.0, 1.0]))                # a fresh row is not reweighed at all
+    assert not w.requires_grad                                  # a weight, not a path for the gradient
+    # a cap of 5 lets 3.0 through and cuts 9.0 (both rows stale); the log-ratio is clamped to +-20 as the clipped
+    # surrogate's is
+    wide = truncated_is_weights(old, beh, torch.tensor([True, True]), cap=5.0)
+    assert torch.allclose(wide, t([[0.5, 3.0, 1.25], [5.0, 0.25, 1.0]]), rtol=0, atol=1e-12)
+    assert truncated_is_weights(t([[30.0]]), t([[0.0]]), torch.tensor([True]), cap=1e12).item() == \
+        pytest.approx(math.exp(20.0))
+    with pytest.raises(ValueError, match="do not match"):
+        truncated_is_weights(old, beh[:, :2], torch.tensor([True, False]), cap=2.0)
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        truncated_is_weights(old, beh, torch.tensor([True, False]), cap=0.0)
+
+
+def test_the_stale_rollouts_worked_example_of_the_docs():
+    """docs/algorithms.md#stale-rollouts: log pi_old [-1, -2, -0.5, -0.3], log pi_beh [-1.2, -1, -0.5, -1.3], C = 2:
+    weights e^0.2 = 1.2214, e^-1 = 0.3679, 1, e^1 = 2.718 cut to 2; at rho = 1 and A = 1 the token terms are -w and
+    token-mean over the 4 masked tokens gives -1.1473 (unweighted: -1); the fresh row of the step keeps weight 1."""
+    old = t([[-1.0, -2.0, -0.5, -0.3], [-1.0, -2.0, -0.5, -0.3]])
+    beh = t([[-1.2, -1.0, -0.5, -1.3], [-1.2, -1.0, -0.5, -1.3]])
+    w = truncated_is_weights(old, beh, torch.tensor([True, False]), cap=2.0)
+    assert torch.allclose(w[0], t([1.2214, 0.3679, 1.0, 2.0]), atol=1e-4)
+    terms, _ = clipped_surrogate(old[:1], old[:1], t([1.0]))  # rho = 1: each token's term is -A
+    mask = torch.ones(1, 4, dtype=D)
+    assert agg_loss(terms * w[:1], mask, "token-mean").item() == pytest.approx(-1.1473, abs=1e-4)
+    assert agg_loss(terms, mask, "token-mean").item() == -1.0
+    assert torch.equal(w[1], t([1.0] * 4))
 
 
 # ---------------------------------------------------------------- KL (docs/algorithms.md#kl-and-entropy)

@@ -45,11 +45,11 @@ HACPO = ["algo.beta_kl=0.05", "ray.concurrent_models=false", "run.eval_at_end=fa
 SKIP_KEYS = ("time/", "perf/")   # wall-clock figures differ from run to run
 
 
-def pair_file(tmp: Path) -> Path:
-    """The micro pair with B's group of 2 ranks."""
+def pair_file(tmp: Path, workers: int = 2) -> Path:
+    """The micro pair with B's group of ``workers`` ranks."""
     pair = yaml.safe_load((packaged_configs() / "pairs" / "micro.yaml").read_text())
-    pair["models"][1]["num_workers"] = 2
-    f = tmp / "pair_ray.yaml"
+    pair["models"][1]["num_workers"] = workers
+    f = tmp / f"pair_ray_{workers}.yaml"
     f.write_text(yaml.safe_dump({"pair": {"models": pair["models"]}}))
     return f
 
@@ -147,6 +147,23 @@ def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
     assert any(not torch.equal(ws[n], v) for n, v in fresh.items())   # it trained
     out = evaluate_checkpoint(run, benchmarks=["heldout"], k=1, limit=2)
     assert sorted(Path(p).name for p in out) == sorted(f"{m}.json" for m in (A, B))
+
+
+def test_rollouts_ahead_on_ray_train_like_the_in_process_trainer(tmp_path):
+    """rollout.max_staleness=1 with each model in a group of 1 worker (whose calls queue one at a time, so the next
+    step's rollouts are collected just before the update, no overlap): the same seeded metrics as the in-process
+    trainer with k = 1, to 1e-6 (the same floating-point operations in another process), every step's own
+    rollouts one version old after step 0."""
+    code, log = finish(loopback(train_cmd(tmp_path, pair_file(tmp_path, workers=1), "rollout.max_staleness=1",
+                                          "run.eval_at_end=false")))
+    assert code == 0, log[-4000:]
+    ref = metrics(train(load_config(pair="micro", algo="graft", overrides=[
+        "peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp_path}", "run.name=ref",
+        *SETS, "rollout.max_staleness=1", "run.eval_at_end=false"])))
+    got = metrics(tmp_path / "r")
+    assert len(ref) == 6 and [ref[(s, A)]["async/staleness_max"] for s in range(3)] == [0, 1, 1]
+    assert any(r.get("async/is_weight_mean", 1.0) != 1.0 for r in ref.values())   # the weights moved
+    assert_same(got, ref, 1e-6, "k = 1 on Ray")
 
 
 def test_hacpo_killed_with_kill_9_resumes_on_ray_like_in_process_with_the_models_one_after_the_other(ray_run):

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from graftzoo.contract.errors import NonFiniteError
 from graftzoo.training.preemption import Interrupted
 from graftzoo.contract.registry import get_algo
 from graftzoo.training import models as models_module
+from graftzoo.training import step as step_module
 from graftzoo.training.trainer import Trainer, train
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
@@ -155,6 +157,37 @@ def test_an_interrupted_run_ends_its_engine_process_and_the_disk_fallback_says_w
     rows = [json.loads(x) for x in (tmp_path / "x" / "metrics.jsonl").read_text().splitlines()]
     synced = [r for r in rows if r.get("time/weight_sync") is not None]
     assert synced and all(r["rollout/logp_diff_max"] <= 1e-5 for r in synced), synced
+
+
+def test_rollouts_ahead_overlap_the_update_and_the_schedule_not_the_timing_decides_them(tmp_path, monkeypatch):
+    """rollout.max_staleness=1 with the engine core in its own process: the next step's rollouts are collected in a
+    thread of their own while the update runs (``Trainer.ahead.overlap``); with the engine in this process they are
+    collected before the update. Both runs decode every step's rollouts with the same weights (version
+    max(0, s - 1)), so their seeded metrics are equal."""
+    threads = []
+    collect_ahead = step_module.collect_ahead
+
+    def spied(run, s, finished):
+        threads.append(threading.current_thread().name)
+        return collect_ahead(run, s, finished)
+
+    monkeypatch.setattr(step_module, "collect_ahead", spied)
+    got = {}
+    for mp in (True, False):
+        threads.clear()
+        tr = Trainer(load_config(pair="micro", algo="grpo", overrides=[
+            *ONE_MODEL, f"rollout.vllm.multiprocessing={str(mp).lower()}", "rollout.max_staleness=1", "run.steps=3",
+            f"run.out_dir={tmp_path}", f"run.name=mp-{mp}"]))
+        try:
+            assert tr.ahead.overlap is mp
+            got[mp] = [{k: v for k, v in met.items() if not k.startswith(("time/", "perf/"))}
+                       for s in range(3) for met in tr.train_step(s).values()]
+        finally:
+            tr.close()
+        assert threads == (["graftzoo-ahead"] * 2 if mp else [threading.main_thread().name] * 2)   # steps 1, 2
+    assert [r["async/staleness_max"] for r in got[True]] == [0, 1, 1]
+    assert any(r["async/is_weight_mean"] not in (None, 1.0) for r in got[True])
+    assert got[True] == got[False]
 
 
 # ---- an engine process that dies, a trainer that is killed: through the command, in real processes ----------

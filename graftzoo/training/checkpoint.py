@@ -488,8 +488,8 @@ def load_checkpoint(path, policies: dict, learners: dict, hash_files: bool = Tru
             raise CheckpointError(f"{f}: does not fit model {mid!r} of this run: {type(e).__name__}: "
                                   f"{one_line(e)[:300]}") from None
     _set_rng_state(_safe_load(path / TRAINER_FILE), doc["rng"], path / TRAINER_FILE)
-    ahead = _safe_load(path / AHEAD_FILE) if with_ahead else {}
-    return {**doc["extra"], "step": doc["step"], "ahead": ahead}
+    ahead = {"ahead": _safe_load(path / AHEAD_FILE)} if with_ahead else {}
+    return {**doc["extra"], "step": doc["step"], **ahead}
 
 
 def _set_aside(ckpt: Path) -> Path:
