@@ -19,6 +19,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -380,6 +381,9 @@ def test_kill_9_during_a_step_and_the_same_command_gives_an_uninterrupted_runs_m
     assert "ahead.pt" in json.loads((ck / "manifest.json").read_text())["files"]   # sized and hashed as the rest
     assert list(torch.load(ck / "ahead.pt", weights_only=True)) == ["2"]   # step 2's rollouts, collected in step 1
 
+    lowered = tmp_path / "lowered"
+    shutil.copytree(run, lowered / "x")  # the killed run, resumed below with rollouts in turn
+
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "resuming from step_000001 (2 of 4 steps done)" in rerun.stderr, rerun.stderr[-3000:]
@@ -387,3 +391,13 @@ def test_kill_9_during_a_step_and_the_same_command_gives_an_uninterrupted_runs_m
     assert ref.returncode == 0, ref.stderr[-3000:]
     got, want = seeded(run), seeded(tmp_path / "ref")
     assert len(want) == 8 and got == want
+
+    # resumed with rollout.max_staleness lowered to 0: step 2's batch, decoded by version 1, is too old for the update
+    # of version 2 now: dropped (said once), the step collects anew in its turn and the run ends
+    turn = subprocess.run([*cmd, "--set", f"run.out_dir={lowered}", "--set", "rollout.max_staleness=0",
+                           "--allow-config-change", "rollout.max_staleness,run.out_dir"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert turn.returncode == 0, turn.stderr[-3000:]
+    assert turn.stderr.count("older than rollout.max_staleness=0 allows: dropped") == 1, turn.stderr[-3000:]
+    later = [r for r in seeded(lowered / "x") if r["step"] >= 2]
+    assert len(later) == 4 and all(r.get("async/staleness_mean") is None for r in later)
