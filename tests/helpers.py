@@ -11,7 +11,7 @@ from graftzoo.apps.cli import main
 from graftzoo.contract.types import Rollout
 from graftzoo.peers.xt import score_rollouts
 from graftzoo.algos.losses import LossInputs, get_loss
-from graftzoo.training.loss import pg_mask, ratio_base
+from graftzoo.training.loss import micro_batch_loss, pg_mask, ratio_base
 
 
 def scored_rollout(pol, prompt, text, correct):
@@ -53,6 +53,17 @@ class Spy:
         logp.retain_grad()
         self.logp = logp
         return logp, ent
+
+
+def loss_and_grads(learner, ctx, pol, mb):
+    """The step's loss on ``mb`` (``micro_batch_loss``); d loss / d log-probs (per token), d loss / d parameters
+    (flattened) and the log-probs themselves."""
+    spy = Spy(pol)
+    loss, _ = micro_batch_loss(ctx, spy, learner, mb)
+    params = [p for p in pol.model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(loss, [spy.logp, *params], allow_unused=True)
+    flat = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads[1:], params)])
+    return loss.detach(), grads[0], flat, spy.logp.detach()
 
 
 # A researcher's learner with a classic bug: group-normalised advantages without an epsilon (0/0 on a group whose

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import Spy, cli_here, scored_rollout
+from helpers import loss_and_grads, cli_here, scored_rollout
 
 from graftzoo.algos import BUILTIN
 from graftzoo.algos.base import StepContext
@@ -37,7 +37,7 @@ from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import Group, Prompt, Rollout
 from graftzoo.training.checkpoint import list_checkpoints
 from graftzoo.training.engine import EngineError
-from graftzoo.training.loss import denominators, micro_batch_loss, stale_metrics
+from graftzoo.training.loss import denominators, stale_metrics
 from graftzoo.training.models import build_policy
 from graftzoo.training.step import check_policy_version
 from graftzoo.training.trainer import Trainer, train
@@ -104,16 +104,6 @@ def whole(learner, ctx, slots):
     """The step's training batch (``build_batch``) and its rows as one minibatch."""
     batch = learner.build_batch(ctx, slots)
     return batch, batch.minibatch(list(range(len(batch))))
-
-
-def loss_and_grads(learner, ctx, pol, mb):
-    """The step's loss on ``mb``; d loss / d log-probs and d loss / d parameters (flattened); the log-probs."""
-    spy = Spy(pol)
-    loss, _ = micro_batch_loss(ctx, spy, learner, mb)
-    params = [p for p in pol.model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [spy.logp, *params], allow_unused=True)
-    flat = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads[1:], params)])
-    return loss.detach(), grads[0], flat, spy.logp.detach()
 
 
 def test_stale_rows_whose_behaviour_is_theta_old_give_todays_loss_bit_for_bit(pol, grpo):

@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from helpers import Spy, scored_rollout
+from helpers import Spy, loss_and_grads, scored_rollout
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import group_advantages
@@ -74,16 +74,6 @@ def minibatches(learner, ctx, slots):
     return [batch.minibatch(idx) for idx in learner.schedule(ctx, batch)]
 
 
-def loss_and_grads(learner, ctx, pol, mb):
-    """The learner's loss on ``mb``; d loss / d logp (per token) and d loss / d parameters (flattened)."""
-    spy = Spy(pol)
-    loss, _ = micro_batch_loss(ctx, spy, learner, mb)
-    params = [p for p in pol.model.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(loss, [spy.logp, *params], allow_unused=True)
-    flat = torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads[1:], params)])
-    return loss.detach(), grads[0], flat
-
-
 # ------------------------------------------------------------------------------------------------
 # 1. GRAFT's grafted sequence weights min{s, 1}
 # ------------------------------------------------------------------------------------------------
@@ -110,7 +100,7 @@ def test_grafted_weight_scales_the_loss_and_gradient_of_its_rows(pols):
         mbs = minibatches(learner, ctx, slots)
         mb = mbs[-1]                                       # peer-last: the grafted group's minibatch
         assert bool(mb.is_peer.all()) and len(mb) == 8
-        out[weight] = (grafted[0].weights, *loss_and_grads(learner, ctx, lpol, mb), mb)
+        out[weight] = (grafted[0].weights, *loss_and_grads(learner, ctx, lpol, mb)[:3], mb)
     w_s, loss_s, glogp_s, gpar_s, mb = out["min_s_1"]
     w_1, loss_1, glogp_1, gpar_1, _ = out["one"]
     w = math.exp(-0.1)
