@@ -90,19 +90,17 @@ def stale_metrics(batch, cap: float) -> dict:
     """The stale rows of a step's batch (``TrainRow.behaviour_logp``): their truncated importance weights'
     (``truncated_is_weights`` of theta_old against the behaviour log-probs) mean and max over the tokens they train,
     the share of those tokens at the cap; None without stale rows (docs/algorithms.md#stale-rollouts)."""
-    rows = [r for r in batch.rows if r.behaviour_logp is not None]
-    ws, capped = [], 0
-    for r in rows:
-        old, beh = torch.tensor([r.old_logp], dtype=torch.float32), torch.tensor([r.behaviour_logp], dtype=torch.float32)
-        w = truncated_is_weights(old, beh, torch.ones(1, dtype=torch.bool), cap)[0]
-        on = torch.tensor(r.loss_mask) > 0
-        ws.append(w[on])
-        capped += int((w[on] >= cap).sum())
+    ws = []
+    for r in batch.rows:
+        if r.behaviour_logp is not None:
+            w = truncated_is_weights(torch.tensor([r.old_logp]), torch.tensor([r.behaviour_logp]),
+                                     torch.ones(1, dtype=torch.bool), cap)[0]
+            ws.append(w[torch.tensor(r.loss_mask) > 0])
     w = torch.cat(ws) if ws else torch.zeros(0)
     if not w.numel():
         return {M.ASYNC_IS_WEIGHT_MEAN: None, M.ASYNC_IS_WEIGHT_MAX: None, M.ASYNC_IS_CAPPED: None}
     return {M.ASYNC_IS_WEIGHT_MEAN: float(w.double().mean()), M.ASYNC_IS_WEIGHT_MAX: float(w.max()),
-            M.ASYNC_IS_CAPPED: capped / w.numel()}
+            M.ASYNC_IS_CAPPED: float((w >= cap).double().mean())}
 
 
 def token_metrics(pl, mask: torch.Tensor, is_peer: torch.Tensor, ent: Optional[torch.Tensor]) -> dict:

@@ -52,7 +52,7 @@ def train_step(run, step: int) -> dict:
     for m in models:  # answers the verifier's budget left undecided: a warning, or no update on them
         run.task.check_unverified(step, m, groups[m])
         if run.ahead.k:
-            ctxs[m].metrics.update(staleness_metrics(groups[m]))
+            ctxs[m].metrics.update(staleness_metrics(groups[m], m, run.policies[m].version))
     if run.peers is not None:
         run.peers.observe(groups)
 
@@ -259,9 +259,9 @@ def check_policy_version(model_id: str, policy, groups, max_staleness: int = 0) 
                           f"weights were not synced after an update")
 
 
-def staleness_metrics(groups) -> dict:
-    """How many updates old the step's own rollouts are (``Rollout.staleness``, set by ``theta_old_pass``)."""
-    ages = [r.staleness for g in groups for r in g.rollouts if r.role == "own" and r.origin is None]
+def staleness_metrics(groups, model_id: str, version: int) -> dict:
+    """How many updates older than theta_old (policy ``version``) the step's own rollouts of ``model_id`` are."""
+    ages = [version - r.policy_version for g in groups for r in g.rollouts if r.model_id == model_id and r.origin is None]
     return {M.ASYNC_STALENESS_MEAN: statistics.fmean(ages) if ages else None,
             M.ASYNC_STALENESS_MAX: max(ages) if ages else None}
 
