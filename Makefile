@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/graft_overhead.py
 	$(BIN)/python bench/engines.py
 	$(BIN)/python bench/scale_overhead.py
+	$(BIN)/python bench/async.py
 
 clean:
 	rm -rf runs wandb .pytest_cache
