@@ -42,6 +42,14 @@ class Collected:
     groups: dict
 
 
+def overlaps(k: int, models_in_process: bool, layout: str, engines_apart: bool, collect_reads_policy: bool) -> bool:
+    """Whether the batches ahead are collected while the models update (module docstring): k >= 1, the models stepping
+    in turn in the trainer's process, not the offload layout, every engine decoding in a process of its own and no
+    learner's collect running the training model. The trainer asks it of the built run, ``graftzoo plan`` of the config
+    (graftzoo.training.memory)."""
+    return k >= 1 and models_in_process and layout != "offload" and engines_apart and not collect_reads_policy
+
+
 def steps_ahead(step: int, k: int, total: int, ready) -> list:
     """The steps whose rollouts are collected while step ``step`` updates: after it, up to ``step + k`` and the run's
     last step, those not ``ready``."""

@@ -36,6 +36,7 @@ from typing import Optional
 from transformers import AutoConfig
 
 from graftzoo.contract.config import ConfigError, ModelSpec, RunConfig, trained_ids
+from graftzoo.training.ahead import overlaps
 from graftzoo.training.models import resolve_precision, tiny_spec, wants_ref
 from graftzoo.training import policy
 from graftzoo.tiny.build import tiny_config
@@ -375,10 +376,12 @@ def ahead_overlap(cfg: RunConfig, shared_gpu: bool) -> bool:
     process (``run.backend`` inprocess: Ray worker groups take one call at a time), not ``run.layout`` offload, and
     every engine a vLLM engine core in a process of its own (``rollout.vllm.multiprocessing`` true, or auto on a GPU
     two models share: graftzoo.training.placement). Otherwise the batches ahead are generated just before the update,
-    the engines asleep during it as their sleep level says."""
+    the engines asleep during it as their sleep level says. The trainer's rule (``ahead.overlaps``) also asks the built
+    learners (``Learner.collect_reads_policy``), which the config alone does not tell: the plan counts the overlap
+    then, an upper bound."""
     mp = cfg.rollout.vllm.multiprocessing
-    return (int(cfg.rollout.max_staleness) >= 1 and cfg.rollout.engine == "vllm" and cfg.run.backend == "inprocess"
-            and cfg.run.layout != "offload" and (mp is True or (mp == "auto" and shared_gpu)))
+    apart = cfg.rollout.engine == "vllm" and (mp is True or (mp == "auto" and shared_gpu))
+    return overlaps(int(cfg.rollout.max_staleness), cfg.run.backend == "inprocess", cfg.run.layout, apart, False)
 
 
 def model_memory(cfg: RunConfig) -> list[ModelMemory]:

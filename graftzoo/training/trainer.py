@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from graftzoo.algos.base import StepContext
-from graftzoo.training.ahead import Ahead
+from graftzoo.training.ahead import Ahead, overlaps
 from graftzoo.training.checkpoint import load_checkpoint, one_line, save_checkpoint
 from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_ids, with_values
 from graftzoo.contract.errors import ConfigError, NonFiniteError
@@ -291,9 +291,8 @@ class Trainer:
         # rollout.max_staleness: the next batches collected during the update, in a thread of their own where every
         # engine decodes apart from the training model and the models step in turn here (graftzoo.training.ahead)
         k = int(cfg.rollout.max_staleness)
-        overlap = (k > 0 and not self.concurrent and cfg.run.layout != "offload"
-                   and all(e.decodes_apart for e in self.engines.values())
-                   and not any(lr.collect_reads_policy for lr in self.learners.values()))
+        overlap = overlaps(k, not self.concurrent, cfg.run.layout, all(e.decodes_apart for e in self.engines.values()),
+                           any(lr.collect_reads_policy for lr in self.learners.values()))
         self.ahead = Ahead(k, overlap)
         # each model's phases synchronise its own device (a worker group's: its ranks measure, the driver holds CPU)
         self.meter = ComputeMeter(per_thread=self.concurrent_collect or overlap,
