@@ -70,5 +70,7 @@ setup(
                 "omegaconf==2.4.0", "codetiming==1.4.0", "orjson==3.13.0"],
         "bench": ["trl==1.16.0"],
     },
-    entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"]},
+    entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"],
+                  # run by vLLM in each process it starts: rollout.vllm.poll_sleep_us (graftzoo.training.vllm_poll)
+                  "vllm.general_plugins": ["graftzoo_poll_sleep=graftzoo.training.vllm_poll:register"]},
 )

@@ -214,7 +214,8 @@ def test_a_run_saved_before_the_vllm_keys_existed_resumes_and_their_hosting_keys
     del old["rollout"]["vllm"]  # a run directory written by an earlier release
     assert config_changes(old, raw) == {}
     new = copy.deepcopy(raw)
-    new["rollout"]["vllm"].update(kv_cache_gb=4.0, multiprocessing=True, max_num_seqs=64)  # hosting, not sampling
+    new["rollout"]["vllm"].update(kv_cache_gb=4.0, multiprocessing=True, max_num_seqs=64,  # hosting, not sampling
+                                 poll_sleep_us=0)
     assert config_changes(raw, new) == {}
     new["rollout"]["vllm"]["dtype"] = "bfloat16"  # changes the samples
     assert list(config_changes(old, new)) == ["rollout.vllm.dtype"]

@@ -4,6 +4,7 @@ end with the engine's log-probs following the updates, no weight file is written
 fallback, is the one that writes one, and says so), and no engine process outlives a run that ends, fails or is
 interrupted: the processes are counted while the run holds its engine and again once ``train`` has returned or
 raised, with the Python session still alive (vLLM's own exit hooks would hide a leak in a process that exits)."""
+import contextlib
 import json
 import logging
 import os
@@ -97,9 +98,34 @@ def weights_written(monkeypatch) -> list:
     return written
 
 
+def engine_cpu_s(procs: set) -> float:
+    """CPU seconds (user + system) the engine's processes among ``procs`` have used so far."""
+    total = 0.0
+    for pid, cmd in procs:
+        if "VLLM" in cmd:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = psutil.Process(pid).cpu_times()
+                total += t.user + t.system
+    return total
+
+
 def test_the_engine_process_trains_with_the_run_and_ends_with_it(tmp_path, engine_processes, monkeypatch):
     seen, before = engine_processes
     written = weights_written(monkeypatch)
+    idle = []  # CPU seconds of the engine's processes in a second with nothing asked of them, after the first step
+    step = Trainer.train_step
+
+    def idle_after_first_step(self, s):
+        out = step(self, s)
+        if s == 0:
+            procs = children() - before
+            time.sleep(0.2)
+            cpu = engine_cpu_s(procs)
+            time.sleep(1.0)
+            idle.append(engine_cpu_s(procs) - cpu)
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", idle_after_first_step)
     run = train(load_config(pair="micro", algo="grpo", overrides=[*ONE_MODEL, f"run.out_dir={tmp_path}",
                                                                   "run.name=x", "run.steps=2"]))
     assert len(seen) == 2 and all(engines(s - before) for s in seen)  # an engine process served every step
@@ -108,6 +134,9 @@ def test_the_engine_process_trains_with_the_run_and_ends_with_it(tmp_path, engin
     steps = [r for r in rows if r.get("time/weight_sync") is not None]
     assert len(steps) == 2 and all(r["rollout/logp_diff_max"] <= 1e-5 for r in steps), steps  # streamed, fp32
     assert written == []  # the weights went to the engine's process in memory
+    # rollout.vllm.poll_sleep_us auto (CPU): between calls the engine's processes sleep. vLLM's own queue spins a
+    # core for a second after each message (the weight sync ended the step): about 0.8 CPU-s here
+    assert idle[0] < 0.25, f"the idle engine used {idle[0]:.2f} CPU-s in 1 s"
 
 
 def test_a_failed_run_ends_its_engine_process(tmp_path, engine_processes, monkeypatch):

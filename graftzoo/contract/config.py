@@ -51,6 +51,7 @@ MAX_MICRO_TOKENS = 2**30      # padded tokens of one forward pass
 MAX_SEQS = 2**20              # sequences of one generate call
 MAX_VOCAB = 2**24             # top-k
 MAX_STALENESS = 16            # batches generated ahead of the update (rollout.max_staleness)
+MAX_POLL_SLEEP_US = 100_000   # an engine process's sleep between polls of its message queue (0.1 s)
 MAX_TEMPERATURE = 10.0
 MAX_LEVEL = 100               # procedural difficulty (digits per operand, operations)
 MAX_WORKERS = 4096            # threads, ranks of a model's group
@@ -427,6 +428,9 @@ class VllmSection(Section):
     sleep_level: Int = key(0, "1 | 2: vLLM sleep mode frees the engine's GPU memory during updates", ge=0, le=2)
     max_num_seqs: Int = key(256, "sequences the engine decodes at once", ge=1, le=MAX_SEQS)
     prefix_caching: bool = key(True, "reuse the KV cache of shared prompt prefixes")
+    poll_sleep_us: Union[Literal["auto"], Annotated[Int, Field(ge=0, le=MAX_POLL_SLEEP_US)]] = key(
+        "auto", "microseconds the engine's processes sleep between polls of their message queue (0: vLLM's spin, a "
+                "core each for a second after every message); auto: 200 on CPUs, 0 on GPUs")
 
 
 class RolloutSection(Section):

@@ -54,6 +54,7 @@ FREE_TO_CHANGE = (
     # how the vLLM engine is hosted, not what it samples
     "rollout.vllm.kv_cache_gb", "rollout.vllm.gpu_memory_utilization", "rollout.vllm.multiprocessing",
     "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs", "rollout.vllm.enforce_eager",
+    "rollout.vllm.poll_sleep_us",
 )
 
 HOSTING_MODEL_KEYS = ("device", "num_workers")  # keys of a pair.models entry that are free to change on resume

@@ -37,7 +37,8 @@ What it guarantees, and how:
   ``close`` shuts the engine core down (no engine process outlives a run that ends, fails or is interrupted).
 
 Settings (``rollout.vllm.*``, graftzoo.contract.config): dtype, kv_cache_gb, gpu_memory_utilization, enforce_eager,
-multiprocessing, weight_sync, sleep_level, max_num_seqs, prefix_caching.
+multiprocessing, weight_sync, sleep_level, max_num_seqs, prefix_caching, poll_sleep_us (graftzoo.training.vllm_poll:
+how the engine's processes wait for their next message).
 """
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ import torch
 from graftzoo.contract.config import VLLM_INSTALL, VllmSection
 from graftzoo.training.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
 from graftzoo.training.guardian import descendants, guard, process_name, start_time
+from graftzoo.training.vllm_poll import poll_sleep_us, started_with
 from graftzoo.training.weight_stream import WeightReceiver, WeightServer
 
 _SET_NUM_THREADS = torch.set_num_threads
@@ -188,7 +190,8 @@ class _Backend:
             kw["worker_extension_cls"] = f"{WeightReceiver.__module__}.{WeightReceiver.__qualname__}"
         threads = torch.get_num_threads()
         try:
-            llm = vllm.LLM(**kw)
+            with started_with(poll_sleep_us(s["poll_sleep_us"], current_platform.device_type)):
+                llm = vllm.LLM(**kw)
         except Exception as e:
             raise EngineError(f"model {pol.model_id!r}: vLLM could not start an engine for it: "
                               f"{type(e).__name__}: {' '.join(str(e).split())[:600]}") from e
