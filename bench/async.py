@@ -6,18 +6,20 @@ background thread).
 
 Per algorithm both trainers are built once (the same seed, prompts and settings but k) and take their steps in
 alternation (k0 then k1 on even steps, k1 then k0 on odd ones), so that the machine's drift hits both alike; the
-first ``--warmup`` steps of each are left out. Each step starts after ``--pause`` idle seconds: vLLM's CPU worker
-busy-waits for a second after every message it reads (a generate, a weight sync), and the arm that just stepped
-would otherwise lend that spinning to the other's step. A k = 1 step ends once the next step's rollouts are in, so
-its wall time is the steady state's; the runs are one step longer than the steps taken, so that the last step taken
-also generates ahead. Reported per arm: the median and IQR of the step's wall time; the medians of the step's phases
+first ``--warmup`` steps of each are left out. Before each step the verifier starts cold (``cold_verifier``: the arms
+share this process's verdict cache and worker pool, and the arm that scores a response first would make it cheap for
+the other), then ``--pause`` idle seconds pass. The engines' processes sleep between polls of their message queue
+(``rollout.vllm.poll_sleep_us``, auto on CPUs; ``--set rollout.vllm.poll_sleep_us=0`` for vLLM's own spin, a core
+per worker for a second after each message: then pass ``--pause 1.2``, so that one arm's spinning does not fall in
+the other's step). A k = 1 step ends once the next step's rollouts are in, so its wall time is the steady state's;
+the runs are one step longer than the steps taken, so that the last step taken also generates ahead. Reported per arm: the median and IQR of the step's wall time; the medians of the step's phases
 from its metrics (time/generate, time/score, time/logprob, time/update, time/weight_sync, summed over the models; at
 k = 1 generate and score are the next step's, in the background) and of the CPU seconds of the trainer's process
 and of its children (the engines' processes, the verifier's workers); the ratio k1/k0 of the median step times
 (goal <= 0.7) and the best ratio the overlap allows, (k0 - min(generate + score, update)) / k0.
 
 ``SETTINGS`` make the update about as long as generate and score on the micro pair (8 prompts x 8 rollouts of at
-most 24 tokens; 4 minibatches, 4 epochs), stated in the output. The trainer runs with ``run.threads`` = 1; the
+most 24 tokens; 4 minibatches, 8 epochs) and have the engines poll every millisecond, stated in the output. The trainer runs with ``run.threads`` = 1; the
 engines' workers with ``VLLM_CPU_OMP_THREADS_BIND`` = ``--bind`` (default nobind: vLLM's ``auto`` puts every
 engine's worker on CPU 0) and one OpenMP thread (``OMP_NUM_THREADS``, unless set).
 
@@ -38,18 +40,18 @@ import time
 import torch
 
 from graftzoo.contract.config import load_config
-from graftzoo.envs.verify_pool import pool_size
+from graftzoo.envs.verifier import clear_caches, close_pool, start_pool
+from graftzoo.envs.verify_pool import pool_size, wait_ready
 from graftzoo.training.guardian import descendants
 from graftzoo.training.trainer import Trainer
 
 ENGINE = ["rollout.engine=vllm", "rollout.vllm.multiprocessing=true", "rollout.vllm.kv_cache_gb=0.0625"]
-# the step's balance: generation and scoring (prompts x n rollouts of <= max_new_tokens) against the update
-# (epochs x minibatches optimizer steps over the same rows), about equal here (docs/results.md, asynchronous rollouts)
+# the step's balance: generation and scoring (prompts x n rollouts of <= max_new_tokens; every response scored by
+# math-verify from a cold cache) against the update (epochs x minibatches optimizer steps over the same rows), about
+# equal here; the engines' processes poll their message queue every millisecond (rollout.vllm.poll_sleep_us, auto: 200
+# us), which leaves more of the 2 cores to the phases that overlap (docs/results.md, asynchronous rollouts)
 SETTINGS = ["task.prompts_per_step=8", "rollout.n=8", "rollout.max_new_tokens=24", "optim.minibatches=4",
-            "optim.epochs=4", "optim.lr=1e-4"]
-# vLLM's CPU worker busy-waits (sched_yield) this long after each message it reads (a generate, a weight sync):
-# a core's worth of CPU that a step just after another arm's step would share
-SPIN_S = 1.0
+            "optim.epochs=8", "optim.lr=1e-4", "rollout.vllm.poll_sleep_us=1000"]
 PHASES = ("time/generate", "time/score", "time/logprob", "time/update", "time/weight_sync")
 # CPU seconds of the step: this process (the trainer's threads) and its descendants (the engines of both arms)
 CPU = ("cpu_trainer", "cpu_children")
@@ -95,6 +97,16 @@ def trainer(algo: str, k: int, out: str, steps: int, settings: list) -> Trainer:
     return Trainer(cfg, resume=False)
 
 
+def cold_verifier() -> None:
+    """Forget every verdict and parse (the verifier's cache in this process, its workers' caches with the workers,
+    which restart and warm up now): the two arms share this process, and the arm that scores a response first would
+    otherwise make its scoring cheap for the other."""
+    clear_caches()
+    close_pool()
+    start_pool()
+    wait_ready()
+
+
 def spread(values: list) -> dict:
     """Median and interquartile range."""
     q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
@@ -115,7 +127,8 @@ def measure(algo: str, steps: int, warmup: int, settings: list, pause: float) ->
             overlap = runs[1].ahead.overlap
             for step in range(steps):
                 for k in ((0, 1) if step % 2 == 0 else (1, 0)):
-                    time.sleep(pause)  # the other arm's engine workers stop spinning (SPIN_S)
+                    cold_verifier()
+                    time.sleep(pause)
                     t, cpu, kids = time.perf_counter(), time.process_time(), children_cpu_s()
                     mets = runs[k].train_step(step)
                     wall = time.perf_counter() - t
@@ -147,7 +160,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="GRPO only, 4 steps (1 left out): checks the path")
     ap.add_argument("--bind", default="nobind", help="VLLM_CPU_OMP_THREADS_BIND for the engines' workers (auto, "
                                                      "nobind, or CPU ids such as 1)")
-    ap.add_argument("--pause", type=float, default=SPIN_S + 0.2, help="seconds idle before each step")
+    ap.add_argument("--pause", type=float, default=0.3, help="seconds idle before each step")
     ap.add_argument("--trainer-cpu", type=int, default=None,
                     help="pin this process (the trainer's threads) to this CPU before anything starts; the engines' "
                          "processes inherit it, their workers then bind as --bind says")
