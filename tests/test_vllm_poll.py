@@ -40,8 +40,9 @@ def test_the_environment_holds_the_setting_only_while_vllm_starts(monkeypatch):
     with started_with(300):
         assert os.environ[ENV] == "300"
     assert os.environ[ENV] == "7"
-    with started_with(0):  # vLLM's spin: nothing set
-        assert os.environ[ENV] == "7"
+    with started_with(0):  # vLLM's spin, whatever the caller's environment says
+        assert os.environ[ENV] == "0"
+    assert os.environ[ENV] == "7"
 
 
 def test_the_plugin_makes_the_queue_sleep_between_polls(monkeypatch):
