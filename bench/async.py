@@ -6,22 +6,24 @@ background thread).
 
 Per algorithm both trainers are built once (the same seed, prompts and settings but k) and take their steps in
 alternation (k0 then k1 on even steps, k1 then k0 on odd ones), so that the machine's drift hits both alike; the
-first ``--warmup`` steps of each are left out. Before each step the verifier starts cold (``cold_verifier``: the arms
-share this process's verdict cache and worker pool, and the arm that scores a response first would make it cheap for
-the other), then ``--pause`` idle seconds pass. The engines' processes sleep between polls of their message queue
-(``rollout.vllm.poll_sleep_us``, auto on CPUs; ``--set rollout.vllm.poll_sleep_us=0`` for vLLM's own spin, a core
-per worker for a second after each message: then pass ``--pause 1.2``, so that one arm's spinning does not fall in
-the other's step). A k = 1 step ends once the next step's rollouts are in, so its wall time is the steady state's;
-the runs are one step longer than the steps taken, so that the last step taken also generates ahead. Reported per arm: the median and IQR of the step's wall time; the medians of the step's phases
-from its metrics (time/generate, time/score, time/logprob, time/update, time/weight_sync, summed over the models; at
-k = 1 generate and score are the next step's, in the background) and of the CPU seconds of the trainer's process
-and of its children (the engines' processes, the verifier's workers); the ratio k1/k0 of the median step times
-(goal <= 0.7) and the best ratio the overlap allows, (k0 - min(generate + score, update)) / k0.
+first ``--warmup`` steps of each are left out. Before each step the verifier starts cold (``cold_verifier``: the
+arms share this process's verdict cache and worker pool, and the arm that scores a response first would make it
+cheap for the other), then ``--pause`` idle seconds pass. The engines' processes sleep between polls of their
+message queue (``rollout.vllm.poll_sleep_us``, auto on CPUs; ``--set rollout.vllm.poll_sleep_us=0`` for vLLM's own
+spin, a core per worker for a second after each message: then pass ``--pause 1.2``, so that one arm's spinning does
+not fall in the other's step). A k = 1 step ends once the next step's rollouts are in, so its wall time is the
+steady state's; the runs are one step longer than the steps taken, so that the last step taken also generates ahead.
+Reported per arm: the median and IQR of the step's wall time; the medians of the step's phases from its metrics
+(time/generate, time/score, time/logprob, time/update, time/weight_sync, summed over the models; at k = 1 generate
+and score are the next step's, in the background) and of the CPU seconds of the trainer's process and of its
+children (the engines' processes, the verifier's workers); the ratio k1/k0 of the median step times (goal <= 0.7)
+and the best ratio the overlap allows, (k0 - min(generate + score, update)) / k0.
 
 ``SETTINGS`` make the update about as long as generate and score on the micro pair (8 prompts x 8 rollouts of at
-most 24 tokens; 4 minibatches, 8 epochs) and have the engines poll every millisecond, stated in the output. The trainer runs with ``run.threads`` = 1; the
-engines' workers with ``VLLM_CPU_OMP_THREADS_BIND`` = ``--bind`` (default nobind: vLLM's ``auto`` puts every
-engine's worker on CPU 0) and one OpenMP thread (``OMP_NUM_THREADS``, unless set).
+most 24 tokens; 4 minibatches, 8 epochs) and have the engines poll every millisecond, stated in the output. The
+trainer runs with ``run.threads`` = 1; the engines' workers with ``VLLM_CPU_OMP_THREADS_BIND`` = ``--bind`` (default
+nobind: vLLM's ``auto`` puts every engine's worker on CPU 0) and one OpenMP thread (``OMP_NUM_THREADS``, unless
+set).
 
 Run: python bench/async.py [--quick] [--steps 20 --warmup 4 --bind nobind --set KEY=VALUE --out async.json]
 Run it on a quiet machine; it prints the CPU and the load average before and after. Needs the vllm module (make
