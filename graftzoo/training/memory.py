@@ -370,18 +370,25 @@ class ModelMemory:
         return float(self.kv_per_token) * self.sequences * self.seq_len
 
 
+def engine_in_own_process(cfg: RunConfig, shared_gpu: bool) -> bool:
+    """Whether each vLLM engine of ``cfg`` runs its engine core in a process of its own:
+    ``rollout.vllm.multiprocessing`` true, or ``auto`` where two models share a GPU (``shared_gpu``: one process
+    would hold two engines there, and vLLM's sleep mode and memory accounting work for one engine per process;
+    graftzoo.training.placement resolves ``auto`` by this rule)."""
+    mp = cfg.rollout.vllm.multiprocessing
+    return cfg.rollout.engine == "vllm" and (mp is True or (mp == "auto" and shared_gpu))
+
+
 def ahead_overlap(cfg: RunConfig, shared_gpu: bool) -> bool:
     """Whether the engines of ``cfg`` generate the batches ahead while the models update (graftzoo.training.ahead's
     ``overlap``; docs/scaling.md#asynchronous-rollouts): ``rollout.max_staleness`` >= 1, the models in the trainer's
     process (``run.backend`` inprocess: Ray worker groups take one call at a time), not ``run.layout`` offload, and
-    every engine a vLLM engine core in a process of its own (``rollout.vllm.multiprocessing`` true, or auto on a GPU
-    two models share: graftzoo.training.placement). Otherwise the batches ahead are generated just before the update,
-    the engines asleep during it as their sleep level says. The trainer's rule (``ahead.overlaps``) also asks the built
-    learners (``Learner.collect_reads_policy``), which the config alone does not tell: the plan counts the overlap
-    then, an upper bound."""
-    mp = cfg.rollout.vllm.multiprocessing
-    apart = cfg.rollout.engine == "vllm" and (mp is True or (mp == "auto" and shared_gpu))
-    return overlaps(int(cfg.rollout.max_staleness), cfg.run.backend == "inprocess", cfg.run.layout, apart, False)
+    every engine a vLLM engine core in a process of its own (``engine_in_own_process``). Otherwise the batches ahead
+    are generated just before the update, the engines asleep during it as their sleep level says. The trainer's rule
+    (``ahead.overlaps``) also asks the built learners (``Learner.collect_reads_policy``), which the config alone
+    does not tell: the plan counts the overlap then, an upper bound."""
+    return overlaps(int(cfg.rollout.max_staleness), cfg.run.backend == "inprocess", cfg.run.layout,
+                    engine_in_own_process(cfg, shared_gpu), False)
 
 
 def model_memory(cfg: RunConfig) -> list[ModelMemory]:

@@ -168,7 +168,7 @@ def resolve(cfg: RunConfig, host_bytes: Optional[float] = None) -> RunConfig:
     gpu = shared_gpu(cfg, resolved)
     values = {"run.device": resolve_device(cfg.run.device), "pair.models": models, **choose_layout(cfg, gpu)}
     if cfg.rollout.vllm.multiprocessing == "auto":
-        values["rollout.vllm.multiprocessing"] = cfg.rollout.engine == "vllm" and gpu is not None
+        values["rollout.vllm.multiprocessing"] = memory.engine_in_own_process(cfg, gpu is not None)
     cfg = with_values(cfg, values)
     cuda = sorted({d for d in resolved.values() if d.startswith("cuda")})
     if cuda and cfg.run.backend == "inprocess":
