@@ -69,6 +69,9 @@ setup(
         "dev": ["pytest", "pytest-timeout", "pytest-xdist", "psutil", "import-linter>=2.1", "trl==1.16.0",
                 "omegaconf==2.4.0", "codetiming==1.4.0", "orjson==3.13.0"],
         "bench": ["trl==1.16.0"],
+        # the paper's families in miniature (graftzoo.tiny.vocab): the Qwen3 and Llama-3 rank files ship in this package;
+        # the Llama-3 vocabulary is under the Meta Llama 3 Community License, so graftzoo depends on it, never copies it
+        "mini": ["quicktok-v1==0.4.0"],
     },
     entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"],
                   # run by vLLM in each process it starts: rollout.vllm.poll_sleep_us (graftzoo.training.vllm_poll)

@@ -33,9 +33,11 @@ from typing import Any, Mapping, Optional
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Qwen2Config,
-                          Qwen2ForCausalLM)
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
 from graftzoo.envs.arithmetic import SKILLS
+from graftzoo.envs.templates import render_prompt
+from graftzoo.tiny import vocab as real_vocab
 
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIALS = (PAD, EOS, BOS, UNK)
@@ -49,8 +51,11 @@ CHAT_TEMPLATE = (
     "{% else %}{{ m['content'] }}\n{% endif %}"
     "{% endfor %}"
 )
-TOKENIZERS = ("char", "digit_pair")
-FAMILIES = ("qwen2", "gpt2")
+# The paper's families in miniature (docs/guide.md#the-papers-families-in-miniature): the real tokenizers
+# (graftzoo.tiny.vocab) with the published models' embedding rows (Qwen3 pads its 151,669 tokens to 151,936).
+REAL_VOCABS = {"qwen3": 151936, "smollm3": 128256}
+TOKENIZERS = ("char", "digit_pair", *REAL_VOCABS)
+FAMILIES = ("qwen2", "gpt2", "qwen3", "smollm3")
 
 
 def compact_prompt(question: str) -> str:
@@ -58,8 +63,28 @@ def compact_prompt(question: str) -> str:
     return PROMPT_TEMPLATE.format(question=question)
 
 
+def warmup_template(tokenizer: str) -> str:
+    """The prompt template a tiny model is warmed up on and trains with: ``plain`` (the paper's base-model format)
+    for a real vocabulary, ``compact`` for the character-level ones, which hold no English letters."""
+    return "plain" if tokenizer in REAL_VOCABS else "compact"
+
+
+def warmup_prompt(question: str, tokenizer: str) -> str:
+    """``question`` rendered as a tiny model with tokenizer kind ``tokenizer`` is warmed up on it."""
+    return render_prompt(question, warmup_template(tokenizer))
+
+
+def warmup_answer(solution: str, tokenizer: str) -> str:
+    """The completion a tiny model is warmed up on: the scratchpad, after a space where the prompt ends in a word
+    (``Solution: 12+34=...``), as a base model continues the plain template."""
+    return (" " + solution) if tokenizer in REAL_VOCABS else solution
+
+
 def build_tokenizer(kind: str) -> PreTrainedTokenizerFast:
-    """A left-padding fast tokenizer: ``char`` (one token per character) or ``digit_pair``."""
+    """A left-padding fast tokenizer: ``char`` (one token per character), ``digit_pair``, or a real vocabulary
+    (``qwen3``, ``smollm3``: graftzoo.tiny.vocab, built once and cached)."""
+    if kind in REAL_VOCABS:
+        return real_vocab.cached_vocab(kind)
     if kind == "char":
         pieces = list(CHARS)
         pattern = r"[\s\S]"
@@ -118,6 +143,8 @@ def byte_level_tokenizer(tok: PreTrainedTokenizerFast) -> PreTrainedTokenizerFas
 def load_tokenizer(path) -> PreTrainedTokenizerFast:
     """A saved tiny tokenizer, read from its own ``tokenizer.json`` (see the module docstring)."""
     tok = PreTrainedTokenizerFast.from_pretrained(path)
+    if len(tok) > 1000:  # a real vocabulary (graftzoo.tiny.vocab)
+        return tok
     probe = "Q:12+345\n"
     if tok.decode(tok(probe, add_special_tokens=False)["input_ids"]) != probe:
         raise ValueError(f"tiny: tokenizer at {path} does not round-trip {probe!r}; is it a tiny tokenizer?")
@@ -188,7 +215,7 @@ class TinyModelSpec:
     layers: int
     heads: int
     ffn: int
-    kv_heads: Optional[int] = None  # qwen2 only; None = heads
+    kv_heads: Optional[int] = None  # qwen2, qwen3, smollm3; None = heads
     max_positions: int = 128
     warmup: WarmupSpec = field(default_factory=WarmupSpec)
 
@@ -241,8 +268,21 @@ def _from_mapping(cls, d: Mapping[str, Any], where: str):
 def tiny_config(spec: TinyModelSpec, tok: Optional[PreTrainedTokenizerFast] = None):
     """The transformers config of a tiny model (its tokenizer's ids and vocabulary size)."""
     tok = tok or build_tokenizer(spec.tokenizer)
-    ids = dict(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-               pad_token_id=tok.pad_token_id)
+    ids = dict(vocab_size=REAL_VOCABS.get(spec.tokenizer, len(tok)), bos_token_id=tok.bos_token_id,
+               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    kv = spec.kv_heads or spec.heads
+    if spec.family == "qwen3":  # q/k-norm, GQA, head_dim decoupled from hidden / heads as in the published config
+        return Qwen3Config(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
+                           num_attention_heads=spec.heads, num_key_value_heads=kv, head_dim=spec.hidden // spec.heads,
+                           max_position_embeddings=spec.max_positions, tie_word_embeddings=True,
+                           attention_dropout=0.0, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                           **ids)
+    if spec.family == "smollm3":  # every 4th layer without RoPE (NoPE), GQA, tied embeddings
+        return SmolLM3Config(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
+                             num_attention_heads=spec.heads, num_key_value_heads=kv, no_rope_layer_interval=4,
+                             max_position_embeddings=spec.max_positions, tie_word_embeddings=True,
+                             attention_dropout=0.0, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
+                             **ids)
     if spec.family == "qwen2":
         return Qwen2Config(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
                            num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads or spec.heads,
@@ -258,10 +298,14 @@ def build_tiny(spec: TinyModelSpec, seed: int) -> tuple[torch.nn.Module, PreTrai
     tok = build_tokenizer(spec.tokenizer)
     cfg = tiny_config(spec, tok)
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(cfg) if spec.family == "qwen2" else GPT2LMHeadModel(cfg)
+    model = MODEL_CLASSES[spec.family](cfg)
     gc = model.generation_config
     gc.bos_token_id, gc.eos_token_id, gc.pad_token_id = tok.bos_token_id, tok.eos_token_id, tok.pad_token_id
     return model, tok
+
+
+MODEL_CLASSES = {"qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel, "qwen3": Qwen3ForCausalLM,
+                 "smollm3": SmolLM3ForCausalLM}
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -37,11 +37,12 @@ from graftzoo.contract.output import log_to_stderr, wait
 from graftzoo.envs import arithmetic
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
 from graftzoo.tiny import build
-from graftzoo.tiny.build import (TinyModelSpec, WarmupSpec, build_tiny, compact_prompt, load_tokenizer,
-                           position_ids)
+from graftzoo.tiny.build import (TinyModelSpec, WarmupSpec, build_tiny, load_tokenizer, position_ids,
+                                 warmup_answer, warmup_prompt)
 
 WARMUP_VERSION = 1  # bump when the training code changes what a given spec produces
 PROBE_SPLIT = "probe"
+LARGE_VOCAB = 4096  # vocabularies at least this large are projected on the labelled positions only (sft_loss)
 
 
 def default_cache_dir() -> Path:
@@ -66,10 +67,11 @@ def cache_key(spec: TinyModelSpec, seed: int) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def encode_batch(tokenizer, questions: Sequence[str], solutions: Sequence[str]) -> dict:
-    """Left-padded SFT batch: prompt ``Q:{q}\\n`` + solution + EOS; labels -100 except on the completion."""
-    prompts = tokenizer([compact_prompt(q) for q in questions], add_special_tokens=False)["input_ids"]
-    answers = tokenizer(list(solutions), add_special_tokens=False)["input_ids"]
+def encode_batch(tokenizer, questions: Sequence[str], solutions: Sequence[str], vocab: str = "char") -> dict:
+    """Left-padded SFT batch: prompt (``Q:{q}\\n``, or the plain template for a real ``vocab``) + solution + EOS;
+    labels -100 except on the completion."""
+    prompts = tokenizer([warmup_prompt(q, vocab) for q in questions], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([warmup_answer(s, vocab) for s in solutions], add_special_tokens=False)["input_ids"]
     rows = [(p, a + [tokenizer.eos_token_id]) for p, a in zip(prompts, answers)]
     width = max(len(p) + len(a) for p, a in rows)
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -84,10 +86,19 @@ def encode_batch(tokenizer, questions: Sequence[str], solutions: Sequence[str]) 
 
 
 def sft_loss(model, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy over the labelled (completion) tokens."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=position_ids(batch["attention_mask"])).logits
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100)
+    """Mean next-token cross-entropy over the labelled (completion) tokens. A model with a large vocabulary (a
+    miniature with a real tokenizer, whose output layer is most of its compute) projects only the positions that
+    predict a label; the small ones take the whole logits, as they always have."""
+    pos = position_ids(batch["attention_mask"])
+    if model.config.vocab_size < LARGE_VOCAB:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=pos).logits
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten(), ignore_index=-100)
+    hidden = model.base_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              position_ids=pos).last_hidden_state
+    labels = batch["labels"][:, 1:]
+    keep = labels != -100
+    logits = model.get_output_embeddings()(hidden[:, :-1][keep])
+    return F.cross_entropy(logits.float(), labels[keep])
 
 
 def lr_factor(step: int, w: WarmupSpec) -> float:
@@ -99,9 +110,10 @@ def lr_factor(step: int, w: WarmupSpec) -> float:
 
 
 def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
-              progress: Optional[Callable[[dict], None]] = None, start: int = 0) -> dict:
+              progress: Optional[Callable[[dict], None]] = None, start: int = 0, vocab: str = "char") -> dict:
     """Up to ``w.steps`` SFT steps on fresh train-split problems, stopping early once ``w.stop_when`` holds.
-    ``start``: index of the first problem of the train stream (a continuation starts past the first phase's).
+    ``start``: index of the first problem of the train stream (a continuation starts past the first phase's);
+    ``vocab``: the tokenizer kind (``TinyModelSpec.tokenizer``), which picks the prompt format.
 
     Returns loss, timing, the step it stopped at and the probe history (``w.stop_when`` only).
     """
@@ -111,7 +123,7 @@ def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
     t0, losses, probes, probe_s = time.perf_counter(), [], [], 0.0
     for step in range(w.steps):
         prompts = generate_prompts(w.batch, seed, w.mix, w.difficulty, "train", start=start + step * w.batch)
-        batch = encode_batch(tokenizer, [p.text for p in prompts], [p.metadata["solution"] for p in prompts])
+        batch = encode_batch(tokenizer, [p.text for p in prompts], [p.metadata["solution"] for p in prompts], vocab)
         loss = sft_loss(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -126,7 +138,7 @@ def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
             t = time.perf_counter()
             acc = {}
             for k, v in w.stop_when.items():  # in order, skipping the rest once one falls short
-                acc.update(probe(model, tokenizer, w, seed, skills=[k]))
+                acc.update(probe(model, tokenizer, w, seed, skills=[k], vocab=vocab))
                 if acc[k] < v:
                     break
             model.train()
@@ -143,9 +155,10 @@ def sft_train(model, tokenizer, w: WarmupSpec, seed: int,
 
 @torch.no_grad()
 def generate(model, tokenizer, questions: Sequence[str], max_new_tokens: int, num_samples: int = 1,
-             do_sample: bool = False, temperature: float = 1.0, batch_size: int = 256) -> list[list[str]]:
-    """Responses to each question's compact prompt: ``num_samples`` per question, plain (top-k 0, top-p 1)."""
-    prompts = [compact_prompt(q) for q in questions for _ in range(num_samples)]
+             do_sample: bool = False, temperature: float = 1.0, batch_size: int = 256,
+             vocab: str = "char") -> list[list[str]]:
+    """Responses to each question's warm-up prompt: ``num_samples`` per question, plain (top-k 0, top-p 1)."""
+    prompts = [warmup_prompt(q, vocab) for q in questions for _ in range(num_samples)]
     texts = []
     for i in range(0, len(prompts), batch_size):
         enc = tokenizer(prompts[i:i + batch_size], add_special_tokens=False, padding=True, return_tensors="pt")
@@ -157,12 +170,14 @@ def generate(model, tokenizer, questions: Sequence[str], max_new_tokens: int, nu
     return [texts[j * num_samples:(j + 1) * num_samples] for j in range(len(questions))]
 
 
-def max_new_tokens_for(tokenizer, solutions: Sequence[str], margin: int = 4) -> int:
+def max_new_tokens_for(tokenizer, solutions: Sequence[str], margin: int = 4, vocab: str = "char") -> int:
     """Longest tokenized solution + EOS + a margin."""
-    return max(len(ids) for ids in tokenizer(list(solutions), add_special_tokens=False)["input_ids"]) + 1 + margin
+    answers = [warmup_answer(s, vocab) for s in solutions]
+    return max(len(ids) for ids in tokenizer(answers, add_special_tokens=False)["input_ids"]) + 1 + margin
 
 
-def probe(model, tokenizer, w: WarmupSpec, seed: int, skills: Optional[Sequence[str]] = None) -> dict:
+def probe(model, tokenizer, w: WarmupSpec, seed: int, skills: Optional[Sequence[str]] = None,
+          vocab: str = "char") -> dict:
     """Greedy accuracy per skill (default: the warm-up mix) on ``w.probe_per_skill`` held-out problems each.
 
     The probe split is in the held-out partition (never trained on); it may share questions with
@@ -173,8 +188,8 @@ def probe(model, tokenizer, w: WarmupSpec, seed: int, skills: Optional[Sequence[
     acc = {}
     for skill in skills:
         ps = generate_prompts(w.probe_per_skill, seed, {skill: 1.0}, w.difficulty, PROBE_SPLIT)
-        mnt = max_new_tokens_for(tokenizer, [p.metadata["solution"] for p in ps])
-        outs = generate(model, tokenizer, [p.text for p in ps], mnt)
+        mnt = max_new_tokens_for(tokenizer, [p.metadata["solution"] for p in ps], vocab=vocab)
+        outs = generate(model, tokenizer, [p.text for p in ps], mnt, vocab=vocab)
         acc[skill] = sum(is_correct(o[0], p.gold) for o, p in zip(outs, ps)) / len(ps)
     return acc
 
@@ -196,15 +211,15 @@ def _warm(spec: TinyModelSpec, seed: int, progress=None, threads: int = 1, cache
             progress(rec)
     if w.then is None:
         model, tok = build_tiny(spec, seed)
-        stats = sft_train(model, tok, w, seed, report)
+        stats = sft_train(model, tok, w, seed, report, vocab=spec.tokenizer)
     else:
         first = load_or_warmup(replace(spec, warmup=w.first_phase()), seed, cache_dir, progress, threads)
         model, tok = load_tiny(first)
-        stats = sft_train(model, tok, w.then, seed, report, start=CONTINUE_START)
+        stats = sft_train(model, tok, w.then, seed, report, start=CONTINUE_START, vocab=spec.tokenizer)
         stats["first_phase"] = {k: v for k, v in warmup_info(first).items() if k not in ("spec", "version")}
         w = replace(w.then, mix={**{k: v for k, v in w.mix.items() if v > 0}, **w.then.mix})
-    t = time.perf_counter()
-    stats["probe_greedy"] = probe(model, tok, w, seed)
+    t = time.perf_counter()  # an untrained model (steps 0: the architecture alone) is not probed
+    stats["probe_greedy"] = probe(model, tok, w, seed, vocab=spec.tokenizer) if stats["steps"] else {}
     stats["probe_s"] = time.perf_counter() - t
     return model, tok, stats
 

@@ -42,7 +42,7 @@ from graftzoo.contract.errors import ConfigError
 from graftzoo.training.vllm_engine import VLLMEngine
 from graftzoo.envs.templates import resolve_stop, resolve_template
 from graftzoo.eval.evaluate import eval_top_p
-from graftzoo.tiny.build import TinyModelSpec
+from graftzoo.tiny.build import TinyModelSpec, warmup_template
 from graftzoo.tiny.warmup import load_or_warmup, load_tiny, load_tokenizer
 
 log = logging.getLogger("graftzoo")
@@ -189,8 +189,9 @@ def hf_tokenizer(spec: ModelSpec, path: str, local_only: bool):
 def model_template(spec: ModelSpec, tokenizer) -> str:
     """The prompt template a model renders with: its ``template`` (its own or ``pair.template``), ``auto`` resolved
     (graftzoo.envs.templates.resolve_template: the tokenizer's chat template, ``plain`` without one, ``compact``
-    for a tiny model)."""
-    return resolve_template(spec.template, tokenizer, spec.kind)
+    for a tiny model with a character-level vocabulary; a miniature with a real one is a base model: ``plain``)."""
+    kind = "tiny" if spec.kind == "tiny" and warmup_template(spec.tokenizer) == "compact" else "hf"
+    return resolve_template(spec.template, tokenizer, kind)
 
 
 def model_stop(spec: ModelSpec, template: str) -> list:
