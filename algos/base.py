@@ -93,10 +93,13 @@ class StepContext:
         returned rollout has role "peer", keeps the origin's reward/correctness and carries
         ``origin`` (the peer's model, tokenizer and mean log-prob l_P) and ``dropped`` (overflow /
         empty). EOS is excluded from the mean log-probs on both sides and appended for the loss only
-        if the peer stopped. Group advantages travel unchanged.
+        if the peer stopped. Group advantages travel unchanged. A response carried with another text than the one
+        its verdict was given on (its stop text cut, or lossy and kept: ``xt.lossy``) is verified again by the task's
+        scorer (docs/algorithms.md#exchange-rules-for-real-vocabularies).
         """
+        rescore = None if self.env is None else self.env.score_batch
         with self.phase("logprob"):
-            out, stats = localize_groups(self.policy, groups, self.run)
+            out, stats = localize_groups(self.policy, groups, self.run, rescore=rescore)
         for k, v in stats.items():
             self.log(k, v)
         return out

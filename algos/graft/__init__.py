@@ -29,7 +29,8 @@ Per step, for each learner (all decisions under theta_old, before any update):
    (``peer_minibatches=replace_slots``), or in minibatches of their own after (or before) minibatches of the
    own *informative* groups (``peer_minibatches=separate``; own groups with zero advantages are left out).
 
-``xt.append_eos_if_stopped`` and ``xt.overflow`` (docs/algorithms.md#graft-edge-cases) act inside ``ctx.localize``.
+``xt.append_eos_if_stopped`` and ``xt.overflow`` (docs/algorithms.md#graft-edge-cases) and ``xt.lossy``
+(docs/algorithms.md#exchange-rules-for-real-vocabularies) act inside ``ctx.localize``.
 """
 from __future__ import annotations
 

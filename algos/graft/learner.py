@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Optional
 
 import torch
@@ -142,7 +143,10 @@ class GRAFT(PeerLearner):
         ctx.log(M.PEER_RESCUED_GROUPS, sum(1 for x in plans if slots[x].source != "own"))
         ctx.log(M.PEER_ADMITTED, n_adm)
         ctx.log(M.PEER_REJECTED, len(flat) - n_adm)
+        if flat:
+            ctx.log(M.PEER_ADMIT_RATE, n_adm / len(flat))
         log_s_stats(ctx, scored)
+        log_s_spread(ctx, scored, [float(v) for v, a in zip(s.tolist(), admit) if a])
         for want, rate, count in ((True, M.PEER_ADMIT_RATE_SUCC, M.PEER_ADMITTED_SUCC),
                                   (False, M.PEER_ADMIT_RATE_FAIL, M.PEER_ADMITTED_FAIL)):
             sel = [a for (_, _, r), a in zip(flat, admit) if bool(r.correct) == want]
@@ -162,6 +166,19 @@ class GRAFT(PeerLearner):
         chunks = [[(own + peer)[j] for j in c] for c in separate_minibatches(len(own), len(peer), size)]
         k_own = math.ceil(len(own) / size)
         return chunks[k_own:] + chunks[:k_own] if self.cfg.peer_position == "first" else chunks
+
+
+def log_s_spread(ctx: StepContext, scored: list, admitted: list):
+    """The spread of the compatibility scores beyond ``peer/s_*`` (docs/algorithms.md#graft-compatibility-gate): the
+    10th and 90th percentiles of every scored grafted response, and the mean, min and max of the admitted ones."""
+    if scored:
+        q = statistics.quantiles(scored, n=10, method="inclusive") if len(scored) > 1 else [scored[0]] * 9
+        ctx.log(M.PEER_S_Q10, q[0])
+        ctx.log(M.PEER_S_Q90, q[-1])
+    if admitted:
+        ctx.log(M.PEER_S_ADMITTED_MEAN, statistics.fmean(admitted))
+        ctx.log(M.PEER_S_ADMITTED_MIN, min(admitted))
+        ctx.log(M.PEER_S_ADMITTED_MAX, max(admitted))
 
 
 @register_loss("graft")

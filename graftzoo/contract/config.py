@@ -505,6 +505,10 @@ class XtSection(Section):
     overflow: Literal["drop", "truncate", "error"] = key(
         "drop", "a peer response longer than the learner's limit (docs/algorithms.md#cross-tokenizer-exchange)")
     append_eos_if_stopped: bool = key(True, "append the learner's EOS to a peer response that stopped")
+    lossy: Literal["drop", "keep"] = key(
+        "drop", "a peer response whose re-tokenization does not give its text back (normalized, cut mid-character): "
+                "drop, or keep its re-tokenized text, verdict re-checked "
+                "(docs/algorithms.md#exchange-rules-for-real-vocabularies)")
 
 
 class StoreSection(Section):

@@ -191,6 +191,16 @@ PEER_S_MEAN = Metric("peer/s_mean", "ratio", "mean compatibility score s = exp(l
 PEER_S_MEDIAN = Metric("peer/s_median", "ratio", "median compatibility score s of the peer responses", _PEER_LEARNERS)
 PEER_S_MIN = Metric("peer/s_min", "ratio", "smallest compatibility score s of the peer responses", _PEER_LEARNERS)
 PEER_S_MAX = Metric("peer/s_max", "ratio", "largest compatibility score s of the peer responses", _PEER_LEARNERS)
+PEER_S_Q10 = Metric("peer/s_q10", "ratio", "10th percentile of the compatibility scores s of the grafted responses",
+                    "GRAFT")
+PEER_S_Q90 = Metric("peer/s_q90", "ratio", "90th percentile of the compatibility scores s of the grafted responses",
+                    "GRAFT")
+PEER_S_ADMITTED_MEAN = Metric("peer/s_admitted_mean", "ratio", "mean compatibility score s of the admitted grafted "
+                              "responses", "GRAFT")
+PEER_S_ADMITTED_MIN = Metric("peer/s_admitted_min", "ratio", "smallest s of the admitted grafted responses", "GRAFT")
+PEER_S_ADMITTED_MAX = Metric("peer/s_admitted_max", "ratio", "largest s of the admitted grafted responses", "GRAFT")
+PEER_ADMIT_RATE = Metric("peer/admit_rate", "fraction", "grafted responses admitted (peer/admitted over the grafted "
+                         "responses offered)", "GRAFT")
 PEER_STORED_MISSING = Metric("peer/stored_missing", "count", "1 when the stored peer holds no group for any prompt of "
                              "the step (peer.missing=skip), else 0: summed, the steps trained without a stored peer",
                              "stored and mixed peers")
@@ -198,13 +208,28 @@ PEER_STORED_MISSING = Metric("peer/stored_missing", "count", "1 when the stored 
 # ---- cross-tokenizer exchange --------------------------------------------------------------------------------------
 _XT = "peer exchange (ctx.localize)"
 XT_RESPONSES = Metric("xt/responses", "count", "peer responses re-tokenized for the learner", _XT)
-XT_DROPPED = Metric("xt/dropped", "count", "re-tokenized peer responses dropped (overflow, empty)", _XT)
+XT_DROPPED = Metric("xt/dropped", "count", "re-tokenized peer responses dropped (overflow, empty, lossy with "
+                    "xt.lossy=drop, verdict changed)", _XT)
 XT_DROPPED_PROMPT_OVERFLOW = Metric("xt/dropped_prompt_overflow", "count",
                                     "peer responses dropped because the re-rendered prompt is too long", _XT)
 XT_ID_MISMATCH_RATE = Metric("xt/id_mismatch_rate", "fraction", "same-tokenizer peer responses whose re-encoded ids "
                              "differ from the sampled ones", _XT)
 XT_TOKEN_COUNT_RATIO = Metric("xt/token_count_ratio", "ratio", "learner tokens / peer tokens of the re-tokenized "
                               "responses", _XT)
+XT_LOSSLESS_FRAC = Metric("xt/lossless_frac", "fraction", "re-tokenized peer responses whose learner ids decode to "
+                          "the peer's text (its stop text cut)", _XT)
+XT_VERDICT_KEPT_FRAC = Metric("xt/verdict_kept_frac", "fraction", "carried peer responses (all but the lossy ones "
+                              "dropped) whose verdict on the learner's text is the peer's", _XT)
+XT_VERDICT_CHANGED = Metric("xt/verdict_changed", "count", "carried peer responses whose re-verified text got another "
+                            "verdict (dropped)", _XT)
+XT_LOSSY_NORMALIZED = Metric("xt/lossy_normalized", "count", "peer responses the learner's normalizer changes (NFC)",
+                             _XT)
+XT_LOSSY_PARTIAL_CHAR = Metric("xt/lossy_partial_char", "count", "peer responses cut for length mid-character (text "
+                               "ending in U+FFFD)", _XT)
+XT_LOSSY_OTHER = Metric("xt/lossy_other", "count", "peer responses the learner's vocabulary cannot spell (another "
+                        "decoded text)", _XT)
+XT_LOSSY = {"normalized": XT_LOSSY_NORMALIZED, "partial_char": XT_LOSSY_PARTIAL_CHAR, "other": XT_LOSSY_OTHER}
+"""lossy reason -> its count (docs/algorithms.md#exchange-rules-for-real-vocabularies)."""
 
 # ---- time and throughput -------------------------------------------------------------------------------------------
 TIME_GENERATE = Metric("time/generate", "s", "sampling (generate phase) during the step (with rollout.max_staleness: "

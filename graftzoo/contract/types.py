@@ -63,7 +63,8 @@ class Rollout:
     - ``old_logp``: a given ratio base that is not this learner's theta_old (GRAFT's aligned peer log-probs;
       default: ``old_logprobs``);
     - ``char_offsets``: character span of each body token in ``text`` (GRAFT's cross-aligned ratio);
-    - ``dropped``: why a localized response cannot be trained on ("overflow", "empty").
+    - ``dropped``: why a localized response cannot be trained on ("overflow", "prompt_overflow", "empty",
+      "lossy_<reason>", "verdict_changed": docs/algorithms.md#exchange-rules-for-real-vocabularies).
     """
 
     prompt_id: str

@@ -9,6 +9,7 @@ position ids restarting at 0 for each row, and the log-probs come back in the sa
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import threading
@@ -17,6 +18,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask, flex_attention_mask
 
 from graftzoo.training import lora as lora_mod
@@ -312,6 +314,7 @@ class Policy:
         self._guard = None  # the forward pre-hook that refuses a pass over an offloaded model
         self._host: dict = {}  # the host buffer of the training state and its views, kept between moves (``offload``)
         self._compute: Optional[ComputeWeights] = None  # forward passes in the compute dtype (``compute_weights``)
+        self._literal = None  # the backend tokenizer without added tokens (``encode_literal``), built on first use
         if optim is not None:
             self.configure_optimizer(optim)
 
@@ -441,7 +444,38 @@ class Policy:
         return self.tokenizer.encode(self.render(prompt), add_special_tokens=False)
 
     def encode_text(self, text: str) -> list:
+        """This model's own text (its prompts, its responses' texts): the tokenizer's encoding, an added token's
+        string matched as that token. A peer's text is encoded with ``encode_literal`` instead."""
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def encode_literal(self, text: str) -> list:
+        """``text`` taken literally: no added token (special or not) is matched, so a peer response that writes
+        ``<|endoftext|>`` or ``<think>`` as text gets the ordinary tokens that spell it, never an added id or an EOS
+        (docs/algorithms.md#exchange-rules-for-real-vocabularies). A fast tokenizer's backend is rebuilt from its
+        JSON with its ``added_tokens`` emptied (normalizer, pre-tokenizer and model unchanged), once per policy;
+        ``decode`` of the ids gives the text back wherever the vocabulary can spell it. A tokenizer without a
+        backend splits its special tokens only (``split_special_tokens``)."""
+        if not text:
+            return []
+        if self._literal is None:
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            if backend is None:
+                return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            spec = json.loads(backend.to_str())
+            spec.update(added_tokens=[], truncation=None, padding=None)
+            self._literal = Tokenizer.from_str(json.dumps(spec))
+        return self._literal.encode(text, add_special_tokens=False).ids
+
+    @property
+    def added_ids(self) -> frozenset:
+        """The ids of the tokenizer's added tokens, special or not (EOS, pad, ``<think>``, ...)."""
+        tok = self.tokenizer
+        return frozenset(int(i) for i in getattr(tok, "added_tokens_decoder", {})) | frozenset(tok.all_special_ids)
+
+    def normalize_text(self, text: str) -> str:
+        """``text`` as the tokenizer's normalizer sees it (Qwen3: NFC); itself when the tokenizer has none."""
+        norm = getattr(getattr(self.tokenizer, "backend_tokenizer", None), "normalizer", None)
+        return norm.normalize_str(text) if norm is not None else text
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -603,16 +637,19 @@ class Policy:
     def char_offsets(self, ids: list, text: str) -> list:
         """``(start, end)`` character span in ``text`` of each token of ``ids`` (the tokenization of ``text``).
 
-        The fast tokenizer's offset mapping when re-encoding ``text`` gives back ``ids`` (or a prefix of
-        them: a truncated response); otherwise spans from decoding growing prefixes. Spans are made
-        non-decreasing. Used by GRAFT's cross-aligned ratio (docs/algorithms.md#graft-loss-and-token-ratio) and OM-GRPO's
-        answer-span mask (docs/algorithms.md#om-grpo-answer-mask).
+        The fast tokenizer's offset mapping when re-encoding ``text`` (as is, or literally: ``encode_literal``)
+        gives back ``ids`` (or a prefix of them: a truncated response); otherwise spans from decoding growing
+        prefixes. Spans are made non-decreasing. Used by GRAFT's cross-aligned ratio
+        (docs/algorithms.md#graft-loss-and-token-ratio) and OM-GRPO's answer-span mask
+        (docs/algorithms.md#om-grpo-answer-mask).
         """
         spans = None
         if getattr(self.tokenizer, "is_fast", False):
             enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             if list(enc["input_ids"][:len(ids)]) == list(ids):
                 spans = [tuple(o) for o in enc["offset_mapping"][:len(ids)]]
+            elif self.encode_literal(text)[:len(ids)] == list(ids):  # a peer's text, encoded literally
+                spans = [tuple(o) for o in self._literal.encode(text, add_special_tokens=False).offsets[:len(ids)]]
         if spans is None:
             spans, prev = [], 0
             for i in range(len(ids)):
