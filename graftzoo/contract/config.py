@@ -235,8 +235,10 @@ class ModelSpec(Section):
     path: Optional[str] = key(None, "kind hf: the local folder to load (id then only names the model)")
     tokenizer_id: Optional[str] = key(None, "kind hf: the tokenizer's name in the run's records (default: where "
                                             "it loads from)")
-    family: Optional[str] = key(None, "kind tiny: qwen2 | gpt2")
-    tokenizer: Optional[str] = key(None, "kind tiny: char | digit_pair")
+    family: Optional[str] = key(None, "kind tiny: qwen2 | gpt2 | qwen3 | smollm3 (the paper's families in "
+                                      "miniature)")
+    tokenizer: Optional[str] = key(None, "kind tiny: char | digit_pair | qwen3 | smollm3 (real vocabularies: the "
+                                         "mini extra)")
     hidden: Optional[Int] = key(None, "kind tiny: hidden size", ge=1, le=MAX_WIDTH)
     layers: Optional[Int] = key(None, "kind tiny: decoder layers", ge=1, le=MAX_WIDTH)
     heads: Optional[Int] = key(None, "kind tiny: attention heads", ge=1, le=MAX_WIDTH)
