@@ -18,7 +18,8 @@ the eval scores of that step when the run has them).
   their text around the problem), an assistant message as its text and the EOS token. A model that trained with
   ``template: chat`` keeps its own chat template. Harnesses that apply chat templates then reproduce the training
   prompt.
-- **Tokenizer**: saved, then loaded back with ``AutoTokenizer`` and checked to give the same ids and texts and the
+- **Tokenizer**: saved without the padding or truncation settings a batch may have left on it (the tokenizer.json a
+  fresh build writes), then loaded back with ``AutoTokenizer`` and checked to give the same ids and texts and the
   same rendered prompt. The tiny models' ``char`` tokenizer on a qwen2 model is written as its byte-level twin
   (``graftzoo.tiny.build.byte_level_tokenizer``: transformers forces ``Qwen2Tokenizer`` on a qwen2 folder); a
   tokenizer that still does not load back equal is an error naming the model.
@@ -51,7 +52,8 @@ EXPORT_DIR = "export"                  # default output: RUN/export/step_N/<mode
 EXPORT_META = "graftzoo_export.json"   # what an exported folder came from
 _PROBLEM = "\x00problem\x00"            # stands for the problem while a template is turned into Jinja
 # problems the loaded-back tokenizer is checked on (those of them the model's tokenizer writes back unchanged)
-_PROBES = ("12+345", "(7-2)*3 = 15", "What is $\\frac{1}{2}$ of 10?\nGive the answer in \\boxed{}.")
+_PROBES = ("12+345", "(7-2)*3 = 15", "What is $\\frac{1}{2}$ of 10?\nGive the answer in \\boxed{}.",
+           "Ünïcödé — café ½ x² ≤ 1234567\r\n\n  \tend 終わり 😀")
 
 
 class ExportError(ValueError):
@@ -115,6 +117,10 @@ def _save_tokenizer(tok, folder: Path, template: str, model_id: str) -> str:
     equal; returns the tokenizer class written."""
     tok = copy.deepcopy(tok)
     tok.chat_template = template_jinja(template, tok)
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:  # a batch padded or cut once leaves its settings in tokenizer.json: not the tokenizer's
+        backend.no_padding()
+        backend.no_truncation()
     tok.save_pretrained(folder)
     why = _loads_back(folder, tok, template)
     if why is None:

@@ -29,6 +29,7 @@ two or more models on one GPU (``LAYOUTS_ONE_GPU``) ``resident`` (every model's 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -109,11 +110,19 @@ class Arch:
                    context=get("max_position_embeddings") or get("n_positions"))
 
 
+_TINY_ARCHS: dict = {}  # a tiny spec's architecture, by the spec's fields: tiny_config loads the tokenizer (seconds)
+
+
 def architecture(spec: ModelSpec) -> Arch:
-    """A pair.models entry's architecture: tiny models from their spec; hf models from ``arch`` (config.json's
-    fields, for planning without the weights) or their config (local path or hub cache)."""
+    """A pair.models entry's architecture: tiny models from their spec (worked out once per process: a real
+    vocabulary's tokenizer takes seconds to load, and a plan asks several times); hf models from ``arch``
+    (config.json's fields, for planning without the weights) or their config (local path or hub cache)."""
     if spec.kind == "tiny":
-        return Arch.from_hf_config(tiny_config(tiny_spec(spec)))
+        tiny = tiny_spec(spec)
+        key = json.dumps(tiny.to_dict(), sort_keys=True)
+        if key not in _TINY_ARCHS:
+            _TINY_ARCHS[key] = Arch.from_hf_config(tiny_config(tiny))
+        return dataclasses.replace(_TINY_ARCHS[key])
     if spec.arch:
         return Arch.from_hf_config(spec.arch)
     try:

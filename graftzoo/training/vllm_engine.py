@@ -32,6 +32,11 @@ What it guarantees, and how:
   limit is refused naming it (``engine.PromptTooLongError``), never cut; so is one whose response would not fit.
   ``rollout.vllm.enforce_eager`` ``auto`` (``eager_mode``): eager on CPUs (fast start-up, nothing compiled to
   disk), CUDA graphs on GPUs.
+- **Any architecture vLLM runs.** vLLM's own implementation where it has one (Qwen2, Qwen3, Llama, GPT-2), else its
+  Transformers backend (SmolLM3 in vLLM 0.32: transformers' own modelling code, NoPE layers included;
+  ``vllm_implementation``). That backend decorates the transformers classes it builds for torch.compile, in place
+  and for the whole process; an engine in the trainer's process is therefore eager and has the classes put back
+  after its start (``classes_kept``), so the training model and any model built later run as before.
 - **Memory and shutdown.** ``rollout.vllm.kv_cache_gb`` bounds the KV cache (vLLM otherwise reserves most of the
   memory); ``sleep_level`` 1 / 2 frees the engine's GPU memory during the update (vLLM's sleep mode; GPU only);
   ``close`` shuts the engine core down (no engine process outlives a run that ends, fails or is interrupted).
@@ -50,6 +55,7 @@ import signal
 import tempfile
 import threading
 import time
+from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import torch
@@ -121,6 +127,52 @@ def check_head_size(pol) -> None:
                                 f"runs ({', '.join(map(str, sizes))}): use rollout.engine=hf for it")
 
 
+def vllm_implementation(architecture: str) -> str:
+    """How vLLM runs a transformers ``architecture`` (a model class name, e.g. ``Qwen3ForCausalLM``): ``vllm``, its own
+    implementation, or ``transformers``, its Transformers backend (an architecture vLLM maps to that backend, such as
+    ``SmolLM3ForCausalLM``, or one it does not know). docs/scaling.md#the-miniatures-families-in-vllm."""
+    from vllm.model_executor.models.registry import ModelRegistry
+    entry = ModelRegistry.models.get(architecture)
+    name = getattr(entry, "class_name", None) or getattr(getattr(entry, "model_cls", None), "__name__", "")
+    return "vllm" if entry is not None and not name.startswith("Transformers") else "transformers"
+
+
+@contextmanager
+def classes_kept(model):
+    """Every class of ``model``'s modules as it was before the block, after it. vLLM's Transformers backend decorates
+    the transformers decoder class it builds (``SmolLM3Model``) for torch.compile in place, for the whole process: a
+    base class added, ``__init__`` and ``__call__`` replaced. In the trainer's process that class is the training
+    model's too, whose forward then fails (an attribute only vLLM's constructor sets), as does building another model
+    of that family (the constructor asks for vLLM's current config). An eager engine (``enforce_eager``: no
+    compilation) runs its own instance through the plain class as well, so the classes are put back as they were."""
+    classes = {type(m) for m in model.modules()}
+    saved = {c: (c.__bases__, dict(c.__dict__)) for c in classes}
+    try:
+        yield
+    finally:
+        for c, (bases, attrs) in saved.items():
+            for key in set(c.__dict__) - set(attrs):
+                delattr(c, key)
+            for key, value in attrs.items():
+                if c.__dict__.get(key) is not value and key not in ("__dict__", "__weakref__"):
+                    setattr(c, key, value)
+            if c.__bases__ != bases:
+                c.__bases__ = bases
+
+
+def config_beside_tokenizer(model_type: str) -> bool:
+    """Whether the model's ``config.json`` goes into the folder of the tokenizer vLLM loads to match stop strings.
+    vLLM reads a config there first (without one it retries for seconds, logging errors); given one, transformers'
+    ``AutoTokenizer`` loads the saved ``tokenizer.json`` as it is, except for the model types it lists as having a
+    wrong tokenizer class on the hub (``qwen2``, ...), for which it builds its own class instead (a tiny ``char``
+    tokenizer would lose characters): those, and any type where that list cannot be read, get no config."""
+    try:
+        from transformers.models.auto.tokenization_auto import MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS as forced
+    except ImportError:
+        return False
+    return bool(model_type) and model_type not in forced
+
+
 def _transformers_model(pol):
     """The transformers model whose ``save_pretrained`` writes the engine's weights folder: a LoRA policy's base
     model (its ``full_state_dict`` holds the adapters merged under the base names; peft's own ``save_pretrained``
@@ -171,15 +223,17 @@ class _Backend:
             dtype = str(pol.autocast_dtype or next(pol.model.parameters()).dtype).replace("torch.", "")
         self.dtype = getattr(torch, dtype)
         from vllm.platforms import current_platform
+        eager = self._eager(current_platform.device_type)
         kw = dict(model=self.dir, skip_tokenizer_init=not self.matches_stop, dtype=dtype,
-                  load_format="safetensors" if self.from_disk else "dummy", seed=int(seed),
-                  enforce_eager=eager_mode(s["enforce_eager"], current_platform.device_type),
+                  load_format="safetensors" if self.from_disk else "dummy", seed=int(seed), enforce_eager=eager,
                   logprobs_mode="processed_logprobs", generation_config="vllm", max_model_len=self.max_model_len,
                   enable_prefix_caching=bool(s["prefix_caching"]), max_num_seqs=int(s["max_num_seqs"]),
                   enable_sleep_mode=self.sleep_level > 0)
         if self.matches_stop:  # vLLM matches stop strings on its own detokenization: the policy's tokenizer
             kw["tokenizer"] = os.path.join(self.dir, "tokenizer")
             pol.tokenizer.save_pretrained(kw["tokenizer"])
+            if config_beside_tokenizer(pol.model.config.model_type):
+                pol.model.config.save_pretrained(kw["tokenizer"])
         if s["kv_cache_gb"] is not None:
             kw["kv_cache_memory_bytes"] = int(float(s["kv_cache_gb"]) * (1 << 30))
         else:
@@ -190,7 +244,8 @@ class _Backend:
             kw["worker_extension_cls"] = f"{WeightReceiver.__module__}.{WeightReceiver.__qualname__}"
         threads = torch.get_num_threads()
         try:
-            with started_with(poll_sleep_us(s["poll_sleep_us"], current_platform.device_type)):
+            with started_with(poll_sleep_us(s["poll_sleep_us"], current_platform.device_type)), \
+                    (classes_kept(pol.model) if not self.multiprocessing else nullcontext()):
                 llm = vllm.LLM(**kw)
         except Exception as e:
             raise EngineError(f"model {pol.model_id!r}: vLLM could not start an engine for it: "
@@ -199,6 +254,26 @@ class _Backend:
             torch.set_num_threads = _SET_NUM_THREADS
             torch.set_num_threads(threads)
         return llm
+
+    def _eager(self, device_type: str) -> bool:
+        """``enforce_eager`` for this engine (``eager_mode``). An in-process engine of an architecture that vLLM runs
+        through its Transformers backend (``vllm_implementation``) must be eager: its classes are put back after the
+        start (``classes_kept``), which a compiled engine's instance could not survive; ``auto`` is eager then, and
+        ``false`` is refused, naming the model."""
+        pol, setting = self.policy, self.settings["enforce_eager"]
+        eager = eager_mode(setting, device_type)
+        arch = type(_transformers_model(pol)).__name__
+        if eager or self.multiprocessing or vllm_implementation(arch) != "transformers":
+            return eager
+        if setting != "auto":
+            raise EngineConfigError(f"model {pol.model_id!r}: vLLM runs {arch} through its Transformers backend, "
+                                    f"which changes the transformers classes the training model also uses; in the "
+                                    f"trainer's process that needs rollout.vllm.enforce_eager true or auto, or give "
+                                    f"the engine a process of its own (rollout.vllm.multiprocessing true)")
+        log.info("model %r: vLLM runs %s through its Transformers backend, in the trainer's process: eager (no "
+                 "torch.compile or CUDA graphs; rollout.vllm.multiprocessing true compiles it in its own process)",
+                 pol.model_id, arch)
+        return True
 
     def _watch(self) -> None:
         """With its engine core in a process of its own: note that process and its workers (each waited call
