@@ -60,6 +60,12 @@ from typing import Optional
 
 import torch
 
+try:  # a private list of transformers' (config_beside_tokenizer), which may move between its versions
+    from transformers.models.auto.tokenization_auto import \
+        MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS as _FORCED_TOKENIZER_TYPES
+except ImportError:
+    _FORCED_TOKENIZER_TYPES = None
+
 from graftzoo.contract.config import VLLM_INSTALL, VllmSection
 from graftzoo.training.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
 from graftzoo.training.guardian import descendants, guard, process_name, start_time
@@ -166,11 +172,9 @@ def config_beside_tokenizer(model_type: str) -> bool:
     ``AutoTokenizer`` loads the saved ``tokenizer.json`` as it is, except for the model types it lists as having a
     wrong tokenizer class on the hub (``qwen2``, ...), for which it builds its own class instead (a tiny ``char``
     tokenizer would lose characters): those, and any type where that list cannot be read, get no config."""
-    try:
-        from transformers.models.auto.tokenization_auto import MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS as forced
-    except ImportError:
+    if _FORCED_TOKENIZER_TYPES is None:
         return False
-    return bool(model_type) and model_type not in forced
+    return bool(model_type) and model_type not in _FORCED_TOKENIZER_TYPES
 
 
 def _transformers_model(pol):
