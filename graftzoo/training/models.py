@@ -21,6 +21,7 @@ import copy
 import logging
 import os
 import socket
+from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlparse
@@ -43,7 +44,7 @@ from graftzoo.training.vllm_engine import VLLMEngine
 from graftzoo.envs.templates import resolve_stop, resolve_template
 from graftzoo.eval.evaluate import eval_top_p
 from graftzoo.tiny.build import TinyModelSpec, warmup_template
-from graftzoo.tiny.warmup import load_or_warmup, load_tiny, load_tokenizer
+from graftzoo.tiny.warmup import load_or_warmup, load_tokenizer
 
 log = logging.getLogger("graftzoo")
 
@@ -59,6 +60,13 @@ def spec_dtype(spec: ModelSpec) -> Optional[torch.dtype]:
     return None if spec.dtype is None else getattr(torch, spec.dtype)
 
 
+@lru_cache(maxsize=8)
+def tiny_tokenizer(path: str):
+    """The tokenizer of a warmed-up tiny model's folder, read once per process and shared (a real vocabulary takes
+    about 2 s to load; ``prompt_limits`` and ``load_model`` both ask for it)."""
+    return load_tokenizer(path)
+
+
 def load_model(spec: ModelSpec, seed: int = 0, progress=None):
     """(model, tokenizer, tokenizer_id) of a pair.models entry."""
     if not libraries_shown():  # "Loading weights" bars for every model load clutter the run output (not --debug)
@@ -67,7 +75,9 @@ def load_model(spec: ModelSpec, seed: int = 0, progress=None):
         ts = tiny_spec(spec)
         dtype = spec_dtype(spec)  # e.g. bfloat16, to train a tiny model as a real one would be
         path = load_or_warmup(ts, progress=progress)
-        model, tok = load_tiny(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        model.eval()
+        tok = tiny_tokenizer(path)
         if dtype is not None:
             model.to(dtype)
         set_attention(model, spec)
@@ -102,7 +112,7 @@ def load_tokenizer_of(spec: ModelSpec, progress=None) -> tuple:
     cache first, once, so that the workers of a Ray group only read it)."""
     if spec.kind == "tiny":
         ts = tiny_spec(spec)
-        return load_tokenizer(load_or_warmup(ts, progress=progress)), f"{ts.tokenizer}"
+        return tiny_tokenizer(load_or_warmup(ts, progress=progress)), f"{ts.tokenizer}"
     path, local_only = check_hf_model(spec)
     return hf_tokenizer(spec, path, local_only), spec.tokenizer_id or path
 

@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 import weakref
+from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -285,6 +286,15 @@ class ComputeWeights:
         return False
 
 
+@lru_cache(maxsize=8)
+def literal_backend(spec: str) -> Tokenizer:
+    """A fast tokenizer's backend (its JSON ``spec``) without its added tokens, built once per process for each
+    tokenizer (a real vocabulary takes seconds; every policy of a run, and its reference model, share it)."""
+    data = json.loads(spec)
+    data.update(added_tokens=[], truncation=None, padding=None)
+    return Tokenizer.from_str(json.dumps(data))
+
+
 class Policy:
     stop_strings: tuple = ()  # a rollout ends at the token that completes one (rollout.stop, graftzoo.training.models)
 
@@ -461,9 +471,7 @@ class Policy:
             backend = getattr(self.tokenizer, "backend_tokenizer", None)
             if backend is None:
                 return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
-            spec = json.loads(backend.to_str())
-            spec.update(added_tokens=[], truncation=None, padding=None)
-            self._literal = Tokenizer.from_str(json.dumps(spec))
+            self._literal = literal_backend(backend.to_str())
         return self._literal.encode(text, add_special_tokens=False).ids
 
     @property
