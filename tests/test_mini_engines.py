@@ -25,6 +25,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from mini import QWEN, SMOL, untrained_pair
+from test_vllm_engine import max_diff, training_logprobs
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from graftzoo.apps.cli import main
@@ -107,15 +108,6 @@ def engines(pair_file, exported):
     finally:
         for _, engine in out.values():
             engine.close()
-
-
-def training_logprobs(pol, rollouts) -> list:
-    lps, _ = pol.score_sequences([r.prompt_token_ids for r in rollouts], [r.token_ids for r in rollouts])
-    return lps
-
-
-def max_diff(rollouts, reference) -> float:
-    return max(abs(a - b) for r, ref in zip(rollouts, reference) for a, b in zip(r.logprobs, ref))
 
 
 def rollouts_of(groups) -> list:

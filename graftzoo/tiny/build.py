@@ -103,20 +103,6 @@ def build_tokenizer(kind: str) -> PreTrainedTokenizerFast:
         model_max_length=1024)
 
 
-def _bytes_to_unicode() -> dict:
-    """GPT-2's byte -> printable character map, the alphabet of byte-level BPE (``" "`` -> ``"Ġ"``, ``"\\n"`` ->
-    ``"Ċ"``)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {b: chr(c) for b, c in zip(keep, chars)}
-
-
 def byte_level_tokenizer(tok: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
     """The same tokenizer (ids, specials, padding side, chat template) as a byte-level BPE without merges, for
     export: ``AutoTokenizer`` forces ``Qwen2Tokenizer`` on a qwen2 model folder, which reads the vocabulary and
@@ -124,7 +110,7 @@ def byte_level_tokenizer(tok: PreTrainedTokenizerFast) -> PreTrainedTokenizerFas
     written in byte-level symbols both that class and a plain ``tokenizer.json`` reader give the original ids and
     texts. Only for tokenizers whose pieces are single ASCII characters (``char``); others raise ``ValueError``."""
     specials = set(tok.all_special_tokens)
-    table = _bytes_to_unicode()
+    table = real_vocab.byte_symbols()
     vocab = {}
     for piece, i in tok.get_vocab().items():
         if piece not in specials and (len(piece) != 1 or ord(piece) > 127):
