@@ -467,12 +467,20 @@ class Policy:
         backend splits its special tokens only (``split_special_tokens``)."""
         if not text:
             return []
+        enc = self._literal_encoding(text)
+        if enc is None:
+            return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        return enc.ids
+
+    def _literal_encoding(self, text: str):
+        """The literal backend's ``Encoding`` of ``text`` (ids and offsets; ``encode_literal``), or None for a
+        tokenizer without a backend."""
         if self._literal is None:
             backend = getattr(self.tokenizer, "backend_tokenizer", None)
             if backend is None:
-                return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+                return None
             self._literal = literal_backend(backend.to_str())
-        return self._literal.encode(text, add_special_tokens=False).ids
+        return self._literal.encode(text, add_special_tokens=False)
 
     @property
     def added_ids(self) -> frozenset:
@@ -656,8 +664,10 @@ class Policy:
             enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             if list(enc["input_ids"][:len(ids)]) == list(ids):
                 spans = [tuple(o) for o in enc["offset_mapping"][:len(ids)]]
-            elif self.encode_literal(text)[:len(ids)] == list(ids):  # a peer's text, encoded literally
-                spans = [tuple(o) for o in self._literal.encode(text, add_special_tokens=False).offsets[:len(ids)]]
+            else:  # a peer's text, encoded literally
+                lit = self._literal_encoding(text) if text else None
+                if lit is not None and lit.ids[:len(ids)] == list(ids):
+                    spans = [tuple(o) for o in lit.offsets[:len(ids)]]
         if spans is None:
             spans, prev = [], 0
             for i in range(len(ids)):
