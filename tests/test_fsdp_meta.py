@@ -138,6 +138,7 @@ def rank(mode, r, world, port, big, small, out):
             "loss": loss_of(b, r, world) if precision == "fp32" else None}
     if r == 0:
         json.dump(result, open(out, "w"))
+    torch.distributed.barrier()  # no rank leaves while another's gloo work is in flight (an abort at exit)
     torch.distributed.destroy_process_group()
 
 def free_port():

@@ -62,6 +62,7 @@ def rank(r, world, port, model, precisions, out):
         if r == 0:
             json.dump({"grads": grads, "loss": float(sum(losses)), "dtypes": sorted(dtypes),
                        "master": str(next(pol.model.parameters()).dtype)}, open(f"{out}/{precision}.json", "w"))
+    torch.distributed.barrier()  # no rank leaves while another's gloo work is in flight (an abort at exit)
     torch.distributed.destroy_process_group()
 
 if __name__ == "__main__":

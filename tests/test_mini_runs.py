@@ -39,12 +39,13 @@ pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
 PLUGIN = Path(__file__).with_name("mini_task.py").resolve()
 MODELS = (SMOL, QWEN)
-# 8 prompts x 4 rollouts, 2 steps, a checkpoint at the end; micro-batches of at most 400 tokens, so that both ranks
+# 8 prompts x 4 rollouts, 1 step (the exchange runs both ways from step 0; the online run takes 2, the length the
+# resume test extends a run to), a checkpoint at the end; micro-batches of at most 400 tokens, so that both ranks
 # of a sharded group train real micro-batches (test_ray_fsdp2_trains_like_the_in_process_trainer)
 SECTIONS = {"task": {"env": "mini/Scripts-v0", "size": 64, "mix": {}, "difficulty": {}, "prompts_per_step": 8},
             "rollout": {"n": 4},
             "optim": {"minibatches": 2, "warmup_steps": 0, "max_tokens_per_micro": 400},
-            "run": {"steps": 2, "save_every": 0, "eval_at_end": False, "progress": False},
+            "run": {"steps": 1, "save_every": 0, "eval_at_end": False, "progress": False},
             "eval": {"size": 8, "k": 1}}
 # responses of up to 24 tokens, each model's ending at its first symbol of the kind it writes (tests/mini_task.py)
 MODEL_KEYS = {SMOL: {"max_new_tokens": 24, "stop": stop_at("digit")},
@@ -99,7 +100,7 @@ def total(recs: list, key: str) -> float:
     return sum(r.get(key) or 0 for r in recs)
 
 
-def assert_took_peer_groups(run: Path, models=MODELS, steps: int = 2, succ: bool = True):
+def assert_took_peer_groups(run: Path, models=MODELS, steps: int = 1, succ: bool = True):
     """Each of ``models``, as the learner, took the other's groups: all-fail prompts rescued, the peer's responses
     re-tokenized into its vocabulary (``xt/responses``), admitted (with ``succ``: correct ones among them) and
     trained on (``tokens/peer_share``)."""
@@ -113,8 +114,17 @@ def assert_took_peer_groups(run: Path, models=MODELS, steps: int = 2, succ: bool
 
 @pytest.fixture(scope="module")
 def online(pair):
-    """GRAFT with an online peer: the run several tests read."""
-    return train(pair, "graft", "graft-online")
+    """GRAFT with an online peer, 2 steps: the run several tests read."""
+    return train(pair, "graft", "graft-online", "run.steps=2")
+
+
+@pytest.fixture(scope="module")
+def first(pair):
+    """The online GRAFT run stopped after step 0 (``run.steps=1``: its checkpoint ``step_000000`` written, and kept
+    when the run is extended): the resume test extends it, the Ray run is compared with its first step."""
+    run = train(pair, "graft", "resumed")
+    assert len(records(run)) == 2 and (run / "checkpoints" / "step_000000").is_dir()
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +136,7 @@ def grpo(pair):
 def test_graft_online_exchanges_in_both_directions(online):
     """Each model rescues its all-fail groups of the other's kind of prompt: every learner all-fail prompt with a
     mixed peer group is replaced (no cap), the peer's responses re-tokenized and gated by s = exp(l_L - l_P)."""
-    assert_took_peer_groups(online)
+    assert_took_peer_groups(online, steps=2)
     for r in records(online):
         assert r["peer/rescued_groups"] == round((r["peer/mixed_on_all_fail_frac"] or 0) * r["peer/all_fail_count"])
         if r["peer/admitted"]:
@@ -139,7 +149,7 @@ def test_grpo_trains_both_models_on_groups_the_other_solves(grpo):
     other's all-fail prompts: what the exchange runs rest on); no peer group is taken."""
     for m in MODELS:
         recs = of(grpo, m)
-        assert len(recs) == 2 and any(abs(r["loss"]) > 0 for r in recs), m
+        assert len(recs) == 1 and any(abs(r["loss"]) > 0 for r in recs), m
         assert any(r["groups/mixed"] > 0 for r in recs) and any(r["peer/solved_all_fail_frac"] for r in recs), m
         assert not total(recs, "peer/admitted") and not total(recs, "xt/responses"), m
 
@@ -158,25 +168,25 @@ def test_graft_stored_takes_the_other_models_trajectories(pair, grpo, learner):
 
 def test_graft_mixed_takes_stored_and_online_groups(pair, grpo, online):
     """``--peer mixed:RUN`` with the stored Qwen3 used wherever it has a group (``peer.mix_ratio=1``): SmolLM3 learns
-    from the GRPO run's Qwen3 trajectories, Qwen3 from the live SmolLM3. At step 0 the stored groups are the ones a
-    live Qwen3 samples (the same seed and weights); at step 1 they come from the GRPO-trained Qwen3, so SmolLM3's
-    step differs from the online run's while Qwen3's whole run is the online run's."""
+    from the GRPO run's Qwen3 trajectories (read from its store: none missing), Qwen3 from the live SmolLM3. At step 0
+    the stored groups are the ones a live Qwen3 samples (the same seed and weights), so the step is the online run's
+    to the last metric: the store's round trip is exact."""
     run = train(pair, "graft", "mixed", "peer.mix_ratio=1.0", f"peer.model={QWEN}", peer=f"mixed:{grpo}")
     assert_took_peer_groups(run)
-    assert [r.get("peer/stored_missing") for r in of(run, SMOL)] == [0, 0]   # its peer is the store, covering it
-    assert [r.get("peer/stored_missing") for r in of(run, QWEN)] == [None, None]
+    assert [r.get("peer/stored_missing") for r in of(run, SMOL)] == [0]   # its peer is the store, covering it
+    assert [r.get("peer/stored_missing") for r in of(run, QWEN)] == [None]
     mixed, live = strip(of(run, SMOL)), strip(of(online, SMOL))
-    assert mixed[0] == {**live[0], "peer/stored_missing": 0} and mixed[1]["peer/s_mean"] != live[1]["peer/s_mean"]
-    assert strip(of(run, QWEN)) == strip(of(online, QWEN))
+    assert mixed[0] == {**live[0], "peer/stored_missing": 0}
+    assert strip(of(run, QWEN)) == strip(of(online, QWEN))[:1]
 
 
 def test_hacpo_pools_the_other_models_responses_in_both_directions(pair):
-    """HACPO (one step): every peer response is pooled into the learner's group of its prompt (cut to the learner's
+    """HACPO (4 prompts): every peer response is pooled into the learner's group of its prompt (cut to the learner's
     limit, HACPO's ``xt.overflow``); rescued groups are the learner's all-fail prompts the peer solved."""
-    run = train(pair, "hacpo", "hacpo", "run.steps=1")
-    assert_took_peer_groups(run, steps=1, succ=False)
+    run = train(pair, "hacpo", "hacpo", "task.prompts_per_step=4")
+    assert_took_peer_groups(run, succ=False)
     for r in records(run):
-        assert r["xt/responses"] == 8 * 4 and r["hacpo/capability_peer"] is not None
+        assert r["xt/responses"] == 4 * 4 and r["hacpo/capability_peer"] is not None
         assert r["peer/rescued_groups"] == round(r["peer/solved_all_fail_frac"] * r["peer/all_fail_count"])
 
 
@@ -191,20 +201,17 @@ def test_sgt_rescues_all_fail_groups_in_both_directions(pair):
         assert r["peer/admitted"] == r["peer/rescued_groups"] and r["peer/admitted_fail"] == 0
 
 
-def final_weights(run: Path) -> dict:
-    ck = run / "checkpoints" / "step_000001"
+def final_weights(run: Path, step: int = 1) -> dict:
+    ck = run / "checkpoints" / f"step_{step:06d}"
     return {m: torch.load(ck / f"{m}.pt", weights_only=True)["policy"]["model"] for m in MODELS}
 
 
-def test_a_run_stopped_after_its_checkpoint_and_rerun_equals_the_uninterrupted_run(pair, online):
-    """The GRAFT online run stopped after step 0 (``run.steps=1``: its checkpoint written), then the same run to its
-    length through the Python API: every metric but the wall-clock ones, and both models' weights, are the
-    uninterrupted run's."""
+def test_a_run_stopped_after_its_checkpoint_and_rerun_equals_the_uninterrupted_run(pair, online, first):
+    """The GRAFT online run stopped after step 0 (``first``), then the same run to the online run's length through
+    the Python API: every metric but the wall-clock ones, and both models' weights, are the uninterrupted run's."""
     path, out = pair
-    first = train(pair, "graft", "resumed", "run.steps=1")
-    assert len(records(first)) == 2 and (first / "checkpoints" / "step_000000").is_dir()
     result = graftzoo.train(pair=str(path), algo="graft", track=False, overrides={
-        "peer.source": "online", "run.out_dir": str(out), "run.name": "resumed"})
+        "peer.source": "online", "run.out_dir": str(out), "run.name": "resumed", "run.steps": 2})
     assert result.status == "done" and result.steps == 2
     assert strip(records(first)) == strip(records(online))
     got, want = final_weights(first), final_weights(online)
@@ -224,11 +231,12 @@ def test_eval_scores_both_models_on_the_tasks_held_out_split(online):
         assert rec["prompts_too_long"] == 0 and 0 < rec["avg"] < 1, (m, rec["avg"])
 
 
-def test_ray_fsdp2_trains_like_the_in_process_trainer(pair, online):
+def test_ray_fsdp2_trains_like_the_in_process_trainer(pair, first):
     """``--backend ray`` with ``ray.num_workers=2``: each model in a group of 2 ranks sharding it with FSDP2 over gloo
     (the embedding rows of its vocabulary split between them), every rank decoding the in-process run's rollouts.
-    Rewards and exchange counts are the in-process run's exactly, the loss and gradient norm to 1e-5 (the ranks'
-    gradients summed in another order), and the weights one process reads from the shards to 1e-5."""
+    Over one step, rewards and exchange counts are the in-process run's (``first``) exactly, the loss and gradient
+    norm to 1e-5 (the ranks' gradients summed in another order), and the weights one process reads from the shards
+    to 1e-5."""
     path, out = pair
     cmd = [sys.executable, "-m", "graftzoo.apps.cli", *map(str, train_args(pair, "graft", "ray")), "--backend", "ray",
            "--set", "ray.num_workers=2"]
@@ -236,18 +244,19 @@ def test_ray_fsdp2_trains_like_the_in_process_trainer(pair, online):
     code, log = finish(loopback(cmd), timeout=600)
     assert code == 0, log[-4000:]
     print(f"\nRay run (2 x 2 ranks): {time.perf_counter() - t:.1f} s")
-    got, ref = metrics(out / "ray"), metrics(online)
-    assert sorted(got) == sorted(ref) and len(ref) == 4
+    got = metrics(out / "ray")
+    ref = {k: v for k, v in metrics(first).items() if k[0] == 0}  # its first step (the resume test may extend it)
+    assert sorted(got) == sorted(ref) and len(ref) == 2
     exact = ("reward/mean", "groups/mixed", "peer/rescued_groups", "peer/admitted", "xt/responses", "batch/tokens")
     assert_same({k: {x: v[x] for x in exact} for k, v in got.items()},
                 {k: {x: v[x] for x in exact} for k, v in ref.items()}, 0.0, "Ray")
     for key, row in ref.items():
         for k in ("loss", "grad_norm"):
             assert got[key][k] == pytest.approx(row[k], rel=1e-5, abs=1e-8), (key, k)
-    ck = out / "ray" / "checkpoints" / "step_000001"
+    ck = out / "ray" / "checkpoints" / "step_000000"
     files = json.loads((ck / "manifest.json").read_text())["files"]
     cfg = load_config(pair=str(path), algo="graft", overrides=["peer.source=online", "run.track=false"])
-    want = final_weights(online)
+    want = final_weights(first, step=0)
     for spec in cfg.pair.models:
         assert {f"{spec.id}.dcp/__0_0.distcp", f"{spec.id}.dcp/__1_0.distcp"} <= set(files), files
         pol = build_policy(spec, cfg)
