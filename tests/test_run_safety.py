@@ -83,7 +83,7 @@ def test_rerunning_a_finished_run_rewrites_nothing_and_builds_no_model(base, tmp
     changed, so that a report read meanwhile (a second grid on the same folder) never sees it "running". More
     steps or another final evaluation make it a run to resume, and an unfinished run resumes as before."""
     from graftzoo.training import trainer
-    from graftzoo.training.rundir import finished_run
+    from graftzoo.training.rundir import rerun_plan
     run = copy_run(base, tmp_path)
     before = snapshot(run)
     stamps = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
@@ -98,24 +98,25 @@ def test_rerunning_a_finished_run_rewrites_nothing_and_builds_no_model(base, tmp
     assert snapshot(run) == before
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
 
-    def cfg(*sets):
-        return load_config(pair="micro", algo="grpo", overrides=[
-            "run.track=false", "run.eval_at_end=false", "run.progress=false", "run.steps=2", *sets])
+    def plan(*sets):
+        cfg = load_config(pair="micro", algo="grpo", overrides=[
+            "run.track=false", "run.eval_at_end=false", "run.progress=false", "run.steps=2", "run.name=x",
+            "run.variant=grpo (n=4)", *sets])
+        return rerun_plan(run, cfg, lambda flat: flat["run.epochs"] if flat.get("run.epochs") else flat["run.steps"])
     # cadence, hosting, and the settings of a final evaluation that is not asked for: still finished
-    assert finished_run(run, cfg("run.save_every=5", "run.threads=1", "eval.size=8"))
-    for more in ("run.steps=3", "run.eval_at_end=true", "run.epochs=1"):
-        assert not finished_run(run, cfg(more)), more
+    assert plan("run.save_every=5", "run.threads=1", "eval.size=8").action == "nothing"
+    for more in ("run.steps=3", "run.eval_at_end=true", "run.epochs=3"):
+        assert plan(more).action == "continue", more
     stored = yaml.safe_load((run / "config.yaml").read_text())
     stored["run"]["eval_at_end"] = True   # a run that ended with its final evaluation
     (run / "config.yaml").write_text(yaml.safe_dump(stored))
-    assert finished_run(run, cfg("run.eval_at_end=true"))
-    assert not finished_run(run, cfg("run.eval_at_end=true", "eval.size=5"))   # another final evaluation
+    assert plan("run.eval_at_end=true").action == "nothing"
     summary = json.loads((run / "summary.json").read_text())
     for status in ("running", "interrupted", "failed"):
         (run / "summary.json").write_text(json.dumps({**summary, "status": status}))
-        assert not finished_run(run, cfg())
+        assert plan().action == "continue"
     (run / "summary.json").write_text("{")   # a torn summary is not a finished run
-    assert not finished_run(run, cfg())
+    assert plan().action == "continue"
 
 
 # ------------------------------------------------------------------------------------------------

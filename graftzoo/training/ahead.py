@@ -15,7 +15,9 @@ the offload layout, which moves the models between devices) just before the upda
 only the wall time differs.
 
 A checkpoint holds the batches ahead as plain data (``state_dict``): a kill and a resume continue with the very
-rollouts the interrupted run would have trained on, which no weights the checkpoint holds could decode again.
+rollouts the interrupted run would have trained on, which no weights the checkpoint holds could decode again. The
+last step collects the k batches after the run's end too (during its update, as every step does), so that its
+last checkpoint holds them and a finished run extended to more steps trains what a longer run trains.
 """
 from __future__ import annotations
 
@@ -50,10 +52,11 @@ def overlaps(k: int, models_in_process: bool, layout: str, engines_apart: bool, 
     return k >= 1 and models_in_process and layout != "offload" and engines_apart and not collect_reads_policy
 
 
-def steps_ahead(step: int, k: int, total: int, ready) -> list:
-    """The steps whose rollouts are collected while step ``step`` updates: after it, up to ``step + k`` and the run's
-    last step, those not ``ready``."""
-    return [s for s in range(step + 1, min(step + k, total - 1) + 1) if s not in ready]
+def steps_ahead(step: int, k: int, ready) -> list:
+    """The steps whose rollouts are collected while step ``step`` updates: after it, up to ``step + k``, those not
+    ``ready``; past the run's last step too, as a longer run collects them, so that the run's last checkpoint holds
+    them and a rerun with more steps trains exactly the steps a longer run would have (docs/reliability.md)."""
+    return [s for s in range(step + 1, step + k + 1) if s not in ready]
 
 
 class Ahead:

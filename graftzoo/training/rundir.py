@@ -11,9 +11,11 @@
   then moved aside to a sibling ``RUN.replaced-<time>`` folder, never deleted. A resume that finds no intact
   checkpoint where some failed their check refuses too (``resume_checkpoint``): starting over would rewrite the
   run's metrics and store.
-- **A finished run stays finished**: resuming a run whose summary says "done" under a config that asks for no
-  more steps and no other final evaluation does nothing (``finished_run``): no file is rewritten, so a report read
-  meanwhile (another grid on the same folder) still sees it done.
+- **A rerun never rewrites what a run did** (``rerun_plan``): it continues (more steps, the final evaluation it
+  lacks), does nothing (a finished run asked for no more: no file is rewritten, so a report read meanwhile still
+  sees it done), or is refused in one line naming the key (fewer steps, other evaluation settings once it has
+  evaluated, another label, another ``rollout.max_staleness``). A finished run extended keeps its final evaluation
+  aside (``keep_final_evaluation``).
 - **A stored peer is another run**: a peer store inside the run directory is refused (``check_peer_path``) before
   anything is moved.
 """
@@ -31,7 +33,7 @@ import time
 from pathlib import Path, PurePath
 from typing import Iterable, Optional
 
-from graftzoo.training.checkpoint import CHECKPOINTS, prepare_resume, set_aside_checkpoints
+from graftzoo.training.checkpoint import CHECKPOINTS, list_checkpoints, prepare_resume, set_aside_checkpoints
 from graftzoo.contract.config import MAX_RUN_NAME, RunConfig, as_dict, defaults, read_yaml
 from graftzoo.contract.layout import STORE
 from graftzoo.contract.names import label_slug
@@ -283,25 +285,143 @@ def config_changes(stored: dict, requested: dict) -> dict:
     return out
 
 
-# keys that make a finished run do more when they change: more steps, a final evaluation (of other settings)
-MORE_WORK_KEYS = ("run.steps", "run.epochs", "run.eval_at_end")
-FINAL_EVAL_KEYS = ("eval.*",)
+# ------------------------------------------------------------------------------------------------
+# a rerun's contract (docs/reliability.md#what-a-rerun-may-change)
+# ------------------------------------------------------------------------------------------------
+
+LENGTH_KEYS = ("run.steps", "run.epochs")    # how long the run trains: a rerun may raise it, never cut it
+FINAL_EVAL_KEY = "run.eval_at_end"          # a final evaluation: a rerun may add one, never take one away
+EVAL_KEYS = ("eval.*",)                      # how the run evaluates: fixed once it has evaluated
+LABEL_KEYS = ("run.variant",)               # the report's label of the run: fixed
+STALENESS_KEY = "rollout.max_staleness"     # which policy version decodes each step: fixed (0 allowed, by name)
+RERUN_KEYS = LENGTH_KEYS + (FINAL_EVAL_KEY,) + EVAL_KEYS + LABEL_KEYS + (STALENESS_KEY,)
+"""The keys a summary, a report or a resume reads that a rerun could otherwise change freely (``rerun_plan``); every
+other key that changes the trajectory is refused by ``check_resume_config`` unless allowed by name."""
+
+EVAL_METRIC_PREFIX = "eval/"  # metrics.jsonl keys of an evaluation (graftzoo.eval.evaluate.eval_metrics)
 
 
-def finished_run(run_dir, requested: RunConfig) -> bool:
-    """Whether ``run_dir`` holds a finished run (``summary.json`` says "done") that ``requested`` would not extend:
-    the same ``MORE_WORK_KEYS`` values as its stored ``config.yaml``, and, when it asks for a final evaluation, the
-    same ``FINAL_EVAL_KEYS``. Resuming it has nothing to do."""
-    if summary_status(run_dir) != "done":
+class Rerun:
+    """What a rerun of an existing run does (``rerun_plan``): ``action`` "continue" (train on from its last
+    checkpoint: more steps, or the final evaluation it lacks) or "nothing" (a no-op, ``reason`` says why);
+    ``changes``: the config changes it continues under (``check_resume_config``); ``extends``: it continues a
+    finished run (its final evaluation, if any, is kept aside: ``keep_final_evaluation``)."""
+
+    def __init__(self, action: str, reason: str = "", changes: Optional[dict] = None, extends: bool = False):
+        self.action, self.reason, self.changes, self.extends = action, reason, dict(changes or {}), extends
+
+
+def steps_done(run_dir) -> int:
+    """Steps a run has checkpointed: its newest complete checkpoint's step + 1 (0 without one)."""
+    done = list_checkpoints(run_dir)
+    return int(done[-1].name.split("_")[-1]) + 1 if done else 0
+
+
+def evaluated(run_dir) -> bool:
+    """Whether a run has logged an evaluation: an ``eval/*`` metric in ``metrics.jsonl`` (before training, every
+    ``run.eval_every`` steps, at the end) or an evaluation file in ``RUN/eval`` (its own or a grid's)."""
+    d = Path(run_dir)
+    if any(d.joinpath("eval").glob("*.json")) or any(d.joinpath("eval", "grid").glob("*.json")):
+        return True
+    path = d / "metrics.jsonl"
+    if not path.is_file():
         return False
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and any(k.startswith(EVAL_METRIC_PREFIX) and v is not None for k, v in rec.items()):
+            return True
+    return False
+
+
+def _matching(flat: dict, patterns) -> dict:
+    return {k: v for k, v in flat.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+
+
+def rerun_plan(run_dir, requested: RunConfig, total_of, allow: Iterable[str] = ()) -> Rerun:
+    """What rerunning ``run_dir`` under ``requested`` does, by one rule: what a run has done is never rewritten. It
+    continues (more steps, the final evaluation it lacks, the same settings otherwise), does nothing (``Rerun``
+    "nothing", with the reason), or is refused in one line (``RunDirUsageError``) naming the key and what to do.
+    ``total_of(flat_config)``: the steps a config trains (``run.steps``, or ``run.epochs`` times the steps of an
+    epoch). The keys (``RERUN_KEYS``) and what each allows are in docs/reliability.md#what-a-rerun-may-change; every
+    other trajectory key goes through ``check_resume_config`` (refused unless ``allow`` names it)."""
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        return Rerun("continue")
     try:
-        stored = flatten(read_yaml(Path(run_dir) / CONFIG))
+        stored = flatten(read_yaml(path))
     except (OSError, ValueError, AttributeError):
-        return False
+        return Rerun("continue")  # an unreadable config.yaml: check_resume_config names the file
     asked = flatten(as_dict(requested))
-    patterns = MORE_WORK_KEYS + (FINAL_EVAL_KEYS if asked.get("run.eval_at_end") else ())
-    keys = {k for k in set(stored) | set(asked) if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
-    return all(stored.get(k) == asked.get(k) for k in keys)
+    what = "--overwrite to start it over (the old run is moved aside) or another run.name (--set run.name=NAME)"
+
+    # which policy version decodes each step (rollout.max_staleness): lowering it to 0, by name, alone continues
+    # exactly (every later step decodes its own rollouts); any other change decodes later steps by versions that no
+    # run of either value uses
+    old_k, new_k = stored.get(STALENESS_KEY, 0) or 0, asked.get(STALENESS_KEY, 0) or 0
+    if old_k != new_k and not (new_k == 0 and any(fnmatch.fnmatchcase(STALENESS_KEY, p) for p in allow or ())):
+        raise RunDirUsageError(
+            f"{run_dir}: config key '{STALENESS_KEY}' cannot change on a rerun ({old_k!r} -> {new_k!r}): its steps "
+            f"after the last checkpoint would be decoded by other policy versions than a run with either value "
+            f"decodes them (lowering it to 0 with --allow-config-change {STALENESS_KEY} continues with rollouts in "
+            f"turn); pass {what}")
+    changes = check_resume_config(run_dir, requested, allow)
+
+    for key in LABEL_KEYS:
+        if stored.get(key) != asked.get(key) and key in stored:
+            raise RunDirUsageError(
+                f"{run_dir}: config key '{key}' ({stored.get(key)!r} -> {asked.get(key)!r}) is the label the run's "
+                f"summary and reports carry for what it has done; a rerun keeps it: leave it out, or pass {what}")
+
+    done, status = steps_done(run_dir), summary_status(run_dir)
+    old_total, new_total = total_of(stored), total_of(asked)
+    length_key = "run.epochs" if asked.get("run.epochs") else "run.steps"
+    if new_total < done:
+        raise RunDirUsageError(
+            f"{run_dir}: config key '{length_key}' ({asked.get(length_key)!r}) asks for {new_total} steps and the run "
+            f"has trained {done}: a rerun never cuts a run (its checkpoints, metrics and evaluation stay as they "
+            f"are); pass {what}, or evaluate an earlier checkpoint with graftzoo eval --ckpt")
+
+    finished = status == "done" and done >= old_total
+    has_final = bool(stored.get(FINAL_EVAL_KEY))
+    wants_final = bool(asked.get(FINAL_EVAL_KEY))
+    nothing_more = finished and new_total == old_total and not (wants_final and not has_final)
+
+    # the evaluation settings are the ones the run has evaluated under, once it has (unless nothing is evaluated)
+    declared = flatten(defaults())
+    eval_changes = {k: (stored.get(k), asked.get(k)) for k in sorted(set(_matching(stored, EVAL_KEYS))
+                                                                      | set(_matching(asked, EVAL_KEYS)))
+                    if stored.get(k) != asked.get(k) and not (k not in stored and asked.get(k) == declared.get(k))}
+    if eval_changes and not (nothing_more and not wants_final) and evaluated(run_dir):
+        listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in eval_changes.items())
+        raise RunDirUsageError(
+            f"{run_dir}: the run has evaluated under other settings ({listed}); a rerun keeps them: evaluate it "
+            f"under these with graftzoo eval --ckpt {run_dir} (written beside its own evaluation), or pass {what}")
+    if nothing_more:
+        reason = (f"it has trained its {done} steps" + (" and has its final evaluation" if has_final else "")
+                  + ("; run.eval_at_end=false takes nothing away (the evaluation is kept)" if has_final
+                     and not wants_final else ""))
+        return Rerun("nothing", reason, changes)
+    return Rerun("continue", changes=changes, extends=finished)
+
+
+def keep_final_evaluation(run_dir, steps: int) -> Optional[Path]:
+    """Before a finished run is extended: its final evaluation (``RUN/eval/*.json``, a grid's ``RUN/eval/grid/*.json``)
+    moved to ``RUN/eval/after_<steps>_steps/``, kept as the evaluation of the run as it was, out of the reports'
+    way (they read the run's final evaluation, which the extended run writes anew). The folder, or None when there
+    was nothing to keep."""
+    root = Path(run_dir) / "eval"
+    files = sorted(root.glob("*.json")) + sorted((root / "grid").glob("*.json"))
+    if not files:
+        return None
+    target = root / f"after_{steps}_steps"
+    for f in files:
+        dest = target / f.relative_to(root)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(f, dest)
+    return target
 
 
 def check_resume_config(run_dir, requested: RunConfig, allow: Iterable[str] = ()) -> dict:

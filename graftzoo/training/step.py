@@ -74,7 +74,7 @@ def train_step(run, step: int) -> dict:
         xtime[m] = time.perf_counter() - t
 
     # the rollouts of the next steps, up to step + k, generated while this step updates (rollout.max_staleness)
-    run.ahead.launch(steps_ahead(step, run.ahead.k, run.total_steps, run.ahead.ready), partial(collect_ahead, run),
+    run.ahead.launch(steps_ahead(step, run.ahead.k, run.ahead.ready), partial(collect_ahead, run),
                      models)
 
     # 3. update and 4. weight sync, each model on its own batch

@@ -32,12 +32,12 @@ import torch
 from graftzoo.algos.base import StepContext
 from graftzoo.training.ahead import Ahead, overlaps
 from graftzoo.training.checkpoint import load_checkpoint, one_line, save_checkpoint
-from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, trained_ids, with_values
+from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, read_yaml, trained_ids, with_values
 from graftzoo.contract.errors import ConfigError, NonFiniteError
-from graftzoo.contract.layout import holds_run
+from graftzoo.contract.layout import CONFIG, holds_run
 from graftzoo.training.preemption import Interrupted, StopRequest
 from graftzoo.training.rundir import (LOCK_FILE, STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
-                                     check_resume_config, default_run_name, finished_run, move_aside,
+                                     default_run_name, keep_final_evaluation, move_aside, rerun_plan,
                                      name_note, resume_checkpoint)
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
@@ -156,7 +156,9 @@ def remove_if_empty(folders) -> None:
 
 
 class Trainer:
-    finished = False  # resumed a finished run that the config does not extend (rundir.finished_run): run does nothing
+    finished = False  # a rerun that has nothing to do (rundir.rerun_plan): run does nothing, saying why
+    finished_reason = ""
+    extends = False  # a rerun that continues a finished run (more steps, or the final evaluation it lacks)
     prompts_too_long = 0  # training prompts dropped at start-up for their length (_fitting): rollout/prompts_too_long
 
     def __init__(self, cfg: RunConfig, run_dir: Optional[str] = None, resume: bool = True, progress=None,
@@ -177,6 +179,7 @@ class Trainer:
             log.info("%s", note)
         # the report's row label; a stored or mixed peer source is a method of its own (not the live run's seed)
         source = {"stored": ", stored peer", "mixed": ", mixed peer"}.get(cfg.peer.source, "")
+        self._variant_given = bool(cfg.run.variant)  # else a rerun keeps the run's stored label
         variant = cfg.run.variant or f"{cfg.algo.name} (n={cfg.rollout.n}{source})"
         # the resolved config (what config.yaml holds): the given one with its run name and report label
         self.cfg = cfg = with_values(cfg, {"run.name": name, "run.variant": variant})
@@ -224,14 +227,33 @@ class Trainer:
                 lock = RunLock(self.run_dir).acquire()
                 self.resume = False
             elif self.resume:
-                self.config_changes = check_resume_config(self.run_dir, self.cfg, allow_config_change)
-                self.finished = finished_run(self.run_dir, self.cfg)
+                self._keep_stored_label()
+                plan = rerun_plan(self.run_dir, self.cfg, self._total_of, allow_config_change)
+                self.config_changes, self.extends = plan.changes, plan.extends
+                self.finished, self.finished_reason = plan.action == "nothing", plan.reason
                 if not self.finished:  # refuses when every checkpoint failed its check
                     self.resume_from = resume_checkpoint(self.run_dir)
         except BaseException:
             lock.release()
             raise
         return lock
+
+    def _keep_stored_label(self) -> None:
+        """A rerun that does not name ``run.variant`` keeps the label the run was stored with (the default one it
+        would get now may read otherwise, e.g. after ``--allow-config-change rollout.n``)."""
+        if self._variant_given or not (self.run_dir / CONFIG).is_file():
+            return
+        try:
+            stored = (read_yaml(self.run_dir / CONFIG).get("run") or {}).get("variant")
+        except (ConfigError, AttributeError):
+            return  # an unreadable config.yaml is named by rerun_plan's checks
+        if stored:
+            self.cfg = with_values(self.cfg, {"run.variant": stored})
+
+    def _total_of(self, flat: dict) -> int:
+        """The steps a (flattened) config trains: ``run.steps``, or ``run.epochs`` times an epoch's steps."""
+        epochs = flat.get("run.epochs")
+        return int(epochs) * self.sampler.steps_per_epoch if epochs else int(flat.get("run.steps") or 0)
 
     def _peer_source(self, cfg: RunConfig):
         """The prompt sampler and the peer source: a stored peer's store is read (and checked) here."""
@@ -440,8 +462,9 @@ class Trainer:
         A failure that a full disk or a read-only directory causes is re-raised as ``RunDirError`` naming it."""
         try:
             if self.finished:
-                log.warning("%s: this run is finished (summary.json says done), nothing to do; pass --overwrite to "
-                            "run it again from the start, or raise run.steps to continue it", self.run_dir)
+                log.warning("%s: this run is finished (summary.json says done), nothing to do: %s; raise run.steps "
+                            "to continue it, or pass --overwrite to run it again from the start", self.run_dir,
+                            self.finished_reason)
                 return self.run_dir
             return self._run()
         except (OSError, RuntimeError) as e:
@@ -460,9 +483,21 @@ class Trainer:
             return 0, None
         state = load_checkpoint(ck, self.policies, self.learners)
         self.ahead.load_state_dict(state.get("ahead") or {}, self.context)
+        start = state["step"] + 1
+        missing = [s for s in range(start, min(start + self.ahead.k, self.total_steps)) if s not in self.ahead.ready]
+        if missing:  # a checkpoint written before the last step collected past the run's end
+            raise RunDirUsageError(
+                f"{self.run_dir}: {ck.name} holds no rollouts collected ahead for step {missing[0]} "
+                f"(rollout.max_staleness={self.ahead.k}: a run of {self.total_steps} steps decodes them with the policy "
+                f"after step {missing[0] - self.ahead.k - 1}), so it cannot continue as a longer run would; pass "
+                f"--overwrite to train {self.total_steps} steps from the start, or another run.name")
         self.wandb_id = state.get("wandb_id")
         log.info("%s: resuming from %s (%d of %d steps done)", self.run_dir, ck.name, state["step"] + 1,
                  self.total_steps)
+        if self.extends:
+            kept = keep_final_evaluation(self.run_dir, start)
+            if kept is not None:
+                log.info("%s: the final evaluation of its %d steps is kept in %s", self.run_dir, start, kept)
         if self.config_changes:
             log.warning("%s: continuing from %s under a changed config: %s", self.run_dir, ck.name,
                         "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in self.config_changes.items()))
