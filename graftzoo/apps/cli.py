@@ -36,6 +36,7 @@ RUNTIME_ERRORS = (("graftzoo.envs.datasets", "DatasetError"), ("graftzoo.peers.s
                   ("graftzoo.training.engine", "EngineError"), ("graftzoo.distributed.errors", "WorkerError"),
                   ("graftzoo.training.export", "ExportError"),
                   ("graftzoo.distributed.errors", "RayStartError"), ("graftzoo.envs.task", "UnverifiedError"),
+                  ("graftzoo.tiny.shipped", "ShippedWeightsError"),
                   ("builtins", "OSError"))
 
 
