@@ -36,7 +36,8 @@ setup(
     package_dir=PACKAGE_DIR,
     # configs (pairs, presets, grids, demo plans) and the bundled datasets ship inside the package, so a wheel finds
     # them through importlib.resources as an editable install does
-    package_data={"graftzoo.envs": ["data/**/*"], "graftzoo": ["configs/**/*.yaml", "configs/**/*.md"]},
+    package_data={"graftzoo.envs": ["data/**/*"], "graftzoo": ["configs/**/*.yaml", "configs/**/*.md"],
+                  "graftzoo.tiny": ["weights/*.json", "weights/*/*"]},
     include_package_data=True,
     install_requires=[
         "torch>=2.6",
@@ -74,6 +75,8 @@ setup(
         "mini": ["quicktok-v1==0.4.0"],
     },
     entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"],
-                  # run by vLLM in each process it starts: rollout.vllm.poll_sleep_us (graftzoo.training.vllm_poll)
-                  "vllm.general_plugins": ["graftzoo_poll_sleep=graftzoo.training.vllm_poll:register"]},
+                  # run by vLLM in each process it starts: rollout.vllm.poll_sleep_us (graftzoo.training.vllm_poll);
+                  # the ring buffers of shared memory its processes create, released at close (training.isolation)
+                  "vllm.general_plugins": ["graftzoo_poll_sleep=graftzoo.training.vllm_poll:register",
+                                           "graftzoo_shared_memory=graftzoo.training.isolation:register"]},
 )

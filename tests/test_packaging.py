@@ -73,6 +73,11 @@ def test_the_wheel_holds_every_config_and_data_file(installed):
     data = ROOT / "envs" / "data"
     for f in sorted(p for p in data.rglob("*") if p.is_file()):
         assert f"graftzoo/envs/data/{f.relative_to(data).as_posix()}" in names, f
+    weights = ROOT / "graftzoo" / "tiny" / "weights"  # the shipped tiny models: their manifest and every file
+    shipped = sorted(p for p in weights.rglob("*") if p.is_file())
+    assert len(shipped) >= 3
+    for f in shipped:
+        assert f"graftzoo/tiny/weights/{f.relative_to(weights).as_posix()}" in names, f
 
 
 def test_installed_wheel_trains_runs_grids_and_finds_the_demo_from_another_directory(installed):
@@ -87,6 +92,7 @@ from graftzoo.apps.demo import _config_file
 from graftzoo.apps.grid import load_grid
 from graftzoo.contract.config import packaged_configs, read_yaml
 from graftzoo.envs.datasets import load_dataset
+from graftzoo.tiny.shipped import manifest, verified
 plan = read_yaml(_config_file("demo", "demo"))
 grids = {mode: len(load_grid(_config_file("demo", p["grid"]), out="runs/demo").cells) for mode, p in plan.items()}
 grids.update({name: len(load_grid(_config_file("grids", name)).cells) for p in plan.values() for name in p.get("also", [])})
@@ -94,6 +100,7 @@ listed = CliRunner().invoke(main, ["algos", "list"])
 dry = CliRunner().invoke(main, ["grid", "configs/grids/tiny_table1.yaml", "--dry-run"])
 print(json.dumps({"file": graftzoo.__file__, "envs": graftzoo.envs.__file__, "configs": str(packaged_configs()),
                   "math500": len(load_dataset("math500")), "grids": grids,
+                  "shipped": {m: str(verified(m)) for m in manifest()},
                   "list": [listed.exit_code, listed.output], "dry": [dry.exit_code, dry.output]}))
 """
     out = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=work, env=_env(), capture_output=True,
@@ -103,6 +110,9 @@ print(json.dumps({"file": graftzoo.__file__, "envs": graftzoo.envs.__file__, "co
     for key in ("file", "envs", "configs"):
         assert Path(got[key]).resolve().is_relative_to(venv.resolve()), (key, got[key])
     assert got["math500"] == 500  # the bundled data, read from the installed package
+    # the shipped tiny models, checked by hash where the wheel installed them
+    assert set(got["shipped"]) == {"tiny-qwen-char", "tiny-gpt2-pair"}
+    assert all(Path(p).resolve().is_relative_to(venv.resolve()) for p in got["shipped"].values()), got["shipped"]
     # the demo's plans and --full's extra grids (the positive control, the regime map) with their mul-* pairs
     assert set(got["grids"]) == {"quick", "default", "full", "control", "regime_map"}
     assert all(n > 0 for n in got["grids"].values()) and got["grids"]["default"] == 8  # 2 seeds x 4 runs

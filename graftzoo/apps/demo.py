@@ -296,6 +296,7 @@ def demo_cmd(quick, full, out, jobs, rerun_changed, debug):
 
 
 def _demo(quick, full, out, jobs, rerun_changed):
+    from graftzoo.tiny.shipped import WEIGHTS_DIR, weights_hash  # torch: the demo's modules load once it runs
     from graftzoo.tiny.warmup import warmup_info, warmup_pair  # torch: the demo's modules load once it runs
     from graftzoo.training.models import tiny_spec  # torch: the demo's modules load once it runs
     console = Console()
@@ -309,12 +310,13 @@ def _demo(quick, full, out, jobs, rerun_changed):
     specs = cfg.pair.models
     model_ids = [s.id for s in specs]
     console.rule(f"[bold]graftzoo demo ({mode}): pair '{pair}' = {' ↔ '.join(model_ids)}")
-    console.print("1. building and warming up the tiny pair (cached after the first time) ...")
+    console.print("1. the warmed-up tiny pair (shipped with graftzoo: the same weights on every machine) ...")
     paths = warmup_pair([tiny_spec(s) for s in specs])
     for m, p in zip(model_ids, paths):
         info = warmup_info(p)
+        where = "shipped" if Path(p).parent == WEIGHTS_DIR else "warmed up here"
         console.print(f"   {m}: {info.get('spec', {}).get('family')} + {info.get('spec', {}).get('tokenizer')} tokenizer, "
-                      f"probe after warm-up {info.get('probe_greedy')}")
+                      f"probe after warm-up {info.get('probe_greedy')}; weights {where}, sha256 {weights_hash(p)[:12]}")
     console.print("2. complementarity on held-out prompts (n=8 samples per prompt) ...")
     comp = measure_complementarity(pair, n=8, size=plan["complementarity_size"])
     grid.root.mkdir(parents=True, exist_ok=True)

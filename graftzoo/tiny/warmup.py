@@ -5,10 +5,11 @@ skill profile that the RL demo needs (docs/results.md). The loss
 is completion-only: cross-entropy on the scratchpad and its EOS after the compact prompt
 ``Q:{question}\\n``. Fresh problems every step, AdamW, linear warm-up then cosine decay.
 
-The result is cached under ``$GRAFTZOO_CACHE`` (default ``~/.cache/graftzoo``) in a directory
-named by the spec id and a hash of (spec, seed, WARMUP_VERSION, the code and library versions that
-produce the weights: ``code_fingerprint``); it holds the model and
-tokenizer (``save_pretrained``) and ``warmup.json``. It is written to a temporary directory and
+The demo's and the quick start's models ship with the package, trained by this code (graftzoo.tiny.shipped):
+every machine starts from their weights. Any other spec's result is cached under ``$GRAFTZOO_CACHE`` (default
+``~/.cache/graftzoo``) in a directory named by the spec id and a hash of (spec, seed, WARMUP_VERSION, the code and
+library versions that produce the weights: ``code_fingerprint``); it holds the model and tokenizer
+(``save_pretrained``) and ``warmup.json``. It is written to a temporary directory and
 renamed into place, so a reader never sees a half-written checkpoint.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ from graftzoo.contract.output import log_to_stderr, wait
 from graftzoo.envs import arithmetic
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
 from graftzoo.tiny import build
+from graftzoo.tiny.shipped import shipped_path
 from graftzoo.tiny.build import (TinyModelSpec, WarmupSpec, build_tiny, load_tokenizer, position_ids,
                                  warmup_answer, warmup_prompt)
 
@@ -240,10 +242,15 @@ def same_weights(spec: TinyModelSpec, seed: int, root: Path) -> Optional[Path]:
 
 
 def load_or_warmup(spec: TinyModelSpec, seed: Optional[int] = None, cache_dir=None,
-                   progress: Optional[Callable[[dict], None]] = None, threads: int = 1) -> str:
-    """Directory of the warmed-up ``spec`` (seed defaults to ``spec.warmup.seed``); trains only on a cache miss
-    (a warm-up of the same recipe under another id counts as a hit: ``same_weights``)."""
+                   progress: Optional[Callable[[dict], None]] = None, threads: int = 1, shipped: bool = True) -> str:
+    """Directory of the warmed-up ``spec`` (seed defaults to ``spec.warmup.seed``): the package's shipped copy of its
+    recipe (``graftzoo.tiny.shipped``, checked by hash; not with ``shipped=False``), else the cache; trains only on a
+    cache miss (a warm-up of the same recipe under another id counts as a hit: ``same_weights``)."""
     seed = spec.warmup.seed if seed is None else seed
+    if shipped:
+        path = shipped_path(spec.to_dict(), seed)
+        if path is not None:
+            return str(path)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / f"{spec.id}-{cache_key(spec, seed)}"
     if (final / "warmup.json").is_file():
