@@ -1,12 +1,12 @@
 """The warmed-up tiny models ship with the package (graftzoo.tiny.shipped, docs/guide.md#shipped-tiny-weights): every
 machine starts the demo and the quick start from the same weights.
 
-- every shipped file matches the manifest's sha256 (``python -m graftzoo.tiny.shipped check``);
+- every shipped file matches the manifest's sha256 (``python -m graftzoo.tiny.rebuild --check``);
 - the tiny pair and the quick start's model load from the shipped folders with an empty cache, through the trainer's
   own model building, without a warm-up step; a spec of another recipe (another seed) is not served them;
 - a shipped file changed or missing is an error naming it, through ``graftzoo train``, never a silent warm-up.
 
-A rebuild on this machine (``python -m graftzoo.tiny.shipped rebuild``: minutes) is measured by hand; its figures are
+A rebuild on this machine (``python -m graftzoo.tiny.rebuild``: minutes) is measured by hand; its figures are
 in docs/results.md."""
 import shutil
 from dataclasses import replace
@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from graftzoo.contract.config import load_config
-from graftzoo.tiny import shipped, warmup
+from graftzoo.tiny import rebuild, shipped, warmup
 from graftzoo.training.models import build_policy, tiny_spec
 from helpers import cli_here, one_line_error
 
@@ -25,7 +25,7 @@ SHIPPED = ("tiny-qwen-char", "tiny-gpt2-pair")
 
 def test_every_shipped_file_matches_its_hash(capsys):
     assert set(shipped.manifest()) == set(SHIPPED)
-    assert shipped.main(["check"]) == 0
+    assert rebuild.main(["--check"]) == 0
     out = capsys.readouterr().out
     for m in SHIPPED:
         assert f"{m}: {shipped.weights_hash(shipped.WEIGHTS_DIR / m)[:12]} ok" in out
@@ -81,4 +81,4 @@ def test_a_damaged_shipped_file_is_an_error_naming_it(no_warmup, tmp_path, monke
                        f"run.out_dir={tmp_path / 'runs'}", "--set", "run.steps=1")
     finally:
         shipped.verified.cache_clear()
-    one_line_error(res, 1, str(target), "reinstall graftzoo", "python -m graftzoo.tiny.shipped rebuild")
+    one_line_error(res, 1, str(target), "reinstall graftzoo", "python -m graftzoo.tiny.rebuild")

@@ -9,17 +9,14 @@ they were trained from (the tiny spec without its id, and the seed) and every fi
 
 ``load_or_warmup`` serves a spec whose recipe and seed are shipped from here, checked by hash once per process (a
 file that fails its check is an error naming it, never a silent warm-up); any other spec warms up and is cached as
-before. The warm-up code stays the way to make them: ``python -m graftzoo.tiny.shipped rebuild`` warms every shipped
-recipe up anew on this machine and compares its greedy probe with the shipped model's (``--write`` replaces the
-shipped copy, for maintainers); ``check`` verifies the files.
+before. The warm-up code stays the way to make them: ``python -m graftzoo.tiny.rebuild`` (graftzoo.tiny.rebuild)
+warms every shipped recipe up anew on this machine and compares its greedy probe with the shipped model's.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import shutil
-import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -64,12 +61,12 @@ def verified(model_id: str) -> Path:
         path = folder / name
         if not path.is_file():
             raise ShippedWeightsError(f"{path}: a shipped weight file is missing; reinstall graftzoo, or rebuild the "
-                                      f"shipped models with python -m graftzoo.tiny.shipped rebuild --write")
+                                      f"shipped models with python -m graftzoo.tiny.rebuild --write")
         got = sha256_of(path)
         if got != want:
             raise ShippedWeightsError(f"{path}: sha256 {got[:16]}… is not the shipped {want[:16]}… (the file was "
                                       f"changed or cut); reinstall graftzoo, or rebuild the shipped models with "
-                                      f"python -m graftzoo.tiny.shipped rebuild --write")
+                                      f"python -m graftzoo.tiny.rebuild --write")
     return folder
 
 
@@ -104,56 +101,3 @@ def ship(folder, model_id: str) -> Path:
     MANIFEST.write_text(json.dumps({"models": dict(sorted(models.items()))}, indent=1) + "\n", encoding="utf-8")
     verified.cache_clear()
     return dest
-
-
-def rebuild(model_ids=None, write: bool = False, threads: int = 1) -> dict:
-    """Warm every shipped recipe (or ``model_ids``) up anew on this machine, in a fresh cache, and probe the shipped
-    and the rebuilt model alike (greedy, the recipe's probe split and size). model id -> {"shipped", "rebuilt":
-    probe by skill, "same_quality": every skill within ``QUALITY_TOLERANCE``, "same_weights": identical bytes}.
-    ``write``: the rebuilt folders replace the shipped ones."""
-    from graftzoo.tiny.build import TinyModelSpec  # torch and transformers: only a rebuild needs them
-    from graftzoo.tiny.warmup import load_or_warmup, load_tiny, probe
-    out = {}
-    with tempfile.TemporaryDirectory(prefix="graftzoo-rebuild-") as cache:
-        for model_id, entry in manifest().items():
-            if model_ids and model_id not in model_ids:
-                continue
-            spec = TinyModelSpec.from_dict({**entry["recipe"]["spec"], "id": model_id})
-            seed = entry["recipe"]["seed"]
-            path = load_or_warmup(spec, seed, cache_dir=cache, threads=threads, shipped=False)
-            w = spec.warmup.then or spec.warmup
-            probes = {}
-            for which, folder in (("shipped", verified(model_id)), ("rebuilt", Path(path))):
-                model, tok = load_tiny(str(folder))
-                probes[which] = probe(model, tok, w, seed, vocab=spec.tokenizer)
-            out[model_id] = {**probes, "same_weights": weights_hash(path) == weights_hash(verified(model_id)),
-                             "same_quality": all(abs(probes["rebuilt"][k] - v) <= QUALITY_TOLERANCE
-                                                 for k, v in probes["shipped"].items())}
-            if write:
-                ship(path, model_id)
-    return out
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m graftzoo.tiny.shipped", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("check", help="verify every shipped file against the manifest's sha256")
-    rb = sub.add_parser("rebuild", help="warm the shipped recipes up anew here and compare their quality")
-    rb.add_argument("models", nargs="*", help="model ids (default: every shipped model)")
-    rb.add_argument("--write", action="store_true", help="replace the shipped copies with the rebuilt ones")
-    rb.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args(argv)
-    if args.command == "check":
-        for model_id in manifest():
-            print(f"{model_id}: {weights_hash(verified(model_id))[:12]} ok")
-        return 0
-    res = rebuild(args.models, args.write, args.threads)
-    for model_id, r in res.items():
-        print(f"{model_id}: shipped {r['shipped']}  rebuilt {r['rebuilt']}  same quality {r['same_quality']}  "
-              f"identical weights {r['same_weights']}")
-    print(json.dumps(res, indent=1))
-    return 0 if all(r["same_quality"] for r in res.values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
