@@ -11,11 +11,17 @@
     graftzoo.export(result, out="export/")                 # Hugging Face folders, one per model
 
 Errors are the command's: a bad config value raises ``ConfigError`` naming the key before any model is built; a
-run that diverges returns ``status == "failed"`` with the reason in ``error``.
+run that diverges returns ``status == "failed"`` with the reason in ``error``. An error that says what to pass says
+it in this API's words (``overwrite=True``, ``resume=False``, ``overrides={"run.name": NAME}``), not the command's
+options (``API_WORDS``); a key that has no effect in the run's setting is said once, a warning line at start
+(graftzoo.training.no_effect).
 """
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -27,6 +33,7 @@ from graftzoo.contract.config import ConfigError, RunConfig, load_config as _loa
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.distributed.backend import RayBackend
 from graftzoo.training.export import export_run
+from graftzoo.training.no_effect import no_effect_lines
 from graftzoo.training.rundir import default_run_name
 from graftzoo.training.trainer import register_backend, train as train_run
 from graftzoo.eval.artifacts import EVAL_DIR, METRICS, SUMMARY, eval_file_name, load_run
@@ -36,6 +43,56 @@ from graftzoo.training.eval_runner import evaluate_checkpoint
 register_backend("ray", RayBackend)  # run.backend=ray: each model in its own Ray worker group
 
 Overrides = Union[Sequence[str], Mapping[str, Any], None]
+log = logging.getLogger("graftzoo")
+
+# What the command's messages tell a user to pass (its options), and the same in this API's words: (pattern,
+# replacement), applied in this order to the message of every error the API raises (``api_words``).
+_END = r"(?![\w-])"  # an option's name ends here (--out, not --out-dir)
+API_WORDS = (
+    (r"--no-resume" + _END, "resume=False"),
+    (r"--overwrite" + _END, "overwrite=True"),
+    (r"--set ([\w.]+)=([^\s;,)]+)", r'overrides={"\1": "\2"}'),
+    (r"--allow-config-change ([\w.*,]+)",
+     lambda m: "allow_config_change=[" + ", ".join(f'"{k}"' for k in m.group(1).split(",")) + "]"),
+    (r"--peer online\|stored:PATH\|mixed:PATH",
+     'overrides={"peer.source": "online"} (or "stored" / "mixed", with "peer.path": PATH)'),
+    (r"--peer (\w+):([^\s;,)]+)", r'overrides={"peer.source": "\1", "peer.path": "\2"}'),
+    (r"--pair (\w[\w.-]*)", r'pair="\1"'),
+    (r"--algo (\w+)", r'algo="\1"'),
+    (r"graftzoo eval --ckpt ([^\s;,)]+)", r'graftzoo.evaluate("\1")'),
+    (r"graftzoo eval --ckpt" + _END, "graftzoo.evaluate"),
+    (r"--benchmarks '", "benchmarks='"),
+    (r"--benchmarks ([^\s;:)]+)", r'benchmarks="\1"'),
+    (r"--out DIR \(graftzoo\.evaluate: out=DIR\)", "out=DIR"),
+    (r"leave --out unset", "leave out=None"),
+    (r"--out ([^\s;:,)]+)", r'out="\1"'),
+    (r"--model ('[^']*')", r"models=[\1]"),
+    (r"--step (\d+)", r"step=\1"),
+    (r"--val-dataset" + _END, "val_dataset=PATH"),
+    (r"--allow-test-selection" + _END, "allow_test_selection=True"),
+)
+
+
+def api_words(message: str) -> str:
+    """``message`` (an error of the command line's layers) with every option it tells a user to pass in this API's
+    words (``API_WORDS``): ``pass --overwrite`` -> ``pass overwrite=True``."""
+    for pattern, replacement in API_WORDS:
+        message = re.sub(pattern, replacement, message)
+    return message
+
+
+def _in_api_words(fn):
+    """``fn`` whose errors are raised in this API's words (``api_words``): the same exception, its one-string
+    message translated."""
+    @functools.wraps(fn)
+    def speaking(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if len(e.args) == 1 and isinstance(e.args[0], str):
+                e.args = (api_words(e.args[0]),)
+            raise
+    return speaking
 
 
 def _override_list(overrides: Overrides) -> list:
@@ -52,6 +109,7 @@ def _override_list(overrides: Overrides) -> list:
     return [str(o) for o in overrides]
 
 
+@_in_api_words
 def load_config(pair: Optional[str] = None, algo: Optional[str] = None, overrides: Overrides = None,
                 files: Sequence = ()) -> RunConfig:
     """The checked run config of ``graftzoo train --pair PAIR --algo ALGO -c FILE --set KEY=VALUE``;
@@ -100,13 +158,16 @@ def final_score(payload: Optional[dict]) -> Optional[float]:
     return whole.get("avg") if whole.get("avg") is not None else whole.get("greedy")
 
 
+@_in_api_words
 def train(cfg: Optional[RunConfig] = None, *, algo: Optional[str] = None, pair: Optional[str] = None,
           overrides: Overrides = None, files: Sequence = (), run_dir=None, resume: bool = True,
-          overwrite: bool = False, track: Optional[bool] = None, progress=None) -> RunResult:
+          overwrite: bool = False, track: Optional[bool] = None, progress=None,
+          allow_config_change: Sequence[str] = ()) -> RunResult:
     """Train a run config (``load_config``), or the one ``algo``, ``pair``, ``files`` and ``overrides`` give, into
     ``run_dir`` (default ``run.out_dir/run.name``); as ``graftzoo train`` does: an existing run resumes
-    (``resume=False`` refuses it, ``overwrite=True`` moves it aside). ``track``: wandb on / off (default
-    ``run.track``); ``progress``: a callable ``(step, total, metrics per model)``. A diverged run comes back with
+    (``resume=False`` refuses it, ``overwrite=True`` moves it aside; ``allow_config_change=["optim.*"]`` resumes it
+    although those keys changed). ``track``: wandb on / off (default ``run.track``); ``progress``: a callable
+    ``(step, total, metrics per model)``. A diverged run comes back with
     status ``failed``."""
     if cfg is None:
         extra = [] if track is None else [f"run.track={json.dumps(bool(track))}"]
@@ -115,9 +176,11 @@ def train(cfg: Optional[RunConfig] = None, *, algo: Optional[str] = None, pair: 
         raise ConfigError("train: give a config (cfg) or algo / pair / files / overrides, not both")
     elif track is not None:
         cfg = with_values(cfg, {"run.track": bool(track)})
+    for line in no_effect_lines(cfg):  # a key set where the rest of the config leaves it idle
+        log.warning("%s", api_words(line))
     try:
         out = train_run(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume, progress=progress,
-                     overwrite=overwrite)
+                        overwrite=overwrite, allow_config_change=allow_config_change)
     except NonFiniteError:
         out = Path(run_dir) if run_dir is not None else Path(cfg.run.out_dir) / (cfg.run.name or default_run_name(cfg))
     return RunResult.from_dir(out)
@@ -127,6 +190,7 @@ def _target(run_or_ckpt) -> str:
     return str(run_or_ckpt.run_dir if isinstance(run_or_ckpt, RunResult) else run_or_ckpt)
 
 
+@_in_api_words
 def evaluate(run_or_ckpt, benchmarks=None, k: Optional[int] = None, **options) -> dict:
     """``graftzoo eval``: evaluate a run (its checkpoint chosen by ``eval.select``), a ``RunResult`` or a checkpoint
     folder on ``benchmarks`` (``"all"``, names or paths, a list, or ``"heldout"``; default ``eval.benchmarks``, else
@@ -142,6 +206,7 @@ def evaluate(run_or_ckpt, benchmarks=None, k: Optional[int] = None, **options) -
     return out
 
 
+@_in_api_words
 def export(run_or_ckpt, step: Optional[int] = None, out=None, models: Optional[Sequence[str]] = None) -> list:
     """``graftzoo export``: the trained models of a run (or ``RunResult``, or checkpoint folder) as Hugging Face
     folders (``graftzoo.training.export``); returns the folders, one per model."""
@@ -208,5 +273,5 @@ def summary_lines(run_dir) -> list:
     return lines
 
 
-__all__ = ["ConfigError", "RunResult", "before_training", "evaluate", "export", "final_score", "load_config",
-           "summary_lines", "train", "train_run"]
+__all__ = ["API_WORDS", "ConfigError", "RunResult", "api_words", "before_training", "evaluate", "export", "final_score",
+           "load_config", "summary_lines", "train", "train_run"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import re
 from pathlib import Path
@@ -64,10 +65,22 @@ def check_data(cfg: RunConfig) -> None:
 
 
 def check_peer_store(cfg: RunConfig) -> None:
-    """A stored or mixed peer's ``peer.path`` holds a trajectory store (``STORE_META``)."""
+    """A stored or mixed peer's ``peer.path`` holds a trajectory store (``STORE_META``), and the store holds the
+    model ``peer.model`` names, when it names one."""
     path = cfg.peer.path
-    if cfg.peer.source in ("stored", "mixed") and path and not any((Path(path) / m).exists() for m in STORE_META):
+    if cfg.peer.source not in ("stored", "mixed") or not path:
+        return
+    metas = [Path(path) / m for m in STORE_META if (Path(path) / m).exists()]
+    if not metas:
         raise ConfigError(f"peer store {path}: no trajectory store here (expected meta.json or store/meta.json)")
+    try:
+        models = sorted(json.loads(metas[0].read_text(encoding="utf-8")).get("models") or {})
+    except (OSError, ValueError, AttributeError):  # a broken store: the trainer names what is wrong with it
+        return
+    model = cfg.peer.model
+    if model is not None and models and model not in models:
+        raise ConfigError(f"config key 'peer.model': the peer store {path} has no model {model!r}"
+                          f"{did_you_mean(model, models) or ';'} it has {models}")
 
 
 def check_run_place(run_dir) -> None:

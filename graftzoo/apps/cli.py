@@ -20,7 +20,9 @@ from graftzoo.apps.checks import check_fresh_start, check_train
 from graftzoo.apps.options import PEER_FORMS, UsageLine, peer_option, plugin_option
 from graftzoo.contract import output
 from graftzoo.contract.config import ALIASES, algo_presets, as_dict, config_keys, load_config
+from graftzoo.contract.errors import did_you_mean
 from graftzoo.contract.registry import get_config
+from graftzoo.training.no_effect import say_no_effect
 
 # Anticipated errors: one line ``Error: ...`` naming the culprit, no traceback (``graftzoo --debug`` shows it).
 # Usage and config errors exit 2, runtime errors (data, files, disk, a diverged run) exit 1, a signal 128 + signal.
@@ -53,15 +55,27 @@ def error_line(e: BaseException) -> str:
     return "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
 
 
-class Main(click.Group):
+class Group(click.Group):
+    """A group whose unknown subcommand gets the closest names (``graftzoo evl``: did you mean 'eval'?), the
+    commands not imported yet included (``Main.list_commands``)."""
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else None
+        if name is not None and not name.startswith("-") and self.get_command(ctx, name) is None:
+            hint = did_you_mean(name, self.list_commands(ctx)) or "."
+            raise click.UsageError(f"No such command {name!r}{hint}", ctx)
+        return super().resolve_command(ctx, args)
+
+
+class Main(Group):
     """The ``graftzoo`` group: turns every anticipated error of a subcommand into one line and an exit code."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except click.BadParameter as e:  # a path that does not exist (click.Path): one line, no usage banner
-            if not isinstance(getattr(e.param, "type", None), click.Path):
-                raise
+            if isinstance(e, click.MissingParameter) or not isinstance(getattr(e.param, "type", None), click.Path):
+                raise  # a missing input: click's message under the command's usage line
             raise UsageLine(e.format_message()) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
@@ -115,7 +129,7 @@ LAZY = {
 @click.pass_context
 def main(ctx, debug):
     """graftzoo: RLVR on language models: a Gymnasium math environment, an algorithm zoo
-    (GRPO family, HACPO, SGT, HORA, ExTra, OM-GRPO, GRAFT) and peer exchange between models."""
+    (GRPO family, CISPO, HACPO, SGT, HORA, ExTra, OM-GRPO, GRAFT) and peer exchange between models."""
     output.log_to_stderr()  # what a run does (its waits, a resume, a moved-aside run) on stderr, one line each
     if ctx.invoked_subcommand != "demo":  # the demo quiets the libraries itself (graftzoo demo --debug)
         ctx.with_resource(output.quiet_libraries(debug))
@@ -165,6 +179,7 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, all
     check_train(cfg, run_dir)  # a missing or broken data file, model folder or peer store: one line, before torch
     if no_resume and not overwrite:
         check_fresh_start(cfg, run_dir)
+    say_no_effect(cfg)  # a key set where the rest of the config leaves it idle: one warning line each
     from graftzoo.api import summary_lines, train_run as run_train  # torch: after config check
     from graftzoo.apps.progress import ProgressPrinter  # rich: only when training
     # the training bar and the waits (warm-up, loading, evaluation); run.progress false: their start and end only
@@ -180,7 +195,7 @@ def train(algo, pair, peer, files, overrides, run_dir, no_resume, overwrite, all
         click.echo(line)
 
 
-@main.group()
+@main.group(cls=Group)
 def algos():
     """Registered algorithms and plugins."""
 
@@ -205,7 +220,7 @@ def algos_list():
         sys.exit(1)
 
 
-@main.group("config")
+@main.group("config", cls=Group)
 def config_group():
     """The resolved run config and the documented key list."""
 

@@ -1,18 +1,18 @@
 """``graftzoo eval``: the command over ``graftzoo.training.eval_runner.evaluate_checkpoint``, imported (with torch)
-once the target is checked: ``--help`` and a missing run or checkpoint answer at once (graftzoo.apps.checks)."""
+once the target is checked: ``--help`` and a missing run or checkpoint answer at once (graftzoo.apps.checks). The run
+is the RUN argument or ``--ckpt RUN`` (``graftzoo.apps.options.run_argument``)."""
 from __future__ import annotations
 
 import click
 
 from graftzoo.apps.checks import eval_target
-from graftzoo.apps.options import plugin_option
+from graftzoo.apps.options import plugin_option, run_argument, the_run
 from graftzoo.contract.config import SELECT_RULES
 
 
 @click.command("eval")
 @plugin_option
-@click.option("--ckpt", "path", required=True, type=click.Path(exists=True, file_okay=False),
-              help="RUN/checkpoints/step_N, or a run dir (its checkpoint chosen by eval.select)")
+@run_argument
 @click.option("--benchmarks", default=None,
               help="all | comma-separated names or paths | heldout  [default: eval.benchmarks, else heldout]")
 @click.option("--k", type=click.IntRange(min=0), default=None, help="samples per problem [default: eval.k]")
@@ -34,9 +34,14 @@ from graftzoo.contract.config import SELECT_RULES
 @click.option("--allow-test-selection", is_flag=True, default=None,
               help="allow val_avg selection on a test set (off: it raises)")
 @click.option("--model", "models", multiple=True, help="evaluate only this model id (repeatable)")
-def eval_cmd(path, benchmarks, k, seeds, greedy, temperature, top_p, max_new_tokens, limit, seed, out, select,
+def eval_cmd(path, ckpt, benchmarks, k, seeds, greedy, temperature, top_p, max_new_tokens, limit, seed, out, select,
              val_dataset, val_size, allow_test_selection, models):
-    """Evaluate a checkpoint on math benchmarks: avg@k ± sd, 95% CI and pass@k per benchmark."""
+    """Evaluate a checkpoint on math benchmarks: avg@k ± sd, 95% CI and pass@k per benchmark:
+    graftzoo eval RUN [--benchmarks all] [--k 8].
+
+    RUN is a run directory (its checkpoint chosen by eval.select) or one of its checkpoints
+    (RUN/checkpoints/step_N); --ckpt RUN says the same."""
+    path = the_run(path, ckpt)
     # an error is one line naming its culprit (graftzoo.apps.cli.Main): a usage or config error (an unknown benchmark
     # or model, a bad selection) exits 2, a missing or broken file 1
     eval_target(path, benchmarks)  # a run or checkpoint folder, a checkpoint, benchmark files: one line, before torch

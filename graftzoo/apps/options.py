@@ -1,10 +1,15 @@
-"""Option values shared by the command line (``graftzoo train --peer``) and grid files (a method's ``peer``), and
-the ``--plugin`` option of every command that resolves an algorithm."""
+"""Option values shared by the command line (``graftzoo train --peer``) and grid files (a method's ``peer``), the
+``--plugin`` option of every command that resolves an algorithm, and the run argument of every command that reads
+a run (``run_argument``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Optional
 
 import click
+
+from graftzoo.contract.errors import did_you_mean
 
 PEER_KINDS = ("online", "none", "stored", "mixed")
 PEER_FORMS = "online | none | stored:PATH | mixed:PATH"
@@ -31,7 +36,7 @@ def parse_peer(value: str) -> dict:
     kind, sep, path = str(value).partition(":")
     kind, path = kind.strip(), path.strip()
     if kind not in PEER_KINDS:
-        raise PeerOptionError(f"{value!r} must be {PEER_FORMS}")
+        raise PeerOptionError(f"{value!r} must be {PEER_FORMS}{did_you_mean(kind, PEER_KINDS)}")
     if kind in ("stored", "mixed") and not path:
         raise PeerOptionError(f"{kind} needs a path: {kind}:PATH")
     if kind in ("online", "none") and sep:
@@ -62,3 +67,27 @@ def _load_plugins(ctx, param, value):
 plugin_option = click.option(
     "--plugin", "plugins", multiple=True, metavar="MODULE|FILE.py", expose_value=False, callback=_load_plugins,
     help="load algorithms from a module or a .py file (repeatable; also GRAFTZOO_PLUGINS=a,b)")
+
+
+RUN_FORMS = "a run directory, or one of its checkpoints (RUN/checkpoints/step_N)"
+
+
+def run_argument(command):
+    """The run a command reads, given either way: ``graftzoo eval RUN`` or ``graftzoo eval --ckpt RUN`` (the same
+    folder given both ways is one). The command receives it as ``path`` and ``ckpt``; ``the_run(path, ckpt)`` is
+    the one folder. A path that does not exist is one line (``graftzoo.apps.cli.Main``)."""
+    folder = click.Path(exists=True, file_okay=False)
+    command = click.option("--ckpt", "ckpt", type=folder, default=None, metavar="RUN",
+                           help=f"the same as the RUN argument: {RUN_FORMS}")(command)
+    return click.argument("path", metavar="RUN", required=False, type=folder)(command)
+
+
+def the_run(path: Optional[str], ckpt: Optional[str]) -> str:
+    """The one run folder of ``run_argument``'s two forms; neither, or two different ones, is a usage error that
+    shows the command's usage line."""
+    ctx = click.get_current_context(silent=True)
+    if path and ckpt and Path(path).resolve() != Path(ckpt).resolve():
+        raise click.UsageError(f"two runs given, {path} and --ckpt {ckpt}: give one", ctx)
+    if not (path or ckpt):
+        raise click.UsageError(f"Missing argument 'RUN': {RUN_FORMS} (or --ckpt RUN).", ctx)
+    return path or ckpt

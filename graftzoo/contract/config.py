@@ -1009,7 +1009,8 @@ def check_run(cfg: RunConfig) -> None:
             raise ConfigError(f"config key '{k}' holds an empty stop string (it would end every response at once)")
     unknown = [m for m in cfg.pair.train or [] if m not in ids]
     if unknown:
-        raise ConfigError(f"config key 'pair.train' names unknown model(s) {unknown}; models: {ids}")
+        hint = did_you_mean(unknown[0], ids) or ";"
+        raise ConfigError(f"config key 'pair.train' names unknown model(s) {unknown}{hint} models: {ids}")
     per_step, mbs = cfg.task.prompts_per_step, cfg.optim.minibatches
     if mbs > per_step:  # a minibatch holds whole prompt groups; a step is sure of task.prompts_per_step own groups
         raise ConfigError(f"config key 'optim.minibatches' must be <= task.prompts_per_step={per_step} (a minibatch "

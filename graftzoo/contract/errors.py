@@ -22,8 +22,17 @@ class ConfigError(ValueError):
 
 
 def did_you_mean(name: str, known, prefix: str = "") -> str:
-    """``"; did you mean 'a' or 'b'?"`` for the known names closest to a mistyped ``name`` (difflib's ratio), ``""``
-    when none is close: appended to an "unknown ..." message, before the list of every known name. Names are
-    compared as given and shown after ``prefix`` (a key's section: ``optim.`` + ``lr``)."""
-    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=3)
+    """``"; did you mean 'a' or 'b'?"`` for the known names closest to a mistyped ``name``, ``""`` when none is
+    close: appended to an "unknown ..." message, before the list of every known name. A known name that differs
+    from ``name`` in case alone is the one meant (``GRAFT``: ``graft``); otherwise the closest by difflib's ratio,
+    compared in lower case (``Grfat``: ``graft``). Names are shown as known, after ``prefix`` (a key's section:
+    ``optim.`` + ``lr``)."""
+    names = list(dict.fromkeys(str(k) for k in known))
+    text = str(name).casefold()
+    close = [k for k in names if k.casefold() == text][:1]
+    if not close:
+        lowered: dict = {}
+        for k in names:
+            lowered.setdefault(k.casefold(), k)
+        close = [lowered[c] for c in difflib.get_close_matches(text, list(lowered), n=3)]
     return f"; did you mean {' or '.join(repr(prefix + c) for c in close)}?" if close else ""

@@ -239,7 +239,23 @@ def config_error(exc: ValidationError, model: type, data: Any = None, prefix: st
     if kind == "finite_number":
         return ConfigError(f"config key '{full}' must be a finite number{' ' + own_bounds if own_bounds else ''}, "
                            f"got {value!r}{why}")
-    return ConfigError(f"config key '{full}' must be {what}, got {value!r}{why}")
+    return ConfigError(f"config key '{full}' must be {what}, got {value!r}{_named_value_hint(info, value)}{why}")
+
+
+def literal_values(tp) -> list:
+    """The named values a declaration accepts (its ``Literal`` members, inside a union too): ``hf``, ``vllm``."""
+    tp, _ = _unwrap(tp)
+    if typing.get_origin(tp) is Literal:
+        return [str(a) for a in typing.get_args(tp)]
+    if typing.get_origin(tp) is Union or str(typing.get_origin(tp)) == "types.UnionType":
+        return [v for a in typing.get_args(tp) for v in literal_values(a)]
+    return []
+
+
+def _named_value_hint(info, value) -> str:
+    """``"; did you mean 'vllm'?"`` for a string value close to one of a key's named values (``VLLM``)."""
+    named = literal_values(info.annotation)
+    return did_you_mean(value, named) if isinstance(value, str) and named else ""
 
 
 def validate_section(model: type, data: Any, prefix: str = ""):

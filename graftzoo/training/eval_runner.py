@@ -43,7 +43,8 @@ from graftzoo.envs.task import HELDOUT, LOAD_ERRORS, Task
 from graftzoo.eval.artifacts import EVAL_DIR
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config, resolve_target, trained_specs
 from graftzoo.eval.evaluate import check_writable, eval_request, evaluate_and_write
-from graftzoo.training.models import make_eval_engine
+from graftzoo.training.engine import fitting_prompts
+from graftzoo.training.models import make_eval_engine, prompt_limits
 from graftzoo.training.selection import select_checkpoints
 
 
@@ -83,6 +84,40 @@ def check_benchmarks(task: Task, names: Sequence[str], limit: Optional[int] = No
             hint = did_you_mean(name, dict.fromkeys(known)) if name not in known and not Path(name).exists() else ""
             raise ConfigError(f"--benchmarks {name!r}{hint}: {text}") from None
     return prompts
+
+
+def check_prompts_fit(cfg, task: Task, request: dict, models: Optional[Sequence[str]] = None) -> None:
+    """Every model evaluated has, in every benchmark of ``request``, a prompt within its prompt budget (its context
+    window less the response limit, at most ``rollout.max_prompt_tokens``: what ``evaluate_benchmarks`` keeps of a
+    benchmark, ``graftzoo.training.models.prompt_limits``); otherwise the whole request is refused before any model
+    is built, in one ``ConfigError`` line naming each benchmark with no such prompt (in ``score_benchmark``'s words)
+    and the benchmarks that can be evaluated (the evaluation would stop at the first such benchmark, after scoring
+    the ones before it)."""
+    max_new = request.get("max_new_tokens")
+    limits = {}
+    for spec in trained_specs(cfg, models):
+        try:
+            limits[spec.id] = prompt_limits(spec.replace(max_new_tokens=int(max_new)) if max_new else spec, cfg)
+        except ConfigError as e:
+            if not max_new:
+                raise
+            why = str(e).partition(" must be ")[2] or str(e)  # the run's key named there is not what was asked
+            raise ConfigError(f"max_new_tokens={max_new} must be {why}") from None
+    empty: dict = {}  # benchmark -> (its prompts, [(model, its prompt budget)] of the models none of them fits)
+    for name in request["benchmarks"]:
+        prompts = task.benchmark(name, request.get("limit")).prompts
+        for m, limit in limits.items():
+            if prompts and not fitting_prompts(prompts, {m: limit})[0]:
+                empty.setdefault(name, (len(prompts), []))[1].append((m, limit[2]))
+    if not empty:
+        return
+    said = "; ".join(f"benchmark {name!r}: none of its {n} prompts is within "
+                     + " or ".join(f"model {m!r}'s prompt limit of {budget} tokens" for m, budget in who)
+                     for name, (n, who) in empty.items())
+    rest = [name for name in request["benchmarks"] if name not in empty]
+    then = f"; evaluate the others with --benchmarks {','.join(rest)}" if rest else ""
+    raise ConfigError(f"{said} (rollout.max_prompt_tokens, less max_new_tokens where the context window needs it; "
+                      f"prompts are left out, never cut){then}")
 
 
 def eval_answers(prompts: int, request: dict) -> int:
@@ -140,6 +175,7 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
                        max_new_tokens=max_new_tokens, limit=limit, seed=seed, select=select)
     task = Task(cfg)
     prompts = check_benchmarks(task, req["benchmarks"], limit)  # before any model is built
+    check_prompts_fit(cfg, task, req, models)  # a benchmark none of whose prompts fits: before anything is scored
     policies = build_policies(cfg, models)
     # engines sized for the request's response limit (a vLLM engine's max_model_len), --max-new-tokens included
     sized = with_values(cfg, {"eval.max_new_tokens": req["max_new_tokens"]}) if req["max_new_tokens"] else cfg
@@ -175,4 +211,5 @@ def evaluate_checkpoint(path, benchmarks=None, k: Optional[int] = None, *, seeds
             engine.close()
 
 
-__all__ = ["CLI_EVAL_DIR", "Counted", "cli_eval_folder", "eval_answers", "evaluate_checkpoint", "evaluating"]
+__all__ = ["CLI_EVAL_DIR", "Counted", "check_prompts_fit", "cli_eval_folder", "eval_answers", "evaluate_checkpoint",
+           "evaluating"]

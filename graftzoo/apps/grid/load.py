@@ -20,8 +20,8 @@ REPORT_KEYS = {"baseline", "budgets", "map", "wandb"}   # wandb: false keeps the
 MAP_KEYS = {"title", "rows", "cols", "methods", "budget", "skill"}
 CELL_REF = re.compile(r"^\{cell:(.+)\}$")
 # the options of ``graftzoo eval`` a grid's ``eval`` block may set: those of evaluate_checkpoint (a test checks they
-# agree) but the run and where it writes, which each cell sets
-EVAL_OPTIONS = frozenset(p.name for p in eval_cmd.params) - {"path", "out", "models", "plugins"}
+# agree) but the run (the RUN argument or --ckpt) and where it writes, which each cell sets
+EVAL_OPTIONS = frozenset(p.name for p in eval_cmd.params) - {"path", "ckpt", "out", "models", "plugins"}
 
 
 def _preset(algo: str) -> dict:
