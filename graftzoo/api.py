@@ -15,6 +15,12 @@ run that diverges returns ``status == "failed"`` with the reason in ``error``. A
 it in this API's words (``overwrite=True``, ``resume=False``, ``overrides={"run.name": NAME}``), not the command's
 options (``API_WORDS``); a key that has no effect in the run's setting is said once, a warning line at start
 (graftzoo.training.no_effect).
+
+Any script may call these, with or without an ``if __name__ == "__main__":`` guard, and so may ``python -m``,
+``python -c``, a heredoc and a notebook: no process that a run starts (a vLLM engine core and its workers, the
+verifier's workers) runs or imports the caller's main module. ``train`` and ``evaluate`` leave ``os.environ`` as
+they found it: what the run's engines and libraries set in it (vLLM's ``VLLM_*``, ``LD_PRELOAD``,
+``LOCAL_WORLD_SIZE``, ...) is removed or put back when they return (docs/reliability.md#engines-and-their-processes).
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ from graftzoo.contract.config import ConfigError, RunConfig, load_config as _loa
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.distributed.backend import RayBackend
 from graftzoo.training.export import export_run
+from graftzoo.training.isolation import environment_kept
 from graftzoo.training.no_effect import no_effect_lines
 from graftzoo.training.rundir import default_run_name
 from graftzoo.training.trainer import register_backend, train as train_run
@@ -168,7 +175,8 @@ def train(cfg: Optional[RunConfig] = None, *, algo: Optional[str] = None, pair: 
     (``resume=False`` refuses it, ``overwrite=True`` moves it aside; ``allow_config_change=["optim.*"]`` resumes it
     although those keys changed). ``track``: wandb on / off (default ``run.track``); ``progress``: a callable
     ``(step, total, metrics per model)``. A diverged run comes back with
-    status ``failed``."""
+    status ``failed``. ``os.environ`` is as it was before the call when it returns or raises (what the run set in it,
+    a ``progress`` callable's changes included, is removed or put back)."""
     if cfg is None:
         extra = [] if track is None else [f"run.track={json.dumps(bool(track))}"]
         cfg = load_config(pair=pair, algo=algo, files=files, overrides=_override_list(overrides) + extra)
@@ -179,8 +187,9 @@ def train(cfg: Optional[RunConfig] = None, *, algo: Optional[str] = None, pair: 
     for line in no_effect_lines(cfg):  # a key set where the rest of the config leaves it idle
         log.warning("%s", api_words(line))
     try:
-        out = train_run(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume, progress=progress,
-                        overwrite=overwrite, allow_config_change=allow_config_change)
+        with environment_kept():
+            out = train_run(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume,
+                            progress=progress, overwrite=overwrite, allow_config_change=allow_config_change)
     except NonFiniteError:
         out = Path(run_dir) if run_dir is not None else Path(cfg.run.out_dir) / (cfg.run.name or default_run_name(cfg))
     return RunResult.from_dir(out)
@@ -196,11 +205,13 @@ def evaluate(run_or_ckpt, benchmarks=None, k: Optional[int] = None, **options) -
     folder on ``benchmarks`` (``"all"``, names or paths, a list, or ``"heldout"``; default ``eval.benchmarks``, else
     the held-out split) with ``k`` samples per problem; returns model id -> {benchmark: avg@k}. ``options`` are
     ``graftzoo.training.eval_runner.evaluate_checkpoint``'s (seeds, greedy, temperature, limit, models, out, ...). The files
-    go to ``RUN/eval/cli/...`` (never the trainer's ``RUN/eval/<model>.json``)."""
+    go to ``RUN/eval/cli/...`` (never the trainer's ``RUN/eval/<model>.json``). ``os.environ`` is left as it was."""
     if isinstance(benchmarks, (list, tuple)):
         benchmarks = ",".join(map(str, benchmarks))
     out = {}
-    for path in evaluate_checkpoint(_target(run_or_ckpt), benchmarks, k, **options):
+    with environment_kept():
+        paths = evaluate_checkpoint(_target(run_or_ckpt), benchmarks, k, **options)
+    for path in paths:
         payload = json.loads(Path(path).read_text(encoding="utf-8"))
         out[payload["model"]] = {name: rec.get("avg") for name, rec in payload["benchmarks"].items()}
     return out

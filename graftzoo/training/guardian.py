@@ -91,6 +91,27 @@ def guard(pids: list) -> Guard:
                                   stdout=subprocess.DEVNULL, close_fds=True, start_new_session=True))
 
 
+def end_processes(victims: dict, wait: float = 0.0, grace: float = 2.0) -> None:
+    """End the processes of ``victims`` (pid -> start time, ``start_time``) that are still the processes seen then
+    (a reused pid is never hit): ``wait`` seconds for them to end by themselves, then SIGTERM, a moment
+    (``grace`` seconds) to end cleanly, then SIGKILL."""
+    def living():
+        return [p for p, t in victims.items() if t is not None and start_time(p) == t]
+
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and living():
+        time.sleep(0.05)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in living():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and living():
+            time.sleep(0.05)
+
+
 def main(pids: list) -> None:
     """Wait for end-of-file on stdin, then kill ``pids`` and their descendants that are the processes seen at the
     start (the descendants as they are at that moment: those started later are theirs)."""
@@ -99,17 +120,7 @@ def main(pids: list) -> None:
     while sys.stdin.buffer.read(65536):
         pass
     alive = [pid for pid in pids if born[pid] is not None and start_time(pid) == born[pid]]
-    victims = {pid: start_time(pid) for pid in descendants(alive)}
-    for sig in (signal.SIGTERM, signal.SIGKILL):  # a moment to end cleanly, then for sure
-        for pid, t in victims.items():
-            if t is not None and start_time(pid) == t:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and any(start_time(p) == t for p, t in victims.items() if t):
-            time.sleep(0.05)
+    end_processes({pid: start_time(pid) for pid in descendants(alive)})
 
 
 if __name__ == "__main__":

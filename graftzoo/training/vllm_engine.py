@@ -40,6 +40,10 @@ What it guarantees, and how:
 - **Memory and shutdown.** ``rollout.vllm.kv_cache_gb`` bounds the KV cache (vLLM otherwise reserves most of the
   memory); ``sleep_level`` 1 / 2 frees the engine's GPU memory during the update (vLLM's sleep mode; GPU only);
   ``close`` shuts the engine core down (no engine process outlives a run that ends, fails or is interrupted).
+- **Out of the caller's process** (graftzoo.training.isolation). The engine's processes never run or import the
+  caller's main module (any script may train: unguarded, ``python -m``, ``python -c``, a heredoc, a notebook); a
+  start that fails in them names their own error; ``close`` removes the shared memory they made and puts back
+  what the start set in ``os.environ`` (``VLLM_*``, ``LD_PRELOAD``, ``LOCAL_WORLD_SIZE``, ...).
 
 Settings (``rollout.vllm.*``, graftzoo.contract.config): dtype, kv_cache_gb, gpu_memory_utilization, enforce_eager,
 multiprocessing, weight_sync, sleep_level, max_num_seqs, prefix_caching, poll_sleep_us (graftzoo.training.vllm_poll:
@@ -49,9 +53,11 @@ from __future__ import annotations
 
 import gc
 import logging
+import multiprocessing.resource_tracker
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -69,6 +75,8 @@ except ImportError:
 from graftzoo.contract.config import VLLM_INSTALL, VllmSection
 from graftzoo.training.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
 from graftzoo.training.guardian import descendants, guard, process_name, start_time
+from graftzoo.training.isolation import (OutputTail, hold_environment, main_left_out, note_environment,
+                                         recording_shared_memory, release_environment, release_shared_memory)
 from graftzoo.training.vllm_poll import poll_sleep_us, started_with
 from graftzoo.training.weight_stream import WeightReceiver, WeightServer
 
@@ -105,16 +113,33 @@ def model_len(context: int, max_prompt_tokens: int, max_new_tokens: int) -> int:
     return min(int(context), int(max_prompt_tokens) + int(max_new_tokens))
 
 
+_IMPORT_ENV: dict = {}  # what importing vllm set in os.environ, when graftzoo imported it: set again for each start
+
+
 def _import_vllm(multiprocessing: bool):
-    """``vllm`` with this process's settings: quiet, no usage reports, the engine core in-process unless asked."""
+    """``vllm`` with this process's settings: quiet, no usage reports, the engine core in-process unless asked. An
+    engine puts these and whatever vLLM sets back when it closes (graftzoo.training.isolation); so that the next
+    engine starts as the first did, the variables vLLM's import set (its ``env_override``:
+    ``TORCHINDUCTOR_COMPILE_THREADS``, ...) are set again, and vLLM's cache of the environment, which an in-process
+    engine core freezes, is dropped."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocessing else "0"
+    first = "vllm" not in sys.modules
+    before = dict(os.environ)
     try:
         import vllm
+        import vllm.envs
     except ImportError as e:
         raise EngineError(f"rollout.engine=vllm needs the vllm package ({e}): {VLLM_INSTALL}") from e
+    if first:
+        _IMPORT_ENV.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+    else:
+        os.environ.update(_IMPORT_ENV)
+    disable_cache = getattr(vllm.envs, "disable_envs_cache", None)
+    if disable_cache is not None:
+        disable_cache()
     return vllm
 
 
@@ -206,6 +231,10 @@ class _Backend:
         self.cores: dict = {}  # pid -> multiprocessing.Process of its engine cores (their exit codes)
         self.guard = None
         self.dir = tempfile.mkdtemp(prefix="graftzoo-vllm-")
+        self.shm_record = os.path.join(self.dir, "shared-memory")  # the ring buffers its processes create
+        self.output = None  # the tail of its processes' output (isolation.OutputTail)
+        hold_environment()  # what the start sets in os.environ is put back at close
+        self.holds_environment = True
         try:
             self.llm = self._start(seed)
             self._watch()
@@ -214,6 +243,16 @@ class _Backend:
             raise
 
     def _start(self, seed: int):
+        """Start vLLM's ``LLM`` for the policy. Whatever the start sets in ``os.environ`` is noted, to be put back at
+        close; with the engine core in a process of its own, the processes vLLM starts never import the caller's
+        main module, and a failed start names what failed in them (graftzoo.training.isolation)."""
+        before = dict(os.environ)
+        try:
+            return self._start_llm(seed)
+        finally:
+            note_environment(before)
+
+    def _start_llm(self, seed: int):
         vllm = _import_vllm(self.multiprocessing)
         pol, s = self.policy, self.settings
         check_head_size(pol)
@@ -247,17 +286,33 @@ class _Backend:
         if self.mode == "stream":
             kw["worker_extension_cls"] = f"{WeightReceiver.__module__}.{WeightReceiver.__qualname__}"
         threads = torch.get_num_threads()
+        if self.multiprocessing:  # the resource tracker its processes share lives as long as this process: it
+            multiprocessing.resource_tracker.ensure_running()  # starts before the tee, so as not to hold the pipes
+            self.output = OutputTail()
         try:
             with started_with(poll_sleep_us(s["poll_sleep_us"], current_platform.device_type)), \
+                    recording_shared_memory(self.shm_record), main_left_out(), (self.output or nullcontext()), \
                     (classes_kept(pol.model) if not self.multiprocessing else nullcontext()):
                 llm = vllm.LLM(**kw)
         except Exception as e:
             raise EngineError(f"model {pol.model_id!r}: vLLM could not start an engine for it: "
-                              f"{type(e).__name__}: {' '.join(str(e).split())[:600]}") from e
+                              f"{self._failure(e)}") from e
         finally:  # in-process, vLLM's CPU worker replaces torch.set_num_threads with a no-op: run.threads stays
             torch.set_num_threads = _SET_NUM_THREADS
             torch.set_num_threads(threads)
         return llm
+
+    def _failure(self, e: Exception) -> str:
+        """What made the start fail: vLLM's exception, led by the last exception line the engine's own processes
+        wrote (vLLM's says only "Engine core initialization failed. See root cause above")."""
+        said = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        if self.output is None:
+            return said[:600]
+        self.output.settle()
+        cause = self.output.cause()
+        if not cause or cause in said:
+            return said[:600]
+        return f"{' '.join(cause.split())[:600]} (in its engine process; vLLM: {said[:200]})"
 
     def _eager(self, device_type: str) -> bool:
         """``enforce_eager`` for this engine (``eager_mode``). An in-process engine of an architecture that vLLM runs
@@ -382,6 +437,9 @@ class _Backend:
             self.asleep = True
 
     def close(self) -> None:
+        """Shut the engine down: vLLM's shutdown, then whatever it left alive is ended (the guardian's watcher),
+        the shared memory its processes left behind is removed, and the variables its start set in
+        ``os.environ`` are put back (once no other engine holds them). A failed start closes the same way."""
         llm, self.llm = self.llm, None
         try:
             if llm is not None:
@@ -392,7 +450,11 @@ class _Backend:
             if self.guard is not None:  # what shutdown left alive ends now
                 self.guard.close()
                 self.guard = None
+            release_shared_memory(self.shm_record)
             shutil.rmtree(self.dir, ignore_errors=True)
+            if self.holds_environment:
+                self.holds_environment = False
+                release_environment()
 
 
 def row_seeds(rows: list, prompt_seeds) -> list:
