@@ -2,9 +2,14 @@
 docs/verifier.md row "Math verifier" and pain point 6; docs/scaling.md).
 
 Per (response, gold):
+  0. read the gold (``_read_gold``): a gold written as a worked solution by its final answer (the answer after
+     "final answer is", "the answer is", "####": ``final_answer``; its boxes math-verify reads), and its parts
+     (``answer_parts``: one, a list, a set, a tuple or named parts such as ``y_1 = 2x+1, y_2 = 3``);
   1. locate the answer (graftzoo.envs.extract), in the caller's process, with length and nesting
      limits: the last ``\\boxed{}`` (with the boxes joined to it by commas or "and": one answer
-     read as a set), or, without any box, the text for math-verify to read. Hedges ("12 or 15",
+     read as a set), or, without any box, the text for math-verify to read. Against a gold of several
+     parts, the last boxes, one a part, where each is introduced as a part ("(b)", "y_2 = "), read as the
+     gold is read: a set, a tuple in order, or named parts (``locate_parts``). Hedges ("12 or 15",
      boxes joined by "or") are "multiple_answers", never paid;
   2. unboxed text: math-verify's own ``parse`` (``LatexExtractionConfig`` with boxed priority,
      ``ExprExtractionConfig``: answer phrases, the last math span, plain numbers with thousands
@@ -31,12 +36,12 @@ import math
 import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from importlib.metadata import version
 
-from graftzoo.envs.extract import (MAX_ANSWER_CHARS, _ALTERNATIVES, Located, braces_balanced, extract_answer,
-                                   fallback_answer, locate_answer)
+from graftzoo.envs.extract import (MAX_ANSWER_CHARS, _ALTERNATIVES, Located, Parts, answer_parts, braces_balanced,
+                                   extract_answer, fallback_answer, final_answer, locate_parts, stated_answer)
 from graftzoo.envs.verify_pool import (AUTO, DEFAULT_WORKERS, EXPIRED, auto_budget, auto_workers, close_pool,
                                        configure_pool, pool_size, run_tasks, start_pool)
 
@@ -88,7 +93,7 @@ DEFAULT_OPTIONS = VerifierOptions()
 
 def verifier_version(options: VerifierOptions | None = None) -> str:
     """The verifier's version with math-verify's and the options: recorded in every eval artifact."""
-    return f"graftzoo-verifier-3+math-verify-{version('math-verify')}+{_options(options).tag()}"
+    return f"graftzoo-verifier-4+math-verify-{version('math-verify')}+{_options(options).tag()}"
 
 
 def _options(options) -> VerifierOptions:
@@ -111,7 +116,8 @@ REFUSALS = {
     "hedge": 'the answer offers alternatives ("12 or 15", boxes joined by "or")',
     "last_box": "several boxes that are not one answer: the last one and the boxes joined to it are read, "
                 "where math-verify joins every box of the text",
-    "boxes_apart": "boxes joined into one answer are read as a set, never merged into one number",
+    "boxes_apart": "boxes joined into one answer are read apart (as a set, or in order against a tuple), never merged "
+                   "into one number",
     "fragment": "math-verify reads a piece of the answer or of the gold (the 1 of 3t - 1, the 4 of 4 4/9); "
                 "graftzoo reads the whole",
     "relation_lhs": "the answer states a relation whose left side differs from the gold's",
@@ -129,7 +135,10 @@ NORMALIZATIONS = {
                       "([0,1) or 7:30 bare: nothing, or a piece of it)",
     "bare_answer": "a short unboxed answer read whole, as if boxed",
     "box_prose": "a box holding prose read as math-verify reads prose",
-    "gold_prose": "a gold in prose or with units read as math-verify reads it",
+    "gold_prose": "a gold in prose or with units read as math-verify reads it, or a worked solution read by its "
+                  "final answer (the answer after \"final answer is\", \"the answer is\", \"####\")",
+    "gold_parts": "several boxes read as one answer where the gold has several parts, each box introduced as a "
+                  "part (\"(b)\", \"y_2 = \"), where math-verify reads the last box alone",
     "mixed_number": 'a mixed number in prose ("4 4/9") read whole (40/9), not as its integer part',
 }
 
@@ -332,6 +341,25 @@ def _result(kind: str, outcome: tuple, extracted: str | None, refusal: str | Non
 
 MAX_BARE_CHARS = 300  # an unboxed response this short is also read whole, as a bare answer
 _STATUS_REASON = {"multiple_answers": "hedge", "unparsable": "unreadable"}
+_ANSWER_READINGS = ("bare_answer", "box_prose", "mixed_number")  # lenient readings of the answer, not of the gold
+
+
+def _read_gold(gold: str) -> tuple[str, str, Parts]:
+    """(answer, normalized answer, parts) of a gold: its final answer (``final_answer``: a worked solution is read
+    by the answer after its last answer mark, docs/verifier.md#a-golds-final-answer), normalized, and the parts of
+    what it states (its boxes, else that answer: ``answer_parts``, docs/verifier.md#answers-of-several-parts)."""
+    answer = final_answer(gold)
+    return answer, normalize_answer(answer), answer_parts(normalize_answer(stated_answer(gold)))
+
+
+def _paid_reason(result: VerifyResult, parts_read: bool, final: bool) -> VerifyResult:
+    """A correct verdict named by the gold's reading that paid it (docs/verifier.md#answers-of-several-parts):
+    "gold_parts" when boxes were read as the gold's parts (more boxes than those joined, with their names, or in
+    order), else "gold_prose" when the gold was read by its final answer (docs/verifier.md#a-golds-final-answer);
+    a lenient reading of the answer itself (``_ANSWER_READINGS``) keeps its name."""
+    if not result.correct or result.reason in _ANSWER_READINGS or not (parts_read or final):
+        return result
+    return replace(result, reason="gold_parts" if parts_read else "gold_prose")
 
 
 def _decide(loc: Located, gold: str, ref: str, opts: VerifierOptions) -> VerifyResult | tuple:
@@ -353,7 +381,8 @@ def _decide(loc: Located, gold: str, ref: str, opts: VerifierOptions) -> VerifyR
         extracted, status = None, "unparsable"
     if status != "ok":
         return VerifyResult(False, extracted, status, reason=_STATUS_REASON.get(status))
-    refusal = "last_box" if loc.boxes > len(parts) else "boxes_apart" if len(parts) > 1 else None
+    read = loc.parts_read or len(parts)  # boxes read (a tuple of parts is one string)
+    refusal = "last_box" if loc.boxes > read else "boxes_apart" if read > 1 else None
     pred = _pred_key(parts)
     fast = _fast_verdict(pred, ref, opts) if isinstance(pred, str) else None
     if fast is not None:
@@ -386,14 +415,18 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
         for name, value in (("responses", response), ("golds", gold)):
             if not isinstance(value, str):
                 raise TypeError(f"verify_batch: {name}[{i}] must be str, got {type(value).__name__}")
-    refs = {gold: normalize_answer(gold) for gold in set(golds)}
+    read = {gold: _read_gold(gold) for gold in set(golds)}
     results: list[VerifyResult | None] = [None] * len(responses)
     decided: dict[tuple, VerifyResult | tuple] = {}  # a group repeats its answers: each is decided once
     pending: dict[tuple, list[tuple[int, str | None, str | None]]] = {}
-    for i, (loc, gold) in enumerate(zip(map(locate_answer, responses), golds)):
+    readings = []  # per response: (boxes read as the gold's parts, the gold read by its final answer)
+    for i, (response, gold) in enumerate(zip(responses, golds)):
+        answer, ref, parts = read[gold]
+        loc = locate_parts(response, parts)
+        readings.append((loc.parts_read > 0, answer != gold))
         d = decided.get((loc, gold))
         if d is None:
-            d = decided[(loc, gold)] = _decide(loc, gold, refs[gold], opts)
+            d = decided[(loc, gold)] = _decide(loc, answer, ref, opts)
         if isinstance(d, VerifyResult):
             results[i] = d
             continue
@@ -412,7 +445,7 @@ def verify_batch(responses: list[str], golds: list[str], *, timeout: float = 1.0
             _store(key, outcome, timeout)
             for i, extracted, refusal in pending[key]:
                 results[i] = _result(key[0], outcome, extracted, refusal)
-    return results
+    return [_paid_reason(r, *how) for r, how in zip(results, readings)]
 
 
 def verify(response: str, gold: str, *, timeout: float = 1.0, options: VerifierOptions | None = None) -> VerifyResult:
