@@ -192,7 +192,8 @@ def test_rollouts_ahead_overlap_the_update_and_the_schedule_not_the_timing_decid
     """rollout.max_staleness=1 with the engine core in its own process: the next step's rollouts are collected in a
     thread of their own while the update runs (``Trainer.ahead.overlap``); with the engine in this process they are
     collected before the update. Both runs decode every step's rollouts with the same weights (version
-    max(0, s - 1)), so their seeded metrics are equal."""
+    max(0, s - 1)), so their seeded metrics are equal. The last step collects step 3's rollouts too (a run extended
+    to more steps trains on them: docs/reliability.md#what-a-rerun-may-change)."""
     threads = []
     collect_ahead = step_module.collect_ahead
 
@@ -213,7 +214,8 @@ def test_rollouts_ahead_overlap_the_update_and_the_schedule_not_the_timing_decid
                        for s in range(3) for met in tr.train_step(s).values()]
         finally:
             tr.close()
-        assert threads == (["graftzoo-ahead"] * 2 if mp else [threading.main_thread().name] * 2)   # steps 1, 2
+        # steps 1, 2 and 3: the last step collects the step after the run's end too, as a longer run does
+        assert threads == (["graftzoo-ahead"] * 3 if mp else [threading.main_thread().name] * 3)
     assert [r["async/staleness_max"] for r in got[True]] == [0, 1, 1]
     assert any(r["async/is_weight_mean"] not in (None, 1.0) for r in got[True])
     assert got[True] == got[False]
