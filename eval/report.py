@@ -2,10 +2,16 @@
 
 Table 1 (``build_table1``), precisely:
 
-- Rows are methods (``summary.variant``); a method's cell aggregates its runs over training
-  seeds. A run contributes to a model's rows when it holds ``eval/<model>.json``; runs with status
-  "failed" are skipped. Two runs of the same (model, peer, method, seed) in one group are two rows, each labelled
-  with its folder (``folder_tags``: "GRPO (n=8) [runs/demo/default]"), never one row nor an error.
+- Rows are methods; a method's cell aggregates its runs over training seeds. A method is an identity, not a spelling
+  (``RunFacts.method``): the algorithm, its ``algo.*`` settings, ``rollout.n`` and, with a peer, where its peer groups
+  come from, plus the run's label unless that label only names those (the trainer's default ``ALGO (n=N)`` or a
+  preset's label, in any case). Each method is shown under one label in every table and figure
+  (``method_labels``: the preset's, "GRPO (n=8)" for runs labelled "grpo (n=8)" too; else the spelling most of its
+  runs use), and the legend names the spellings it merged. A run contributes to a model's rows when it holds
+  ``eval/<model>.json``; runs with status "failed" are skipped. Runs of one method are several rows of a block when a
+  seed repeats, and runs of one label but different methods always are (``row_tags``), each row labelled with a
+  tag: its folder ("GRPO (n=8) [runs/demo/default]") or the method's settings in which they differ
+  ("graft (n=8) [algo.delta 0]"), never one row nor an error.
 - Groups (``settings_groups``): runs that differ in a ``COMPARABLE_KEYS`` setting (training steps, eval k, eval
   set) are tabulated in separate groups, each headed by the settings its runs share where the groups differ
   ("steps 40 · eval k=4"), with its own baseline row and Δ; ``allow`` names keys that may differ within a group
@@ -17,8 +23,9 @@ Table 1 (``build_table1``), precisely:
   Avg is mean ± sd over seeds of the per-seed mean over the table's benchmarks. A cell needs
   every seed of its row (else "–"); sd is the sample sd (``mean_sd_ci``) and is left out with a
   single seed. Scores are shown x100 (points).
-- Δ = Avg mean of the row − Avg mean of the baseline row (default "GRPO (n=8)") of the same block (of two baseline
-  rows from two folders, the one with more seeds); a block without one has no Δ and says so in one line
+- Δ = Avg mean of the row − Avg mean of the baseline row (default "GRPO (n=8)", found by method whatever case its
+  runs wrote it in: ``resolve_label``) of the same block (of two baseline rows with tags, the one with more seeds); a
+  block without one has no Δ and says so in one line
   (``Block.note``). Without a named baseline, ``graftzoo report`` takes ``default_baseline`` per group: a row of an
   algorithm whose section declares ``report_baseline`` (``is_report_baseline``; GRPO's does), never one picked by
   its name.
@@ -36,18 +43,21 @@ Table 1 (``build_table1``), precisely:
 Each row also carries the compute charged to its model (``joint_charge``; mean over seeds), used
 by ``graftzoo.eval.plots.plot_score_vs_compute``.
 
-Method labels match case-insensitively ("grpo (n=8)" and "GRPO (n=8)" are one method, shown with the spelling of
-the first run in path order: ``method_labels``). When every score of the table is 0 there is no best, Δ or mark
+``Table.labels`` gives each (run, model) its row's label: what the figures draw it under
+(``graftzoo.eval.plots.run_labels``). When every score of the table is 0 there is no best, Δ or mark
 (``Table.all_zero``; the legend says so once).
 
 Runs are compared like with like: runs that differ in ``COMPARABLE_KEYS`` (training steps, eval k, eval set) are in
 separate groups unless allowed (above). Runs on different tasks (``task_label``:
 the training dataset, or the procedural env with its mix) are tabulated in separate blocks, the task in the block
-title. Within a block, a row whose ``ROW_KEYS`` settings (rollout budget, clip, and the allowed ``COMPARABLE_KEYS``)
-differ from the baseline row's (else from most rows') has them in ``Row.differs`` (the "Differs" column), and
-``Table.warnings`` says so in one line per key; a key the row sets by design is left out (``Row.by_design``: its label
-states it, "GRPO (n=16)"; its algorithm clips with its own key; or the caller's ``design``: a grid method's preset
-keys and ``clip: own``).
+title. Within a block, each row is compared with the baseline row (else with most rows) on every setting that
+changes training or scoring (``compare_settings``: the trajectory keys, those a resume may not change, and the
+evaluation's; learning rate, a model's own where its pair file sets one, clip, steps, rollout budget,
+max_new_tokens, temperature, the model itself, ...). Those in which it differs are in ``Row.differs`` (the "Differs"
+column), and ``Table.warnings`` says so in one line per key; a key the row sets by design is left out
+(``Row.by_design``: its label states it, "GRPO (n=16)"; its preset sets it; its algorithm clips with its own key; or
+the caller's ``design``: a grid method's preset keys and ``clip: own``), and a method's own keys (``algo.*``, its
+peer's) are its identity, never a difference.
 
 Aliases (``aliases={label: method}``): one configuration that the paper reports under two labels
 (GRAFT's "SGT + GRAFT how" is its "w/o balanced exchange"). The method's row is shown a second time
@@ -58,16 +68,20 @@ from __future__ import annotations
 import csv
 import dataclasses
 import fnmatch
+import functools
 import io
+import json
 import os
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
 from graftzoo.contract import metrics as M
-from graftzoo.contract.config import LearnerFacts, clip_label, validate
+from graftzoo.contract.config import (LearnerFacts, as_dict, clip_label, config_dirs, defaults, named_configs,
+                                      read_yaml, validate)
 from graftzoo.contract.registry import get_config, own_clip_keys
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
@@ -114,14 +128,15 @@ class Row:
     settings: dict = field(default_factory=dict)   # ROW_KEYS key -> its runs' value(s) as text
     by_design: set = field(default_factory=set)    # ROW_KEYS (and "task") the row sets by design: not compared
     differs: dict = field(default_factory=dict)    # ROW_KEYS key -> the reference's value it differs from
-    folder: Optional[str] = None        # the runs' folder, where two rows of one method share seeds (``folder_tags``)
+    tag: Optional[str] = None           # what tells apart two rows of one method in a block (``row_tags``): their
+    #                                     folder ("runs/demo/default") or the settings in which they differ
     per_seed: dict = field(default_factory=dict)   # seed -> Avg of that seed's run (fraction): what ``seed_test`` tests
     p: Optional[float] = None           # p-value of ``seed_test`` against the block's baseline row (None: no test)
 
     @property
     def label(self) -> str:
-        """The method, with its folder where two rows of the method are told apart by it."""
-        return self.method if self.folder is None else f"{self.method} [{self.folder}]"
+        """The method, with its tag where two rows of the method are told apart by it ("GRAFT [runs/demo]")."""
+        return self.method if self.tag is None else f"{self.method} [{self.tag}]"
 
 
 @dataclass
@@ -166,6 +181,8 @@ class Table:
     all_zero: bool = False              # every score is 0: no bold, Δ or marks
     warnings: list = field(default_factory=list)   # one line per setting in which rows differ (not like for like)
     groups: list = field(default_factory=list)     # its ``Group``s, in the order of its sections
+    labels: dict = field(default_factory=dict)     # (run path, model) -> the label of its row: what figures draw
+    spellings: dict = field(default_factory=dict)  # shown label -> other labels its runs wrote (``label_spellings``)
 
 
 @dataclass
@@ -194,13 +211,53 @@ COMPARABLE_KEYS = ("run.steps", "run.epochs", "eval.k", "eval.dataset", "eval.si
 """Config keys every run of one group of a table shares (``settings_groups``)."""
 
 
-ROW_KEYS = ("rollout.n", "task.prompts_per_step", "clip") + COMPARABLE_KEYS
-"""Settings the rows of one block are compared on (``Row.differs``): the rollout budget (responses per prompt, prompts
-per step), the effective clip (``clip``, as ``clip_label`` writes it) and the ``COMPARABLE_KEYS`` a report was allowed
-to mix."""
+ROW_KEYS = ("rollout.n", "task.prompts_per_step", "clip", "optim.lr") + COMPARABLE_KEYS
+"""The settings a Differs cell and the warnings name first, in this order (the rollout budget, the effective clip as
+``clip_label`` writes it, the learning rate, the ``COMPARABLE_KEYS``); the other ``compare_settings`` keys follow in
+alphabetical order."""
 
 TASK_KEYS = ("task.dataset", "task.split", "task.env", "task.mix", "task.difficulty", "task.size")
 """What a run trains on (``task_label``); runs on different tasks are tabulated in separate blocks."""
+
+TRAJECTORY_FREE = (
+    "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
+    "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags", "tracking.*",
+    "run.variant", "run.progress", "run.threads", "run.device", "run.layout", "store.enabled",
+    "run.diagnostics",
+    "run.backend", "ray.*",
+    "eval.dataset", "eval.size", "eval.k", "eval.greedy", "eval.temperature", "eval.max_new_tokens",
+    "eval.benchmarks", "eval.allow_test_selection", "eval.top_p",
+    "rollout.vllm.kv_cache_gb", "rollout.vllm.gpu_memory_utilization", "rollout.vllm.multiprocessing",
+    "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs", "rollout.vllm.enforce_eager",
+    "rollout.vllm.poll_sleep_us",
+)
+"""The keys that do not change a run's training trajectory: the trainer's ``FREE_TO_CHANGE`` (the keys a resume may
+change, ``graftzoo.training.rundir``), repeated here because the report sits below the trainer in the layers; a test
+keeps the two equal. Every other key is a *trajectory key*."""
+
+HOSTING_MODEL_KEYS = ("device", "num_workers")
+"""Keys of a ``pair.models`` entry that say where a model runs, not what it learns (as the trainer's resume check)."""
+
+SCORE_KEYS = ("eval.greedy", "eval.temperature", "eval.max_new_tokens", "eval.top_p")
+"""Evaluation keys that are free to change on resume (``TRAJECTORY_FREE``) but change the score a row reports."""
+
+PER_RUN_KEYS = ("run.seed", "pair.name", "pair.train", "peer.path")
+"""Keys in which the runs of one row may differ: the seed, the pair file's name and which of its models train (a row
+is one model's), and the stored peer's folder."""
+
+METHOD_PREFIXES = ("algo.",)
+"""Keys of a method's identity: its algorithm's section (``algo.*``: GRAFT's gate, DAPO's dynamic sampling, ...) and,
+for a method that learns from a peer, ``PEER_PREFIXES``; with ``rollout.n``, they make rows of different methods."""
+
+PEER_PREFIXES = ("peer.", "xt.")
+"""Where a peer method's peer groups come from and how they cross tokenizers: part of its identity (ignored for a
+method without a peer, which never reads them)."""
+
+_MODEL_RUN_KEYS = {"template": "pair.template", "stop": "rollout.stop", "max_new_tokens": "rollout.max_new_tokens",
+                   "lr": "optim.lr", "gradient_checkpointing": "model.gradient_checkpointing",
+                   "lora": "model.lora", "attn_implementation": "model.attn_implementation"}
+"""Run keys a ``pair.models`` entry may set for its model (``graftzoo.contract.config.MODEL_RUN_KEYS`` less its
+hosting keys): a row's value is its model's own where the entry sets one (a pair file's per-model ``lr``)."""
 
 
 def _config_value(config: dict, dotted: str):
@@ -233,17 +290,23 @@ def task_label(config: dict) -> str:
     return f"{env} ({'; '.join(parts)})" if parts else env
 
 
+def _under(key: str, prefixes) -> bool:
+    """Whether ``key`` is one of ``prefixes`` or below one (``task.mix.add`` is under ``task.mix``)."""
+    return any(key == p.rstrip(".") or key.startswith(p if p.endswith(".") else p + ".") for p in prefixes)
+
+
 def design_keys(dotted) -> set:
-    """The ``ROW_KEYS`` (and "task") that config keys set by design define, e.g. the keys of a grid method's preset
-    (``optim.clip.*`` and an algorithm's own clip key define "clip"; ``TASK_KEYS`` define "task")."""
+    """The compared settings (``compare_settings`` keys, "clip" and "task") that config keys set by design define,
+    e.g. the keys of a grid method's preset: ``optim.clip.*`` and an algorithm's own clip key define "clip",
+    ``TASK_KEYS`` define "task", any other key itself (grpo_n16's ``rollout.n``)."""
     out, own_clip = set(), own_clip_keys()
     for k in dotted:
-        if k in ROW_KEYS:
-            out.add(k)
-        elif k.startswith("optim.clip") or k in own_clip:
+        if k.startswith("optim.clip") or k in own_clip:
             out.add("clip")
-        elif any(k == t or k.startswith(t + ".") for t in TASK_KEYS):
+        elif _under(k, TASK_KEYS):
             out.add("task")
+        else:
+            out.add(k)
     return out
 
 
@@ -253,19 +316,208 @@ def _label_states(label: str, key: str, value: str) -> bool:
     return key == "rollout.n" and re.search(rf"(?<![\w.])n\s*=\s*{re.escape(value)}(?!\d)", label) is not None
 
 
-def _run_clip(run: RunRecord) -> tuple:
-    """(``clip_label`` of the run's effective clip, whether its algorithm clips with its own key rather than
-    ``optim.clip``: GSPO's sequence clip, HACPO's self clip); ("?", False) where it cannot be resolved."""
-    try:
-        cfg = validate(run.config)
-        clip = cfg.algo.effective_clip(LearnerFacts.of(cfg))
-    except (ValueError, KeyError, TypeError, RuntimeError):  # ConfigError, RegistryError: an unknown algorithm
-        return "?", False
-    return clip_label(clip), clip != {**cfg.optim.clip.model_dump(), "ratio": "token"}
-
-
 def _setting_text(value) -> str:
-    return DASH if value is None else str(value)
+    """A setting's value as a table shows it: "–" for none, floats in short form (``5e-05``, ``0.0001``)."""
+    if value is None:
+        return DASH
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_setting_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_setting_text(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+# ---------------------------------------------------------------- what a run is: its method and its settings
+
+def flatten(node: dict, prefix: str = "") -> dict:
+    """Dotted key -> value of a nested config (``{"optim": {"lr": 1e-4}}`` -> ``{"optim.lr": 1e-4}``); an empty
+    mapping and ``pair.models`` (a list) stay whole."""
+    out = {}
+    for k, v in (node or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _equal(a, b) -> bool:
+    """Whether two config values are one setting (``[0.9, 0.999]`` = ``(0.9, 0.999)``, ``1`` = ``1.0``)."""
+    return a == b or _json(a) == _json(b)
+
+
+def _json(value) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _plain(value):
+    """A resolved config value as plain data (a section, such as a model's ``lora``, as its mapping)."""
+    return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+
+def normalize_label(label: str) -> str:
+    """A label as labels are matched: case and runs of white space do not count ("GRPO  (N=8)" = "grpo (n=8)")."""
+    return " ".join(str(label).split()).casefold()
+
+
+def default_label(flat: dict) -> str:
+    """The label the trainer gives a run that names none, from its dotted config ``flat``: ``ALGO (n=N)``, with
+    ", stored peer" / ", mixed peer" when it learns from stored trajectories (graftzoo.training.trainer)."""
+    source = {"stored": ", stored peer", "mixed": ", mixed peer"}.get(flat.get("peer.source"), "")
+    return f"{flat.get('algo.name')} (n={flat.get('rollout.n')}{source})"
+
+
+def _label_names_other(label: str, key: str, value) -> bool:
+    """Whether a label names another value of ``key`` than the run's: "GRPO (n=32)" for a run at rollout.n 16."""
+    named = re.findall(r"(?<![\w.])n\s*=\s*(\d+)(?!\d)", label) if key == "rollout.n" else []
+    return any(int(n) != value for n in named)
+
+
+@functools.lru_cache(maxsize=None)
+def _declared_defaults() -> str:
+    return _json(flatten(defaults()))
+
+
+@functools.lru_cache(maxsize=8)
+def _presets(folders: tuple) -> tuple:
+    """(name, settings, label) of each algorithm preset (``configs/algos/*.yaml``; ``folders`` only keys the cache):
+    its dotted settings but ``run.variant`` as JSON text, and its ``run.variant`` (None without one)."""
+    out = []
+    for name, path in named_configs("algos").items():
+        try:
+            flat = flatten(read_yaml(path))
+        except (OSError, ValueError):   # a broken preset file: graftzoo algos list says so, the report reads on
+            continue
+        label = flat.pop("run.variant", None)
+        out.append((name, _json(flat), None if label is None else str(label)))
+    return tuple(out)
+
+
+def presets() -> tuple:
+    """The algorithm presets as ``_presets`` gives them, of the configs folders in use (./configs first)."""
+    return _presets(tuple(str(d.resolve()) for d in config_dirs()))
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the report reads from a run's config once (``run_facts``): the method it is a run of, and its settings.
+
+    ``method`` is the method's identity: its algorithm, ``rollout.n``, its ``METHOD_PREFIXES`` keys (and
+    ``PEER_PREFIXES`` keys with a peer), and its label unless the label only names those (``descriptive``: the
+    trainer's default ``ALGO (n=N)`` or the label of a preset whose settings the run has, in any case). Runs of one
+    identity are one method whatever the case or spacing of a descriptive label; ``canonical`` is the label of the
+    preset such a run is a run of ("GRPO (n=8)" for the trainer's "grpo (n=8)"), None without one."""
+
+    label: str                       # run.variant as the run wrote it
+    method: tuple                    # the identity (see above): what rows of one method share
+    identity: dict                   # its identity keys -> value, for telling two methods of one label apart
+    canonical: Optional[str]         # the preset's label of a descriptive method; None: none
+    design: frozenset                # compared settings its preset sets (``design_keys``): differences by design
+    settings: dict                   # compared key -> value, run-wide keys (``compare_settings``)
+    models: dict                     # model id -> {compared key -> value} of the keys its pair.models entry decides
+    clip: str                        # ``clip_label`` of the effective clip ("?": unresolved)
+    own_clip: bool                   # its algorithm clips with a key of its own (GSPO, HACPO)
+
+    def compared(self, model: str) -> dict:
+        """The run's compared settings for ``model``'s row: run-wide, the model's own (in place of the run keys its
+        ``pair.models`` entry may set), and "clip"."""
+        own = self.models.get(model)
+        if own is None:
+            return {**self.settings, "clip": self.clip}
+        shared = {k: v for k, v in self.settings.items() if not _under(k, _MODEL_RUN_KEYS.values())}
+        return {**shared, **own, "clip": self.clip}
+
+
+def compared_key(key: str) -> bool:
+    """Whether a row is compared with its baseline on the config key ``key`` (``compare_settings``): a trajectory key
+    (not ``TRAJECTORY_FREE``) or one that decides how it is scored (``COMPARABLE_KEYS``, ``SCORE_KEYS``), but not a
+    key of ``PER_RUN_KEYS``, ``TASK_KEYS`` (blocks), a method's identity, the clip's own keys (one "clip" setting) or
+    ``pair.models`` (the model's own entry, per block)."""
+    if key in COMPARABLE_KEYS or key in SCORE_KEYS:
+        return True
+    if any(fnmatch.fnmatchcase(key, pat) for pat in TRAJECTORY_FREE) or key in PER_RUN_KEYS:
+        return False
+    return not (_under(key, TASK_KEYS) or _under(key, METHOD_PREFIXES + PEER_PREFIXES)
+                or key.startswith("optim.clip") or key == "pair.models")
+
+
+def _model_settings(entry: dict, resolved: dict, run_flat: dict) -> dict:
+    """A ``pair.models`` entry's compared settings: each ``_MODEL_RUN_KEYS`` run key at the model's value (its own
+    where the entry sets it, ``resolved``) and its other keys as ``pair.models[ID].KEY`` (what builds the model)."""
+    out = {run_key: resolved.get(k, entry.get(k) if entry.get(k) is not None else run_flat.get(run_key))
+           for k, run_key in _MODEL_RUN_KEYS.items()}
+    rest = {k: v for k, v in entry.items() if k not in _MODEL_RUN_KEYS and k not in HOSTING_MODEL_KEYS and k != "id"}
+    out.update({f"pair.models[{entry['id']}].{k}": v for k, v in flatten(rest).items()})
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _facts(config_json: str, label: str, preset_key: tuple) -> RunFacts:
+    """``run_facts`` of a config (JSON text), its label and the presets (``presets``)."""
+    raw = json.loads(config_json)
+    try:
+        cfg = validate(raw)
+        flat = flatten(as_dict(cfg))
+        clip = cfg.algo.effective_clip(LearnerFacts.of(cfg))
+        clip_text, own = clip_label(clip), clip != {**cfg.optim.clip.model_dump(), "ratio": "token"}
+        resolved = {spec.id: {k: _plain(getattr(spec, k)) for k in _MODEL_RUN_KEYS} for spec in cfg.pair.models}
+    except (ValueError, KeyError, TypeError, RuntimeError):  # ConfigError, RegistryError: an unknown algorithm
+        flat = {**json.loads(_declared_defaults()), **flatten(raw)}
+        if "algo.name" not in flatten(raw):
+            flat["algo.name"] = None
+        clip_text, own, resolved = "?", False, {}
+    peer = flat.get("peer.source") not in (None, "none")
+    identity = {k: v for k, v in flat.items()
+                if _under(k, METHOD_PREFIXES) or (peer and _under(k, PEER_PREFIXES) and k not in PER_RUN_KEYS)}
+    identity["rollout.n"] = flat.get("rollout.n")
+    matched = [(name, json.loads(settings), plabel) for name, settings, plabel in preset_key]
+    matched = [(name, settings, plabel) for name, settings, plabel in matched
+               if all(_equal(flat.get(k), v) for k, v in settings.items())]
+    own_label = normalize_label(label)
+    named = [p for p in matched if p[2] is not None and normalize_label(p[2]) == own_label]
+    descriptive = bool(named) or own_label == normalize_label(default_label(flat))
+    canonical = None
+    if descriptive:
+        labelled = named or [p for p in matched if p[2] is not None]
+        canonical = labelled[0][2] if labelled else None
+    # a run with every setting of a preset is a run of it: the preset's keys are its design, unless its label names
+    # another value of one ("GRPO (n=32)" at the n=16 of grpo_n16: rollout.n differs from what it says); never the
+    # clip, one setting for every method of a comparison (docs/algorithms.md#one-clip-for-every-method)
+    design = {k for _, settings, _ in matched for k in design_keys(settings)
+              if k != "clip" and not _label_names_other(label, k, flat.get(k))}
+    method = (_json(sorted(identity.items())), None if descriptive else own_label)
+    models = {}
+    for entry in flat.get("pair.models") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            models[entry["id"]] = _model_settings(entry, resolved.get(entry["id"], {}), flat)
+    settings = {k: v for k, v in flat.items() if compared_key(k)}
+    return RunFacts(label=label, method=method, identity=identity, canonical=canonical, design=frozenset(design),
+                    settings=settings, models=models, clip=clip_text, own_clip=own)
+
+
+def run_facts(run: RunRecord) -> RunFacts:
+    """The run's ``RunFacts``, read once per config (cached): its method identity and its compared settings. A config
+    that does not validate (an algorithm not installed here, a hand-written config) is read as written over the
+    declared defaults, its clip "?"."""
+    return _facts(_json(run.config), run.variant, presets())
+
+
+def compare_settings(run: RunRecord, model: str) -> dict:
+    """The settings a row of ``run``'s ``model`` is compared on (``Row.differs``): every trajectory key of the run's
+    config (those a resume may not change: all but ``TRAJECTORY_FREE``) and the keys that decide how it is scored
+    (``COMPARABLE_KEYS``, ``SCORE_KEYS``), less ``PER_RUN_KEYS``, the task (``TASK_KEYS``: its own blocks) and the
+    method's identity (``METHOD_PREFIXES``, ``PEER_PREFIXES``); the clip as one key "clip" (the effective clip, as
+    ``clip_label`` writes it), and the model's own values where its ``pair.models`` entry sets them (``optim.lr`` is
+    the model's learning rate; ``pair.models[ID].KEY`` what builds it)."""
+    return run_facts(run).compared(model)
+
+
+def _key_order(key: str) -> tuple:
+    """Differs cells and warnings name ``ROW_KEYS`` first, in their order, then the other keys alphabetically."""
+    return (ROW_KEYS.index(key), "") if key in ROW_KEYS else (len(ROW_KEYS), key)
 
 
 SETTING_WORDS = {"run.steps": "steps {}", "run.epochs": "epochs {}", "eval.k": "eval k={}",
@@ -313,15 +565,24 @@ def settings_groups(runs: Sequence[RunRecord], allow: Sequence[str] = ("*",)) ->
                   settings={keys[i]: values[i] for i in differ}, runs=members) for values, members in live]
 
 
-def folder_tags(runs: Sequence[RunRecord]) -> dict:
-    """str(run path) -> the folder that tells apart ``runs`` of one method whose seeds repeat: each run's parent
-    folder relative to the folder they share, or to the one above it when that is one's parent ("runs",
-    "runs/demo/default"); the run's own path where two runs of a seed share their parent folder too."""
+def parent_tags(runs: Sequence[RunRecord]) -> dict:
+    """str(run path) -> each run's parent folder relative to the folder they share, or to the one above it when that
+    is one's parent ("runs", "runs/demo/default")."""
     paths = {str(r.path): Path(r.path).resolve() for r in runs}
     common = Path(os.path.commonpath([p.parent for p in paths.values()]))
     root = common.parent if any(p.parent == common for p in paths.values()) else common
-    parents = {k: os.path.relpath(p.parent, root) for k, p in paths.items()}
+    return {k: os.path.relpath(p.parent, root) for k, p in paths.items()}
+
+
+def folder_tags(runs: Sequence[RunRecord]) -> dict:
+    """str(run path) -> the folder that tells apart ``runs`` of one method whose seeds repeat: its ``parent_tags``
+    folder; the run's own path (relative to the same folder) where two runs of a seed share their parent folder
+    too."""
+    parents = parent_tags(runs)
     if max(Counter((parents[str(r.path)], r.seed) for r in runs).values()) > 1:
+        paths = {str(r.path): Path(r.path).resolve() for r in runs}
+        common = Path(os.path.commonpath([p.parent for p in paths.values()]))
+        root = common.parent if any(p.parent == common for p in paths.values()) else common
         return {k: os.path.relpath(p, root) for k, p in paths.items()}
     return parents
 
@@ -333,16 +594,57 @@ def repeat_tags(runs: Sequence[RunRecord], seeds: Sequence) -> dict:
 
 
 def method_labels(runs: Sequence[RunRecord]) -> dict:
-    """Case-folded method label -> the label shown: the spelling of the first run (in path order) that uses it."""
-    out: dict = {}
+    """str(run path) -> the label its method is shown under: one label per method (``RunFacts.method``), the same in
+    every table and figure. A method whose runs carry a preset's label in any case (``RunFacts.canonical``) is shown
+    under the preset's label ("GRPO (n=8)" for the trainer's default "grpo (n=8)" too); any other as most of its runs
+    spell their label, then as the first in path order spells it."""
+    spellings: dict = {}
     for run in sorted(runs, key=lambda r: str(r.path)):
-        out.setdefault(run.variant.casefold(), run.variant)
-    return out
+        facts = run_facts(run)
+        counts = spellings.setdefault(facts.method, (Counter(), Counter()))
+        if facts.canonical is not None:
+            counts[0][facts.canonical] += 1
+        counts[1][run.variant] += 1
+    shown = {method: (preset or own).most_common(1)[0][0] for method, (preset, own) in spellings.items()}
+    return {str(run.path): shown[run_facts(run).method] for run in runs}
 
 
 def method_of(run: RunRecord, labels: dict) -> str:
-    """A run's method label as ``method_labels`` spells it."""
-    return labels.get(run.variant.casefold(), run.variant)
+    """A run's method label as ``method_labels`` gives it."""
+    return labels.get(str(run.path), run.variant)
+
+
+def resolve_label(name: Optional[str], runs: Sequence[RunRecord], labels: Optional[dict] = None) -> Optional[str]:
+    """The shown label (``method_labels``) that ``name`` names: itself, a shown label in another case or spacing
+    ("grpo (n=8)" for "GRPO (n=8)"), or the shown label of runs that wrote ``name`` as their own label; None when no
+    method of ``runs`` has that name."""
+    if name is None:
+        return None
+    labels = method_labels(runs) if labels is None else labels
+    shown = sorted(set(labels.values()))
+    if name in shown:
+        return name
+    wanted = normalize_label(name)
+    for label in shown:
+        if normalize_label(label) == wanted:
+            return label
+    for run in sorted(runs, key=lambda r: str(r.path)):
+        if normalize_label(run.variant) == wanted and str(run.path) in labels:
+            return labels[str(run.path)]
+    return None
+
+
+def label_spellings(runs: Sequence[RunRecord], labels: dict) -> dict:
+    """Shown label -> the other labels its runs wrote ("GRPO (n=8)" -> ["grpo (n=8)"]): what a table's caption says
+    it merged; labels shown as written are left out."""
+    out: dict = {}
+    for run in sorted(runs, key=lambda r: str(r.path)):
+        shown = labels.get(str(run.path))
+        if shown is not None and run.variant != shown:
+            out.setdefault(shown, [])
+            if run.variant not in out[shown]:
+                out[shown].append(run.variant)
+    return out
 
 
 def is_report_baseline(algo) -> bool:
@@ -374,11 +676,12 @@ def baseline_runs(runs: Sequence[RunRecord]) -> list:
             and all(run.peers[m] is None for m in run.evals)]
 
 
-def default_baseline(runs: Sequence[RunRecord]) -> Optional[str]:
+def default_baseline(runs: Sequence[RunRecord], labels: Optional[dict] = None) -> Optional[str]:
     """The baseline when none is named: of the baseline rows (``baseline_runs``: single-model runs of an algorithm
     whose section declares ``report_baseline``, GRPO's and its presets' among the builtins), the one with the most
-    seeds, then the smallest rollout budget, then the first label; None when the runs have no such row."""
-    labels = method_labels(runs)
+    seeds, then the smallest rollout budget, then the first label; None when the runs have no such row. ``labels``:
+    the table's ``method_labels`` (default: those of ``runs``)."""
+    labels = method_labels(runs) if labels is None else labels
     seeds: dict = {}
     for run in baseline_runs(runs):
         seeds.setdefault((method_of(run, labels), run.rollout_n), set()).add(run.seed)
@@ -394,11 +697,47 @@ def row_labels(runs: Sequence[RunRecord]) -> list:
     return sorted({method_of(r, labels) for r in runs if r.status != "failed" and r.evals})
 
 
-def _group(runs: Sequence[RunRecord], groups: Sequence[Group]) -> dict:
-    """(model, peer, method, task, group label, folder) -> list of (run, model). ``folder`` is None unless two runs
-    of one (model, peer, method, task, group) have the same seed: then each of its runs is keyed by its folder
-    (``folder_tags``), and they are two rows rather than one."""
-    labels = method_labels(runs)
+def _identity(run: RunRecord) -> str:
+    """The method a run is a run of, as text: its identity (``RunFacts.method``) and identity keys."""
+    facts = run_facts(run)
+    return _json([facts.method, sorted(facts.identity.items())])
+
+
+def row_tags(members: list) -> dict:
+    """str(run path) -> the tag that tells apart rows of one label in one block (None or absent: one row), for
+    ``members`` (run, model) of one label, model, peer, task and group. Runs of one method are one row, their
+    settings joined where they differ (the Differs column says so), unless a seed repeats: then a row per folder
+    (``repeat_tags``). Runs of one label but of different methods (another ``algo.*`` setting, say, under the
+    trainer's default label) are never one row: a row per folder (``parent_tags``) where each folder holds runs of one
+    method and seed, else a row per method, tagged with the keys in which they differ ("algo.delta 0"), and its folder
+    too where a seed repeats in it."""
+    runs = [run for run, _ in members]
+    ident = {str(run.path): _identity(run) for run in runs}
+    if len(set(ident.values())) == 1:
+        return repeat_tags(runs, [run.seed for run in runs])
+    folders = parent_tags(runs)
+    per_folder: dict = {}
+    for run in runs:
+        per_folder.setdefault(folders[str(run.path)], []).append(run)
+    if all(len({ident[str(r.path)] for r in mine}) == 1 and len({r.seed for r in mine}) == len(mine)
+           for mine in per_folder.values()):
+        return folders
+    values = {str(run.path): run_facts(run).identity for run in runs}
+    keys = sorted({k for v in values.values() for k in v}, key=_key_order)
+    differ = [k for k in keys if len({_json(v.get(k)) for v in values.values()}) > 1]
+    words = {path: ", ".join(f"{k} {_setting_text(v.get(k))}" for k in differ) or "label"
+             for path, v in values.items()}
+    out = {}
+    for text in dict.fromkeys(words.values()):
+        mine = [run for run in runs if words[str(run.path)] == text]
+        sub = repeat_tags(mine, [run.seed for run in mine])
+        out.update({str(run.path): text if not sub else f"{text}; {sub[str(run.path)]}" for run in mine})
+    return out
+
+
+def _group(runs: Sequence[RunRecord], groups: Sequence[Group], labels: dict) -> dict:
+    """(model, peer, method, task, group label, tag) -> list of (run, model). ``tag`` (``row_tags``) is None unless
+    the runs of one (model, peer, method, task, group) are several rows: a seed repeats, or they differ in a setting."""
     group_of = {str(r.path): g.label for g in groups for r in g.runs}
     keyed: dict = {}
     for run in runs:
@@ -409,7 +748,7 @@ def _group(runs: Sequence[RunRecord], groups: Sequence[Group]) -> dict:
             keyed.setdefault(key, []).append((run, model))
     out: dict = {}
     for key, members in keyed.items():
-        tags = repeat_tags([run for run, _ in members], [run.seed for run, _ in members])
+        tags = row_tags(members)
         for run, model in members:
             out.setdefault(key + (tags.get(str(run.path)),), []).append((run, model))
     return out
@@ -423,7 +762,9 @@ def _charges(run: RunRecord, model: str) -> tuple:
     return c["charged"], c["amortized"]
 
 
-def _make_row(method: str, members: list, benchmarks: list, folder: Optional[str] = None) -> Row:
+def _make_row(method: str, members: list, benchmarks: list, tag: Optional[str] = None) -> Row:
+    """The row of ``members`` (run, model) of one method: scores and Avg over seeds, compute, and its compared
+    settings (``compare_settings``; values its runs disagree on joined by "; "), with the keys it sets by design."""
     members = sorted(members, key=lambda rm: rm[0].seed)
     budgets = {run.rollout_n for run, _ in members}
     if len(budgets) > 1:
@@ -445,36 +786,38 @@ def _make_row(method: str, members: list, benchmarks: list, folder: Optional[str
               for b, v in per_bench.items()}
     charged, amortized = zip(*(_charges(run, model) for run, model in members))
     first_run, model = members[0]
-    clips = [_run_clip(run) for run, _ in members]
-    settings = {k: "; ".join(dict.fromkeys(_setting_text(_config_value(r.config, k)) for r, _ in members))
-                for k in ROW_KEYS if k != "clip"}
-    settings["clip"] = "; ".join(dict.fromkeys(text for text, _ in clips))  # differing clips are all shown
+    facts = [run_facts(run) for run, _ in members]
+    per_run = [compare_settings(run, m) for run, m in members]
+    keys = sorted({k for s in per_run for k in s}, key=_key_order)
+    settings = {k: "; ".join(dict.fromkeys(_setting_text(s.get(k)) for s in per_run)) for k in keys}
     by_design = {k for k, v in settings.items() if _label_states(method, k, v)}
-    by_design |= {"clip"} if all(own for _, own in clips) else set()
+    by_design |= set.intersection(*(set(f.design) for f in facts))   # what every run's preset sets
+    by_design |= {"clip"} if all(f.own_clip for f in facts) else set()
     return Row(method=method, budget=budgets.pop(), baseline=first_run.peers[model] is None,
                seeds=[r.seed for r, _ in members], runs=[str(r.path) for r, _ in members],
                scores=scores, avg=_stat(list(per_seed.values())) if complete else Stat(None, None, 0),
                compute=_mean_dicts(list(charged)), compute_amortized=_mean_dicts(list(amortized)),
-               clip=settings["clip"], settings=settings, by_design=by_design, folder=folder,
+               clip=settings["clip"], settings=settings, by_design=by_design, tag=tag,
                per_seed=per_seed if complete else {})
 
 
 def _baseline_row(rows: list, baseline: Optional[str]) -> Optional[Row]:
-    """The block's row of ``baseline`` (of two from two folders, the one with more seeds, then the first folder)."""
+    """The block's row of ``baseline`` (of two, told apart by their tags, the one with more seeds, then the first
+    tag)."""
     rows = [r for r in rows if r.method == baseline and r.same_as is None]
-    return min(rows, key=lambda r: (-len(r.seeds), r.folder or "")) if rows else None
+    return min(rows, key=lambda r: (-len(r.seeds), r.tag or "")) if rows else None
 
 
 def _compare(block: Block, base: Optional[Row]) -> None:
-    """``Row.differs``: each ``ROW_KEYS`` setting in which a row differs from the block's baseline row ``base`` (else
-    from the value most of its rows share), unless the row sets that key by design (``Row.by_design``); a clip that
-    cannot be resolved ("?") is not compared."""
+    """``Row.differs``: each compared setting (``compare_settings``) in which a row differs from the block's baseline
+    row ``base`` (else from the value most of its rows share), unless the row sets that key by design
+    (``Row.by_design``); a clip that cannot be resolved ("?") is not compared."""
     block.reference = base.label if base is not None else None
-    for key in ROW_KEYS:
-        ref = base.settings[key] if base is not None else Counter(
-            r.settings[key] for r in block.rows).most_common(1)[0][0]
+    for key in sorted({k for r in block.rows for k in r.settings}, key=_key_order):
+        ref = base.settings.get(key, DASH) if base is not None else Counter(
+            r.settings.get(key, DASH) for r in block.rows).most_common(1)[0][0]
         for r in block.rows:
-            value = r.settings[key]
+            value = r.settings.get(key, DASH)
             if r is not base and value != ref and key not in r.by_design and "?" not in (ref, value):
                 r.differs[key] = ref
 
@@ -492,7 +835,7 @@ def _warnings(blocks: list, design: dict) -> list:
                     refs.setdefault(b.reference or "most rows", ref)
     lines = [f"not like for like: rows differ in {key}: " + ", ".join(f"{m} {v}" for m, v in rows.items())
              + " vs " + ", ".join(f"{m} {v}" for m, v in refs.items()) + " (the Differs column of Table 1)"
-             for key, (rows, refs) in sorted(by_key.items(), key=lambda kv: ROW_KEYS.index(kv[0]))]
+             for key, (rows, refs) in sorted(by_key.items(), key=lambda kv: _key_order(kv[0]))]
     tasks: dict = {}
     for b in blocks:
         methods = tasks.setdefault(b.task, [])
@@ -510,8 +853,8 @@ def _order(rows: list, methods: Optional[Sequence[str]]) -> list:
 
     def key(r: Row):
         if r.method in first:
-            return (0, first.index(r.method), 0, "", r.folder or "")
-        return (1 if r.baseline else 2, 0, r.budget, r.method, r.folder or "")
+            return (0, first.index(r.method), 0, "", r.tag or "")
+        return (1 if r.baseline else 2, 0, r.budget, r.method, r.tag or "")
 
     return sorted(rows, key=key)
 
@@ -557,7 +900,7 @@ def _group_blocks(group: Group, keyed: dict, benchmarks: list, tasks: list, budg
     for model in sorted({m for m, *_ in mine}):
         peers = sorted({p for m, p, *_ in mine if m == model and p is not None}) or [None]
         for peer, task in ((p, t) for p in peers for t in tasks):
-            rows = [_make_row(meth, mem, benchmarks, folder) for (m, p, meth, t, _, folder), mem in mine.items()
+            rows = [_make_row(meth, mem, benchmarks, tag) for (m, p, meth, t, _, tag), mem in mine.items()
                     if m == model and (p is None or p == peer) and t == task]
             if not rows:
                 continue
@@ -597,24 +940,30 @@ def build_table1(runs: Sequence[RunRecord], baseline: Optional[str] = "GRPO (n=8
     ``budgets`` are the (†, ‡) budget tiers; ``benchmarks`` fixes the column order (default: order
     of first appearance); ``methods`` puts those rows first in that order (default: baselines by
     budget then name, then the other methods by budget then name); ``aliases`` ({alias label: method})
-    repeat a method's row under a second label; ``design`` ({method label: ``ROW_KEYS`` / "task"}) names the
-    settings a row differs in by design (``design_keys``), left out of ``Row.differs`` and the warnings;
-    ``allow``: the ``COMPARABLE_KEYS`` that may differ within a group (``settings_groups``; "*", the default: one
-    group); ``baseline`` None: each group's ``default_baseline``.
+    repeat a method's row under a second label; ``design`` ({method label: compared keys / "clip" / "task"}, as
+    ``design_keys`` gives them) names the settings a row differs in by design, left out of ``Row.differs`` and the
+    warnings; ``allow``: the ``COMPARABLE_KEYS`` that may differ within a group (``settings_groups``; "*", the
+    default: one group); ``baseline`` None: each group's ``default_baseline``. Labels given here (``baseline``,
+    ``methods``, ``aliases``' targets, ``design``) name methods as ``resolve_label`` reads them: in any case, or as
+    their runs wrote them.
     """
     if len(budgets) != 2 or budgets[0] >= budgets[1]:
         raise ValueError(f"budgets must be two increasing tiers for (†, ‡), got {budgets}")
     baseline = baseline or None
+    labels = method_labels(runs)
     groups = settings_groups(runs, allow)
-    keyed = _group(runs, groups)
+    keyed = _group(runs, groups, labels)
     if not keyed:
         raise ValueError("no run with an eval/<model>.json to tabulate")
-    labels = method_labels(runs)
-    methods = [labels.get(m.casefold(), m) for m in methods or []]
-    aliases = {a: labels.get(t.casefold(), t) for a, t in (aliases or {}).items()}
-    design = {labels.get(m.casefold(), m): set(keys) for m, keys in (design or {}).items()}
-    for g in groups:
-        g.baseline = default_baseline(g.runs) if baseline is None else labels.get(baseline.casefold(), baseline)
+
+    def shown(name: str) -> str:
+        return resolve_label(name, runs, labels) or name
+
+    methods = [shown(m) for m in methods or []]
+    aliases = {a: shown(t) for a, t in (aliases or {}).items()}
+    design = {shown(m): set(keys) for m, keys in (design or {}).items()}
+    for g in groups:   # one labelling for every group: a group's baseline is spelled as its rows are
+        g.baseline = default_baseline(g.runs, labels) if baseline is None else shown(baseline)
     if benchmarks is None:
         benchmarks = []
         for run in runs:
@@ -625,7 +974,7 @@ def build_table1(runs: Sequence[RunRecord], baseline: Optional[str] = "GRPO (n=8
     blocks = [b for g in groups for b in _group_blocks(g, keyed, benchmarks, tasks, tuple(budgets), methods,
                                                          aliases, design)]
     names = sorted({r.method for b in blocks for r in b.rows})
-    if baseline is not None and labels.get(baseline.casefold(), baseline) not in names:
+    if baseline is not None and shown(baseline) not in names:
         raise ValueError(f"baseline {baseline!r} is not a method of these runs; methods: {few(names)}")
     scores = [st.mean for b in blocks for r in b.rows for st in [r.avg, *r.scores.values()] if st.mean is not None]
     all_zero = bool(scores) and all(x == 0 for x in scores)
@@ -634,19 +983,24 @@ def build_table1(runs: Sequence[RunRecord], baseline: Optional[str] = "GRPO (n=8
             b.note = None
             for r in b.rows:
                 r.bold, r.mark, r.delta, r.p = False, "", None, None
+    tabulated = [run for run in runs if any(str(run.path) in r.runs for b in blocks for r in b.rows)]
     return Table(benchmarks=benchmarks, blocks=blocks, baseline=groups[0].baseline or "",
                  budgets=tuple(budgets), digits=digits, all_zero=all_zero, warnings=_warnings(blocks, design),
-                 groups=[g for g in groups if any(b.group == g.label for b in blocks)])
+                 groups=[g for g in groups if any(b.group == g.label for b in blocks)],
+                 labels={(path, b.model): r.label for b in blocks for r in b.rows if r.same_as is None
+                         for path in r.runs},
+                 spellings=label_spellings(tabulated, labels))
 
 
-def step_means(runs: Sequence[RunRecord], keys: Sequence[str]) -> list:
+def step_means(runs: Sequence[RunRecord], keys: Sequence[str], labels: Optional[dict] = None) -> list:
     """Per (method, model, peer), sorted by model then method: ``(method, model, peer, seeds, stats)`` where
     ``stats[j]`` is the mean ± sd over seeds of each run's mean over its logged steps of ``keys[j]`` (steps where it is
     None left out; a ``Stat`` without values when a seed lacks it). Groups where no key was logged are left out;
     failed runs skipped. Runs on several tasks: the method is shown with its task (``"GRPO (n=8) on a.jsonl"``); runs
-    of one method and seed from two folders: with its folder (``"GRPO (n=8) [runs/demo/default]"``, ``folder_tags``)."""
+    of one method and seed from two folders: with its folder (``"GRPO (n=8) [runs/demo/default]"``, ``folder_tags``).
+    ``labels``: the method labels (``method_labels``) of the table these rows go with (default: those of ``runs``)."""
     keyed: dict = {}
-    labels = method_labels(runs)
+    labels = method_labels(runs) if labels is None else labels
     several = len({task_label(r.config) for r in runs if r.status != "failed"}) > 1
     for run in runs:
         if run.status == "failed":
@@ -678,14 +1032,16 @@ def step_means(runs: Sequence[RunRecord], keys: Sequence[str]) -> list:
 
 
 def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = M.CLIP_FRAC_OWN,
-                        peer_key: str = M.CLIP_FRAC_PEER) -> ClipTable:
+                        peer_key: str = M.CLIP_FRAC_PEER, labels: Optional[dict] = None) -> ClipTable:
     """Table 9 of the GRAFT paper: fraction of clipped tokens, own vs peer tokens.
 
     Per run and model, the mean over logged steps of each metric; then mean ± sd over seeds.
-    Rows are (method, model, peer) with at least one of the two metrics; failed runs skipped.
+    Rows are (method, model, peer) with at least one of the two metrics; failed runs skipped. ``labels``: as
+    ``step_means``.
     """
     return ClipTable(rows=[ClipRow(method=method, model=model, peer=peer, seeds=seeds, own=own, peer_tokens=peer_st)
-                           for method, model, peer, seeds, (own, peer_st) in step_means(runs, (own_key, peer_key))])
+                           for method, model, peer, seeds, (own, peer_st)
+                           in step_means(runs, (own_key, peer_key), labels)])
 
 
 TRANSFER_COLUMNS = (
@@ -713,13 +1069,13 @@ class TransferTable:
     digits: int = 3
 
 
-def transfer_table(runs: Sequence[RunRecord]) -> TransferTable:
+def transfer_table(runs: Sequence[RunRecord], labels: Optional[dict] = None) -> TransferTable:
     """What peer exchange moved in each run (``run.diagnostics``): per run and model the mean over logged
     steps of each ``TRANSFER_COLUMNS`` metric, then mean ± sd over seeds (``step_means``). Rows: (method, model, peer)
     with any of them (a GRPO run with diagnostics has the own columns: the comparison). The ``diag/*`` columns need
     ``run.diagnostics: true``; the log-probs are per token (the learner's mean over a response's trained tokens),
-    their Δ the change across one step's update."""
-    return TransferTable(rows=step_means(runs, [key for _, key in TRANSFER_COLUMNS]))
+    their Δ the change across one step's update. ``labels``: as ``step_means``."""
+    return TransferTable(rows=step_means(runs, [key for _, key in TRANSFER_COLUMNS], labels))
 
 
 def transfer_markdown(table: TransferTable) -> str:
@@ -781,12 +1137,18 @@ def _legend(table: Table) -> str:
     notes = "".join(f" {a} = {m} (the same runs)." for a, m in
                     dict.fromkeys((r.method, r.same_as) for b in table.blocks for r in b.rows if r.same_as))
     if _differs(table):
-        notes += (" Differs: settings in which the row's runs differ from the block's baseline row (else "
-                  "from most of its rows): not like for like; a key the row's label, preset or algorithm sets by "
-                  "design is not listed.")
-    if any(r.folder for b in table.blocks for r in b.rows):
-        notes += (" [folder]: runs of one method and seed found in two folders, shown as two rows; Δ is measured "
-                  "against the baseline row with more seeds.")
+        notes += (" Differs: every setting that changes training or scoring (learning rate, clip, steps, rollout "
+                  "budget, ...) in which the row differs from the block's baseline row (else from most of its rows), "
+                  "as 'key, the row's value vs the baseline's': not like for like; a key the row's label, preset or "
+                  "algorithm sets by design is not listed.")
+    if any(r.tag for b in table.blocks for r in b.rows):
+        notes += (" [tag]: runs of one label shown as several rows, told apart by their folder (a seed found in "
+                  "two folders) or by their method's settings; Δ is measured against the baseline row with more "
+                  "seeds.")
+    merged = [f"{shown} (runs labelled {', '.join(others)})" for shown, others in table.spellings.items()]
+    if merged:
+        notes += (" One label per method (the same algorithm, preset and settings), whatever the case its runs "
+                  "wrote it in: " + "; ".join(merged) + ".")
     if table.all_zero:
         return ("Scores are avg@k x100, mean ± sd over training seeds. All scores are 0: no method is best, "
                 "no Δ and no marks." + notes)
@@ -862,7 +1224,7 @@ def flat_rows(table) -> tuple:
                  _round(r.own.mean, 2), _round(r.own.sd, 2),
                  _round(r.peer_tokens.mean, 2), _round(r.peer_tokens.sd, 2)] for r in table.rows]
         return header, rows
-    header = ["group", "block", "model", "peer", "task", "method", "folder", "budget", "clip", "differs", "baseline",
+    header = ["group", "block", "model", "peer", "task", "method", "tag", "budget", "clip", "differs", "baseline",
               "n_seeds", "seeds"]
     for b in table.benchmarks:
         header += [f"{b}_mean", f"{b}_sd"]
@@ -872,7 +1234,7 @@ def flat_rows(table) -> tuple:
     rows = []
     for block in table.blocks:
         for r in block.rows:
-            row = [block.group, block.title, block.model, block.peer, block.task, r.method, r.folder, r.budget, r.clip,
+            row = [block.group, block.title, block.model, block.peer, block.task, r.method, r.tag, r.budget, r.clip,
                    _differs_text(r), r.baseline, len(r.seeds), " ".join(str(s) for s in r.seeds)]
             for b in table.benchmarks:
                 row += [_round(r.scores[b].mean, 2), _round(r.scores[b].sd, 2)]
@@ -895,21 +1257,98 @@ def to_csv(table) -> str:
     return buf.getvalue()
 
 
-_TEX_ESC = {"–": "--", "·": r"$\cdot$", "Δ": r"$\Delta$",
-            "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-            "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}"}
+_TEX_ESC = {"–": "--", "—": "---", "−": "$-$", "·": r"$\cdot$", "Δ": r"$\Delta$", "±": r"$\pm$", "×": r"$\times$",
+            "≤": r"$\leq$", "≥": r"$\geq$", "→": r"$\rightarrow$", "†": r"\dag{}", "‡": r"\ddag{}", "’": "'",
+            "‘": "`", "“": "``", "”": "''", "…": r"\ldots{}", "ß": r"\ss{}", "æ": r"\ae{}", "Æ": r"\AE{}",
+            "ø": r"\o{}", "Ø": r"\O{}", "œ": r"\oe{}", "Œ": r"\OE{}", "ł": r"\l{}", "Ł": r"\L{}", "ı": r"\i{}",
+            "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+            "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}", "<": r"\textless{}", ">": r"\textgreater{}",
+            "|": r"\textbar{}"}
+_TEX_ACCENTS = {"\u0300": "`", "\u0301": "'", "\u0302": "^", "\u0303": "~", "\u0304": "=", "\u0308": '"',
+                "\u030a": "r", "\u030c": "v", "\u0327": "c"}
 
 
 def _tex(text: str) -> str:
-    return "".join(_TEX_ESC.get(ch, ch) for ch in text)
+    """``text`` as LaTeX text in plain ASCII (no input or font encoding package needed): its special characters
+    escaped, the symbols the tables use as LaTeX commands, an accented letter as LaTeX's accent on its letter
+    (``ü`` -> ``\\"{u}``); any other character becomes "?" (the document then still compiles)."""
+    out = []
+    for ch in str(text):
+        base = unicodedata.normalize("NFD", ch)
+        if ch in _TEX_ESC:
+            out.append(_TEX_ESC[ch])
+        elif ch.isascii():
+            out.append(ch)
+        elif len(base) == 2 and base[0].isascii() and base[0].isalpha() and base[1] in _TEX_ACCENTS:
+            out.append(f"\\{_TEX_ACCENTS[base[1]]}{{{base[0]}}}")
+        else:
+            out.append("?")
+    return "".join(out)
 
 
-def to_latex(table) -> str:
-    """A booktabs ``tabular``; block titles are italic rows spanning the table."""
+LATEX_PACKAGES = (
+    ("booktabs", None, r"\toprule, \midrule, \bottomrule"),
+    ("array", None, r">{...} in the column of the Differs cells"),
+    ("graphicx", None, r"\resizebox: a table wider than the text is scaled to its width"),
+)
+"""The packages ``to_latex``'s document loads: (package, option, what the table uses it for). The rest (tabular,
+\\multicolumn, \\textbf, \\dag, accents, math symbols) is LaTeX itself, and the text is plain ASCII (``_tex``): no
+encoding package, the fonts LaTeX starts with (vector fonts in any TeX distribution)."""
+
+BENCHMARK_SHORT = {"minerva_math": "Minerva", "olympiadbench": "Olympiad"}
+"""Short column headings of long benchmark names in ``table1.tex`` (the caption gives each in full)."""
+
+HEADING_MAX = 9
+"""The longest benchmark heading ``table1.tex`` shows as it is; a longer one is shortened (``BENCHMARK_SHORT``, else
+its first ``HEADING_MAX - 1`` characters and a dot), and the caption says what it stands for."""
+
+
+def short_heading(name: str) -> str:
+    """A benchmark's column heading in ``table1.tex`` (``HEADING_MAX``)."""
+    if len(name) <= HEADING_MAX:
+        return name
+    return BENCHMARK_SHORT.get(name, name[:HEADING_MAX - 1].rstrip("_-. ") + ".")
+
+
+def latex_preamble() -> str:
+    """The preamble ``to_latex``'s document uses: one ``\\usepackage`` line per ``LATEX_PACKAGES`` entry, with what
+    it is for (add these to a paper that takes the table environment alone)."""
+    lines = []
+    for name, option, why in LATEX_PACKAGES:
+        use = rf"\usepackage[{option}]{{{name}}}" if option else rf"\usepackage{{{name}}}"
+        lines.append(f"{use:<28}% {why}")
+    return "\n".join(lines) + "\n"
+
+
+def _document(body: list, what: str) -> str:
+    """A complete LaTeX document around the table environment ``body`` (lines), which it marks for copying."""
+    head = [f"% {what}, written by graftzoo report: a complete document (pdflatex compiles it as it is).",
+            "% For a paper, copy the lines between BEGIN TABLE and END TABLE, and add the \\usepackage lines of the",
+            "% preamble to the paper's.",
+            r"\documentclass{article}", latex_preamble().rstrip("\n"), r"\begin{document}", "% BEGIN TABLE"]
+    return "\n".join(head + body + ["% END TABLE", r"\end{document}"]) + "\n"
+
+
+def _float(tabular: list, caption: str, label: str) -> list:
+    """``tabular`` (lines) in a centred table float with its caption, scaled down to the text width only when wider
+    (``\\resizebox`` of graphicx; ``\\width`` is the table's natural width)."""
+    return ([r"\begin{table}[t]", r"\centering", rf"\caption{{{_tex(caption)}}}", rf"\label{{{label}}}",
+             r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%"]
+            + tabular + ["}", r"\end{table}"])
+
+
+def to_latex(table, standalone: bool = True) -> str:
+    """The table as LaTeX: a booktabs ``tabular`` in a ``table`` float, the caption the Markdown legend (plus what a
+    shortened heading stands for), block titles italic rows spanning the table, long Differs cells wrapped. A
+    complete document by default (``_document``: the packages of ``LATEX_PACKAGES``, ``pdflatex`` compiles it);
+    ``standalone=False``: the ``table`` environment alone, for a document that loads those packages
+    (``latex_preamble``)."""
     pm = r" $\pm$ "
 
     def num(text: str) -> str:
-        return text.replace(DASH, "--")
+        """A number cell: "–" as an en dash, a minus sign as one (not a hyphen)."""
+        text = text.replace(DASH, "--")
+        return "$-$" + text[1:] if re.match(r"-\d", text) else text
 
     if isinstance(table, ClipTable):
         cols = "lll" + "c" * 2
@@ -917,18 +1356,24 @@ def to_latex(table) -> str:
                  " & ".join(_tex(h) for h in _clip_header()) + r" \\", r"\midrule"]
         lines += [" & ".join(_clip_cells(r, table.digits, pm=pm, text=_tex, num=num)) + r" \\"
                   for r in table.rows]
-        return "\n".join(lines + [r"\bottomrule", r"\end{tabular}"]) + "\n"
+        body = _float(lines + [r"\bottomrule", r"\end{tabular}"],
+                      "Fraction of clipped tokens (%), own vs peer tokens, mean ± sd over training seeds.",
+                      "tab:clip")
+        return _document(body, "The clip table") if standalone else "\n".join(body) + "\n"
     d = table.digits
     differs = _differs(table)
     ncol = 5 + len(table.benchmarks) + differs
     tex_marks = {"": "", "†": r"$^\dagger$", "‡": r"$^\ddagger$"}
-    lines = [rf"\begin{{tabular}}{{lr{'c' * (len(table.benchmarks) + 1)}rl{'l' * differs}}}", r"\toprule",
-             " & ".join(["Method", "$n$"] + [_tex(b) for b in table.benchmarks]
+    wrap = r">{\raggedright\arraybackslash}p{3.5cm}"
+    headings = [short_heading(b) for b in table.benchmarks]
+    lines = [rf"\begin{{tabular}}{{lr{'c' * (len(table.benchmarks) + 1)}rl{wrap if differs else ''}}}", r"\toprule",
+             " & ".join(["Method", "$n$"] + [_tex(h) for h in headings]
                         + ["Avg", r"$\Delta$", "Clip"] + (["Differs"] if differs else [])) + r" \\"]
-    headings = {g.label: group_heading(table, g) for g in table.groups}
+    group_lines = {g.label: group_heading(table, g) for g in table.groups}
     for block in table.blocks:
-        if headings.get(block.group):
-            lines += [r"\midrule", rf"\multicolumn{{{ncol}}}{{l}}{{\textbf{{{_tex(headings.pop(block.group))}}}}} \\"]
+        if group_lines.get(block.group):
+            lines += [r"\midrule",
+                      rf"\multicolumn{{{ncol}}}{{l}}{{\textbf{{{_tex(group_lines.pop(block.group))}}}}} \\"]
         title = block.title + (f" ({block.note.rstrip('.')})" if block.note else "")
         lines += [r"\midrule", rf"\multicolumn{{{ncol}}}{{l}}{{\textit{{{_tex(title)}}}}} \\",
                   r"\midrule"]
@@ -942,7 +1387,10 @@ def to_latex(table) -> str:
                      + ([_tex(_differs_text(r))] if differs else []))
             lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(lines) + "\n"
+    short = [f"{h} = {b}" for h, b in zip(headings, table.benchmarks) if h != b]
+    caption = _legend(table) + (f" Columns: {', '.join(short)}." if short else "")
+    body = _float(lines, caption, "tab:table1")
+    return _document(body, "Table 1") if standalone else "\n".join(body) + "\n"
 
 
 def log_table_to_wandb(table, run, key: Optional[str] = None):

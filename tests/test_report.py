@@ -212,7 +212,7 @@ def test_csv(table):
     assert float(graft["delta"]) == pytest.approx(6.0)
     assert float(graft["p_vs_baseline"]) < 0.01
     assert graft["mark"] == "†" and graft["best_in_budget"] == "False"
-    assert graft["seeds"] == "0 1 2" and graft["baseline"] == "False" and graft["group"] == graft["folder"] == ""
+    assert graft["seeds"] == "0 1 2" and graft["baseline"] == "False" and graft["group"] == graft["tag"] == ""
     # live GRAFT charges A the pair: 2 models x (100 + 50) wall-s, eval excluded
     assert float(graft["charged_wall_s"]) == pytest.approx(300.0)
     stored = next(r for r in rows if r["method"] == "GRAFT (stored)")
@@ -225,7 +225,10 @@ def test_csv(table):
 
 def test_latex(table):
     tex = to_latex(table)
-    assert tex.startswith(r"\begin{tabular}{lrcccrl}") and tex.rstrip().endswith(r"\end{tabular}")
+    assert tex.startswith("% Table 1") and tex.rstrip().endswith(r"\end{document}")
+    assert r"\begin{tabular}{lrcccrl}" in tex and r"\usepackage{booktabs}" in tex
+    fragment = to_latex(table, standalone=False)
+    assert fragment.startswith(r"\begin{table}[t]") and fragment in tex
     assert rf"\multicolumn{{7}}{{l}}{{\textit{{{BLOCK_A}}}}} \\" in tex
     assert r"GRAFT (stored) & 8 & 42.0 & 38.0 & 40.0 & +10.0 & 0.2/0.2 \\" in tex
     assert r"GRAFT & 8 & 41.0 $\pm$ 0.9 & 31.0 $\pm$ 0.9 & 36.0 $\pm$ 0.9$^\dagger$ & +6.0 & 0.2/0.2 \\" in tex
@@ -474,11 +477,14 @@ def test_refusals_fit_in_two_lines(tmp_path):
 
 
 def test_method_labels_match_case_insensitively(tmp_path):
+    """The trainer's default label and the grpo_n8 preset's are one method (GRPO, n=8), shown under the preset's
+    label whatever case the runs or --baseline use; the caption says which labels it merged."""
     _cfg_run(tmp_path, "a", "grpo (n=8)", 0, {A: (0.2, 0.1)}, {A: None})
     _cfg_run(tmp_path, "b", "GRPO (n=8)", 1, {A: (0.4, 0.3)}, {A: None})
-    t = build_table1(load_runs([tmp_path]), baseline="GRPO (N=8)")
+    t = build_table1(load_runs([tmp_path]), baseline="grpo (N=8)")
     [row] = t.blocks[0].rows
-    assert row.method == "grpo (n=8)" and row.seeds == [0, 1] and t.baseline == "grpo (n=8)"
+    assert row.method == "GRPO (n=8)" and row.seeds == [0, 1] and t.baseline == "GRPO (n=8)"
+    assert "GRPO (n=8) (runs labelled grpo (n=8))" in to_markdown(t)
 
 
 def test_all_zero_scores_have_no_bold_delta_or_marks(tmp_path):

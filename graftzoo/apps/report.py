@@ -10,8 +10,8 @@ from graftzoo.algos import BUILTIN
 from graftzoo.contract.errors import did_you_mean
 from graftzoo.eval.artifacts import ArtifactError, load_runs
 from graftzoo.eval.report import (COMPARABLE_KEYS, baseline_runs, build_table1, clip_fraction_table, few,
-                                  is_report_baseline, log_table_to_wandb, method_labels, method_of, row_labels, to_csv,
-                                  to_latex, to_markdown, transfer_markdown, transfer_table)
+                                  is_report_baseline, log_table_to_wandb, method_labels, method_of, resolve_label,
+                                  row_labels, to_csv, to_latex, to_markdown, transfer_markdown, transfer_table)
 
 MIXABLE = COMPARABLE_KEYS  # the settings --allow-mixed merges groups on
 
@@ -29,15 +29,23 @@ MIXABLE = COMPARABLE_KEYS  # the settings --allow-mixed merges groups on
 @click.option("--allow-mixed", "allow_mixed", multiple=True, metavar="KEY",
               help=f"put runs that differ in KEY in one group (repeatable; one of {', '.join(MIXABLE)})")
 @click.option("--mixed", is_flag=True, help="one group: runs whatever their steps, eval k and eval set")
-def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
-    """Write table1.md/.csv/.tex, clip_table.md, transfer.md (runs with a peer), score_vs_compute.png, fractions.png
-    and learning_curve.png from RUNS (run directories or folders holding them) into --out, and print Table 1.
+@click.option("--captions-in-figures", "captions_in_images", is_flag=True,
+              help="also print each figure's caption under its panels (captions are always in report.md and "
+                   "figures.md, beside the images)")
+def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed, captions_in_images):
+    """Write report.md (Table 1 and the figures with their captions), table1.md/.csv/.tex (the .tex a complete
+    LaTeX document), clip_table.md, transfer.md (runs with a peer), score_vs_compute.png, fractions.png and
+    learning_curve.png (with figures.md/.json: captions and legends) from RUNS (run directories or folders holding
+    them) into --out, and print Table 1.
 
-    Runs that differ in training steps, eval k or eval set are tabulated in separate groups, each a section of
-    Table 1 headed by its settings, with its own baseline row and Δ, and its figures in a subfolder of --out named
-    after them; --allow-mixed KEY / --mixed merge groups. Runs on different tasks are tabulated in separate blocks;
-    rows that differ in rollout budget, clip or a mixed key are marked in the Differs column and said on stderr,
-    one line per key. Bold, † and ‡ need a significant paired test over seeds (the caption says which)."""
+    A method is its algorithm, preset and settings: runs labelled "grpo (n=8)" and "GRPO (n=8)" are one method, shown
+    under one label in the table and the figures. Runs that differ in training steps, eval k or eval set are
+    tabulated in separate groups, each a section of Table 1 headed by its settings, with its own baseline row and Δ,
+    and its figures in a subfolder of --out named after them; --allow-mixed KEY / --mixed merge groups. Runs on
+    different tasks are tabulated in separate blocks; a row whose settings differ from its baseline row's in any key
+    that changes training or scoring (learning rate, clip, steps, rollout budget, ...) says so in the Differs column
+    and on stderr, one line per key. Bold, † and ‡ need a significant paired test over seeds (the caption says
+    which)."""
     unknown = [k for k in allow_mixed if k not in MIXABLE]
     if unknown:
         raise click.UsageError(f"--allow-mixed {unknown[0]}: not one of {', '.join(MIXABLE)}")
@@ -49,7 +57,7 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     allow = ("*",) if mixed else tuple(allow_mixed)
     try:
         labels = row_labels(records)
-        if baseline is not None and labels and baseline.casefold() not in {x.casefold() for x in labels}:
+        if baseline is not None and labels and resolve_label(baseline, records) not in labels:
             raise _usage_error(f"--baseline {baseline!r} is not a method of these runs{did_you_mean(baseline, labels)}"
                                f" (methods: {_few_labels(labels)})")
         if baseline is None and labels:   # no rows at all: build_table1 says so
@@ -62,7 +70,7 @@ def report_cmd(runs, out_dir, baseline, use_wandb, allow_mixed, mixed):
     _say_groups(table)
     for line in table.warnings:
         click.echo(line, err=True)
-    md, clip, figures = _write(records, table, Path(out_dir))
+    md, clip, figures = _write(records, table, Path(out_dir), captions_in_images)
     click.echo(md)
     if use_wandb:
         _log_wandb(table, clip, figures, Path(out_dir))
@@ -92,7 +100,7 @@ def _say_baselines(records, table) -> None:
     if not chosen:
         return
     if len(set(chosen)) == 1:
-        labels = method_labels(records)
+        labels = method_labels(records)   # the table's labels: one per method
         algos = sorted({str(r.summary.get("algo")) for r in baseline_runs(records)
                         if method_of(r, labels) == chosen[0]})
         click.echo(f"baseline: {chosen[0]!r} (algo {', '.join(algos)}: the baseline row with the most seeds; "
@@ -119,28 +127,50 @@ def _sections(parts: list) -> str:
     return "\n".join(f"### {group.label}\n\n{text}" for group, text in parts)
 
 
-def _write(records, table, out: Path) -> tuple:
-    """The tables and figures into ``out``; (Table 1's markdown, the clip tables, the figures written)."""
-    from graftzoo.eval.plots import write_figures  # matplotlib: only when a report is written
+def _write(records, table, out: Path, captions_in_images: bool = False) -> tuple:
+    """The tables, the figures and report.md into ``out``; (Table 1's markdown, the clip tables, the figures'
+    paths)."""
+    from graftzoo.eval.plots import draw_figures  # matplotlib: only when a report is written
 
     out.mkdir(parents=True, exist_ok=True)
     md = to_markdown(table)
     (out / "table1.md").write_text(md, encoding="utf-8")
     (out / "table1.csv").write_text(to_csv(table), encoding="utf-8")
     (out / "table1.tex").write_text(to_latex(table), encoding="utf-8")
-    clips = [(g, clip_fraction_table(g.runs)) for g in table.groups]
+    labels = method_labels(records)   # one label per method in every table
+    clips = [(g, clip_fraction_table(g.runs, labels=labels)) for g in table.groups]
     (out / "clip_table.md").write_text(_sections([(g, to_markdown(c)) for g, c in clips]), encoding="utf-8")
-    transfers = [(g, transfer_table(g.runs)) for g in table.groups]
+    transfers = [(g, transfer_table(g.runs, labels)) for g in table.groups]
     transfers = [(g, t) for g, t in transfers if t.rows]
     if transfers:  # runs with a peer: what the exchange moved
         (out / "transfer.md").write_text(_sections([(g, transfer_markdown(t)) for g, t in transfers]),
                                          encoding="utf-8")
-    figures = []
+    drawn = []
     for group, folder in _figure_folders(table, out):
         said = "" if folder == out else f"{group.label}: "
-        figures += write_figures(group.runs, folder, group.baseline,
-                                 echo=lambda m, said=said: click.echo(said + m, err=True))
-    return md, [c for _, c in clips], figures
+        drawn.append((group, draw_figures(group.runs, folder, group.baseline, table=table,
+                                          captions_in_images=captions_in_images,
+                                          echo=lambda m, said=said: click.echo(said + m, err=True))))
+    (out / "report.md").write_text(report_markdown(md, drawn, out, transfer=bool(transfers)), encoding="utf-8")
+    return md, [c for _, c in clips], [f.path for _, figures in drawn for f in figures]
+
+
+def report_markdown(table_md: str, drawn: list, out: Path, transfer: bool = False) -> str:
+    """report.md: Table 1 with its legend, then each group's figures (image, then caption) and the other tables'
+    files. ``drawn``: (group, its ``FigureInfo``s) per group of the table."""
+    from graftzoo.eval.plots import figures_markdown  # matplotlib: only when a report is written
+
+    lines = ["# Report", "", "## Table 1", "", table_md.rstrip("\n"), "",
+             "LaTeX: [table1.tex](table1.tex) (a complete document); CSV: [table1.csv](table1.csv); clipped tokens: "
+             "[clip_table.md](clip_table.md)" + ("; what the peer exchange moved: [transfer.md](transfer.md)"
+                                                 if transfer else "") + ".", ""]
+    several = len(drawn) > 1
+    for group, figures in drawn:
+        if not figures:
+            continue
+        lines += [f"## Figures{': ' + group.label if several else ''}", ""]
+        lines.append(figures_markdown(figures, out, level=3))
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _figure_folders(table, out: Path) -> list:
