@@ -21,7 +21,7 @@ from graftzoo.eval.plots import (BASELINE_COLOR, PER_PANEL, dodge, learning_curv
 
 A = "tiny-qwen-char"
 STEPS = 4
-HELDOUT_LABEL = "held-out score (avg@k)"
+HELDOUT_LABEL = "held-out score (avg@k x100)"
 # held-out score of (method, seed) before training, after 2 updates, at the end (after STEPS updates)
 HELDOUT = {("GRPO (n=8)", 0): (0.40, 0.44, 0.50), ("GRPO (n=8)", 1): (0.42, 0.48, 0.56),
            ("RLOO", 0): (0.40, 0.46, 0.52)}
@@ -89,17 +89,18 @@ def test_learning_curve_marks_every_evaluation_with_error_bars_where_there_are_s
     xs, ys = grpo_bars.lines[0].get_xdata(), grpo_bars.lines[0].get_ydata()
     assert [round(x) for x in xs] == [0, 2, STEPS] and all(abs(x - round(x)) < 0.5 for x in xs)
     seeds = [HELDOUT[("GRPO (n=8)", s)] for s in (0, 1)]
-    assert list(ys) == pytest.approx([statistics.mean(v) for v in zip(*seeds)])
+    assert list(ys) == pytest.approx([100 * statistics.mean(v) for v in zip(*seeds)])   # points, as Table 1
     halves = [abs(seg[1][1] - seg[0][1]) / 2 for seg in grpo_bars.lines[2][0].get_segments()]
-    assert halves == pytest.approx([statistics.stdev(v) for v in zip(*seeds)])
+    assert halves == pytest.approx([100 * statistics.stdev(v) for v in zip(*seeds)])
     # RLOO, 1 seed: bare markers at the same evaluations, no bar, set apart from GRPO's
     assert not [c for c in bars if _hex(c.lines[0].get_color()) == rloo.color]
     (bare,) = [ln for ln in ax.lines if _hex(ln.get_color()) == rloo.color and ln.get_linestyle() == "None"]
     assert bare.get_marker() == rloo.marker
     assert [round(x) for x in bare.get_xdata()] == [0, 2, STEPS]
-    assert list(bare.get_ydata()) == pytest.approx(HELDOUT[("RLOO", 0)])
+    assert list(bare.get_ydata()) == pytest.approx([100 * v for v in HELDOUT[("RLOO", 0)]])
     assert min(abs(a - b) for a, b in zip(bare.get_xdata(), xs)) > 0.1
-    caption = " ".join(t.get_text() for t in fig.texts).replace("\n", " ")
+    assert not fig.texts   # the caption is beside the image (report.md, figures.md), not in it
+    caption = (root / "report" / "report.md").read_text()
     assert "x = 0: before training" in caption and "± sd over seeds" in caption
 
 
