@@ -46,6 +46,7 @@ from typing import Any, Optional, Union, overload
 
 import pyarrow.parquet as pq
 
+from graftzoo.contract.errors import did_you_mean
 from graftzoo.contract.types import Prompt
 from graftzoo.envs.arithmetic import SKILLS, ArithmeticDataset
 
@@ -192,7 +193,8 @@ def load_dataset(name_or_path: Union[str, Path], split: Optional[str] = None, **
     if HUB_NAME.match(key) and not path.exists():
         _reject_kwargs(key, kw, _FILE_KWARGS)
         return load_hub(key, split, **kw)
-    raise ValueError(f"unknown dataset {key!r}: not a bundled name ({', '.join(bundled_names())}), not a "
+    raise ValueError(f"unknown dataset {key!r}{did_you_mean(key, bundled_names())}: not a bundled name "
+                     f"({', '.join(bundled_names())}), not a "
                      f"{' / '.join(FILE_SUFFIXES)} file or a datasets folder (save_to_disk), and not a Hugging Face "
                      f"Hub name (org/name)")
 

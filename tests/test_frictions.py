@@ -126,6 +126,7 @@ TRAIN = ["train", "--pair", "micro", "--algo", "grpo"]
     (TRAIN + ["--set", "optim.LR=1e-5"], "'optim.lr'"),                      # a config key
     (["train", "--pair", "micro", "--algo", "graft", "--set", "algo.Delta=1"], "'algo.delta'"),
     (TRAIN + ["--set", "pair.train=[Micro-qwen-char]"], "'micro-qwen-char'"),   # a model
+    (TRAIN + ["--set", "task.dataset=gsm8"], "'gsm8k'"),                     # a dataset
 ], ids=lambda x: x if isinstance(x, str) else " ".join(x[1:4]))
 def test_every_unknown_name_gets_the_closest_known_one(args, meant):
     res = cli_here(*args)
