@@ -80,8 +80,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from graftzoo.contract import metrics as M
-from graftzoo.contract.config import (LearnerFacts, as_dict, clip_label, config_dirs, defaults, named_configs,
-                                      read_yaml, validate)
+from graftzoo.contract.config import (FREE_TO_CHANGE, HOSTING_MODEL_KEYS, LearnerFacts, as_dict, clip_label,
+                                      config_dirs, defaults, named_configs, read_yaml, validate)
 from graftzoo.contract.registry import get_config, own_clip_keys
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
@@ -219,24 +219,10 @@ alphabetical order."""
 TASK_KEYS = ("task.dataset", "task.split", "task.env", "task.mix", "task.difficulty", "task.size")
 """What a run trains on (``task_label``); runs on different tasks are tabulated in separate blocks."""
 
-TRAJECTORY_FREE = (
-    "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
-    "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags", "tracking.*",
-    "run.variant", "run.progress", "run.threads", "run.device", "run.layout", "store.enabled",
-    "run.diagnostics",
-    "run.backend", "ray.*",
-    "eval.dataset", "eval.size", "eval.k", "eval.greedy", "eval.temperature", "eval.max_new_tokens",
-    "eval.benchmarks", "eval.allow_test_selection", "eval.top_p",
-    "rollout.vllm.kv_cache_gb", "rollout.vllm.gpu_memory_utilization", "rollout.vllm.multiprocessing",
-    "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs", "rollout.vllm.enforce_eager",
-    "rollout.vllm.poll_sleep_us",
-)
-"""The keys that do not change a run's training trajectory: the trainer's ``FREE_TO_CHANGE`` (the keys a resume may
-change, ``graftzoo.training.rundir``), repeated here because the report sits below the trainer in the layers; a test
-keeps the two equal. Every other key is a *trajectory key*."""
-
-HOSTING_MODEL_KEYS = ("device", "num_workers")
-"""Keys of a ``pair.models`` entry that say where a model runs, not what it learns (as the trainer's resume check)."""
+TRAJECTORY_FREE = FREE_TO_CHANGE
+"""The keys that do not change a run's training trajectory (``graftzoo.contract.config.FREE_TO_CHANGE``, the keys a
+resume may change). Every other key is a *trajectory key*; ``HOSTING_MODEL_KEYS``: a ``pair.models`` entry's keys
+that say where a model runs, not what it learns."""
 
 SCORE_KEYS = ("eval.greedy", "eval.temperature", "eval.max_new_tokens", "eval.top_p")
 """Evaluation keys that are free to change on resume (``TRAJECTORY_FREE``) but change the score a row reports."""

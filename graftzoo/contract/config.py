@@ -62,6 +62,25 @@ MAX_ROWS = 100_000            # rows of a completions table
 MAX_LORA_RANK = 8192
 MAX_WAIT_S = 7 * 24 * 3600.0  # timeouts, in seconds
 MAX_RUN_NAME = 200            # characters; RUN.replaced-<time> must still fit a file name (255)
+
+# keys that do not change what a run trains (the others are its trajectory keys): a resume may change them
+# (graftzoo.training.rundir), a report does not count them as a setting its rows differ in (graftzoo.eval.report)
+FREE_TO_CHANGE = (
+    "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
+    "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags", "tracking.*",
+    "run.variant", "run.progress", "run.threads", "run.device", "run.layout", "store.enabled",
+    "run.diagnostics",  # extra measurements only: the update is bit-identical with it on or off
+    # where the models run (a checkpoint of either backend, any number of ranks, resumes on the other)
+    "run.backend", "ray.*",
+    "eval.dataset", "eval.size", "eval.k", "eval.greedy", "eval.temperature", "eval.max_new_tokens",
+    "eval.benchmarks", "eval.allow_test_selection", "eval.top_p",
+    # how the vLLM engine is hosted, not what it samples
+    "rollout.vllm.kv_cache_gb", "rollout.vllm.gpu_memory_utilization", "rollout.vllm.multiprocessing",
+    "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs", "rollout.vllm.enforce_eager",
+    "rollout.vllm.poll_sleep_us",
+)
+
+HOSTING_MODEL_KEYS = ("device", "num_workers")  # keys of a pair.models entry that are free to change on resume
 Level = Annotated[Int, Field(ge=1, le=MAX_LEVEL)]
 RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")

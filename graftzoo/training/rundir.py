@@ -34,7 +34,8 @@ from pathlib import Path, PurePath
 from typing import Iterable, Optional
 
 from graftzoo.training.checkpoint import CHECKPOINTS, list_checkpoints, prepare_resume, set_aside_checkpoints
-from graftzoo.contract.config import MAX_RUN_NAME, RunConfig, as_dict, defaults, read_yaml
+from graftzoo.contract.config import (FREE_TO_CHANGE, HOSTING_MODEL_KEYS, MAX_RUN_NAME, RunConfig, as_dict,
+                                      defaults, read_yaml)
 from graftzoo.contract.layout import STORE
 from graftzoo.contract.names import label_slug
 from graftzoo.eval.artifacts import CONFIG, summary_status
@@ -43,23 +44,6 @@ log = logging.getLogger("graftzoo")
 
 LOCK_FILE = ".lock"
 
-# keys that may differ between the stored config and a resumed run: they do not change what is trained
-FREE_TO_CHANGE = (
-    "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
-    "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags", "tracking.*",
-    "run.variant", "run.progress", "run.threads", "run.device", "run.layout", "store.enabled",
-    "run.diagnostics",  # extra measurements only: the update is bit-identical with it on or off
-    # where the models run (a checkpoint of either backend, any number of ranks, resumes on the other)
-    "run.backend", "ray.*",
-    "eval.dataset", "eval.size", "eval.k", "eval.greedy", "eval.temperature", "eval.max_new_tokens",
-    "eval.benchmarks", "eval.allow_test_selection", "eval.top_p",
-    # how the vLLM engine is hosted, not what it samples
-    "rollout.vllm.kv_cache_gb", "rollout.vllm.gpu_memory_utilization", "rollout.vllm.multiprocessing",
-    "rollout.vllm.weight_sync", "rollout.vllm.sleep_level", "rollout.vllm.max_num_seqs", "rollout.vllm.enforce_eager",
-    "rollout.vllm.poll_sleep_us",
-)
-
-HOSTING_MODEL_KEYS = ("device", "num_workers")  # keys of a pair.models entry that are free to change on resume
 
 
 class RunDirError(RuntimeError):
