@@ -310,7 +310,8 @@ def _demo(quick, full, out, jobs, rerun_changed):
     specs = cfg.pair.models
     model_ids = [s.id for s in specs]
     console.rule(f"[bold]graftzoo demo ({mode}): pair '{pair}' = {' ↔ '.join(model_ids)}")
-    console.print("1. the warmed-up tiny pair (shipped with graftzoo: the same weights on every machine) ...")
+    console.print("1. building and warming up the tiny pair (shipped models load as they are, others are warmed up "
+                  "once and cached) ...")
     paths = warmup_pair([tiny_spec(s) for s in specs])
     for m, p in zip(model_ids, paths):
         info = warmup_info(p)
