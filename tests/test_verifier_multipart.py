@@ -88,7 +88,8 @@ def test_locate_parts(response, gold, parts):
 
 def test_new_paths_stay_cheap_on_hostile_text():
     """Each new scan is linear in the text (box ends searched for before the next box only, bounded patterns):
-    hostile responses against a gold of several parts, and hostile golds, each well under the verifier's limits."""
+    hostile responses against a gold of several parts, and hostile golds, each well under the verifier's limits. The
+    bound (10 s, milliseconds unloaded) catches a scan that goes quadratic or backtracks, not a slow machine."""
     gold = answer_parts("y_1 = 1, y_2 = 2, y_3 = 3")
     responses = ["\\boxed{" * 19 + "a" * (MAX_RESPONSE_CHARS - 1000) + "(b) \\boxed{3}", "(a) \\boxed{1} (b) " * 20_000,
                  "\\boxed{1}" + "\n" * MAX_RESPONSE_CHARS + "- \\boxed{2}", "$y_1 = \\boxed{1}$ and " * 10_000,
@@ -98,11 +99,11 @@ def test_new_paths_stay_cheap_on_hostile_text():
     for text in responses:
         t0 = time.perf_counter()
         located = locate_parts(text, gold)
-        assert time.perf_counter() - t0 < 1.0 and located.status in ("ok", "unparsable"), text[:60]
+        assert time.perf_counter() - t0 < 10.0 and located.status in ("ok", "unparsable"), text[:60]
     for text in golds:
         t0 = time.perf_counter()
         answer_parts(V.normalize_answer(stated_answer(text)))
-        assert time.perf_counter() - t0 < 1.0, text[:60]
+        assert time.perf_counter() - t0 < 10.0, text[:60]
 
 
 # ---------------------------------------------------------------- verdicts, both ways (one batch)
