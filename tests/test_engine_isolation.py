@@ -1,19 +1,18 @@
 """The vLLM engines keep out of the user's process (graftzoo.training.isolation,
 docs/reliability.md#engines-and-their-processes): ``graftzoo.train`` called from a script without an
-``if __name__ == "__main__":`` guard, and from a heredoc, with the engine core in a process of its own, trains to
-the end while the script's top level runs once; ``os.environ`` after each call equals ``os.environ`` before it; a
-start that the engine core refuses in its own process names the engine core's own error; and no run leaves
-shared memory to multiprocessing's resource tracker (its "leaked shared_memory" warning at exit). Each script is a
-real Python session in a subprocess; the refused start and a full run share one of them, so that the run after the
-refusal is also a second run in the same process. The helpers' own cases (spawned children without the caller's
-main module from ``python -m`` and a kernel-like ``__main__``, the environment put back by its last holder, the
-cause read from vLLM's output) run without vLLM."""
+``if __name__ == "__main__":`` guard, with the engine core in a process of its own, trains to the end while the
+script's top level runs once; ``os.environ`` after each call equals ``os.environ`` before it; a start that the
+engine core refuses in its own process names the engine core's own error; and no run leaves shared memory to
+multiprocessing's resource tracker (its "leaked shared_memory" warning at exit). The script is a real Python session
+in a subprocess; the refused start and a full run share it, so that the run after the refusal is also a second run
+in the same process. The helpers' own cases (spawned children without the caller's main module from ``python -m``,
+a heredoc and a kernel-like ``__main__``, the environment put back by its last holder, the cause read from vLLM's
+output) run without vLLM."""
 import json
 import os
 import subprocess
 import sys
 import textwrap
-import threading
 from importlib.metadata import entry_points
 
 import pytest
@@ -66,38 +65,19 @@ def report(proc: subprocess.CompletedProcess) -> dict:
 
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory):
-    """Two Python sessions run side by side: an unguarded script run by path (a start the engine core refuses, then
-    a run) and the same script fed to ``python -`` as a heredoc (a run)."""
+    """One Python session: an unguarded script run by path (a start the engine core refuses, then a run)."""
     tmp = tmp_path_factory.mktemp("sessions")
     text, file_mark = script(tmp, "file", [["refused", [TOO_SMALL]], ["trained", []]])
     path = tmp / "unguarded.py"
     path.write_text(text)
-    heredoc, heredoc_mark = script(tmp, "heredoc", [["trained", []]])
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    procs = {"file": subprocess.Popen([sys.executable, str(path)], cwd=tmp, env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE),
-             "heredoc": subprocess.Popen([sys.executable, "-"], cwd=tmp, env=env, text=True, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)}
-    out = {}
-
-    def finish(name, given=None):
-        try:
-            o, e = procs[name].communicate(given, timeout=600)
-        except subprocess.TimeoutExpired:
-            procs[name].kill()
-            o, e = procs[name].communicate()
-        out[name] = subprocess.CompletedProcess(procs[name].args, procs[name].returncode, o, e)
-
-    feeder = threading.Thread(target=finish, args=("heredoc", heredoc))
-    feeder.start()
-    finish("file")
-    feeder.join()
-    return out, {"file": file_mark, "heredoc": heredoc_mark}
+    proc = subprocess.run([sys.executable, str(path)], cwd=tmp, env=env, text=True, capture_output=True, timeout=600)
+    return {"file": proc}, {"file": file_mark}
 
 
 def test_an_unguarded_script_trains_with_its_engine_core_apart_and_runs_its_top_level_once(sessions):
     out, marks = sessions
-    for name in ("file", "heredoc"):
+    for name in out:
         got = report(out[name])
         assert got["trained"]["status"] == "done" and got["trained"]["steps"] == 1, (name, got)
         assert marks[name].read_text() == "ran\n", name  # never again in the engine core or its workers
@@ -105,14 +85,14 @@ def test_an_unguarded_script_trains_with_its_engine_core_apart_and_runs_its_top_
 
 def test_os_environ_after_train_equals_before(sessions):
     out, _ = sessions
-    for name in ("file", "heredoc"):
+    for name in out:
         for run, got in report(out[name]).items():
             assert got["env"] == {}, (name, run, got["env"])  # VLLM_*, LD_PRELOAD, LOCAL_WORLD_SIZE, ... put back
 
 
 def test_no_run_leaves_shared_memory_behind(sessions):
     out, _ = sessions
-    for name in ("file", "heredoc"):  # the refused start's included: the engine core ends its worker mid-start
+    for name in out:  # the refused start's included: the engine core ends its worker mid-start
         assert LEAK not in out[name].stderr, (name, out[name].stderr[-3000:])
 
 
@@ -139,9 +119,10 @@ sys.exit(child.exitcode)
 """
 
 
-def test_spawned_children_leave_out_the_main_module_of_a_module_run_and_of_a_kernel(tmp_path):
-    """``python -m`` (the child would import the module by name) and a notebook-like kernel (a ``__main__`` that
-    its code was exec'd into, without ``__file__``): the child starts, and the top level ran once."""
+def test_spawned_children_leave_out_the_main_module_of_a_module_run_a_heredoc_and_a_kernel(tmp_path):
+    """``python -m`` (the child would import the module by name), a heredoc (``python -``: the child would look for
+    ``<stdin>`` as a file) and a notebook-like kernel (a ``__main__`` that its code was exec'd into, without
+    ``__file__``): the child starts, and the top level ran once. (A script run by path, with vLLM: above.)"""
     (tmp_path / "unguarded_mod.py").write_text(SPAWNER.format(mark=str(tmp_path / "mod.ran")))
     kernel = textwrap.dedent(f"""\
         import sys, types
@@ -149,9 +130,11 @@ def test_spawned_children_leave_out_the_main_module_of_a_module_run_and_of_a_ker
         sys.modules["__main__"] = main
         exec({SPAWNER.format(mark=str(tmp_path / "kernel.ran"))!r}, main.__dict__)
         """)
-    for cmd, mark in (([sys.executable, "-m", "unguarded_mod"], "mod.ran"), ([sys.executable, "-c", kernel],
-                                                                               "kernel.ran")):
-        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    heredoc = SPAWNER.format(mark=str(tmp_path / "heredoc.ran"))
+    for cmd, mark, given in (([sys.executable, "-m", "unguarded_mod"], "mod.ran", None),
+                             ([sys.executable, "-"], "heredoc.ran", heredoc),
+                             ([sys.executable, "-c", kernel], "kernel.ran", None)):
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, input=given)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert (tmp_path / mark).read_text() == "ran\n", cmd
 
