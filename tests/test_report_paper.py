@@ -28,6 +28,7 @@ from graftzoo.eval.artifacts import load_runs, write_config
 from graftzoo.eval.report import (HOSTING_MODEL_KEYS, LATEX_PACKAGES, TRAJECTORY_FREE, _MODEL_RUN_KEYS, build_table1,
                                   compare_settings, short_heading, to_latex, to_markdown)
 from graftzoo.training import rundir
+from test_like_for_like import _run as run_with_settings
 from test_report import A, B, make_run
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -269,20 +270,14 @@ PAIR = [{"id": A, "kind": "tiny"}, {"id": B, "kind": "tiny"}]
 
 
 def _run(root, name, variant, seed, n, scores, peers, source=None, models=None, **settings):
-    """``test_report.make_run`` whose config also holds ``settings`` (dotted key with "__" for ".") and, with
-    ``models``, those ``pair.models`` entries (a run with a peer: both models, as a trained run's config)."""
-    run_dir = make_run(root, name, variant, seed, n, scores, peers, source=source)
+    """``test_like_for_like._run`` (a hand-made run whose config holds ``settings``) with, given ``models``, those
+    ``pair.models`` entries (a run with a peer: both models, as a trained run's config)."""
+    run_dir = run_with_settings(root, name, variant, seed, n, scores, peers, source=source, **settings)
     models = PAIR if models is None and source else models
-    raw = yaml.safe_load((run_dir / "config.yaml").read_text())
-    for dotted, value in settings.items():
-        node = raw
-        *parents, last = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
     if models is not None:
+        raw = yaml.safe_load((run_dir / "config.yaml").read_text())
         raw["pair"]["models"] = models
-    write_config(run_dir, raw)
+        write_config(run_dir, raw)
     return run_dir
 
 
