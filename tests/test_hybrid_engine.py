@@ -179,11 +179,13 @@ _SCRIPT = r'''
 import os, sys
 os.environ["TMPDIR"] = sys.argv[2]  # where the engines' folders go, for the test to search
 import json, torch
+import graftzoo.api  # registers the Ray back end, as the CLI does
 from graftzoo.contract.config import load_config
 from graftzoo.distributed.backend import RayBackend, dp_shares
 from graftzoo.envs.task import Task
 from graftzoo.training.engine import EngineError
 from graftzoo.training.models import build_engine, build_policy
+from graftzoo.training.trainer import Trainer
 
 
 def spied(group, sizes):
@@ -198,13 +200,9 @@ def spied(group, sizes):
     return call
 
 
-def vllm_checks(backend, res):
-    cfg = load_config(pair="micro", algo="grpo", overrides=[
-        "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", "ray.num_workers=2", "run.track=false",
-        "rollout.temperature=0.8", "rollout.max_new_tokens=12"])
-    model = cfg.pair.models[1].id
-    pols, engines, _ = backend.build(cfg, [s for s in cfg.pair.models if s.id == model], [model], seed=0)
-    pol, eng, group = pols[model], engines[model], backend.groups[model]
+def vllm_checks(trainer, model, res):
+    """On the finished run's sharded group (its vLLM engines as the run left them)."""
+    cfg, pol, eng, group = trainer.cfg, trainer.policies[model], trainer.engines[model], trainer.backend.groups[model]
     prompts = list(Task(cfg).make_env("test", size=6).dataset)
     n, calls = [3, 1, 2, 4, 2, 3], []
     call = spied(group, calls)
@@ -282,18 +280,31 @@ def hf_split_checks(backend, res):
     res["hf_greedy_equals_one_process"] = split == want
 
 
-out = sys.argv[1]
+class KeptOpen(Trainer):
+    """The trainer as ``graftzoo train`` runs it, its engines and worker groups kept open after the run for the
+    checks below (closed by the script)."""
+    def close(self):
+        pass
+
+
+out, run_out, pair = sys.argv[1], sys.argv[3], sys.argv[4]
 res = {}
-vllm_backend, hf_backend = RayBackend(), RayBackend()  # the first starts the cluster, the second joins it
+cfg = load_config(pair="micro", algo="graft", files=[pair], overrides=[
+    "peer.source=online", "run.backend=ray", f"run.out_dir={run_out}", "run.name=r", "run.progress=false",
+    "run.track=false", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.0625", "task.difficulty=1", "rollout.n=4",
+    "optim.max_tokens_per_micro=200", "run.steps=2", "run.save_every=1", "run.eval_at_end=false"])
+trainer = KeptOpen(cfg)
+hf_backend = RayBackend()  # joins the run's cluster
 try:
-    vllm_checks(vllm_backend, res)
-    for g in vllm_backend.groups.values():  # the engines end; the cluster stays for the HF group
+    trainer.run()
+    vllm_checks(trainer, cfg.pair.models[1].id, res)
+    for g in trainer.backend.groups.values():  # the engines end; the cluster stays for the HF group
         g.close()
-    vllm_backend.groups = {}
+    trainer.backend.groups = {}
     hf_split_checks(hf_backend, res)
 finally:
     hf_backend.close()
-    vllm_backend.close()
+    Trainer.close(trainer)
 json.dump(res, open(out, "w"))
 '''
 
@@ -319,26 +330,47 @@ def own_cache():
 
 
 @pytest.mark.slow
-def test_dp_generation_weight_sync_and_hf_split_on_a_sharded_group(tmp_path, own_cache):
-    """One Ray cluster, micro-gpt2-pair sharded over 2 ranks, first with a vLLM engine on each rank, then with the
-    HF engine and ``ray.hf_split_generate``. Both: each rank decodes its share, the groups come back in the
-    request's order, the same seed gives the same rollouts. vLLM: the split equals rank 0 decoding the whole request
-    with the same prompt seeds; after new weights and the in-memory sync the engines decode with them (log-probs equal
-    the training path's to 1e-5), no weight file written; rank 1's engine core killed, the next generate fails in
-    seconds naming the model, the engine process, the signal and the rank. HF: greedy rollouts equal one process's decode of each
-    share (the rank with fewer rows runs stand-in forward passes, so nothing hangs)."""
-    tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # short: Ray's socket paths under it must fit 107 bytes
+def test_a_ray_run_with_vllm_on_every_rank_then_dp_generation_weight_sync_and_hf_split(tmp_path, own_cache):
+    """One Ray cluster. First the run: ``graftzoo train --backend ray --set rollout.engine=vllm``'s trainer (the
+    Python API's ``Trainer.run``) with micro-gpt2-pair sharded over 2 FSDP ranks (a vLLM engine core in its own
+    process on each rank, the weights streamed to it) and micro-qwen-char in a group of one (its engine in the
+    worker's process, the weights passed by reference): both ways a rank syncs its engine in one run. After every
+    update the engines decode with the new weights (the engine's log-probs equal the training path's to 1e-5 in
+    float32, every step), and no weight file is written outside the run's checkpoints — neither in the run directory
+    nor in the engines' temporary folders (TMPDIR).
+
+    Then, on the run's sharded group as it left it: each rank decodes its share, the groups come back in the
+    request's order, the same seed gives the same rollouts, and the split equals rank 0 decoding the whole request
+    with the same prompt seeds; after new weights and the in-memory sync the engines decode with them (log-probs
+    equal the training path's to 1e-5), no weight file written; rank 1's engine core killed, the next generate fails
+    in seconds naming the model, the engine process, the signal and the rank. Last, in the same cluster, a group
+    with the HF engine and ``ray.hf_split_generate``: the same order and seeding, and greedy rollouts equal one
+    process's decode of each share (the rank with fewer rows runs stand-in forward passes, so nothing hangs)."""
+    tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # TMPDIR of every process of the run; short for Ray's sockets
     script = tmp_path / "hybrid.py"
     script.write_text(_SCRIPT)
+    out = tmp_path / "out"
     cache = own_cache
     before = weight_files(cache)
     code, log = finish(loopback(["env", f"GRAFTZOO_CACHE={cache}", INDUCTOR_CACHE, sys.executable, str(script),
-                                 str(tmp_path / "out.json"), str(tmp)]), timeout=600)
+                                 str(tmp_path / "out.json"), str(tmp), str(out), str(pair_file(tmp_path))]),
+                       timeout=600)
     try:
         assert code == 0, log[-4000:]
-        assert weight_files(tmp, tmp_path) == {}  # the engines' folders (TMPDIR) hold no weights
+        assert weight_files(tmp) == {}  # the engines' folders (TMPDIR) hold no weights
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    # the run: weights only in its checkpoints, the engines following every update
+    run = out / "r"
+    outside = {p for p in weight_files(tmp_path) if "checkpoints" not in Path(p).relative_to(tmp_path).parts}
+    assert outside == set()
+    assert any("checkpoints" in p for p in weight_files(run))  # the checkpoints are where weights are written
+    assert weight_files(cache) == before
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("time/weight_sync") is not None]
+    assert len(steps) == 4 and all(r["rollout/logp_diff_max"] <= 1e-5 for r in steps), steps
+    assert json.loads((run / "summary.json").read_text())["status"] == "done"
+    # the sharded group afterwards
     res = json.loads((tmp_path / "out.json").read_text())
     assert res["order"] and res["counts"] == [3, 1, 2, 4, 2, 3]
     assert res["same_seed"] and res["other_seed_differs"]
@@ -352,46 +384,9 @@ def test_dp_generation_weight_sync_and_hf_split_on_a_sharded_group(tmp_path, own
                                           "generated: its process VLLM::EngineCore (pid "), res["engine_death"]
     assert "was killed by SIGKILL" in res["engine_death"] and "[model 'micro-gpt2-pair', worker rank 1]" in \
         res["engine_death"], res["engine_death"]
-    assert weight_files(cache) == before
     assert res["hf_order"] and res["hf_counts"] == [5, 5, 1, 1, 1, 1] and res["hf_same_seed"], res
     assert res["hf_shares"] == [1, 5], res  # 14 sequences: 5 on rank 0, 5 + 1 + 1 + 1 + 1 on rank 1
     assert res["hf_greedy_equals_one_process"], res
-
-
-@pytest.mark.slow
-def test_a_ray_run_with_vllm_on_every_rank_writes_no_weight_file(tmp_path, own_cache):
-    """``graftzoo train --backend ray --set rollout.engine=vllm`` with micro-gpt2-pair sharded over 2 FSDP ranks (a
-    vLLM engine core in its own process on each rank, the weights streamed to it) and micro-qwen-char in a group of
-    one (its engine in the worker's process, the weights passed by reference): both ways a rank syncs its engine in
-    one run. After every update the engines decode with the new weights (the engine's log-probs equal the training
-    path's to 1e-5 in float32, every step), and no weight file is written outside the run's checkpoints — neither
-    in the run directory nor in the engines' temporary folders."""
-    tmp = Path(tempfile.mkdtemp(prefix="gz-"))  # TMPDIR of every process of the run; short for Ray's sockets
-    out = tmp_path / "out"
-    cache = own_cache
-    before = weight_files(cache)
-    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "graft", "--pair", "micro", "--peer",
-           "online", "--no-track", "--backend", "ray"]
-    cmd += ["-c", str(pair_file(tmp_path))]  # micro-gpt2-pair in a group of 2 ranks
-    for s in [f"run.out_dir={out}", "run.name=r", "run.progress=false", "rollout.engine=vllm",
-              "rollout.vllm.kv_cache_gb=0.0625", "task.difficulty=1", "rollout.n=4", "optim.max_tokens_per_micro=200",
-              "run.steps=2", "run.save_every=1", "run.eval_at_end=false"]:
-        cmd += ["--set", s]
-    try:
-        code, log = finish(loopback(["env", f"TMPDIR={tmp}", f"GRAFTZOO_CACHE={cache}", INDUCTOR_CACHE, *cmd]),
-                           timeout=600)
-        assert code == 0, log[-4000:]
-        assert weight_files(tmp) == {}
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    run = out / "r"
-    outside = {p for p in weight_files(run) if "checkpoints" not in Path(p).relative_to(run).parts}
-    assert outside == set()
-    assert any("checkpoints" in p for p in weight_files(run))  # the checkpoints are where weights are written
-    assert weight_files(cache) == before
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if r.get("time/weight_sync") is not None]
-    assert len(steps) == 4 and all(r["rollout/logp_diff_max"] <= 1e-5 for r in steps), steps
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ Every Ray run here starts its own private cluster on 127.0.0.1 inside a loopback
 own processes, the workers) ends with the namespace's first process, also when the test kills the driver.
 
 The pair: micro-qwen-char in a group of 1 worker, micro-gpt2-pair sharded by FSDP2 over 2 workers; GRAFT with
-online exchange, micro-batches of at most 200 tokens (so that both ranks train real micro-batches), 3 seeded steps.
+online exchange, micro-batches of at most 200 tokens (so that both ranks train real micro-batches), 3 seeded steps;
+the shared run with rollouts one step ahead (``rollout.max_staleness=1``), the resumed one without.
 """
 import json
 import os
@@ -42,6 +43,9 @@ SETS = ["task.difficulty=1", "rollout.n=8", "optim.max_tokens_per_micro=200", "r
 A, B = "micro-qwen-char", "micro-gpt2-pair"
 # the resumed run's algorithm: HACPO with a KL reference, its models one after the other
 HACPO = ["algo.beta_kl=0.05", "ray.concurrent_models=false", "run.eval_at_end=false"]
+# the shared run's schedule: each step's rollouts collected one step ahead, before the update (a group's calls queue
+# one at a time on Ray, so nothing overlaps), decoded by the weights one version old after step 0
+AHEAD = ["rollout.max_staleness=1"]
 SKIP_KEYS = ("time/", "perf/")   # wall-clock figures differ from run to run
 
 
@@ -102,26 +106,32 @@ def assert_same(got: dict, want: dict, rel: float, what: str):
 
 @pytest.fixture(scope="module")
 def ray_run(tmp_path_factory):
-    """One uninterrupted Ray run (its wall time is printed)."""
+    """One uninterrupted Ray run with rollouts one step ahead (``rollout.max_staleness=1``; its wall time is
+    printed)."""
     tmp = tmp_path_factory.mktemp("ray")
     pair = pair_file(tmp)
     t = time.perf_counter()
-    code, log = finish(loopback(train_cmd(tmp / "full", pair)))
+    code, log = finish(loopback(train_cmd(tmp / "full", pair, *AHEAD)))
     assert code == 0, log[-4000:]
     print(f"\nRay run: 3 steps of a co-trained pair (1 + 2 workers) in {time.perf_counter() - t:.1f} s")
     return tmp, pair, tmp / "full" / "r"
 
 
 def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
-    """The same seeded metrics as one process, for a model in a group of 1 (to 1e-6:
-    the same floating-point operations in another process) and a model sharded by FSDP2 over 2 gloo ranks (loss to
-    1e-5: the ranks' gradients are summed in another order)."""
+    """The same seeded metrics as one process with the same schedule (``rollout.max_staleness=1``: every step's own
+    rollouts one version old after step 0), for a model in a group of 1 (to 1e-6: the same floating-point operations
+    in another process) and a model sharded by FSDP2 over 2 gloo ranks (loss to 1e-5: the ranks' gradients are
+    summed in another order)."""
     _, _, run = ray_run
     cfg = load_config(pair="micro", algo="graft", overrides=[
-        "peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp_path}", "run.name=r", *SETS])
+        "peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp_path}", "run.name=r", *SETS,
+        *AHEAD])
     ref_dir = train(cfg)
     ref, got = metrics(ref_dir), metrics(run)
     assert sorted(got) == sorted(ref) and len(ref) == 6
+    assert [ref[(s, A)]["async/staleness_max"] for s in range(3)] == [0, 1, 1]
+    assert [got[(s, B)]["async/staleness_max"] for s in range(3)] == [0, 1, 1]
+    assert any(r.get("async/is_weight_mean", 1.0) != 1.0 for r in ref.values())   # the weights moved
     assert_same({k: v for k, v in got.items() if k[1] == A}, {k: v for k, v in ref.items() if k[1] == A}, 1e-6, A)
     for key, row in ref.items():
         if key[1] == B:
@@ -147,23 +157,6 @@ def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
     assert any(not torch.equal(ws[n], v) for n, v in fresh.items())   # it trained
     out = evaluate_checkpoint(run, benchmarks=["heldout"], k=1, limit=2)
     assert sorted(Path(p).name for p in out) == sorted(f"{m}.json" for m in (A, B))
-
-
-def test_rollouts_ahead_on_ray_train_like_the_in_process_trainer(tmp_path):
-    """rollout.max_staleness=1 with each model in a group of 1 worker (whose calls queue one at a time, so the next
-    step's rollouts are collected just before the update, no overlap): the same seeded metrics as the in-process
-    trainer with k = 1, to 1e-6 (the same floating-point operations in another process), every step's own
-    rollouts one version old after step 0."""
-    code, log = finish(loopback(train_cmd(tmp_path, pair_file(tmp_path, workers=1), "rollout.max_staleness=1",
-                                          "run.eval_at_end=false")))
-    assert code == 0, log[-4000:]
-    ref = metrics(train(load_config(pair="micro", algo="graft", overrides=[
-        "peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp_path}", "run.name=ref",
-        *SETS, "rollout.max_staleness=1", "run.eval_at_end=false"])))
-    got = metrics(tmp_path / "r")
-    assert len(ref) == 6 and [ref[(s, A)]["async/staleness_max"] for s in range(3)] == [0, 1, 1]
-    assert any(r.get("async/is_weight_mean", 1.0) != 1.0 for r in ref.values())   # the weights moved
-    assert_same(got, ref, 1e-6, "k = 1 on Ray")
 
 
 def test_hacpo_killed_with_kill_9_resumes_on_ray_like_in_process_with_the_models_one_after_the_other(ray_run):

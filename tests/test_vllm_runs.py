@@ -56,11 +56,11 @@ def engines(procs: set) -> set:
     return {cmd for _, cmd in procs if "VLLM" in cmd}
 
 
-@pytest.fixture
-def engine_processes(monkeypatch):
+@contextlib.contextmanager
+def watched_engines(monkeypatch):
     """The processes the run's engines started (seen after each train step), and the processes before the run.
-    The test holds every engine the trainer builds, so that only the trainer's own shutdown can end its process
-    (not the garbage collector)."""
+    Every engine the trainer builds is held, so that only the trainer's own shutdown can end its process (not the
+    garbage collector)."""
     seen, held = [], []
     build = models_module.build_engine
 
@@ -77,9 +77,17 @@ def engine_processes(monkeypatch):
         return out
 
     monkeypatch.setattr(Trainer, "train_step", counting_step)
-    yield seen, children()
-    for engine in held:  # a failed test leaves no process to the rest of the session
-        engine.close()
+    try:
+        yield seen, children()
+    finally:
+        for engine in held:  # a failed test leaves no process to the rest of the session
+            engine.close()
+
+
+@pytest.fixture
+def engine_processes(monkeypatch):
+    with watched_engines(monkeypatch) as watched:
+        yield watched
 
 
 def weights_written(monkeypatch) -> list:
@@ -109,33 +117,45 @@ def engine_cpu_s(procs: set) -> float:
     return total
 
 
-def test_the_engine_process_trains_with_the_run_and_ends_with_it(tmp_path, engine_processes, monkeypatch):
-    seen, before = engine_processes
-    written = weights_written(monkeypatch)
-    idle = []  # CPU seconds of the engine's processes in a second with nothing asked of them, after the first step
-    step = Trainer.train_step
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """One uninterrupted 3-step run with the engine core in its own process, watched (``watched_engines``, the
+    weight-file spy, the engine's CPU time while idle after step 0): the test below reads what was watched, the
+    killed-engine test compares its resumed run's metrics with this run's."""
+    out = tmp_path_factory.mktemp("plain")
+    with pytest.MonkeyPatch.context() as mp, watched_engines(mp) as (seen, before):
+        written = weights_written(mp)
+        idle = []  # CPU seconds of the engine's processes in a second with nothing asked of them, after step 0
+        step = Trainer.train_step
 
-    def idle_after_first_step(self, s):
-        out = step(self, s)
-        if s == 0:
-            procs = children() - before
-            time.sleep(0.2)
-            cpu = engine_cpu_s(procs)
-            time.sleep(1.0)
-            idle.append(engine_cpu_s(procs) - cpu)
-        return out
+        def idle_after_first_step(self, s):
+            res = step(self, s)
+            if s == 0:
+                procs = children() - before
+                time.sleep(0.2)
+                cpu = engine_cpu_s(procs)
+                time.sleep(1.0)
+                idle.append(engine_cpu_s(procs) - cpu)
+            return res
 
-    monkeypatch.setattr(Trainer, "train_step", idle_after_first_step)
-    run = train(load_config(pair="micro", algo="grpo", overrides=[*ONE_MODEL, f"run.out_dir={tmp_path}",
-                                                                  "run.name=x", "run.steps=2"]))
-    assert len(seen) == 2 and all(engines(s - before) for s in seen)  # an engine process served every step
-    assert children() - before == set()
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        mp.setattr(Trainer, "train_step", idle_after_first_step)
+        run = train(load_config(pair="micro", algo="grpo", overrides=[*ONE_MODEL, f"run.out_dir={out}",
+                                                                      "run.name=x", "run.steps=3"]))
+        left = children() - before
+    return {"run": run, "seen": [s - before for s in seen], "left": left, "written": written, "idle": idle}
+
+
+def test_the_engine_process_trains_with_the_run_and_ends_with_it(plain):
+    seen = plain["seen"]
+    assert len(seen) == 3 and all(engines(s) for s in seen)  # an engine process served every step
+    assert plain["left"] == set()
+    rows = [json.loads(x) for x in (plain["run"] / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r.get("time/weight_sync") is not None]
-    assert len(steps) == 2 and all(r["rollout/logp_diff_max"] <= 1e-5 for r in steps), steps  # streamed, fp32
-    assert written == []  # the weights went to the engine's process in memory
+    assert len(steps) == 3 and all(r["rollout/logp_diff_max"] <= 1e-5 for r in steps), steps  # streamed, fp32
+    assert plain["written"] == []  # the weights went to the engine's process in memory
     # rollout.vllm.poll_sleep_us auto (CPU): between calls the engine's processes sleep. vLLM's own queue spins a
     # core for a second after each message (the weight sync ended the step): 0.6-0.8 CPU-s here
+    idle = plain["idle"]
     assert idle[0] < 0.25, f"the idle engine used {idle[0]:.2f} CPU-s in 1 s"
 
 
@@ -243,7 +263,7 @@ def engine_pids(p: subprocess.Popen) -> dict:
     return {c.pid: c for c in psutil.Process(p.pid).children(recursive=True) if "VLLM" in " ".join(c.cmdline())}
 
 
-def test_a_killed_engine_core_fails_the_run_in_seconds_with_one_line_and_the_rerun_resumes(tmp_path):
+def test_a_killed_engine_core_fails_the_run_in_seconds_with_one_line_and_the_rerun_resumes(tmp_path, plain):
     """kill -9 of the engine core (its own process) mid-run: the run stops within seconds with one line naming the
     model, the engine and the signal (vLLM's client alone waits for the dead process forever), the summary says
     failed, and the same command resumes from the last checkpoint to the metrics of a run never interrupted."""
@@ -273,9 +293,7 @@ def test_a_killed_engine_core_fails_the_run_in_seconds_with_one_line_and_the_rer
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "resuming from step_00000" in rerun.stderr, rerun.stderr[-3000:]
-    ref = train(load_config(pair="micro", algo="grpo", overrides=[*ONE_MODEL, "run.save_every=1", "run.steps=3",
-                                                                  f"run.out_dir={tmp_path}", "run.name=ref"]))
-    got, want = step_rows(tmp_path / "x"), step_rows(ref)
+    got, want = step_rows(tmp_path / "x"), step_rows(plain["run"])   # the same settings, never interrupted
     assert sorted(got) == sorted(want) == [0, 1, 2]
     for s, row in want.items():
         for k in ("loss", "reward/mean", "rollout/logp_diff_max"):
