@@ -30,13 +30,19 @@ def corpus():
     return texts()
 
 
-@pytest.fixture(scope="module", params=["qwen3", "smollm3"])
-def tok(request):
-    return request.param, vocab.cached_vocab(request.param)
+@pytest.fixture(scope="module")
+def toks():
+    """Both tokenizers, read from the cache once for the module (a real vocabulary takes seconds to load)."""
+    return {name: vocab.cached_vocab(name) for name in ("qwen3", "smollm3")}
 
 
-def test_published_ids():
-    q, s = vocab.cached_vocab("qwen3"), vocab.cached_vocab("smollm3")
+@pytest.fixture(params=["qwen3", "smollm3"])
+def tok(request, toks):
+    return request.param, toks[request.param]
+
+
+def test_published_ids(toks):
+    q, s = toks["qwen3"], toks["smollm3"]
     assert q.encode("Hello world", add_special_tokens=False) == [9707, 1879]
     assert q.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [151643, 151644, 151645]
     assert (q.eos_token_id, q.pad_token_id, q.bos_token_id, len(q)) == (151643, 151643, None, 151669)
@@ -64,10 +70,10 @@ def test_equal_to_the_reference_and_round_trip_on_every_benchmark(tok, corpus):
     assert not bad, f"{name}: {len(bad)} texts do not round-trip, e.g. {bad[0][:80]!r}"
 
 
-def test_normalisation_is_qwen_only():
+def test_normalisation_is_qwen_only(toks):
     nfd = unicodedata.normalize("NFD", "café 𝑥² Å")
     assert nfd != unicodedata.normalize("NFC", nfd)
-    q, s = vocab.cached_vocab("qwen3"), vocab.cached_vocab("smollm3")
+    q, s = toks["qwen3"], toks["smollm3"]
     assert q.decode(q.encode(nfd, add_special_tokens=False)) == unicodedata.normalize("NFC", nfd)
     assert s.decode(s.encode(nfd, add_special_tokens=False)) == nfd
 
