@@ -11,9 +11,9 @@
     graftzoo.export(result, out="export/")                 # Hugging Face folders, one per model
 
 Errors are the command's: a bad config value raises ``ConfigError`` naming the key before any model is built; a
-run that diverges returns ``status == "failed"`` with the reason in ``error``. An error that says what to pass says
-it in this API's words (``overwrite=True``, ``resume=False``, ``overrides={"run.name": NAME}``), not the command's
-options (``API_WORDS``); a key that has no effect in the run's setting is said once, a warning line at start
+run that diverges returns ``status == "failed"`` with the reason in ``error``. An error or a log line that says what
+to pass says it in this API's words (``overwrite=True``, ``resume=False``, ``overrides={"run.name": NAME}``), not the
+command's options (``API_WORDS``); a key that has no effect in the run's setting is said once, a warning line at start
 (graftzoo.training.no_effect).
 
 Any script may call these, with or without an ``if __name__ == "__main__":`` guard, and so may ``python -m``,
@@ -24,6 +24,7 @@ they found it: what the run's engines and libraries set in it (vLLM's ``VLLM_*``
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -58,6 +59,7 @@ _END = r"(?![\w-])"  # an option's name ends here (--out, not --out-dir)
 API_WORDS = (
     (r"--no-resume" + _END, "resume=False"),
     (r"--overwrite" + _END, "overwrite=True"),
+    (r"--no-track" + _END, "track=False"),
     (r"--set ([\w.]+)=([^\s;,)]+)", r'overrides={"\1": "\2"}'),
     (r"--allow-config-change ([\w.*,]+)",
      lambda m: "allow_config_change=[" + ", ".join(f'"{k}"' for k in m.group(1).split(",")) + "]"),
@@ -88,13 +90,36 @@ def api_words(message: str) -> str:
     return message
 
 
+@contextlib.contextmanager
+def _logs_in_api_words():
+    """graftzoo's log lines in this API's words (``api_words``) while a call runs: each record of a ``graftzoo``
+    logger is made with its message translated (the record factory is put back after)."""
+    make = logging.getLogRecordFactory()
+
+    def record(*args, **kwargs):
+        rec = make(*args, **kwargs)
+        if rec.name == "graftzoo" or rec.name.startswith("graftzoo."):
+            try:
+                rec.msg, rec.args = api_words(rec.getMessage()), None
+            except Exception:  # a message that cannot be formatted is left for logging to report
+                pass
+        return rec
+
+    logging.setLogRecordFactory(record)
+    try:
+        yield
+    finally:
+        logging.setLogRecordFactory(make)
+
+
 def _in_api_words(fn):
-    """``fn`` whose errors are raised in this API's words (``api_words``): the same exception, its one-string
-    message translated."""
+    """``fn`` whose errors are raised, and whose log lines are written, in this API's words (``api_words``): the
+    same exception, its one-string message translated."""
     @functools.wraps(fn)
     def speaking(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with _logs_in_api_words():
+                return fn(*args, **kwargs)
         except Exception as e:
             if len(e.args) == 1 and isinstance(e.args[0], str):
                 e.args = (api_words(e.args[0]),)
