@@ -42,9 +42,8 @@ def recipe(model: str, sets: list) -> TinyModelSpec:
     return TinyModelSpec.from_dict(d)
 
 
-def curve(spec: TinyModelSpec, seed: int, every: int, per_skill: int) -> list:
+def curve(model, tok, spec: TinyModelSpec, seed: int, every: int, per_skill: int) -> list:
     """One record per probe: step, mean loss of the last ``every`` steps, greedy accuracy per skill, elapsed s."""
-    model, tok = build_tiny(spec, seed)
     w = spec.warmup
     skills = sorted(k for k, v in w.mix.items() if v > 0) or ["add", "mul"]
     probe_w = replace(w, probe_per_skill=per_skill)
@@ -76,11 +75,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     spec = recipe(args.model, args.set)
-    n = sum(p.numel() for p in build_tiny(spec, args.seed)[0].parameters())
+    model, tok = build_tiny(spec, args.seed)
+    n = sum(p.numel() for p in model.parameters())
     print(f"{spec.id}: {n:,} parameters; warm-up {spec.warmup}", flush=True)
     res = {"model": spec.id, "sets": args.set, "parameters": n, "spec": spec.to_dict(), "seed": args.seed,
            "threads": args.threads, "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-           "curve": curve(spec, args.seed, args.probe_every, args.probe_per_skill)}
+           "curve": curve(model, tok, spec, args.seed, args.probe_every, args.probe_per_skill)}
     if args.out:
         old = json.loads(args.out.read_text()) if args.out.exists() else []
         args.out.write_text(json.dumps(old + [res], indent=1) + "\n")

@@ -209,8 +209,8 @@ def train(cfg: Optional[RunConfig] = None, *, algo: Optional[str] = None, pair: 
         raise ConfigError("train: give a config (cfg) or algo / pair / files / overrides, not both")
     elif track is not None:
         cfg = with_values(cfg, {"run.track": bool(track)})
-    for line in no_effect_lines(cfg):  # a key set where the rest of the config leaves it idle
-        log.warning("%s", api_words(line))
+    for line in no_effect_lines(cfg):  # a key set where the rest of the config leaves it idle (in the API's words:
+        log.warning("%s", line)        # _in_api_words translates the call's log lines)
     try:
         with environment_kept():
             out = train_run(cfg, run_dir=None if run_dir is None else str(run_dir), resume=resume,
