@@ -3,7 +3,7 @@
 One training step, for each model (graftzoo.training.step, docs/architecture.md#one-training-step):
 
     groups = learner.collect(ctx, prompts)          # allocate -> generate -> score
-    groups = learner.advantages(ctx, groups)        # Group.advantages: the one advantage channel
+    groups = learner.advantages(ctx, groups)        # Group.advantages from the registered estimator it names
     slots  = learner.exchange(ctx, groups, peer)    # GRAFT / HACPO / SGT (graftzoo.algos.peer); identity here
     batch  = learner.build_batch(ctx, slots)        # Rollout fields -> TrainRows (graftzoo.contract.types)
     for u, idx in enumerate(learner.schedule(ctx, batch)):   # minibatch order (peer-last lives here)
@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import random
+from dataclasses import replace
 from typing import Optional
 
 import torch
 
-from graftzoo.algos.functional import group_advantages, minibatch_bounds, rloo_advantages
+from graftzoo.algos.advantages import AdvantageInputs, get_estimator
+from graftzoo.algos.functional import minibatch_bounds
 from graftzoo.contract import metrics as M
 from graftzoo.contract.batch import TrainBatch
 from graftzoo.algos.config import LearnerConfig
@@ -142,26 +144,29 @@ class Learner:
         return ctx.score(ctx.generate(prompts, self.allocate(ctx, prompts)))
 
     def advantages(self, ctx: StepContext, groups) -> list:
-        """Group-relative advantages (docs/algorithms.md#group-advantage, docs/algorithms.md#rloo for RLOO)."""
-        rewards, index = [], []
-        for gi, g in enumerate(groups):
-            rewards += self.shaped_rewards(ctx, g)
-            index += [gi] * g.n
-        if not rewards:
+        """The groups with the advantages of the estimator this learner names (``estimator``; graftzoo.algos.advantages,
+        docs/algorithms.md#group-advantage) on the inputs it builds (``advantage_inputs``)."""
+        if not any(g.n for g in groups):
             return groups
-        r = torch.tensor(rewards, dtype=torch.float64)
-        idx = torch.tensor(index, dtype=torch.long)
-        if self.cfg.estimator == "rloo":
-            adv = rloo_advantages(r, idx)
-        elif self.cfg.estimator == "grpo":
-            adv = group_advantages(r, idx, std_normalize=self.cfg.std_normalize, eps=self.cfg.adv_eps)
-        else:
-            raise ValueError(f"algo.estimator must be grpo|rloo, got {self.cfg.estimator!r}")
-        pos = 0
+        adv = get_estimator(self.estimator)(self.advantage_inputs(ctx, groups), self.cfg)
+        out, pos = [], 0
         for g in groups:
-            g.advantages = adv[pos:pos + g.n].tolist()
+            out.append(replace(g, advantages=adv[pos:pos + g.n].tolist()))
             pos += g.n
-        return groups
+        return out
+
+    @property
+    def estimator(self) -> str:
+        """The registered advantage estimator (graftzoo.algos.advantages) this learner uses: ``algo.estimator``."""
+        return self.cfg.estimator
+
+    def advantage_inputs(self, ctx: StepContext, groups) -> AdvantageInputs:
+        """The step's groups as an estimator reads them: shaped rewards, group index and verdicts of every response;
+        a learner whose estimator needs more adds it to ``extra``."""
+        rewards = [x for g in groups for x in self.shaped_rewards(ctx, g)]
+        return AdvantageInputs(torch.tensor(rewards, dtype=torch.float64),
+                               torch.tensor([gi for gi, g in enumerate(groups) for _ in range(g.n)], dtype=torch.long),
+                               torch.tensor([r.correct for g in groups for r in g.rollouts], dtype=torch.bool))
 
     def shaped_rewards(self, ctx: StepContext, group: Group) -> list:
         return group.rewards

@@ -239,3 +239,40 @@ def test_grafted_rows_carry_the_stored_peers_advantages(pols, tmp_path, renorm):
         assert got == pytest.approx(grpo_adv(MIXED)) and got != pytest.approx(PLANTED, abs=1e-3)
     else:
         assert got == PLANTED
+
+
+# 6. the advantage estimator a learner names decides the advantages that reach the batch
+def test_the_estimator_a_learner_names_gives_the_advantages_rloo_a_plugin_and_an_unknown_name(pols):
+    from graftzoo import AdvantageInputs, Learner, register_estimator
+    from graftzoo.algos.advantages import ESTIMATORS
+    pol = pols[LEARNER]
+    groups = [group(pol, PROMPTS[0], [True, False, False, False]), group(pol, PROMPTS[1], [True, True, False, False])]
+    learner, cfg = make("grpo", "algo.estimator=rloo")
+    out = learner.advantages(context(cfg, pol), groups)
+    # RLOO on [1, 0, 0, 0]: 1 - 0 = 1, 0 - 1/3 = -1/3 (docs/algorithms.md#rloo); the input groups are left as they were
+    assert out[0].advantages == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+    assert out[1].advantages == pytest.approx([2 / 3, 2 / 3, -2 / 3, -2 / 3])
+    assert groups[0].advantages is None and out[0].rollouts == groups[0].rollouts
+
+    @register_estimator("test_signs")
+    def signs(x: AdvantageInputs, cfg) -> torch.Tensor:
+        """+1 for a correct response, -1 for a wrong one, scaled by the group's number of responses."""
+        n = torch.bincount(x.index).to(torch.float64)[x.index]
+        return torch.where(x.correct, 1.0, -1.0).to(torch.float64) / n
+
+    try:
+        class Signs(Learner):
+            estimator = "test_signs"
+        grpo, cfg = make("grpo")
+        plugin = Signs(grpo.cfg, grpo.run)
+        batch = plugin.build_batch(context(cfg, pol), plugin.advantages(context(cfg, pol), groups))
+        assert [r.advantage for r in batch.rows] == [0.25, -0.25, -0.25, -0.25, 0.25, 0.25, -0.25, -0.25]
+        with pytest.raises(ValueError, match="test_signs.*already registered"):
+            register_estimator("test_signs")(lambda x, c: x.rewards)
+
+        class Unknown(Learner):
+            estimator = "no_such_estimator"
+        with pytest.raises(KeyError, match="no_such_estimator.*registered: .*'grpo'.*'rloo'"):
+            Unknown(grpo.cfg, grpo.run).advantages(context(cfg, pol), groups)
+    finally:
+        ESTIMATORS.pop("test_signs", None)

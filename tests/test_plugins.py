@@ -11,23 +11,28 @@ from helpers import one_run
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
 PLUGIN = '''
-from graftzoo import Learner, LearnerConfig
+from graftzoo import Learner, LearnerConfig, register_estimator
+from graftzoo.algos.advantages import get_estimator
 
 
 class HalfAdvConfig(LearnerConfig):
     scale: float = 0.5
 
 
+@register_estimator("scaled_grpo")
+def scaled_grpo(x, cfg):
+    """GRPO's group advantage times algo.scale."""
+    return get_estimator("grpo")(x, cfg) * cfg.scale
+
+
 class HalfAdv(Learner):
-    """GRPO with scaled advantages: a one-hook plugin."""
+    """GRPO with scaled advantages: a registered estimator and a metric."""
     Config = HalfAdvConfig
+    estimator = "scaled_grpo"
 
     def advantages(self, ctx, groups):
-        groups = super().advantages(ctx, groups)
-        for g in groups:
-            g.advantages = [a * self.cfg.scale for a in g.advantages]
         ctx.log("plugin/scale", self.cfg.scale)
-        return groups
+        return super().advantages(ctx, groups)
 '''
 
 
@@ -84,7 +89,7 @@ def test_broken_plugin_is_reported_by_name_and_clash_is_an_error(tmp_path):
 
 
 # the same learner as a local file: registered by its own decorator instead of an entry point
-LOCAL_PLUGIN = PLUGIN.replace("LearnerConfig\n", "LearnerConfig, register_algo\n", 1).replace(
+LOCAL_PLUGIN = PLUGIN.replace("register_estimator\n", "register_estimator, register_algo\n", 1).replace(
     "class HalfAdv(Learner):", '@register_algo("my_algo")\nclass HalfAdv(Learner):', 1)
 TRAIN = ["train", "--algo", "my_algo", "--pair", "micro", "--no-track", "--set", "run.out_dir=out", "--set",
          "run.steps=1", "--set", "run.eval_at_end=false", "--set", "algo.scale=0.25", "--set",

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from graftzoo.algos.advantages import AdvantageInputs, register_estimator
 from graftzoo.algos.base import Learner
 from graftzoo.algos.functional import group_advantages
 from graftzoo.algos.extra.formulas import (extra_advantages, extra_option_a_scores, is_hard_prompt,
@@ -25,6 +26,17 @@ from graftzoo.contract.types import Prompt
 NEWLINES = ("\n", "\n\n")
 SCAN_IDS = 1000  # vocabulary ids scanned for tokens that decode to a cut string (docs/algorithms.md#extra-prefix-regeneration)
 ENTROPY_BATCH = 64
+
+
+@register_estimator("extra")
+def extra_estimator(x: AdvantageInputs, cfg: ExTraConfig) -> torch.Tensor:
+    """GRPO's advantage with ExTra's novelty bonus for correct responses (docs/algorithms.md#extra-novelty-bonus):
+    Option B after the normalisation (``novelty_mode: after_norm``), or Option A's scores normalized as GRPO's."""
+    if cfg.novelty_mode == "after_norm":
+        return extra_advantages(x.rewards, x.correct, x.index, x.extra["novelty"], cfg.novelty_alpha, cfg.adv_eps)
+    scores = extra_option_a_scores(x.rewards, x.correct, x.index, x.extra["novelty"], x.extra["ema"],
+                                   cfg.novelty_alpha, cfg.novelty_lambda)
+    return group_advantages(scores, x.index, eps=cfg.adv_eps)
 
 
 def _new_entry() -> dict:
@@ -127,23 +139,21 @@ class ExTra(Learner):
             queued += 1
         ctx.log(EXTRA_PREFIXES_ENQUEUED, queued)
 
-    # ---- advantages ------------------------------------------------------------------------
-    def advantages(self, ctx, groups):
-        """GRPO + novelty (docs/algorithms.md#extra-novelty-bonus Option B, or Option A with ``novelty_mode: before_norm``)."""
-        if not groups:
-            return groups
+    # ---- advantages: the novelty of each response, for the registered estimator "extra" ---------------
+    estimator = "extra"
+
+    def advantage_inputs(self, ctx, groups):
+        """GRPO's inputs plus each response's novelty against its prompt's memory (``extra["novelty"]``) and, for
+        Option A (``novelty_mode: before_norm``), each group's reward-variance EMA (``extra["ema"]``); the memories
+        take this step's embeddings."""
+        x = super().advantage_inputs(ctx, groups)
         c = self.cfg
         rolls = [r for g in groups for r in g.rollouts]
-        if not rolls:
-            return super().advantages(ctx, groups)
-        index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g.rollouts])
-        rewards = torch.tensor([x for g in groups for x in self.shaped_rewards(ctx, g)], dtype=torch.float64)
-        correct = torch.tensor([r.correct for r in rolls])
         texts = [ctx.policy.decode(r.token_ids[r.prefix_len:][-c.embed_tokens:]) for r in rolls]
         emb = self.embedder.embed(texts, policy=ctx.policy)
         nov = torch.zeros(len(rolls), dtype=torch.float64)
         rows_of: dict = {}
-        for i, gi in enumerate(index.tolist()):
+        for i, gi in enumerate(x.index.tolist()):
             rows_of.setdefault(groups[gi].prompt.id, []).append(i)
         warm = 0
         for key, rows in rows_of.items():
@@ -154,21 +164,14 @@ class ExTra(Learner):
             mem = e if entry["emb"] is None else torch.cat([entry["emb"], e])
             entry["emb"] = mem[-c.memory_size:]
             if c.novelty_mode == "before_norm":
-                entry["ema"] = reward_variance_ema(entry["ema"], rewards[rows].tolist(), c.variance_momentum)
-        if c.novelty_mode == "after_norm":
-            adv = extra_advantages(rewards, correct, index, nov, c.novelty_alpha, c.adv_eps)
-        else:
-            ema = torch.tensor([self.memory[g.prompt.id]["ema"] for g in groups], dtype=torch.float64)
-            scores = extra_option_a_scores(rewards, correct, index, nov, ema, c.novelty_alpha, c.novelty_lambda)
-            adv = group_advantages(scores, index, eps=c.adv_eps)
-        pos = 0
-        for g in groups:
-            g.advantages = adv[pos:pos + g.n].tolist()
-            pos += g.n
+                entry["ema"] = reward_variance_ema(entry["ema"], x.rewards[rows].tolist(), c.variance_momentum)
+        extra = {"novelty": nov}
+        if c.novelty_mode == "before_norm":
+            extra["ema"] = torch.tensor([self.memory[g.prompt.id]["ema"] for g in groups], dtype=torch.float64)
         ctx.log(EXTRA_NOVELTY_WARM_FRAC, warm / len(rows_of))
-        ctx.log(EXTRA_NOVELTY_MEAN, float(nov[correct].mean()) if bool(correct.any()) else None)
-        ctx.log(EXTRA_BONUS_MEAN, float((c.novelty_alpha * nov * correct).mean()))
-        return groups
+        ctx.log(EXTRA_NOVELTY_MEAN, float(nov[x.correct].mean()) if bool(x.correct.any()) else None)
+        ctx.log(EXTRA_BONUS_MEAN, float((c.novelty_alpha * nov * x.correct).mean()))
+        return dataclasses.replace(x, extra=extra)
 
     # ---- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
