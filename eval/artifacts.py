@@ -54,7 +54,7 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
 
     ``peers[m]`` is the model whose rollouts ``m`` learned from, or null for single-model
     methods (these are the baselines of the report). ``peer_source`` is "live" (co-trained),
-    "stored" (peer logs of an earlier run), "mixed" (live with stored fallback) or null.
+    "stored" (peer logs of an earlier run), "mixed" (live with stored fallback), a plugin source's name, or null.
     ``rollout_n`` is the rollout budget: rollouts per prompt per model. ``compute`` is ``graftzoo.eval.compute.ComputeMeter.summary()``;
     ``peer_run_compute`` (stored/mixed mode, optional) is the original peer run's compute total
     ``{"wall_s", "cpu_s", "gpu_h"}`` used for the amortized charge (``stored_peer_cost``).
@@ -82,7 +82,7 @@ log = logging.getLogger("graftzoo")
 EVAL_DIR = "eval"
 GRID_EVAL_DIR = "grid"  # RUN/eval/grid/<model>.json: a grid's own evaluation of its cell, preferred by the report
 STATUSES = ("done", "running", "failed", "interrupted")  # "error" says why a run failed or stopped
-PEER_SOURCES = (None, "live", "stored", "mixed")
+PEER_SOURCES = (None, "live", "stored", "mixed")  # the builtins' (graftzoo.contract.peer_sources); a plugin's own
 
 
 class ArtifactError(ValueError):
@@ -160,9 +160,10 @@ def validate_summary(payload: Mapping, where: str) -> None:
     if payload.get("status") not in STATUSES:
         raise ArtifactError(f"{where}: key 'status' must be one of {STATUSES}, "
                             f"got {payload.get('status')!r}")
-    if payload.get("peer_source") not in PEER_SOURCES:
-        raise ArtifactError(f"{where}: key 'peer_source' must be one of {PEER_SOURCES}, "
-                            f"got {payload.get('peer_source')!r}")
+    source = payload.get("peer_source")
+    if source is not None and not (isinstance(source, str) and source.strip()):
+        raise ArtifactError(f"{where}: key 'peer_source' must be null or a peer source's name ({PEER_SOURCES[1:]} "
+                            f"or a plugin's), got {source!r}")
     if payload.get("peer_source") is None and any(p is not None for p in peers.values()):
         raise ArtifactError(f"{where}: key 'peer_source' must be 'live', 'stored' or 'mixed' "
                             f"when a model has a peer")

@@ -32,6 +32,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Mapping, Optional
 
+from graftzoo.contract.peer_sources import pays_for_peer
+
 FIELDS = ("wall_s", "cpu_s", "gpu_h")
 GIB = float(1 << 30)
 
@@ -179,7 +181,7 @@ def joint_charge(summary: Mapping, exclude=("eval",)) -> dict:
     - no peer (``peers[m]`` is null): ``rule="own"``, charged = m's own cost;
     - live co-training (``peer_source`` "live"): ``rule="joint"``, charged = m's cost + its
       peer's cost, i.e. both models' rollout and training (each model of a pair pays the pair);
-    - stored peer logs: ``rule="stored"``, charged = m's own cost (the peer run is sunk);
+    - stored peer logs (a source that is not live): ``rule="stored"``, charged = m's own cost (the peer run is sunk);
     - mixed (live peer with stored fallback): as live;
     - stored or mixed: amortized = charged + ``peer_run_compute`` when the summary gives it
       (the original peer run's cost), else None.
@@ -193,7 +195,8 @@ def joint_charge(summary: Mapping, exclude=("eval",)) -> dict:
         if peer is None:
             out[m] = {"charged": own, "amortized": None, "rule": "own"}
             continue
-        charged = own if source == "stored" else _add(own, model_total(compute, peer, exclude))
+        live = pays_for_peer(source)  # the source's registered kind (graftzoo.contract.peer_sources)
+        charged = _add(own, model_total(compute, peer, exclude)) if live else own
         out[m] = {"charged": charged, "amortized": None if extra is None else _add(charged, extra),
-                  "rule": "stored" if source == "stored" else "joint"}
+                  "rule": "joint" if live else "stored"}
     return out

@@ -82,6 +82,7 @@ from typing import Optional, Sequence
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import (FREE_TO_CHANGE, HOSTING_MODEL_KEYS, LearnerFacts, as_dict, clip_label,
                                       config_dirs, defaults, named_configs, read_yaml, validate)
+from graftzoo.contract.peer_sources import source_label
 from graftzoo.contract.registry import get_config, own_clip_keys
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
@@ -351,9 +352,9 @@ def normalize_label(label: str) -> str:
 
 def default_label(flat: dict) -> str:
     """The label the trainer gives a run that names none, from its dotted config ``flat``: ``ALGO (n=N)``, with
-    ", stored peer" / ", mixed peer" when it learns from stored trajectories (graftzoo.training.trainer)."""
-    source = {"stored": ", stored peer", "mixed": ", mixed peer"}.get(flat.get("peer.source"), "")
-    return f"{flat.get('algo.name')} (n={flat.get('rollout.n')}{source})"
+    the peer source's label (", stored peer" / ", mixed peer" when it learns from stored trajectories;
+    graftzoo.contract.peer_sources)."""
+    return f"{flat.get('algo.name')} (n={flat.get('rollout.n')}{source_label(flat.get('peer.source'))})"
 
 
 def _label_names_other(label: str, key: str, value) -> bool:

@@ -1,3 +1,15 @@
-"""graftzoo.peers: peer sources (online / stored / mixed) and the TrajectoryStore."""
-from graftzoo.peers.sources import MixedPeer, OnlinePeer, PeerSource, StoredPeer, make_peer_source  # noqa: F401
-from graftzoo.peers.store import SCHEMA_VERSION, StoreError, TrajectoryStore  # noqa: F401
+"""graftzoo.peers: peer sources (one module each under ``sources``: online / stored / mixed), the cross-tokenizer
+exchange (``xt``) and the TrajectoryStore (``store``). The names below are imported on first use, so that a config
+check registering the builtin sources imports no pandas."""
+import importlib
+
+PUBLIC = {**{name: "graftzoo.peers.sources" for name in ("MixedPeer", "OnlinePeer", "PeerSource", "StoredPeer",
+                                                         "make_peer_source")},
+          **{name: "graftzoo.peers.store" for name in ("SCHEMA_VERSION", "StoreError", "TrajectoryStore")}}
+__all__ = sorted(PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in PUBLIC:
+        return getattr(importlib.import_module(PUBLIC[name]), name)
+    raise AttributeError(f"module 'graftzoo.peers' has no attribute {name!r}")

@@ -1,4 +1,5 @@
 """Plugins: a tiny package installed with pip (entry-point group graftzoo.algos), then used through the CLI."""
+import json
 import os
 import subprocess
 import sys
@@ -148,3 +149,54 @@ def test_a_plugin_that_fails_to_import_is_one_error_line(tmp_path):
         assert out.returncode == 2 and len(lines) == 1, (args, out.stderr[-2000:])
         assert lines[0].startswith(f"Error: plugin '{culprit}'") and why in lines[0], lines
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+# a peer source as a plugin file: one module, registered by name, touching no core file
+PEER_PLUGIN = '''
+from graftzoo.contract.peer_sources import PeerSourceKind, register_peer_source
+from graftzoo.peers.sources.online import OnlinePeer
+
+
+class InformativePeer(OnlinePeer):
+    """The partner's groups of the step, the informative ones only (some but not all responses correct)."""
+
+    def groups(self, prompts, step, epoch, learner_id):
+        out = {pid: g for pid, g in super().groups(prompts, step, epoch, learner_id).items() if g.mixed}
+        self.offered = len(out)
+        return out
+
+    def step_metrics(self, step, learner_id):
+        return {"peer/offered": self.offered}
+
+
+def build(cfg, trained_ids, dataset_id=None, prompt_ids=None, plan=None):
+    return InformativePeer(trained_ids)
+
+
+register_peer_source(PeerSourceKind("informative", "the partner's informative groups", build, live=True,
+                                    label=", informative peer"))
+'''
+GRAFT = ["train", "--algo", "graft", "--pair", "micro", "--no-track", "--set", "run.out_dir=out", "--set",
+         "run.steps=1", "--set", "run.eval_at_end=false", "--set", "rollout.n=4"]
+
+
+def test_a_peer_source_from_a_plugin_file_trains_and_every_reader_takes_it_from_the_registry(tmp_path):
+    """--plugin FILE.py registering a peer source: --peer names it, GRAFT trains with it (its groups and metrics in
+    the run), the run directory's name, the report's label and the summary name it, the keys it does not read are
+    said to have no effect; without the plugin, or with a path it does not take, one line naming the choices."""
+    (tmp_path / "informative.py").write_text(PEER_PLUGIN)
+    run = _local(tmp_path, *GRAFT, "--peer", "informative", "--plugin", "informative.py", "--set",
+                 "peer.mix_ratio=0.5")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "peer.mix_ratio" in run.stderr and "peer.source is informative" in run.stderr
+    rd = one_run(tmp_path / "out", "graft-micro-informative-*-s0")
+    rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines()]
+    assert {r["model"] for r in rows if "peer/offered" in r} == {"micro-qwen-char", "micro-gpt2-pair"}
+    summary = json.loads((rd / "summary.json").read_text())
+    assert summary["peer_source"] == "informative" and summary["status"] == "done"
+    assert summary["variant"] == "graft (n=4, informative peer)"
+    assert summary["peers"] == {"micro-qwen-char": "micro-gpt2-pair", "micro-gpt2-pair": "micro-qwen-char"}
+    path = _local(tmp_path, *GRAFT, "--peer", "informative:elsewhere", "--plugin", "informative.py")
+    assert path.returncode == 2 and "informative takes no path" in path.stderr, path.stderr[-2000:]
+    unknown = _local(tmp_path, *GRAFT, "--peer", "informative")
+    assert unknown.returncode == 2 and "online, stored, mixed" in unknown.stderr, unknown.stderr[-2000:]

@@ -39,6 +39,7 @@ from typing import ClassVar, Literal, Optional
 from graftzoo.algos.config import LearnerConfig
 from graftzoo.contract.config import LearnerFacts, MAX_N
 from graftzoo.contract.errors import ConfigError
+from graftzoo.contract.peer_sources import peer_source_kind
 from graftzoo.contract.registry import register_config
 from graftzoo.contract.schema import Int, key
 
@@ -73,7 +74,8 @@ class GRAFTConfig(LearnerConfig):
     def group_needed(self, run: LearnerFacts) -> Optional[str]:
         """A stored peer's groups may be larger and keep their advantages; an online peer samples as the learner.
         ``sgt_rescue`` injects an all-success peer group's successes into identical failures (n >= 2 learns)."""
-        if run.peer_source in ("stored", "mixed") or (self.select == "sgt_rescue" and run.n >= 2):
+        kind = peer_source_kind(run.peer_source)
+        if (kind is not None and kind.reads_run) or (self.select == "sgt_rescue" and run.n >= 2):
             return None
         return ("its own advantage compares a prompt's responses, and it grafts only mixed peer groups, which an "
                 "online peer sampling as the learner never has: every advantage is 0 and the update is 0")
@@ -82,8 +84,9 @@ class GRAFTConfig(LearnerConfig):
         if self.peer_position == "uniform" and self.peer_minibatches == "separate":
             raise ConfigError("config key 'algo.peer_position'=uniform spreads grafted groups over the own "
                               "minibatches; it needs algo.peer_minibatches=replace_slots (separate: use last|first)")
-        if self.token_ratio == "cross_aligned" and run.peer_source == "stored":
-            raise token_ratio_error("the rollouts of a stored peer (peer.source=stored)")
+        kind = peer_source_kind(run.peer_source)
+        if self.token_ratio == "cross_aligned" and kind is not None and kind.reads_run and not kind.live:
+            raise token_ratio_error(f"the rollouts of a {run.peer_source} peer (peer.source={run.peer_source})")
         if self.balance == "none" and float(self.max_peer_frac) != 1.0:
             raise ConfigError("config key 'algo.max_peer_frac' caps the grafted groups only with the extension "
                               "algo.balance=cap_pvar|symmetric (default none: every candidate, as sourced)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import re
 from pathlib import Path
@@ -27,12 +26,11 @@ import yaml
 
 from graftzoo.contract.config import RunConfig, check_model_folders
 from graftzoo.contract.errors import ConfigError, did_you_mean
-from graftzoo.contract.layout import (CHECKPOINTS, CONFIG, MANIFEST, METRICS, STORE, SUMMARY,  # noqa: F401
-                                      TRAINER_FILE, holds_run)
+from graftzoo.contract.layout import (CHECKPOINTS, CONFIG, MANIFEST, METRICS, STORE,  # noqa: F401
+                                      SUMMARY, TRAINER_FILE, holds_run)
+from graftzoo.contract.peer_sources import peer_source_kind
 
 STEP_NAME = re.compile(r"^step_(\d+)$")
-# a stored peer's trajectory store: PATH/meta.json, or RUN/store/meta.json (graftzoo.peers.sources.StoredPeer)
-STORE_META = ("meta.json", f"{STORE}/meta.json")
 
 
 @contextlib.contextmanager
@@ -64,23 +62,12 @@ def check_data(cfg: RunConfig) -> None:
             Task(cfg).check()
 
 
-def check_peer_store(cfg: RunConfig) -> None:
-    """A stored or mixed peer's ``peer.path`` holds a trajectory store (``STORE_META``), and the store holds the
-    model ``peer.model`` names, when it names one."""
-    path = cfg.peer.path
-    if cfg.peer.source not in ("stored", "mixed") or not path:
-        return
-    metas = [Path(path) / m for m in STORE_META if (Path(path) / m).exists()]
-    if not metas:
-        raise ConfigError(f"peer store {path}: no trajectory store here (expected meta.json or store/meta.json)")
-    try:
-        models = sorted(json.loads(metas[0].read_text(encoding="utf-8")).get("models") or {})
-    except (OSError, ValueError, AttributeError):  # a broken store: the trainer names what is wrong with it
-        return
-    model = cfg.peer.model
-    if model is not None and models and model not in models:
-        raise ConfigError(f"config key 'peer.model': the peer store {path} has no model {model!r}"
-                          f"{did_you_mean(model, models) or ';'} it has {models}")
+def check_peer_source(cfg: RunConfig) -> None:
+    """The pre-flight check the peer source declares (a stored or mixed peer: ``peer.path`` holds a trajectory store
+    with the model ``peer.model`` names), before any heavy import."""
+    kind = peer_source_kind(cfg.peer.source)
+    if kind is not None and kind.check is not None:
+        kind.check(cfg)
 
 
 def check_run_place(run_dir) -> None:
@@ -104,7 +91,7 @@ def check_train(cfg: RunConfig, run_dir: Optional[str] = None) -> None:
     ``run.name`` where it is set)."""
     check_data(cfg)
     check_model_folders(cfg)
-    check_peer_store(cfg)
+    check_peer_source(cfg)
     named = Path(cfg.run.out_dir) / cfg.run.name if cfg.run.name else cfg.run.out_dir  # the default name: torch's
     check_run_place(run_dir or named)
 

@@ -10,9 +10,9 @@ from typing import Optional
 import click
 
 from graftzoo.contract.errors import did_you_mean
+from graftzoo.contract.peer_sources import peer_source_kind, peer_source_names
 
-PEER_KINDS = ("online", "none", "stored", "mixed")
-PEER_FORMS = "online | none | stored:PATH | mixed:PATH"
+PEER_FORMS = "online | none | stored:PATH | mixed:PATH (or a plugin's source: NAME or NAME:PATH)"
 
 
 class PeerOptionError(ValueError):
@@ -31,17 +31,21 @@ class PeerUsageError(UsageLine):
 
 
 def parse_peer(value: str) -> dict:
-    """A peer value (``online`` | ``none`` | ``stored:PATH`` | ``mixed:PATH``) -> its dotted config
-    overrides: ``{"peer.source": kind}``, plus ``{"peer.path": PATH}`` for stored and mixed peers."""
-    kind, sep, path = str(value).partition(":")
-    kind, path = kind.strip(), path.strip()
-    if kind not in PEER_KINDS:
-        raise PeerOptionError(f"{value!r} must be {PEER_FORMS}{did_you_mean(kind, PEER_KINDS)}")
-    if kind in ("stored", "mixed") and not path:
-        raise PeerOptionError(f"{kind} needs a path: {kind}:PATH")
-    if kind in ("online", "none") and sep:
-        raise PeerOptionError(f"{kind} takes no path, got {value!r}")
-    return {"peer.source": kind, **({"peer.path": path} if path else {})}
+    """A peer value (``online`` | ``none`` | ``stored:PATH`` | ``mixed:PATH``, or a registered source's name, with
+    ``:PATH`` where it reads an earlier run: graftzoo.contract.peer_sources) -> its dotted config overrides:
+    ``{"peer.source": kind}``, plus ``{"peer.path": PATH}``."""
+    name, sep, path = str(value).partition(":")
+    name, path = name.strip(), path.strip()
+    known = peer_source_names()
+    if name not in known:
+        raise PeerOptionError(f"{value!r} must be {PEER_FORMS}{did_you_mean(name, known)}; registered sources: "
+                              f"{', '.join(known)}")
+    kind = peer_source_kind(name)
+    if kind is not None and kind.reads_run and not path:
+        raise PeerOptionError(f"{name} needs a path: {name}:PATH")
+    if (kind is None or not kind.reads_run) and sep:
+        raise PeerOptionError(f"{name} takes no path, got {value!r}")
+    return {"peer.source": name, **({"peer.path": path} if path else {})}
 
 
 def peer_option(ctx, param, value) -> list:
@@ -66,7 +70,8 @@ def _load_plugins(ctx, param, value):
 # line ``Error: plugin 'my_algo.py' failed to import: ...`` (a usage error, exit 2).
 plugin_option = click.option(
     "--plugin", "plugins", multiple=True, metavar="MODULE|FILE.py", expose_value=False, callback=_load_plugins,
-    help="load algorithms from a module or a .py file (repeatable; also GRAFTZOO_PLUGINS=a,b)")
+    is_eager=True, help="load algorithms or peer sources from a module or a .py file (repeatable; also "
+                        "GRAFTZOO_PLUGINS=a,b)")
 
 
 RUN_FORMS = "a run directory, or one of its checkpoints (RUN/checkpoints/step_N)"

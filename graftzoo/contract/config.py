@@ -29,6 +29,7 @@ from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_
 
 from graftzoo.contract.errors import ConfigError, did_you_mean
 from graftzoo.contract.names import model_slug
+from graftzoo.contract.peer_sources import peer_source_kind
 from graftzoo.contract.registry import RegistryError, get_config, own_clip_keys, plugin_names
 from graftzoo.contract.schema import Int, Section, declared_keys, key, validate_section
 
@@ -511,7 +512,8 @@ class OptimSection(Section):
 
 
 class PeerSection(Section):
-    source: Literal["none", "online", "stored", "mixed"] = key("none", "where peer groups come from")
+    source: str = key("none", "where peer groups come from: none, online, stored, mixed, or a source a plugin "
+                              "registers (docs/architecture.md#where-to-add-a-peer-source)")
     path: Optional[str] = key(None, "run dir or store dir for stored / mixed")
     model: Optional[str] = key(None, "which stored model id to read (default: the only / other one)")
     align: Literal["same_step", "latest"] = key("same_step", "which stored step a learner step reads")
@@ -1053,11 +1055,12 @@ def check_run(cfg: RunConfig) -> None:
                               "false: tensors do not cross to the engine core's process (use stream or auto)")
     peer = cfg.peer
     trained = [m for m in ids if m in (cfg.pair.train or ids)]
-    if peer.source in ("online", "mixed") and len(trained) != 2:
+    kind = peer_source_kind(peer.source)  # an unknown source: one line naming the key and the registered ones
+    if kind is not None and kind.live and len(trained) != 2:
         raise ConfigError(f"config key 'peer.source' = {peer.source} co-trains two models, but "
                           f"{len(trained)} are trained ({', '.join(trained)}; pair.train): train both models of the "
                           f"pair, or read a peer's stored run with --peer stored:RUN")
-    if peer.source in ("stored", "mixed") and not (peer.path or "").strip():
+    if kind is not None and kind.reads_run and not (peer.path or "").strip():
         raise ConfigError(f"config key 'peer.path' is required with peer.source={peer.source}: the run or store "
                           f"directory to read (--peer {peer.source}:PATH)")
 

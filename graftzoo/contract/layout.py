@@ -11,6 +11,7 @@ MANIFEST = "manifest.json"      # written last: a checkpoint directory holding i
 TRAINER_FILE = "trainer.pt"     # tensor state of the trainer (RNG states)
 AHEAD_FILE = "ahead.pt"         # the rollouts collected ahead of their steps (rollout.max_staleness)
 STORE = "store"                 # the trajectory store's folder (the trainer's RUN/store)
+STORE_META = ("meta.json", f"{STORE}/meta.json")  # a stored peer's trajectory store: PATH/meta.json or RUN/store/meta.json
 
 
 def holds_run(run_dir) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from graftzoo.contract.config import RunConfig, as_dict, defaults, value_at
+from graftzoo.contract.peer_sources import peer_source_kind
 from graftzoo.training.ahead import overlaps
 
 log = logging.getLogger("graftzoo")
@@ -39,9 +40,13 @@ def _unless(key: str, value: str):
     return idle
 
 
-def _peer_source_is_not(*sources):
+def _peer_source_ignores(key: Optional[str]):
+    """Idle unless the peer source reads ``peer.KEY`` (its registered kind's ``keys``); ``None``: unless there is a
+    peer source."""
     def idle(cfg: RunConfig) -> Optional[str]:
-        return None if cfg.peer.source in sources else f"peer.source is {cfg.peer.source}"
+        kind = peer_source_kind(cfg.peer.source)
+        reads = kind is not None and (key is None or key in kind.keys)
+        return None if reads else f"peer.source is {cfg.peer.source}"
     return idle
 
 
@@ -80,15 +85,13 @@ NO_EFFECT = (
     NoEffect("ray.hf_split_generate",
              lambda c: "rollout.engine is vllm" if c.run.backend == "ray" and c.rollout.engine == "vllm" else None,
              "it splits the HF engine's prompts over a worker group's ranks"),
-    NoEffect("peer.path", _peer_source_is_not("stored", "mixed"),
-             "it names a stored peer's run (peer.source stored or mixed)"),
-    NoEffect("peer.model", _peer_source_is_not("stored", "mixed"), "it chooses the model a stored peer's run reads"),
-    NoEffect("peer.align", _peer_source_is_not("stored", "mixed"), "it chooses the stored step a learner step reads"),
-    NoEffect("peer.missing", _peer_source_is_not("stored", "mixed"), "it says what a step the peer store lacks does"),
-    NoEffect("peer.mix_ratio", _peer_source_is_not("mixed"),
+    NoEffect("peer.path", _peer_source_ignores("path"), "it names a stored peer's run (peer.source stored or mixed)"),
+    NoEffect("peer.model", _peer_source_ignores("model"), "it chooses the model a stored peer's run reads"),
+    NoEffect("peer.align", _peer_source_ignores("align"), "it chooses the stored step a learner step reads"),
+    NoEffect("peer.missing", _peer_source_ignores("missing"), "it says what a step the peer store lacks does"),
+    NoEffect("peer.mix_ratio", _peer_source_ignores("mix_ratio"),
              "it mixes stored and online peer groups (peer.source=mixed)"),
-    NoEffect("xt.*", _peer_source_is_not("online", "stored", "mixed"),
-             "cross-tokenizer exchange settings, for a peer's responses"),
+    NoEffect("xt.*", _peer_source_ignores(None), "cross-tokenizer exchange settings, for a peer's responses"),
     NoEffect("tracking.*", lambda c: None if c.run.track else "run.track is false", "wandb settings"),
     NoEffect("run.wandb_project", lambda c: None if c.run.track else "run.track is false", "a wandb setting"),
     NoEffect("run.wandb_mode", lambda c: None if c.run.track else "run.track is false", "a wandb setting"),

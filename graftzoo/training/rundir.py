@@ -38,6 +38,7 @@ from graftzoo.contract.config import (FREE_TO_CHANGE, HOSTING_MODEL_KEYS, MAX_RU
                                       defaults, read_yaml)
 from graftzoo.contract.layout import STORE
 from graftzoo.contract.names import label_slug
+from graftzoo.contract.peer_sources import peer_source_kind
 from graftzoo.eval.artifacts import CONFIG, summary_status
 
 log = logging.getLogger("graftzoo")
@@ -187,7 +188,8 @@ def default_run_name(cfg: RunConfig) -> str:
         where = Path(str(peer.path or ""))
         if where.name == STORE:  # RUN/store names the run RUN
             where = where.parent
-        parts.append(source + (f"-{_safe(where.name)}" if where.name and source in ("stored", "mixed") else ""))
+        reads = peer_source_kind(source).reads_run  # the earlier run it reads is part of the name
+        parts.append(source + (f"-{_safe(where.name)}" if where.name and reads else ""))
     settings = name_settings(cfg)
     if settings:
         parts.append(settings_hash(settings))

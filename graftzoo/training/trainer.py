@@ -49,6 +49,7 @@ from graftzoo.training.models import InProcess, check_models, make_eval_engine, 
 from graftzoo.training import placement
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
+from graftzoo.contract.peer_sources import peer_source_kind, source_label
 from graftzoo.contract.registry import get_algo
 from graftzoo.training.sampler import PromptSampler
 from graftzoo.training.tracking import Tracker
@@ -178,7 +179,7 @@ class Trainer:
         if note:  # the name's hash: what it stands for, once
             log.info("%s", note)
         # the report's row label; a stored or mixed peer source is a method of its own (not the live run's seed)
-        source = {"stored": ", stored peer", "mixed": ", mixed peer"}.get(cfg.peer.source, "")
+        source = source_label(cfg.peer.source)
         self._variant_given = bool(cfg.run.variant)  # else a rerun keeps the run's stored label
         variant = cfg.run.variant or f"{cfg.algo.name} (n={cfg.rollout.n}{source})"
         # the resolved config (what config.yaml holds): the given one with its run name and report label
@@ -267,7 +268,8 @@ class Trainer:
         if cfg.run.epochs:
             self.total_steps = cfg.run.epochs * self.sampler.steps_per_epoch
         planned, plan = None, None
-        if cfg.peer.source in ("stored", "mixed"):
+        kind = peer_source_kind(cfg.peer.source)
+        if kind is not None and kind.reads_run:  # an earlier run's groups: checked to cover every step of this one
             check_peer_path(self.run_dir, cfg.peer.path)
             planned = {p.id for s in range(min(self.total_steps, 50)) for p in self.sampler.batch(s)[0]}
             plan = ((s, *reversed(self.sampler.batch(s))) for s in range(self.total_steps))  # (step, epoch, prompts)
@@ -444,9 +446,10 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     def summary(self, status: str, error: Optional[str] = None) -> dict:
         peers = {m: (self.peers.peer_of(m) if self.peers is not None else None) for m in self.model_ids}
-        src = None if self.peers is None else {"online": "live", "stored": "stored", "mixed": "mixed"}[self.peers.kind]
+        kind = peer_source_kind(self.cfg.peer.source)
+        src = None if kind is None else kind.summary_name
         prc = None
-        if src == "stored":
+        if kind is not None and kind.reads_run and not kind.live:  # an earlier run's compute, amortized
             try:
                 prc = stored_peer_cost(self.cfg.peer.path, self.peers.peer_of(self.model_ids[0]))
             except Exception:  # the original peer run's compute is optional (amortized charge only)

@@ -1,79 +1,27 @@
-"""Peer sources: where a learner's peer groups come from (docs/architecture.md#one-training-step).
+"""``stored``: the TrajectoryStore of an earlier run (docs/algorithms.md#graft-stored-trajectories). Alignment
+``same_step`` (the record of this step) or ``latest`` (the most recent record of the prompt at or before this EPOCH:
+the earlier run may visit the prompt at another step of the epoch). A missing prompt means no replacement.
 
-``groups(prompts, step, epoch, learner_id) -> {prompt_id: Group}`` returns, for the step's prompts,
-the peer's groups: text, rewards, peer advantages, peer log-prob stats and policy versions.
-
-- ``OnlinePeer``: the partner in the same run; the trainer hands it every model's groups of the
-  step before any model updates.
-- ``StoredPeer``: the TrajectoryStore of an earlier run; alignment ``same_step`` (the record of
-  this step) or ``latest`` (the most recent record of the prompt at or before this EPOCH, spec
-  docs/algorithms.md#graft-stored-trajectories: the earlier run may visit the prompt at another step of the
-  epoch). A missing prompt means no replacement.
-- ``MixedPeer``: online with a stored fallback, or a mixing ratio.
-
-Before the first step, ``make_peer_source`` checks that a store covers the run (``StoredPeer.coverage`` over the
-prompts of every step): a step none of whose prompts has a stored group is refused, unless ``peer.missing=skip``
-(then logged and counted per step in ``peer/stored_missing``); prompts of other steps without one are a warning; a
-stored prompt whose question differs from the run's is refused.
-"""
+Before the first step, ``build`` checks that the store covers the run (``StoredPeer.coverage`` over the prompts of
+every step): a step none of whose prompts has a stored group is refused, unless ``peer.missing=skip`` (then logged and
+counted per step in ``peer/stored_missing``); prompts of other steps without one are a warning; a stored prompt whose
+question differs from the run's is refused. ``check_store`` is the pre-flight check of ``peer.path`` and
+``peer.model`` before any heavy import. Light: the store (pandas, pyarrow) is imported when a run reads it."""
 from __future__ import annotations
 
+import json
 import logging
-import random
 from pathlib import Path
 from typing import Optional
 
 from graftzoo.contract import metrics as M
-from graftzoo.contract.config import RunConfig
-from graftzoo.contract.errors import ConfigError
-from graftzoo.peers.store import StoreError, StoreMismatchError, TrajectoryStore, rows_to_groups
+from graftzoo.contract.errors import ConfigError, did_you_mean
+from graftzoo.contract.layout import STORE_META
+from graftzoo.contract.peer_sources import PeerSourceKind, register_peer_source
+from graftzoo.peers.sources.base import PeerSource
 
 log = logging.getLogger("graftzoo")
-
-
-class PeerSource:
-    kind = "none"
-
-    def groups(self, prompts, step: int, epoch: int, learner_id: str) -> dict:
-        raise NotImplementedError
-
-    def peer_of(self, learner_id: str) -> Optional[str]:
-        return None
-
-    def observe(self, groups_by_model: dict):
-        """Every trained model's groups of this step, before any update (a no-op unless a source needs them)."""
-
-    def step_metrics(self, step: int, learner_id: str) -> dict:
-        """What the source reports about a learner's step (``peer/stored_missing`` for a store)."""
-        return {}
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict):
-        pass
-
-
-class OnlinePeer(PeerSource):
-    kind = "online"
-
-    def __init__(self, model_ids: list):
-        if len(model_ids) != 2:
-            raise ValueError(f"peer.source=online needs exactly two trained models, got {model_ids}")
-        self.model_ids = list(model_ids)
-        self._step_groups: dict = {}
-
-    def peer_of(self, learner_id: str) -> str:
-        a, b = self.model_ids
-        return b if learner_id == a else a
-
-    def observe(self, groups_by_model: dict):
-        """Every model's groups of this step (rollouts finished, advantages computed, no update yet)."""
-        self._step_groups = {m: {g.prompt.id: g for g in gs} for m, gs in groups_by_model.items()}
-
-    def groups(self, prompts, step, epoch, learner_id):
-        mine = self._step_groups.get(self.peer_of(learner_id), {})
-        return {p.id: mine[p.id] for p in prompts if p.id in mine}
+STORE_KEYS = ("path", "model", "align", "missing")
 
 
 def _store_dir(path) -> Path:
@@ -84,10 +32,9 @@ def _store_dir(path) -> Path:
 
 
 class StoredPeer(PeerSource):
-    kind = "stored"
-
     def __init__(self, path, model: Optional[str] = None, align: str = "same_step", dataset: Optional[str] = None,
                  prompt_ids: Optional[set] = None, exclude: Optional[str] = None):
+        from graftzoo.peers.store import StoreMismatchError, TrajectoryStore  # pandas: when a run reads the store
         if align not in ("same_step", "latest"):
             raise ValueError(f"config key 'peer.align' must be same_step|latest, got {align!r}")
         root = _store_dir(path)
@@ -126,6 +73,7 @@ class StoredPeer(PeerSource):
         """``plan``: (step, epoch, prompts) of every step the run trains. Returns the steps none of whose prompts has
         a stored group (as ``groups`` aligns them), and over the other steps the prompts without one and all prompts.
         A stored prompt whose question differs from the run's prompt of that id is a ``StoreError``."""
+        from graftzoo.peers.store import StoreMismatchError  # pandas: when a run reads the store
         texts = dict(self.df[["prompt_id", "prompt_text"]].drop_duplicates("prompt_id").itertuples(index=False))
         ids_at = {s: set(part["prompt_id"]) for s, part in self._by_step.items()}
         first = self.df.groupby("prompt_id")["epoch"].min().to_dict() if len(self.df) else {}
@@ -148,6 +96,7 @@ class StoredPeer(PeerSource):
         return missing, short, total
 
     def groups(self, prompts, step, epoch, learner_id):
+        from graftzoo.peers.store import StoreMismatchError, rows_to_groups  # pandas: when a run reads the store
         ids = {p.id for p in prompts}
         by_id = {p.id: p for p in prompts}
         if self.align == "same_step":
@@ -167,39 +116,6 @@ class StoredPeer(PeerSource):
                 raise StoreMismatchError(f"peer store {self.path}: prompt {pid} is {text!r} in the store but "
                                          f"{by_id[pid].text!r} in this run (different task settings?)")
         return rows_to_groups(part, by_id)
-
-
-class MixedPeer(PeerSource):
-    """Online peer, with the stored group used as fallback (mix_ratio None) or with probability mix_ratio."""
-
-    kind = "mixed"
-
-    def __init__(self, online: OnlinePeer, stored: StoredPeer, mix_ratio: Optional[float] = None, seed: int = 0):
-        self.online, self.stored, self.mix_ratio, self.seed = online, stored, mix_ratio, seed
-
-    def peer_of(self, learner_id):
-        return self.online.peer_of(learner_id)
-
-    def observe(self, groups_by_model):
-        self.online.observe(groups_by_model)
-
-    def step_metrics(self, step, learner_id):
-        return self.stored.step_metrics(step, learner_id) if self.stored.model == self.peer_of(learner_id) else {}
-
-    def groups(self, prompts, step, epoch, learner_id):
-        live = self.online.groups(prompts, step, epoch, learner_id)
-        # the store stands in for the stored model only: never hand a learner its own logged groups
-        stored = self.stored.groups(prompts, step, epoch, learner_id) \
-            if self.stored.model == self.peer_of(learner_id) else {}
-        rng = random.Random(f"{self.seed}:{step}:{learner_id}")
-        out = {}
-        for p in prompts:
-            use_stored = p.id not in live or (self.mix_ratio is not None and p.id in stored
-                                                and rng.random() < self.mix_ratio)
-            g = stored.get(p.id) if use_stored else live.get(p.id)
-            if g is not None:
-                out[p.id] = g
-        return out
 
 
 def step_ranges(steps) -> str:
@@ -251,23 +167,40 @@ def check_coverage(stored: StoredPeer, plan: list, missing: str = "refuse") -> N
                     stored.model, short, total)
 
 
-def make_peer_source(cfg: RunConfig, trained_ids: list, dataset_id: Optional[str] = None, prompt_ids=None,
-                     plan: Optional[list] = None):
-    """The peer source named by ``peer.*`` (``none`` -> None); with ``plan`` ((step, epoch, prompts) of every step
-    of the run), a store is checked to cover it (``check_coverage``, ``peer.missing``)."""
+
+def build(cfg, trained_ids, dataset_id=None, prompt_ids=None, plan=None) -> StoredPeer:
+    """The store at ``peer.path`` (a learner trained alone reads the other model's groups), checked to cover ``plan``
+    (``check_coverage``, ``peer.missing``)."""
     pc = cfg.peer
-    src = pc.source
-    if src == "none":
-        return None
-    if src == "online":
-        return OnlinePeer(trained_ids)
     if not pc.path:
-        raise ValueError(f"peer.source={src} needs peer.path (a run dir or store dir)")
+        raise ValueError(f"peer.source={pc.source} needs peer.path (a run dir or store dir)")
     exclude = trained_ids[0] if len(trained_ids) == 1 else None
-    stored = StoredPeer(pc.path, model=pc.model, align=pc.align, dataset=dataset_id,
-                        prompt_ids=prompt_ids, exclude=exclude)
+    stored = StoredPeer(pc.path, model=pc.model, align=pc.align, dataset=dataset_id, prompt_ids=prompt_ids,
+                        exclude=exclude)
     if plan is not None:
         check_coverage(stored, plan, pc.missing)
-    if src == "stored":
-        return stored
-    return MixedPeer(OnlinePeer(trained_ids), stored, pc.mix_ratio, seed=int(cfg.run.seed))
+    return stored
+
+
+def check_store(cfg) -> None:
+    """``peer.path`` holds a trajectory store (``STORE_META``), and the store holds the model ``peer.model`` names,
+    when it names one."""
+    path = cfg.peer.path
+    if not path:
+        return
+    metas = [Path(path) / m for m in STORE_META if (Path(path) / m).exists()]
+    if not metas:
+        raise ConfigError(f"peer store {path}: no trajectory store here (expected meta.json or store/meta.json)")
+    try:
+        models = sorted(json.loads(metas[0].read_text(encoding="utf-8")).get("models") or {})
+    except (OSError, ValueError, AttributeError):  # a broken store: the trainer names what is wrong with it
+        return
+    model = cfg.peer.model
+    if model is not None and models and model not in models:
+        raise ConfigError(f"config key 'peer.model': the peer store {path} has no model {model!r}"
+                          f"{did_you_mean(model, models) or ';'} it has {models}")
+
+
+KIND = register_peer_source(PeerSourceKind(
+    "stored", "the groups an earlier run stored (peer.path), step by step", build, reads_run=True, keys=STORE_KEYS,
+    check=check_store, label=", stored peer"))
