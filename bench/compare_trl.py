@@ -28,6 +28,7 @@ Run: python bench/compare_trl.py [--rounds 30 --warmup 3 --threads 1 --clock wal
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import argparse
 import copy
 import cProfile
@@ -112,14 +113,13 @@ def reward(completion: str, answer: str) -> float:
 # ------------------------------------------------------------------------------------------------
 
 class RewardEnv:
-    """The scoring side of an env: ``score_groups`` sets each rollout's reward and correctness."""
+    """The scoring side of an env: ``score_groups`` returns the groups with each rollout's reward and correctness."""
 
     def score_groups(self, groups):
-        for g in groups:
-            for r in g.rollouts:
-                r.reward = reward(r.text, g.prompt.gold)
-                r.correct = r.reward > 0
-        return groups
+        def scored(r, gold):
+            x = reward(r.text, gold)
+            return replace(r, reward=x, correct=x > 0)
+        return [replace(g, rollouts=[scored(r, g.prompt.gold) for r in g.rollouts]) for g in groups]
 
 
 class Ours:

@@ -8,6 +8,7 @@ shares its code with ``step``. A rollout whose answer the verifier's batch budge
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import string
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -176,16 +177,18 @@ class MathReasoningEnv(gym.Env[str, str]):
                             budget=self.verifier_budget, options=self.verifier_options)
 
     def score_groups(self, groups: Sequence[Group]) -> list[Group]:
-        """Set ``reward, correct, extracted, status`` on every rollout in place (status ``UNVERIFIED`` where the
-        batch's budget left the answer undecided); return the groups."""
+        """The groups with every rollout scored: new rollouts with ``reward, correct, extracted, status`` (status
+        ``UNVERIFIED`` where the batch's budget left the answer undecided)."""
         rollouts = [(g.prompt, r) for g in groups for r in g.rollouts]
-        results = self.score_batch([p for p, _ in rollouts], [r.text for _, r in rollouts])
-        for (_, rollout), res in zip(rollouts, results):
-            rollout.reward = self.reward(res)
-            rollout.correct = bool(res.correct)
-            rollout.extracted = res.extracted
-            rollout.status = UNVERIFIED if res.unverified else res.status
-        return list(groups)
+        results = iter(self.score_batch([p for p, _ in rollouts], [r.text for _, r in rollouts]))
+        out = []
+        for g in groups:
+            scored = []
+            for r, res in zip(g.rollouts, results):
+                scored.append(replace(r, reward=self.reward(res), correct=bool(res.correct), extracted=res.extracted,
+                                      status=UNVERIFIED if res.unverified else res.status))
+            out.append(replace(g, rollouts=scored))
+        return out
 
 
 class ArithmeticEnv(MathReasoningEnv):

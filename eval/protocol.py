@@ -28,8 +28,7 @@ def sample_seed(seed: int, run: int, j: int) -> int:
 
 
 def _correct(env, groups) -> list:
-    env.score_groups(groups)
-    return [[bool(r.correct) for r in g.rollouts] for g in groups]
+    return [[bool(r.correct) for r in g.rollouts] for g in env.score_groups(groups)]
 
 
 def greedy_correctness(engine, env, prompts, max_new_tokens=None) -> list:

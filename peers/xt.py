@@ -24,7 +24,6 @@ changes is dropped (``verdict_changed``). Everything is counted per step (``xt/*
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Callable, Optional
 
@@ -105,34 +104,35 @@ def localize_rollout(policy, prompt_ids: list, r: Rollout, max_response: int, ov
                    origin=origin, dropped=dropped), reason
 
 
-def score_rollouts(policy, rollouts: list, chunk: int = 256):
-    """Fill ``logprobs`` of rollouts (learner token ids) with the policy's current log-probs."""
-    todo = [r for r in rollouts if r.token_ids]
+def score_rollouts(policy, rollouts: list, chunk: int = 256) -> list:
+    """The rollouts (learner token ids) with ``logprobs`` the policy's current log-probs (new rollouts; one without
+    tokens as it is)."""
+    todo = [i for i, r in enumerate(rollouts) if r.token_ids]
+    out = list(rollouts)
     if todo:
-        logps, _ = policy.score_sequences([r.prompt_token_ids for r in todo], [r.token_ids for r in todo],
-                                          chunk=chunk)
-        for r, lp in zip(todo, logps):
-            r.logprobs = lp
+        logps, _ = policy.score_sequences([rollouts[i].prompt_token_ids for i in todo],
+                                          [rollouts[i].token_ids for i in todo], chunk=chunk)
+        for i, lp in zip(todo, logps):
+            out[i] = dataclasses.replace(rollouts[i], logprobs=lp)
+    return out
 
 
-def check_verdicts(done: list, rescore: Optional[Callable]) -> list:
+def check_verdicts(done: list, rescore: Optional[Callable]) -> tuple[list, set]:
     """Verify again the carried responses whose text is not the one the peer's verdict was given on (``done``:
-    ``(prompt, peer rollout, localized rollout, lossy reason)``; a lossy response dropped is not carried); one whose
-    verdict changes is dropped (``verdict_changed``). Returns, for each carried response, whether its verdict held.
-    ``rescore(prompts, texts)``: the task's ``score_batch`` (results with ``.correct``)."""
-    carried = [(p, r, lr) for p, r, lr, _ in done if not (lr.dropped or "").startswith("lossy_")]
-    again = [(p, r, lr) for p, r, lr in carried if lr.text != r.text]
+    ``(prompt, peer rollout, localized rollout, lossy reason)``; a lossy response dropped is not carried). Returns, for
+    each carried response, whether its verdict held, and the indices in ``done`` of those whose verdict changed (to
+    be dropped: ``verdict_changed``). ``rescore(prompts, texts)``: the task's ``score_batch`` (results with
+    ``.correct``)."""
+    carried = [(k, p, r, lr) for k, (p, r, lr, _) in enumerate(done) if not (lr.dropped or "").startswith("lossy_")]
+    again = [(k, p, r, lr) for k, p, r, lr in carried if lr.text != r.text]
     if again and rescore is None:
         raise ValueError(f"{len(again)} peer response(s) are carried with another text than the one their verdict "
                          f"was given on; verifying them again needs the task's scorer (StepContext.env)")
     changed = set()
     if again:
-        results = rescore([p for p, _, _ in again], [lr.text for _, _, lr in again])
-        for (_, r, lr), res in zip(again, results):
-            if bool(res.correct) != bool(r.correct):
-                changed.add(id(lr))
-                lr.dropped = lr.dropped or "verdict_changed"
-    return [id(lr) not in changed for _, _, lr in carried]
+        results = rescore([p for _, p, _, _ in again], [lr.text for *_, lr in again])
+        changed = {k for (k, _, r, _), res in zip(again, results) if bool(res.correct) != bool(r.correct)}
+    return [k not in changed for k, *_ in carried], changed
 
 
 def localize_groups(policy, groups: list, run: LearnerFacts, rescore: Optional[Callable] = None):
@@ -145,9 +145,9 @@ def localize_groups(policy, groups: list, run: LearnerFacts, rescore: Optional[C
     xt = run.xt
     max_response = int(getattr(policy, "max_response_tokens", run.max_new_tokens))
     added = policy.added_ids
-    out, done = [], []  # done: (prompt, peer rollout, localized rollout, lossy reason)
+    out, done, where = [], [], []  # done: (prompt, peer rollout, localized rollout, lossy reason), at out[gi][j]
     same_tok, mismatch = 0, 0
-    for g in groups:
+    for gi, g in enumerate(groups):
         full = policy.encode_text(policy.render(g.prompt))  # = Policy.encode_prompt before its cut
         prompt_ids, long_prompt = full[-policy.max_prompt_tokens:], len(full) > policy.max_prompt_tokens
         rolls = []
@@ -160,14 +160,18 @@ def localize_groups(policy, groups: list, run: LearnerFacts, rescore: Optional[C
             if r.tokenizer_id == policy.tokenizer_id and r.origin is None:
                 same_tok += 1
                 mismatch += int(policy.encode_literal(r.text) != list(r.body_ids))
+            where.append((gi, len(rolls)))
             rolls.append(lr)
             done.append((g.prompt, r, lr, reason))
-        ng = copy.copy(g)
-        ng.rollouts = rolls
-        out.append(ng)
-    held = check_verdicts(done, rescore)
-    todo = [lr for _, _, lr, _ in done]
-    score_rollouts(policy, [r for r in todo if not r.dropped])
+        out.append(dataclasses.replace(g, rollouts=rolls))
+    held, changed = check_verdicts(done, rescore)
+    done = [(p, r, dataclasses.replace(lr, dropped=lr.dropped or "verdict_changed") if k in changed else lr, why)
+            for k, (p, r, lr, why) in enumerate(done)]
+    kept = [k for k, d in enumerate(done) if not d[2].dropped]
+    for k, lr in zip(kept, score_rollouts(policy, [done[k][2] for k in kept])):  # theta_old of the carried ones
+        done[k] = (*done[k][:2], lr, done[k][3])
+    for (gi, j), (_, _, lr, _) in zip(where, done):
+        out[gi].rollouts[j] = lr
     stats = xt_stats(done, held)
     if same_tok:
         stats[M.XT_ID_MISMATCH_RATE] = mismatch / same_tok

@@ -20,8 +20,7 @@ def scored_rollout(pol, prompt, text, correct):
     r = Rollout(prompt_id=prompt.id, model_id=pol.model_id, policy_version=0, text=text, token_ids=ids,
                 logprobs=[0.0] * len(ids), prompt_token_ids=pol.encode_prompt(prompt), eos_id=pol.eos_id,
                 reward=float(correct), correct=correct, tokenizer_id=pol.tokenizer_id)
-    score_rollouts(pol, [r])
-    return r
+    return score_rollouts(pol, [r])[0]
 
 
 def theta_old_base(policy, mb):

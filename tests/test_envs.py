@@ -141,17 +141,19 @@ def test_score_batch_agrees_with_step(amc):
     assert [r.correct for r in batch] == [False, True, False, True, False, True]
 
 
-def test_score_groups_sets_rollouts_in_place():
+def test_score_groups_returns_scored_copies_and_leaves_the_rollouts_as_they_were():
     env = MathReasoningEnv("aime24", reward_wrong=-1.0)
     p, q = env.dataset[0], env.dataset[1]
     groups = [Group(prompt=p, model_id="m", rollouts=[_rollout(p, f"\\boxed{{{p.gold}}}"), _rollout(p, "\\boxed{1}")]),
               Group(prompt=q, model_id="m", rollouts=[_rollout(q, "no answer here")])]
+    before = [[(r.reward, r.correct, r.extracted, r.status) for r in g.rollouts] for g in groups]
     out = env.score_groups(groups)
-    assert out == groups and out[0] is groups[0]
-    r0, r1 = groups[0].rollouts
+    r0, r1 = out[0].rollouts
     assert (r0.reward, r0.correct, r0.extracted, r0.status) == (1.0, True, p.gold, "ok")
     assert (r1.reward, r1.correct, r1.extracted, r1.status) == (-1.0, False, "1", "ok")
-    assert groups[1].rollouts[0].status == "no_answer" and groups[0].mixed and groups[1].all_fail
+    assert out[1].rollouts[0].status == "no_answer" and out[0].mixed and out[1].all_fail
+    assert [[(r.reward, r.correct, r.extracted, r.status) for r in g.rollouts] for g in groups] == before
+    assert [r.text for r in out[0].rollouts] == [r.text for r in groups[0].rollouts]
 
 
 def test_label_free_prompts_cannot_be_scored(amc):

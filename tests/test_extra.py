@@ -1,5 +1,6 @@
 """ExTra learner (docs/algorithms.md#extra): novelty bonus, prefix mining and regeneration with the micro
 policy, prefix tokens out of the loss, embedders, state, and an end-to-end CLI run."""
+from dataclasses import replace
 import copy
 import json
 import sys
@@ -163,8 +164,7 @@ def test_guided_prompt_regenerates_from_its_prefix_and_prefix_carries_no_gradien
     policy.model.zero_grad(set_to_none=True)
 
     # a response made only of prefix tokens: its advantage cannot change the loss
-    only = copy.deepcopy(guided.rollouts[0])
-    only.token_ids, only.logprobs = list(prefix), [0.0] * len(prefix)
+    only = replace(copy.deepcopy(guided.rollouts[0]), token_ids=list(prefix), logprobs=[0.0] * len(prefix))
     losses = []
     for adv in (5.0, -5.0):
         extra = Group(prompt=guided.prompt, model_id=policy.model_id, rollouts=[only], advantages=[adv])

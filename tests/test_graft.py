@@ -1,6 +1,7 @@
 """GRAFT [graft] (docs/algorithms.md#graft): the learner path on hand-built groups with the real micro pair
 (re-tokenization and theta_old scoring by ``ctx.localize``), every ablation switch, and an end-to-end
 co-training run through the CLI."""
+import dataclasses
 import json
 import math
 import random
@@ -108,11 +109,13 @@ def fixed_scores(monkeypatch, values: dict, default=None):
     """theta_old scoring that gives each grafted text the mean log-prob ``values[text]`` (or ``default``);
     EOS gets -5, which must not count: the convention excludes EOS on both sides."""
     def score(policy, rollouts, chunk=256):
+        out = []
         for r in rollouts:
             n = len(r.token_ids)
             ends = r.token_ids and r.token_ids[-1] == policy.eos_id
             ell = values.get(r.text, default)
-            r.logprobs = [ell] * (n - 1 if ends else n) + ([-5.0] if ends else [])
+            out.append(dataclasses.replace(r, logprobs=[ell] * (n - 1 if ends else n) + ([-5.0] if ends else [])))
+        return out
     monkeypatch.setattr(graftzoo.peers.xt, "score_rollouts", score)
 
 
@@ -459,8 +462,8 @@ def test_token_ratio_cross_aligned(pols):
     peer_lp = [-0.1 * (k + 1) for k in range(len(ids))]
     pg = Group(p, PEER, [rollout(pl, p, text, 1, peer_lp)] + [rollout(pl, p, f"10+20={31 + i}", 0) for i in range(7)],
                advantages=[2.4749] + [-0.35355] * 7)
-    for r in pg.rollouts:
-        r.char_offsets = pl.char_offsets(r.token_ids[:-1], r.text)
+    pg.rollouts[:] = [dataclasses.replace(r, char_offsets=pl.char_offsets(r.token_ids[:-1], r.text))
+                      for r in pg.rollouts]
     own = [group(lp, p, FAIL)] + [group(lp, q, MIXED) for q in prompts(4)[1:]]
     algo, cfg = learner("token_ratio=cross_aligned", "delta=0")
     ctx = context(cfg, lp)
@@ -473,10 +476,9 @@ def test_token_ratio_cross_aligned(pols):
     assert len(body) != len(ids)                             # really two tokenizations
     assert row.rollout.logprobs != row.old_logp              # not the learner's theta_old
     # the same run with peer groups from a store (no offsets, no per-token log-probs): a config error
-    for r in pg.rollouts:
-        r.char_offsets = None
-        r.origin = Origin(model_id=PEER, tokenizer_id="", mean_logp=r.mean_logp, token_count=r.token_count,
-                          stored_step=0)
+    pg.rollouts[:] = [dataclasses.replace(r, char_offsets=None, origin=Origin(
+        model_id=PEER, tokenizer_id="", mean_logp=r.mean_logp, token_count=r.token_count, stored_step=0))
+        for r in pg.rollouts]
     with pytest.raises(ConfigError, match="token_ratio"):
         algo.exchange(context(cfg, lp), own, {p.id: pg})
     with pytest.raises(ConfigError, match="token_ratio"):

@@ -1,5 +1,6 @@
 """HORA learner (docs/algorithms.md#hora): test vectors through the learner, compute-matched variable-size
 groups, history posterior, caps, and an end-to-end CLI run on the micro pair."""
+from dataclasses import replace
 import json
 
 import pytest
@@ -49,11 +50,8 @@ class ScriptedEngine:
 
 class MarkEnv:
     def score_groups(self, groups):
-        for g in groups:
-            for r in g.rollouts:
-                r.correct = r.text == "yes"
-                r.reward = float(r.correct)
-        return groups
+        return [replace(g, rollouts=[replace(r, correct=r.text == "yes", reward=float(r.text == "yes"))
+                                     for r in g.rollouts]) for g in groups]
 
 
 class FakePolicy:

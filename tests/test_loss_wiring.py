@@ -9,6 +9,7 @@ the step does, with the micro models, and fails when its mechanism is disconnect
 5. a peer's advantages are reused as they are (a stored peer with planted advantages that no learner-side
    recomputation gives), and ``renorm_adv_after_gate`` replaces them.
 """
+from dataclasses import replace
 import math
 import random
 
@@ -92,8 +93,8 @@ def test_grafted_weight_scales_the_loss_and_gradient_of_its_rows(pols):
         ctx = context(cfg, lpol)
         peer = group(ppol, PROMPTS[0], MIXED, grpo_adv(MIXED))
         ell_l = [r.mean_logp for r in ctx.localize([peer])[0].rollouts]   # the learner's theta_old l_L
-        for r, ell in zip(peer.rollouts, ell_l):  # plant l_P = l_L + 0.1 (body tokens; EOS excluded from l_P)
-            r.logprobs = [ell + 0.1] * (len(r.token_ids) - 1) + [r.logprobs[-1]]
+        peer.rollouts[:] = [replace(r, logprobs=[ell + 0.1] * (len(r.token_ids) - 1) + [r.logprobs[-1]])
+                            for r, ell in zip(peer.rollouts, ell_l)]  # plant l_P = l_L + 0.1 (EOS excluded)
         slots = learner.exchange(ctx, own, {PROMPTS[0].id: peer})
         grafted = [g for g in slots if g.source == "peer"]
         assert len(grafted) == 1 and grafted[0].prompt.id == "p0"

@@ -3,6 +3,7 @@ docs/algorithms.md#graft-edge-cases), through their ``exchange`` and ``build_bat
 learner's EOS is appended to a peer response only if the peer stopped, and it counts toward the learner's length
 limit, so that no training row is longer than ``max_response`` tokens (own, peer, stored and truncated rows alike);
 ``xt.overflow=truncate`` keeps a response's first tokens; a stored response is always re-tokenized from its text."""
+from dataclasses import replace
 import pytest
 import torch
 from helpers import scored_rollout, theta_old_base
@@ -28,9 +29,8 @@ def peer_group(pols, prompt, texts, correct, finish=None):
     """The peer's responses ``texts`` (its own tokenizer), stopped unless ``finish[i]`` is "length" (then without
     EOS, as an engine returns a response cut at its limit)."""
     rolls = [rollout(pols[PEER], prompt, t, c) for t, c in zip(texts, correct)]
-    for r, f in zip(rolls, finish or ["stop"] * len(rolls)):
-        if f == "length":
-            r.token_ids, r.logprobs, r.finish_reason = r.token_ids[:-1], r.logprobs[:-1], "length"
+    rolls = [replace(r, token_ids=r.token_ids[:-1], logprobs=r.logprobs[:-1], finish_reason="length")
+             if f == "length" else r for r, f in zip(rolls, finish or ["stop"] * len(rolls))]
     return Group(prompt, PEER, rolls, grpo_adv([float(c) for c in correct]))
 
 
@@ -162,8 +162,7 @@ def test_a_peer_sharing_the_learners_tokenizer_gets_the_learners_theta_old(pols)
     p = prompts(1)[0]
     texts, correct = ["10+20=30", "10+20=31", "10+20=300", "10+20=3"], [True, False, False, False]
     rolls = [rollout(lpol, p, t, c, lp=-3.0) for t, c in zip(texts, correct)]   # behaviour log-probs -3
-    for r in rolls:
-        r.model_id, r.tokenizer_id = "another-char-model", lpol.tokenizer_id
+    rolls = [replace(r, model_id="another-char-model", tokenizer_id=lpol.tokenizer_id) for r in rolls]
     peer = {p.id: Group(p, "another-char-model", rolls, grpo_adv([float(c) for c in correct]))}
     algo, cfg = learner("delta=0")
     ctx = context(cfg, lpol)

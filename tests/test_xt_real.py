@@ -7,6 +7,7 @@ Each rule has a test that fails when it is broken: a special token's string writ
 added id or an EOS), NFC and a cut mid-character are lossy (``xt.lossy`` drop or keep, counted by reason), a stopped
 response loses its stop text and ends in the learner's EOS, a leading space stays, ``\\boxed{}`` split otherwise keeps
 its verdict, a kept response whose verdict changes is dropped; and the ``xt/*`` metrics of a worked example."""
+from dataclasses import replace
 import math
 import random
 import unicodedata
@@ -59,16 +60,11 @@ def peer_group(mini, peer, seqs) -> Group:
     wrong, come last, so that the group is mixed and GRAFT grafts it."""
     pol = mini.pols[peer]
     seqs = list(seqs) + [says(pol, "12+34=46"), says(pol, "12+34=47")]
-    rolls = []
-    for toks in seqs:
-        r = rollout_from_tokens(pol, pol.encode_prompt(PROMPT), [], toks, [-1.0] * len(toks), 0)
-        r.prompt_id = PROMPT.id
-        rolls.append(r)
-    g = Group(PROMPT, peer, rolls)
-    mini.env.score_groups([g])
-    g.advantages = group_advantages(torch.tensor([r.reward for r in rolls], dtype=torch.float64),
-                                    torch.zeros(len(rolls), dtype=torch.long)).tolist()
-    return g
+    rolls = [replace(rollout_from_tokens(pol, pol.encode_prompt(PROMPT), [], toks, [-1.0] * len(toks), 0),
+                     prompt_id=PROMPT.id) for toks in seqs]
+    g = mini.env.score_groups([Group(PROMPT, peer, rolls)])[0]
+    return replace(g, advantages=group_advantages(torch.tensor([r.reward for r in g.rollouts], dtype=torch.float64),
+                                                  torch.zeros(g.n, dtype=torch.long)).tolist())
 
 
 def exchange(mini, learner, group, *overrides):
@@ -335,7 +331,7 @@ def test_graft_logs_the_admitted_fraction_and_the_score_spread(mini):
     offsets = {0: 0.1, 1: -0.1, 3: -0.3, 6: 0.0, 7: -0.2}
     for i, off in offsets.items():
         r = group.rollouts[i]
-        r.logprobs = [local[i].mean_logp - off] * len(r.token_ids)
+        group.rollouts[i] = replace(r, logprobs=[local[i].mean_logp - off] * len(r.token_ids))
     _, rows, met = exchange(mini, QWEN, group, "algo.delta=0.8")
     s = [math.exp(v) for v in offsets.values()]
     admitted = [v for v in s if v >= 0.8]

@@ -1,6 +1,7 @@
 """The GRAFT learner and its policy loss: the algorithm, its section and its metrics are graftzoo.algos.graft."""
 from __future__ import annotations
 
+from dataclasses import replace
 import math
 import statistics
 from typing import Optional
@@ -35,8 +36,8 @@ class GRAFT(PeerLearner):
         groups = super().collect(ctx, prompts)
         if self.cfg.token_ratio == "cross_aligned":
             for g in groups:
-                for r in g.rollouts:
-                    r.char_offsets = ctx.policy.char_offsets(r.body_ids, r.text)
+                g.rollouts[:] = [replace(r, char_offsets=ctx.policy.char_offsets(r.body_ids, r.text))
+                                 for r in g.rollouts]
         return groups
 
     # ---- the exchange ------------------------------------------------------------------------
@@ -65,7 +66,7 @@ class GRAFT(PeerLearner):
         weights = [float(wi) if a else 0.0 for wi, a in zip(w_free.tolist(), admit)]
         if c.token_ratio == "cross_aligned":
             for (x, j, r) in flat:
-                r.old_logp = aligned_old_logp(ctx.policy, picked[x].rollouts[j], r)
+                local[x].rollouts[j] = replace(r, old_logp=aligned_old_logp(ctx.policy, picked[x].rollouts[j], r))
 
         slots = list(groups)
         pos = 0

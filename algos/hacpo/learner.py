@@ -1,6 +1,7 @@
 """The HACPO learner and its policy loss: the algorithm, its section and its metrics are graftzoo.algos.hacpo."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -91,9 +92,8 @@ class HACPO(PeerLearner):
             pos += g.n
             if g.prompt.id in cross:
                 pg = cross[g.prompt.id]
-                for r in pg.rollouts:
-                    r.loss_mask = content_mask(r)
-                grafted.append(Group(pg.prompt, pg.model_id, pg.rollouts, adv[pos:pos + pg.n], "peer", [1.0] * pg.n))
+                rolls = [replace(r, loss_mask=content_mask(r)) for r in pg.rollouts]
+                grafted.append(Group(pg.prompt, pg.model_id, rolls, adv[pos:pos + pg.n], "peer", [1.0] * pg.n))
                 pos += pg.n
         self._log_exchange(ctx, own, grafted, p_self, p_peer, float(grad_coef[PEER]))
         return own + grafted

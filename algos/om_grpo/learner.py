@@ -1,6 +1,7 @@
 """The OM-GRPO learner: the algorithm, its section and its metrics are graftzoo.algos.om_grpo."""
 from __future__ import annotations
 
+from dataclasses import replace
 import random
 from typing import Optional
 
@@ -63,9 +64,9 @@ class OMGRPO(Learner):
             own = [self.answer(r.text) for r in g.rollouts]
             ids = answer_classes(own + extra, timeout)
             rewards = soft_consensus_rewards(ids[:g.n], ids[g.n:], format_weight=c.format_weight)
-            for r, z, rew in zip(g.rollouts, own, rewards):
-                r.reward, r.correct, r.extracted = rew, False, z
-                r.status = "label_free" if z is not None else "no_answer"
+            g.rollouts[:] = [replace(r, reward=rew, correct=False, extracted=z,
+                                     status="label_free" if z is not None else "no_answer")
+                             for r, z, rew in zip(g.rollouts, own, rewards)]
             formatted += sum(z is not None for z in own)
             distinct += len({i for i in ids[:g.n] if i is not None}) / max(1, g.n)
         n = max(1, sum(g.n for g in groups))
@@ -117,14 +118,13 @@ class OMGRPO(Learner):
         c = self.cfg
         masked = total = 0
         for g in groups:
-            for r in g.rollouts:
+            for j, r in enumerate(g.rollouts):
                 n = len(r.token_ids)
                 body = n - 1 if r.finish_reason == "stop" and n and r.token_ids[-1] == r.eos_id else n
                 offsets = ctx.policy.char_offsets(r.token_ids[:body], r.text)
                 m = answer_span_mask(offsets, self.answer_spans(r.text, r.extracted), c.answer_grad_scale).tolist()
                 m += [1.0] * (n - body)
-                r.loss_mask = m
-                r.kl_mask = list(m) if c.mask_kl else [1.0] * n
+                g.rollouts[j] = replace(r, loss_mask=m, kl_mask=list(m) if c.mask_kl else [1.0] * n)
                 masked += sum(1 for x in m if x < 1.0)
                 total += n
         ctx.log(OM_GRPO_MASKED_TOKEN_FRAC, masked / max(1, total))

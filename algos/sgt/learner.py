@@ -1,6 +1,7 @@
 """The SGT learner and its policy loss: the algorithm, its section and its metrics are graftzoo.algos.sgt."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from graftzoo.algos.base import StepContext
@@ -63,8 +64,7 @@ class SGT(PeerLearner):
             else:
                 aux.append((x, lg, inj))
         for x, lg, inj in aux:  # loss lam * (-1/|Rescue|) * sum l(y) over the step's rescue set
-            for r in inj:
-                r.role = "aux"
+            inj = [replace(r, role="aux") for r in inj]
             out[x].append(Group(lg.prompt, lg.model_id, inj, [0.0] * len(inj), "peer",
                                 [float(c.lam) / len(rescue_set)] * len(inj)))
         log_compatibility(ctx, rescue_set)

@@ -43,7 +43,7 @@ class Origin:
     stored_step: Optional[int] = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rollout:
     """One sampled response, in the token ids of the tokenizer that ``tokenizer_id`` names.
 
@@ -55,7 +55,9 @@ class Rollout:
     given when the step's theta_old pass makes the rollout (docs/algorithms.md#notation-and-conventions);
     ``old_logprobs`` is the one a reader takes (``theta_old`` when given, else ``logprobs``).
 
-    Fields that learner hooks set for the loss (None = the default):
+    A rollout is a value: frozen, changed only by ``dataclasses.replace`` into a new one (a hook that sets a field
+    for the loss puts the copy in its group's place). Fields that learner hooks set for the loss (None = the
+    default):
 
     - ``role``: own | peer | aux (see ``Role``);
     - ``loss_mask``: per-token loss weights, multiplied into the default mask (1 after the prefix);

@@ -36,6 +36,7 @@ count them (the trainer's ``fitting_prompts`` at start-up, ``rollout/prompts_too
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import copy
 import inspect
 from typing import Optional, Sequence
@@ -248,8 +249,7 @@ class HFEngine(Engine):
                         self._decode(*_stand_in(pol), greedy, temp, max_new, idle=True)
                         continue
                     for (i, pids, pre), ro in zip(chunk, self._generate_rows(chunk, greedy, temp, max_new)):
-                        ro.prompt_id = prompts[i].id
-                        groups[i].rollouts.append(ro)
+                        groups[i].rollouts.append(replace(ro, prompt_id=prompts[i].id))
         finally:
             pol.model.train(was_training)
         return groups

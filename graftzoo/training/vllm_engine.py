@@ -51,6 +51,7 @@ how the engine's processes wait for their next message).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import gc
 import logging
 import multiprocessing.resource_tracker
@@ -578,6 +579,5 @@ class VLLMEngine(Engine):
             toks = list(o.token_ids)
             lps = [float(d[t].logprob) for d, t in zip(o.logprobs or [], toks)]
             ro = rollout_from_tokens(pol, pids, pre, toks, lps, back.version, stopped=isinstance(o.stop_reason, str))
-            ro.prompt_id = prompts[i].id
-            groups[i].rollouts.append(ro)
+            groups[i].rollouts.append(replace(ro, prompt_id=prompts[i].id))
         return groups
