@@ -1,6 +1,7 @@
 """The base of the learners that train on a peer's rollouts (GRAFT, HACPO, SGT): what only they need, kept out of
 the single-model ``Learner``: the peer they must meet at exchange time, the rows whose tokens carry the KL term,
-and the compatibility statistics of the responses they take (docs/algorithms.md#cross-tokenizer-exchange)."""
+the compatibility statistics of the responses they take (docs/algorithms.md#cross-tokenizer-exchange) and the
+group augmentation SGT and GRAFT's `select: sgt_rescue` share (docs/algorithms.md#sgt)."""
 from __future__ import annotations
 
 import statistics
@@ -8,10 +9,10 @@ import statistics
 import torch
 
 from graftzoo.algos.base import Learner, StepContext
-from graftzoo.algos.functional import compatibility_score
+from graftzoo.algos.functional import compatibility_score, sgt_augment
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts, needs_peer_error
-from graftzoo.contract.types import Rollout
+from graftzoo.contract.types import Group, Rollout
 
 
 class PeerLearner(Learner):
@@ -51,3 +52,17 @@ def log_s_stats(ctx: StepContext, s: list):
         ctx.log(M.PEER_S_MEDIAN, statistics.median(s))
         ctx.log(M.PEER_S_MIN, min(s))
         ctx.log(M.PEER_S_MAX, max(s))
+
+
+def augment_group(own: Group, injected: list, rng, eps: float, weights=None, source=None) -> Group:
+    """``own`` with ``injected`` peer successes (localized, role "peer") in place of as many of its failed
+    responses, chosen at random, and GRPO advantages recomputed on the augmented group (docs/algorithms.md#sgt
+    step 3). ``weights`` are the injected responses' loss weights (default 1); ``source`` the slot's source
+    (default: the own group's)."""
+    pos, _, adv = sgt_augment(own.rewards, [r.correct for r in own.rollouts], [r.reward for r in injected],
+                              rng, eps)
+    rolls, ws = list(own.rollouts), [1.0] * own.n
+    for p, r, w in zip(pos, injected, weights or [1.0] * len(injected)):
+        rolls[p], ws[p] = r, w
+    return Group(own.prompt, own.model_id, rolls, adv.tolist(), source or own.source,
+                 None if weights is None else ws)

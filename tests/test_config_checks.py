@@ -19,7 +19,7 @@ from graftzoo.algos.hora import HORAConfig
 from graftzoo.algos.om_grpo import OMGRPOConfig
 from graftzoo.algos.sgt import SGTConfig
 from graftzoo.algos.functional.core import AGG_MODES
-from graftzoo.algos.sgt.formulas import SGT_GATES
+from graftzoo.algos.functional.peer import SGT_GATES
 from graftzoo.algos.om_grpo.learner import CONTRAST_TEMPLATES
 from graftzoo.apps.cli import main
 from graftzoo.contract import config as config_mod

@@ -12,7 +12,7 @@ from graftzoo.algos.graft.formulas import (graft_balance, graft_candidates, graf
 from graftzoo.algos.hacpo.formulas import (capability_estimate, capability_ratio, cross_sequence_ratio,
                                            hacpo_advantages, hacpo_cross_loss, hacpo_discrepancy, hacpo_omegas,
                                            stepwise_lower_bound)
-from graftzoo.algos.sgt.formulas import sgt_augment, sgt_rescue
+from graftzoo.algos.functional import sgt_augment, sgt_rescue
 
 torch.set_num_threads(1)
 D = torch.float64

@@ -9,15 +9,14 @@ from typing import Optional
 import torch
 
 from graftzoo.algos.base import StepContext, TrainBatch
-from graftzoo.algos.functional import align_peer_logprobs, compatibility_weights, group_advantages, ratio_surrogate
+from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weights, group_advantages,
+                                      ratio_surrogate, sgt_rescue)
 from graftzoo.algos.graft.formulas import (graft_balance, graft_cap, graft_candidates, peer_order,
                                            random_count_matched_admission, random_count_matched_prompts,
                                            separate_minibatches, symmetric_cap)
-from graftzoo.algos.sgt.formulas import sgt_rescue
-from graftzoo.algos.sgt.learner import augment_group
 from graftzoo.algos.graft import GRAFTConfig, token_ratio_error
 from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
-from graftzoo.algos.peer import PeerLearner, log_s_stats, require_peer
+from graftzoo.algos.peer import PeerLearner, augment_group, log_s_stats, require_peer
 from graftzoo.contract import metrics as M
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group, Rollout

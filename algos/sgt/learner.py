@@ -7,26 +7,12 @@ from typing import Optional
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.sgt import SGTConfig
 from graftzoo.algos.functional import aux_nll_loss, sequence_mean_logp
-from graftzoo.algos.sgt.formulas import sgt_augment, sgt_rescue
+from graftzoo.algos.functional import sgt_rescue
 from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
-from graftzoo.algos.peer import PeerLearner, log_compatibility, require_peer
+from graftzoo.algos.peer import PeerLearner, augment_group, log_compatibility, require_peer
 from graftzoo.contract import metrics as M
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
-
-def augment_group(own: Group, injected: list, rng, eps: float, weights=None, source=None) -> Group:
-    """``own`` with ``injected`` peer successes (localized, role "peer") in place of as many of its failed
-    responses, chosen at random, and GRPO advantages recomputed on the augmented group (docs/algorithms.md#sgt
-    step 3). ``weights`` are the injected responses' loss weights (default 1); ``source`` the slot's source
-    (default: the own group's)."""
-    pos, _, adv = sgt_augment(own.rewards, [r.correct for r in own.rollouts], [r.reward for r in injected],
-                              rng, eps)
-    rolls, ws = list(own.rollouts), [1.0] * own.n
-    for p, r, w in zip(pos, injected, weights or [1.0] * len(injected)):
-        rolls[p], ws[p] = r, w
-    return Group(own.prompt, own.model_id, rolls, adv.tolist(), source or own.source,
-                 None if weights is None else ws)
-
 
 @register_algo("sgt")
 class SGT(PeerLearner):
