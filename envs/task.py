@@ -3,9 +3,10 @@
 The trainer, OM-GRPO's test-time training and ``graftzoo eval`` all ask a :class:`Task`.
 
 - **training env** (``train_env``): the task's environment on its training split; it scores
-  rollouts and is the prompt source. A procedural task (``procedural``: the registered env is an
-  :class:`ArithmeticEnv`) with ``task.size: null`` is an endless ``stream`` (the sampler draws
-  fresh prompts every step); any other task is a finite ``train_dataset``.
+  rollouts and is the prompt source. A procedural task (``procedural``: the registered env's class says it
+  generates its problems, as :class:`ArithmeticEnv` does) with ``task.size: null`` is an endless ``stream`` (the
+  sampler draws fresh prompts from the env's ``generate`` every step); any other task is a finite
+  ``train_dataset``.
 - **held-out split** (``heldout()``): what the trainer evaluates on and the ``heldout`` benchmark
   of ``graftzoo eval``: ``eval.dataset`` (its first ``eval.size`` prompts), else the task's
   ``test`` split (procedural: ``eval.size`` prompts drawn under seed ``HELDOUT_SEED``), else, for a
@@ -53,7 +54,7 @@ from graftzoo.contract.config import RunConfig
 from graftzoo.contract.errors import ConfigError
 from graftzoo.envs.datasets import (BENCHMARKS, FILE_SUFFIXES, LABEL_FREE_HINT, DatasetError, MathDataset,
                                      MissingSplitError, bundled_names, load_dataset)
-from graftzoo.envs.env import UNVERIFIED, ArithmeticEnv, MathReasoningEnv
+from graftzoo.envs.env import UNVERIFIED, MathReasoningEnv
 from graftzoo.envs.templates import TEMPLATES
 from graftzoo.envs.verify_pool import AUTO, AUTO_BUDGET_BASE_S, auto_budget, pool_size
 
@@ -304,10 +305,10 @@ class Task:
     # ---- the training task -----------------------------------------------------------------
     @cached_property
     def procedural(self) -> bool:
-        """Whether the env generates its problems (an :class:`ArithmeticEnv`) rather than reading a file."""
+        """Whether the env generates its problems (its class's ``procedural``) rather than reading a file."""
         entry = gym.spec(self.spec.env).entry_point
         cls = load_env_creator(entry) if isinstance(entry, str) else entry
-        return isinstance(cls, type) and issubclass(cls, ArithmeticEnv)
+        return bool(getattr(cls, "procedural", False))
 
     @property
     def stream(self) -> bool:

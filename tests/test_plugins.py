@@ -1,13 +1,19 @@
 """Plugins: a tiny package installed with pip (entry-point group graftzoo.algos), then used through the CLI."""
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from helpers import one_run
+
+from graftzoo.contract.types import Group, Rollout
+from graftzoo.peers import TrajectoryStore
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
@@ -178,14 +184,20 @@ register_peer_source(PeerSourceKind("informative", "the partner's informative gr
 '''
 GRAFT = ["train", "--algo", "graft", "--pair", "micro", "--no-track", "--set", "run.out_dir=out", "--set",
          "run.steps=1", "--set", "run.eval_at_end=false", "--set", "rollout.n=4"]
+RG_ENV = Path(__file__).resolve().parents[1] / "docs" / "examples" / "reasoning_gym_env.py"
+RG_TASK = ["--plugin", str(RG_ENV), "--set", "task.env=rg/ReasoningGym-v0", "--set",
+           "task.difficulty={basic_arithmetic: {max_terms: 2, max_digits: 2, allow_parentheses: false}}", "--set",
+           "task.mix={basic_arithmetic: 1}"]   # problems short enough for the micro models' 128-character window
 
 
-def test_a_peer_source_from_a_plugin_file_trains_and_every_reader_takes_it_from_the_registry(tmp_path):
-    """--plugin FILE.py registering a peer source: --peer names it, GRAFT trains with it (its groups and metrics in
-    the run), the run directory's name, the report's label and the summary name it, the keys it does not read are
-    said to have no effect; without the plugin, or with a path it does not take, one line naming the choices."""
+def test_a_peer_source_and_a_task_from_plugin_files_train_and_every_reader_takes_them_from_the_registries(tmp_path):
+    """--plugin FILE.py registering a peer source, and the documented reasoning-gym task (a Gymnasium env plugin):
+    GRAFT trains on reasoning-gym's problems, scored by the env, with the plugin's peer groups (its metric in the
+    run); the run directory's name, the report's label and the summary name the source; the keys it does not read
+    are said to have no effect; without the plugin, or with a path it does not take, or with a generator
+    reasoning-gym lacks, one line naming the choices or the key."""
     (tmp_path / "informative.py").write_text(PEER_PLUGIN)
-    run = _local(tmp_path, *GRAFT, "--peer", "informative", "--plugin", "informative.py", "--set",
+    run = _local(tmp_path, *GRAFT, "--peer", "informative", "--plugin", "informative.py", *RG_TASK, "--set",
                  "peer.mix_ratio=0.5")
     assert run.returncode == 0, run.stderr[-2000:]
     assert "peer.mix_ratio" in run.stderr and "peer.source is informative" in run.stderr
@@ -196,7 +208,45 @@ def test_a_peer_source_from_a_plugin_file_trains_and_every_reader_takes_it_from_
     assert summary["peer_source"] == "informative" and summary["status"] == "done"
     assert summary["variant"] == "graft (n=4, informative peer)"
     assert summary["peers"] == {"micro-qwen-char": "micro-gpt2-pair", "micro-gpt2-pair": "micro-qwen-char"}
+    store = TrajectoryStore(rd / "store", create=False)   # every rollout: reasoning-gym's prompts, the env's verdicts
+    stored = pd.concat([store.read(m) for m in summary["models"]])
+    assert (stored["prompt_id"].str.split("/").str[1] == "basic_arithmetic").all()
+    assert stored["prompt_text"].str.startswith("Calculate ").all() and len(stored) > 0
+    assert stored["prompt_text"].str.endswith("Answer in <answer></answer>.").all()
+    assert set(stored["status"]) <= {"ok", "no_answer"} and set(stored["model_id"]) == set(summary["models"])
     path = _local(tmp_path, *GRAFT, "--peer", "informative:elsewhere", "--plugin", "informative.py")
     assert path.returncode == 2 and "informative takes no path" in path.stderr, path.stderr[-2000:]
     unknown = _local(tmp_path, *GRAFT, "--peer", "informative")
     assert unknown.returncode == 2 and "online, stored, mixed" in unknown.stderr, unknown.stderr[-2000:]
+    bad = _local(tmp_path, *GRAFT, "--peer", "online", *RG_TASK[:-1], "task.mix={no_such_generator: 1}")
+    assert bad.returncode == 2 and "task.mix" in bad.stderr and "no_such_generator" in bad.stderr, bad.stderr[-2000:]
+
+
+def test_the_reasoning_gym_task_rewards_with_reasoning_gyms_scorer_through_the_gymnasium_interface():
+    """The documented adapter, as Gymnasium sees it: reset gives a reasoning-gym problem, step's reward is
+    reasoning-gym's score_answer of the answer (its partial credit included), score_groups gives the same verdicts;
+    the test split draws other problems, and a slice of the stream is the same whatever its start."""
+    import gymnasium as gym
+    spec = importlib.util.spec_from_file_location("_rg_env", RG_ENV)
+    rg = sys.modules["_rg_env"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rg)
+    env = gym.make(rg.ENV_ID, size=6, mix={"countdown": 1}, disable_env_checker=True).unwrapped
+    gen = env.generators["countdown"]
+    obs, info = env.reset(options={"index": 2, "with_gold": True})
+    assert gen[2]["question"] in obs and rg.INSTRUCTION in obs
+    two = gym.make(rg.ENV_ID, size=40, mix={"countdown": 1, "chain_sum": 3}, disable_env_checker=True).unwrapped
+    drawn = [p.metadata["rg_task"] for p in two.dataset]
+    assert 20 <= drawn.count("chain_sum") <= 38 and 2 <= drawn.count("countdown")   # both, by their weights
+    for answer in (info["gold"], "0", "abc"):
+        env.reset(options={"index": 2})
+        reward = env.step(f"let me think\n<answer>{answer}</answer>")[1]
+        assert reward == pytest.approx(gen.score_answer(answer, gen[2]))
+    assert env.step.__func__ is rg.MathReasoningEnv.step          # the library's own step: score_batch, reward
+    assert [gen.score_answer(a, gen[2]) for a in (info["gold"], "0")] == [1.0, 0.05]   # full and partial credit
+    env.reset(options={"index": 2})
+    assert env.step("no answer here")[1:3] == (0.0, True)
+    g = Group(env.dataset[2], "m", [Rollout("p", "m", 0, f"<answer>{t}</answer>") for t in (info["gold"], "0")])
+    assert [(r.correct, r.reward) for r in env.score_groups([g])[0].rollouts] == [(True, 1.0), (False, 0.05)]
+    assert env.generate(3, start=2) == env.generate(5)[2:] and env.generate(2) == list(env.dataset)[:2]
+    test = gym.make(rg.ENV_ID, size=6, mix={"countdown": 1}, split="test", disable_env_checker=True).unwrapped
+    assert not {p.text for p in test.dataset} & {p.text for p in env.dataset}

@@ -67,7 +67,7 @@ def test_procedural_splits_are_disjoint_from_training():
     assert all(is_heldout(p.text) for p in held.prompts + val.prompts)
     assert task.is_test_set(held) and task.reserved_ids == set()
     # a stream draws from the same train partition
-    stream = PromptSampler(arith(), None).batch(0)[0]
+    stream = PromptSampler(arith(), None, stream=Task(arith()).train_env.generate).batch(0)[0]
     assert not any(is_heldout(p.text) for p in stream)
 
 

@@ -382,7 +382,8 @@ class TaskSection(Section):
                                   "prompts (eval.dataset)")
     fields: FieldsSection = key(FieldsSection, "")
     mix: Optional[dict] = key(dict, "procedural task mix (skill -> weight)")
-    difficulty: Union[Level, dict[str, Level]] = key(dict, "procedural task difficulty: one level, or skill -> level")
+    difficulty: Union[Level, dict[str, Union[Level, dict]]] = key(
+        dict, "procedural task difficulty: one level, or skill -> level (an env plugin's skill -> its own settings)")
     size: Optional[Int] = key(None, "finite prompt set size for procedural tasks (null = endless stream)", ge=1,
                                le=MAX_PROMPTS)
     prompts_per_step: Int = key(8, "prompts per step (the same prompts for every model)", ge=1,

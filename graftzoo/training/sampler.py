@@ -1,7 +1,7 @@
 """Prompt batches: the same prompts for every model of a pair, a deterministic function of (seed, step).
 
-A procedural task with ``task.size: null`` is an endless stream (fresh prompts every step); any
-other dataset is walked in a per-epoch seeded permutation. The cursor is the step number, so
+A procedural task with ``task.size: null`` is an endless stream (fresh prompts every step, from the task's env:
+``stream(n, start)``, its ``generate``); any other dataset is walked in a per-epoch seeded permutation. The cursor is the step number, so
 resuming needs only the step. A finite set that a step must repeat prompts of (``task.prompts_per_step`` above its
 size), or that the run passes over ``MANY_PASSES`` times or more, is said in one warning.
 """
@@ -11,19 +11,25 @@ import logging
 import math
 import random
 
+from typing import Callable, Optional
+
 from graftzoo.contract.config import RunConfig
-from graftzoo.envs.arithmetic import generate_prompts
 
 log = logging.getLogger(__name__)
 MANY_PASSES = 10  # run.steps x task.prompts_per_step this many times the training set: said (run.epochs: asked for)
 
 
 class PromptSampler:
-    def __init__(self, cfg: RunConfig, dataset=None, exclude_ids=()):
+    def __init__(self, cfg: RunConfig, dataset=None, exclude_ids=(), stream: Optional[Callable] = None):
+        """``dataset``: the finite training set; else ``stream(n, start)`` gives prompts ``start .. start + n - 1``
+        of the task's endless stream (``MathReasoningEnv.generate``)."""
         task = cfg.task
         self.seed = int(cfg.run.seed)
         self.per_step = int(task.prompts_per_step)
         self.stream = dataset is None
+        if self.stream and stream is None:
+            raise ValueError("a prompt sampler needs a dataset or a stream (a procedural env's generate)")
+        self.generate = stream
         self.task = task
         self.dataset = dataset
         self._extra = 0
@@ -59,8 +65,7 @@ class PromptSampler:
     def batch(self, step: int):
         """(prompts, epoch) of a step."""
         if self.stream:
-            return generate_prompts(self.per_step, self.seed, self.task.mix or {"add": 1, "mul": 1},
-                                    self.task.difficulty or 3, "train", start=step * self.per_step), 0
+            return self.generate(self.per_step, start=step * self.per_step), 0
         epoch, k = divmod(step, self.steps_per_epoch)
         perm = self._perm(epoch)
         chosen = [perm[(k * self.per_step + j) % len(perm)] for j in range(self.per_step)]
@@ -71,8 +76,7 @@ class PromptSampler:
         self._extra += 1
         if self.stream:
             start = 10**9 + (step * 1000 + self._extra) * self.per_step
-            return generate_prompts(k, self.seed, self.task.mix or {"add": 1, "mul": 1},
-                                    self.task.difficulty or 3, "train", start=start)
+            return self.generate(k, start=start)
         rng = random.Random(f"{self.seed}:extra:{step}:{self._extra}")
         return [self.dataset[rng.randrange(len(self.dataset))] for _ in range(k)]
 

@@ -262,7 +262,8 @@ class Trainer:
         data = self.task.train_dataset
         if data is not None:  # a finite set: only the prompts that fit every trained model
             data = self._fitting(cfg, [p for p in data if p.id not in self.task.reserved_ids])
-        self.sampler = PromptSampler(cfg, data, self.task.reserved_ids)
+        self.sampler = PromptSampler(cfg, data, self.task.reserved_ids,
+                                     stream=self.task.train_env.generate if self.task.stream else None)
         self.dataset_id = self.task.dataset_id
         self.total_steps = cfg.run.steps
         if cfg.run.epochs:
