@@ -332,9 +332,9 @@ KILL_IN_STEP_2 = """
 import os
 import signal
 
-from graftzoo.training import step
+from graftzoo.training import policy
 
-optimize = step.optimize
+optimize = policy.optimize
 
 
 def killed_in_step_2(ctx, *args, **kwargs):
@@ -343,7 +343,7 @@ def killed_in_step_2(ctx, *args, **kwargs):
     return optimize(ctx, *args, **kwargs)
 
 
-step.optimize = killed_in_step_2
+policy.optimize = killed_in_step_2
 """
 
 

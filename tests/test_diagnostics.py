@@ -14,7 +14,7 @@ from graftzoo.training import diagnostics
 from graftzoo.contract.config import ConfigError, load_config
 from graftzoo.training.diagnostics import grad_share
 from graftzoo.training.loss import denominators
-from graftzoo.training.step import optimize
+from graftzoo.training.loss import optimize
 from graftzoo.training.trainer import train
 from graftzoo.eval.artifacts import load_runs
 from graftzoo.eval.report import TRANSFER_COLUMNS, transfer_markdown, transfer_table

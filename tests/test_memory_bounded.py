@@ -13,7 +13,7 @@ from test_loss_wiring import FAIL, LEARNER, MIXED, PEER, PROMPTS, context, group
 from graftzoo.algos.functional import agg_denominator, agg_loss
 from graftzoo.contract.batch import micro_split
 from graftzoo.contract.config import load_config, with_values
-from graftzoo.training import step as step_module
+from graftzoo.training import policy as policy_module
 from graftzoo.training.loss import denominators, micro_batch_loss
 from graftzoo.training.models import build_policy
 from graftzoo.training.policy import Policy
@@ -68,13 +68,13 @@ def step_grads(tmp_path, name, *overrides, algo="grpo"):
 @pytest.mark.parametrize("mode", MODES)
 def test_a_micro_batched_step_has_the_gradient_of_the_unsplit_step(tmp_path, mode, monkeypatch):
     seen = []  # micro-batches per minibatch, as the step's loop (``optimize``) receives them
-    optimize = step_module.optimize
+    optimize = policy_module.optimize
 
     def counting(ctx, policy, learner, minibatches, base_from_forward, where):
         seen.extend(len(micros) for micros in minibatches)
         return optimize(ctx, policy, learner, minibatches, base_from_forward, where)
 
-    monkeypatch.setattr(step_module, "optimize", counting)
+    monkeypatch.setattr(policy_module, "optimize", counting)
     whole_met, whole = step_grads(tmp_path, "whole", f"algo.loss_agg={mode}")
     split_met, split = step_grads(tmp_path, "split", f"algo.loss_agg={mode}", "optim.max_tokens_per_micro=120")
     # one minibatch per step; 16 rows of ~20-55 tokens in micro-batches of <= 120 padded tokens

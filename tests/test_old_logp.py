@@ -16,7 +16,7 @@ from helpers import one_run
 
 from graftzoo.contract.config import ConfigError, load_config, with_values
 from graftzoo.training.engine import Engine, HFEngine
-from graftzoo.training import loss as loss_mod, step as step_mod
+from graftzoo.training import loss as loss_mod
 from graftzoo.training.step import old_logp_source
 from graftzoo.training.trainer import Trainer, train
 
@@ -188,10 +188,10 @@ def test_theta_old_is_the_pre_update_policy_in_every_minibatch_own_and_peer_rows
     for m in tr.model_ids:
         pol = tr.policies[m]
 
-        def update(ctx, lrn, mbs, base_from_forward, where, loop, _m=m, _pol=pol, _update=pol.update):
+        def update(ctx, lrn, mbs, base_from_forward, where, _m=m, _pol=pol, _update=pol.update):
             start[_m] = copy.deepcopy(_pol.model.state_dict())   # the policy that sampled: theta_old
             flags[_m] = base_from_forward
-            return _update(ctx, lrn, mbs, base_from_forward, where=where, loop=loop)
+            return _update(ctx, lrn, mbs, base_from_forward, where=where)
         monkeypatch.setattr(pol, "update", update)
 
     def base_spy(mb, logp, from_forward, _real=loss_mod.ratio_base):
@@ -199,7 +199,7 @@ def test_theta_old_is_the_pre_update_policy_in_every_minibatch_own_and_peer_rows
         bases.append((from_forward, out.detach().clone()))
         return out
 
-    def loss(ctx, policy, learner, mb, base_from_forward=False, _real=step_mod.micro_batch_loss):
+    def loss(ctx, policy, learner, mb, base_from_forward=False, _real=loss_mod.micro_batch_loss):
         m = ctx.model_id
         if ctx.update == 1 and m not in moved:
             moved[m] = any(not torch.equal(p, start[m][n]) for n, p in tr.policies[m].model.state_dict().items())
@@ -211,7 +211,7 @@ def test_theta_old_is_the_pre_update_policy_in_every_minibatch_own_and_peer_rows
         seen[m].append((ctx.update, mb, base, ff))                  # the ratio base the loss used
         return out
     monkeypatch.setattr(loss_mod, "ratio_base", base_spy)
-    monkeypatch.setattr(step_mod, "micro_batch_loss", loss)
+    monkeypatch.setattr(loss_mod, "micro_batch_loss", loss)
     tr.train_step(0)
     peer_rows = 0
     for m in tr.model_ids:

@@ -15,14 +15,14 @@ from test_graft import STRONG_PAIR
 
 from graftzoo.contract.batch import micro_split
 from graftzoo.contract.config import load_config
-from graftzoo.training import loss as loss_mod, step as step_mod
+from graftzoo.training import loss as loss_mod, policy as policy_mod
 from graftzoo.training.trainer import Trainer
 
 LEARNER = "micro-qwen-char"
 CLIP_KEYS = ("clip/frac", "clip/frac_low", "clip/frac_high")
 
 
-def two_pass_optimize(ctx, policy, learner, minibatches, base_from_forward, where, _optimize=step_mod.optimize):
+def two_pass_optimize(ctx, policy, learner, minibatches, base_from_forward, where, _optimize=loss_mod.optimize):
     """The update as it was before theta_old was computed once: a no-grad pass over every micro-batch of every
     minibatch before the first optimizer step (``theta_old_base``), then the step's loop (``optimize``, one
     optimizer step per minibatch) on those bases, none taken from a loss forward."""
@@ -71,7 +71,7 @@ def watch_losses(monkeypatch) -> list:
     ratio base it takes (``graftzoo.training.loss.ratio_base``) spied once per test. Each loss call reports its
     minibatch index, metrics, micro-batch, the base its rows arrived with and the base the loss used; it leaves the
     rows' base as it found it and takes its base once, from its forward exactly when ``base_from_forward``."""
-    probes = getattr(step_mod.micro_batch_loss, "probes", None)
+    probes = getattr(loss_mod.micro_batch_loss, "probes", None)
     if probes is not None:
         return probes
     probes, used = [], []
@@ -81,7 +81,7 @@ def watch_losses(monkeypatch) -> list:
         used.append((from_forward, out.detach().clone()))
         return out
 
-    def micro_batch_loss(ctx, policy, learner, mb, base_from_forward=False, _real=step_mod.micro_batch_loss):
+    def micro_batch_loss(ctx, policy, learner, mb, base_from_forward=False, _real=loss_mod.micro_batch_loss):
         arrived = mb.old_logp.clone()
         out = _real(ctx, policy, learner, mb, base_from_forward)
         (from_forward, base), = used
@@ -94,7 +94,7 @@ def watch_losses(monkeypatch) -> list:
 
     micro_batch_loss.probes = probes
     monkeypatch.setattr(loss_mod, "ratio_base", ratio_base)
-    monkeypatch.setattr(step_mod, "micro_batch_loss", micro_batch_loss)
+    monkeypatch.setattr(loss_mod, "micro_batch_loss", micro_batch_loss)
     return probes
 
 
@@ -115,7 +115,7 @@ class StepProbe:
         self.start = {}
         self.base_from_forward = {}
         if update is not None:
-            monkeypatch.setattr(step_mod, "optimize", update)
+            monkeypatch.setattr(policy_mod, "optimize", update)
         watch_losses(monkeypatch).append(self)
         for m in tr.model_ids:
             self._probe(m, tr.policies[m], monkeypatch)
@@ -133,11 +133,11 @@ class StepProbe:
             return _real(prompts, responses, **kw)
         monkeypatch.setattr(pol, "score_sequences", score_sequences)
 
-        def update(ctx, lrn, mbs, base_from_forward, where, loop, _real=pol.update):
+        def update(ctx, lrn, mbs, base_from_forward, where, _real=pol.update):
             self.start[m] = {k: v.clone() for k, v in pol.model.state_dict().items()}  # theta_old
             self.update_micros[m] = sum(len(micros) for micros in mbs)
             self.base_from_forward[m] = base_from_forward
-            return _real(ctx, lrn, mbs, base_from_forward, where=where, loop=loop)
+            return _real(ctx, lrn, mbs, base_from_forward, where=where)
         monkeypatch.setattr(pol, "update", update)
 
     def step(self) -> dict:
@@ -236,11 +236,11 @@ def test_first_minibatch_base_is_its_own_forward_later_ones_the_arrived_theta_ol
     for m, pol in tr.policies.items():
         pol.model.to(torch.bfloat16)
 
-        def shifted(ctx, lrn, mbs, base_from_forward, where, loop, _real=pol.update):
+        def shifted(ctx, lrn, mbs, base_from_forward, where, _real=pol.update):
             for micros in mbs:
                 for mb in micros:
                     mb.old_logp = torch.where(mb.given_old.unsqueeze(1), mb.old_logp, mb.old_logp + SHIFT)
-            return _real(ctx, lrn, mbs, base_from_forward, where=where, loop=loop)
+            return _real(ctx, lrn, mbs, base_from_forward, where=where)
         monkeypatch.setattr(pol, "update", shifted)
     probe = StepProbe(tr, monkeypatch)
     probe.step()

@@ -220,10 +220,11 @@ class RemotePolicy(Policy):
     def mean_hidden(self, texts, batch: int = 64) -> torch.Tensor:
         return self.group.call("mean_hidden", list(texts), batch)[0]
 
-    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str, loop=None) -> list:
-        """Each rank gets its share of every minibatch's micro-batches and runs the step's loop on it
-        (``graftzoo.training.step.optimize``, which the worker imports: ``loop`` is not sent); returns per minibatch the ranks' parts (the step merges them as one
-        process computes its metrics: loss the sum, the others means weighted by rows, the group's grad norm)."""
+    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str) -> list:
+        """Each rank gets its share of every minibatch's micro-batches and runs the optimizer loop on it
+        (``graftzoo.training.loss.optimize``, as ``Policy.update`` does in one process); returns per minibatch the
+        ranks' parts (the step merges them as one process computes its metrics: loss the sum, the others means
+        weighted by rows, the group's grad norm)."""
         W = self.group.world
         shares = [[_share(micros, r, W) for micros in mbs] for r in range(W)]
         res = self.group.call("update", ctx.step, ctx.epoch, ctx.model_index, learner.state_dict(),

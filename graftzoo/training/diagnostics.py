@@ -47,7 +47,7 @@ def split_by_source(ctx, learner, batch: TrainBatch, schedule: list, budget, dev
     """The step's minibatches (``schedule``: row indices of each) cut into micro-batches of the own rows and of the
     peer-source rows with non-zero weight: ``{source: [(minibatch index, micro-batches)]}``. Every micro-batch carries
     its whole minibatch's loss denominators (``graftzoo.training.loss.denominators``), as ``optim.max_tokens_per_micro`` micro-batches do,
-    so the gradients of the two parts add up to the minibatch's gradient (``graftzoo.training.step.optimize``)."""
+    so the gradients of the two parts add up to the minibatch's gradient (``graftzoo.training.loss.optimize``)."""
     out = {s: [] for s in SOURCES}
     for u, idx in enumerate(schedule):
         norm = denominators(ctx, learner, batch.minibatch(idx))

@@ -23,6 +23,7 @@ from graftzoo.algos.functional import (agg_denominator, agg_loss, kl_k3, sequenc
 from graftzoo.algos.losses import LossInputs, get_loss
 from graftzoo.contract import metrics as M
 from graftzoo.contract.batch import MiniBatch
+from graftzoo.contract.errors import NonFiniteError
 
 
 def ratio_base(mb: MiniBatch, logp: torch.Tensor, from_forward: bool) -> torch.Tensor:
@@ -137,7 +138,7 @@ def mean_metrics(records: list, weights: Optional[list] = None) -> dict:
 
 
 def minibatch_metrics(parts: list) -> dict:
-    """A minibatch's metrics from its parts (one per process that trained a share of it, ``step.optimize``): the
+    """A minibatch's metrics from its parts (one per process that trained a share of it, ``optimize``): the
     loss is the sum of theirs, the gradient norm the group's, the others means over the micro-batches weighted by
     their rows."""
     records = [rec for p in parts for rec in p["records"]]
@@ -145,3 +146,41 @@ def minibatch_metrics(parts: list) -> dict:
     met[M.GRAD_NORM] = parts[0]["grad_norm"]
     met[M.LOSS] = sum(p["total"] for p in parts)
     return met
+
+
+def optimize(ctx, policy, learner, minibatches: list, base_from_forward: bool, where: str) -> list:
+    """The optimizer updates of one model on the step's minibatches (each given as its micro-batches, in order),
+    where the model lives: in this process, or in each rank of its worker group on the rank's share. Per
+    minibatch (``ctx.update`` its index): every micro-batch's loss (``micro_batch_loss``; its ratio base from its
+    own forward on the first minibatch with ``base_from_forward``), scaled by ``MiniBatch.scale`` (0 for a rank's
+    stand-in pass), backward; then one optimizer step. Returns per minibatch ``{"total": the summed loss,
+    "records": [(rows, metrics)] of the counted micro-batches, "grad_norm"}`` (``loss.minibatch_metrics`` merges
+    them). A non-finite loss or gradient raises ``NonFiniteError`` with the metrics before the step is applied."""
+    out = []
+    with ctx.phase("update"):
+        for u, micros in enumerate(minibatches):
+            ctx.update = u
+            here = f"{where}, minibatch {u}"
+            policy.zero_grad()
+            total, records = 0.0, []
+            with policy.compute_weights():  # bf16-mixed: the forwards in bf16, the gradients summed in float32
+                for mb in micros:
+                    loss, met = micro_batch_loss(ctx, policy, learner, mb, base_from_forward and u == 0)
+                    if mb.scale != 1.0:
+                        loss = loss * mb.scale
+                    try:
+                        value = policy.accumulate(loss, here)
+                    except NonFiniteError as e:
+                        e.metrics = {**met, **e.metrics}
+                        raise
+                    if mb.scale != 0.0:
+                        total += value
+                        records.append((len(mb), met))
+                    del loss  # its graph is freed before the next micro-batch's forward
+            try:
+                grad_norm = policy.apply_gradients(total, here)
+            except NonFiniteError as e:
+                e.metrics = {**mean_metrics([r for _, r in records], [w for w, _ in records]), **e.metrics}
+                raise
+            out.append({"total": total, "records": records, "grad_norm": grad_norm})
+    return out

@@ -27,6 +27,7 @@ from graftzoo.contract.batch import micro_split, pad_pairs
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.contract.types import Prompt
 from graftzoo.training.fsdp import full_model_state, load_full, load_sharded, save_sharded
+from graftzoo.training.loss import optimize
 from graftzoo.envs.templates import render_prompt
 
 log = logging.getLogger("graftzoo")
@@ -405,12 +406,12 @@ class Policy:
                                  float("nan"), where, loss=loss_value, grad_norm=float(norm))
         return float(norm)
 
-    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str, loop) -> list:
-        """Train on a step's minibatches, each given as its micro-batches, here, by the step's optimizer loop
-        ``loop`` (``graftzoo.training.step.optimize``); returns per minibatch its parts, one per process that
-        trained it (here: one). A worker group's policy on the driver sends them to its ranks instead, which run
-        the same loop."""
-        return [[part] for part in loop(ctx, self, learner, mbs, base_from_forward, where)]
+    def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str) -> list:
+        """Train on a step's minibatches, each given as its micro-batches, here, by the optimizer loop
+        (``graftzoo.training.loss.optimize``); returns per minibatch its parts, one per process that trained it
+        (here: one). A worker group's policy on the driver sends them to its ranks instead, each of which runs the
+        same loop on its share."""
+        return [[part] for part in optimize(ctx, self, learner, mbs, base_from_forward, where)]
 
     @property
     def lr(self) -> float:
@@ -544,7 +545,7 @@ class Policy:
                 and any(p.requires_grad for p in self.model.parameters())):
             raise RuntimeError(f"model {self.model_id!r}: a forward with gradients under bf16-mixed runs inside "
                                f"Policy.compute_weights(), which sums the gradients onto the float32 master weights "
-                               f"(graftzoo.training.step.optimize enters it for each minibatch)")
+                               f"(graftzoo.training.loss.optimize enters it for each minibatch)")
         with weights:
             return self._logprobs(input_ids, attention_mask, resp_len, with_entropy, entropy_grad)
 

@@ -6,19 +6,22 @@ resume, threads, evaluation, summaries).
                    through the training path (``theta_old_pass``), advantages; the store records the groups
     2. exchange    every learner with its peer source (all decisions under theta_old); rows for the loss
     3. update      per minibatch (``learner.schedule``): per micro-batch forward, loss and backward, then one
-                   optimizer step (``optimize``; where a model lives in a worker group, its ranks run it)
+                   optimizer step (``Policy.update`` runs ``graftzoo.training.loss.optimize`` where the model lives:
+                   here, or on each rank of its worker group)
     4. sync        the engine decodes the next step with the updated weights
 
 Phases 1 and 3 run model by model, or for every model at once where the run allows it (``Trainer.each_model``).
-The step never branches on an algorithm's name: what differs lives in the learner's hooks and the loss it names.
+The step reads only its ``StepState`` (what the trainer hands it, named and typed) and returns a ``StepResult`` (the
+metrics and what each model trained on); it writes nothing back. The step never branches on an algorithm's name:
+what differs lives in the learner's hooks and the loss it names.
 """
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.errors import NonFiniteError
@@ -26,11 +29,42 @@ from graftzoo.envs.task import UNVERIFIED
 from graftzoo.training import diagnostics
 from graftzoo.training.ahead import Collected, steps_ahead
 from graftzoo.training.engine import EngineError
-from graftzoo.training.loss import denominators, mean_metrics, micro_batch_loss, minibatch_metrics, stale_metrics
+from graftzoo.training.loss import denominators, mean_metrics, minibatch_metrics, stale_metrics
 
 
-def train_step(run, step: int) -> dict:
-    """Step ``step`` of every model of ``run`` (a ``Trainer``); model id -> the step's metrics."""
+@dataclass(frozen=True)
+class StepState:
+    """Everything a step reads (the trainer builds it: ``Trainer.step_state``). Per model id: its policy (training
+    weights and optimizer, here or in a worker group), learner, rollout engine."""
+
+    cfg: Any                      # the resolved RunConfig
+    model_ids: list               # the trained models, in order
+    policies: dict
+    learners: dict
+    engines: dict
+    sampler: Any                  # PromptSampler: the step's prompts and epoch
+    peers: Any                    # the peer source (graftzoo.peers.sources), or None
+    task: Any                     # envs.task.Task: its check of the verifier's undecided answers
+    ahead: Any                    # graftzoo.training.ahead.Ahead: batches collected ahead (rollout.max_staleness)
+    residency: Any                # graftzoo.training.placement.Residency: which model's state is on the device
+    context: Callable             # (step, epoch, model id, model index) -> the model's StepContext
+    collect_each: Callable        # phase 1 of every model (seeded engines, the store's records)
+    each_model: Callable          # phase 3 of every model, one by one or at once
+    phase_wall: Callable          # model id -> wall seconds per phase so far (compute accounting)
+    prompts_too_long: int = 0     # training prompts dropped at start-up for their length
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a step produced: model id -> its metrics, and model id -> the slots it trained on (own and peer groups
+    after the exchange: the completions table)."""
+
+    metrics: dict
+    slots: dict
+
+
+def train_step(run: StepState, step: int) -> StepResult:
+    """Step ``step`` of every model of ``run``."""
     t0 = time.perf_counter()
     models = run.model_ids
     before = {m: run.phase_wall(m) for m in models}
@@ -57,7 +91,7 @@ def train_step(run, step: int) -> dict:
         run.peers.observe(groups)
 
     # 2. exchange: every learner with its peer's groups of these prompts; its rows for the loss
-    batches, xtime = {}, {}
+    batches, xtime, slots = {}, {}, {}
     for m in models:
         t, ctx = time.perf_counter(), ctxs[m]
         peer = run.peers.groups(prompts, step, epoch, m) if run.peers is not None else None
@@ -68,9 +102,8 @@ def train_step(run, step: int) -> dict:
             other = groups[models[1 - models.index(m)]]
             ctx.metrics.update(diagnostics.complementarity(groups[m], {g.prompt.id: g for g in other}))
         with run.residency.active(m):  # the exchange may score the peer's responses under this model
-            slots = run.learners[m].exchange(ctx, groups[m], peer)
-            run.step_slots[m] = slots  # what the step trains on, for the completions table (Tracker)
-            batches[m] = run.learners[m].build_batch(ctx, slots)
+            slots[m] = run.learners[m].exchange(ctx, groups[m], peer)
+            batches[m] = run.learners[m].build_batch(ctx, slots[m])
         xtime[m] = time.perf_counter() - t
 
     # the rollouts of the next steps, up to step + k, generated while this step updates (rollout.max_staleness)
@@ -81,7 +114,7 @@ def train_step(run, step: int) -> dict:
     out = run.each_model({m: partial(update, run, ctxs[m], batches[m], groups[m], source[m], before[m], xtime[m], t0)
                           for m in models})
     run.ahead.wait()
-    return out
+    return StepResult(out, slots)
 
 
 def collect_ahead(run, step: int, finished) -> Collected:
@@ -173,7 +206,7 @@ def update(run, ctx, batch, groups: list, source: str, before: dict, xtime: floa
             with ctx.phase("diagnostics"):
                 diag = diagnostics.before_update(ctx, pol, learner, batch, schedule, budget, from_forward)
         try:
-            parts = pol.update(ctx, learner, mbs, from_forward, where=f"model {m!r}, step {step}", loop=optimize)
+            parts = pol.update(ctx, learner, mbs, from_forward, where=f"model {m!r}, step {step}")
         except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
             e.model = m
             raise
@@ -204,44 +237,6 @@ def step_metrics(run, ctx, groups, batch, parts, diag, before, xtime, sync_s, t0
     met[M.PERF_TOKENS_PER_S] = toks / met[M.TIME_GENERATE] if met[M.TIME_GENERATE] > 0 else None
     met[M.TIME_STEP] = time.perf_counter() - t0
     return met
-
-
-def optimize(ctx, policy, learner, minibatches: list, base_from_forward: bool, where: str) -> list:
-    """The optimizer updates of one model on the step's minibatches (each given as its micro-batches, in order),
-    where the model lives: in this process, or in each rank of its worker group on the rank's share. Per
-    minibatch (``ctx.update`` its index): every micro-batch's loss (``micro_batch_loss``; its ratio base from its
-    own forward on the first minibatch with ``base_from_forward``), scaled by ``MiniBatch.scale`` (0 for a rank's
-    stand-in pass), backward; then one optimizer step. Returns per minibatch ``{"total": the summed loss,
-    "records": [(rows, metrics)] of the counted micro-batches, "grad_norm"}`` (``loss.minibatch_metrics`` merges
-    them). A non-finite loss or gradient raises ``NonFiniteError`` with the metrics before the step is applied."""
-    out = []
-    with ctx.phase("update"):
-        for u, micros in enumerate(minibatches):
-            ctx.update = u
-            here = f"{where}, minibatch {u}"
-            policy.zero_grad()
-            total, records = 0.0, []
-            with policy.compute_weights():  # bf16-mixed: the forwards in bf16, the gradients summed in float32
-                for mb in micros:
-                    loss, met = micro_batch_loss(ctx, policy, learner, mb, base_from_forward and u == 0)
-                    if mb.scale != 1.0:
-                        loss = loss * mb.scale
-                    try:
-                        value = policy.accumulate(loss, here)
-                    except NonFiniteError as e:
-                        e.metrics = {**met, **e.metrics}
-                        raise
-                    if mb.scale != 0.0:
-                        total += value
-                        records.append((len(mb), met))
-                    del loss  # its graph is freed before the next micro-batch's forward
-            try:
-                grad_norm = policy.apply_gradients(total, here)
-            except NonFiniteError as e:
-                e.metrics = {**mean_metrics([r for _, r in records], [w for w, _ in records]), **e.metrics}
-                raise
-            out.append({"total": total, "records": records, "grad_norm": grad_norm})
-    return out
 
 
 def check_policy_version(model_id: str, policy, groups, max_staleness: int = 0) -> None:

@@ -53,7 +53,7 @@ from graftzoo.contract.peer_sources import peer_source_kind, source_label
 from graftzoo.contract.registry import get_algo
 from graftzoo.training.sampler import PromptSampler
 from graftzoo.training.tracking import Tracker
-from graftzoo.training.step import train_step
+from graftzoo.training.step import StepState, train_step
 
 
 log = logging.getLogger("graftzoo")
@@ -371,9 +371,20 @@ class Trainer:
         phases = self.meter.summary()["models"].get(m, {}).get("phases", {})
         return {k: v["wall_s"] for k, v in phases.items()}
 
+    def step_state(self) -> StepState:
+        """What a step reads (graftzoo.training.step.StepState), from this run."""
+        return StepState(cfg=self.cfg, model_ids=self.model_ids, policies=self.policies, learners=self.learners,
+                         engines=self.engines, sampler=self.sampler, peers=self.peers, task=self.task, ahead=self.ahead,
+                         residency=self.residency, context=self.context, collect_each=self.collect_each,
+                         each_model=self.each_model, phase_wall=self.phase_wall,
+                         prompts_too_long=self.prompts_too_long)
+
     def train_step(self, step: int) -> dict:
-        """One step of every model (graftzoo.training.step); model id -> its metrics."""
-        return train_step(self, step)
+        """One step of every model (graftzoo.training.step); model id -> its metrics (``step_slots``: what each
+        trained on)."""
+        result = train_step(self.step_state(), step)
+        self.step_slots = result.slots
+        return result.metrics
 
     def collect_each(self, ctxs: dict, phase: Callable, seed: bool = True, store: bool = True) -> dict:
         """Phase 1 (``phase(ctx)``, graftzoo.training.step.rollouts) of every model, each model's groups written to
