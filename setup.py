@@ -78,8 +78,8 @@ setup(
         "tasks": ["reasoning-gym==0.1.25"],
     },
     entry_points={"console_scripts": ["graftzoo=graftzoo.apps.cli:main"],
-                  # run by vLLM in each process it starts: rollout.vllm.poll_sleep_us (graftzoo.training.vllm_poll);
+                  # run by vLLM in each process it starts: rollout.vllm.poll_sleep_us (graftzoo.training.engines.vllm_poll);
                   # the ring buffers of shared memory its processes create, released at close (training.isolation)
-                  "vllm.general_plugins": ["graftzoo_poll_sleep=graftzoo.training.vllm_poll:register",
-                                           "graftzoo_shared_memory=graftzoo.training.isolation:register"]},
+                  "vllm.general_plugins": ["graftzoo_poll_sleep=graftzoo.training.engines.vllm_poll:register",
+                                           "graftzoo_shared_memory=graftzoo.training.engines.isolation:register"]},
 )

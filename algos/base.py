@@ -1,6 +1,6 @@
 """The Learner interface and the per-step context the step hands it.
 
-One training step, for each model (graftzoo.training.step, docs/architecture.md#one-training-step):
+One training step, for each model (graftzoo.training.learning.step, docs/architecture.md#one-training-step):
 
     groups = learner.collect(ctx, prompts)          # allocate -> generate -> score
     groups = learner.advantages(ctx, groups)        # Group.advantages from the registered estimator it names
@@ -116,7 +116,7 @@ class Learner:
     """The policy loss (graftzoo.algos.losses, registered by name): a pure function of the micro-batch's tensors."""
     collect_reads_policy = False
     """Whether ``collect`` runs the training model itself (a forward pass, not only its tokenizer): then it never runs
-    while the model updates (graftzoo.training.ahead collects such a learner's batches ahead just before the update)."""
+    while the model updates (graftzoo.training.learning.ahead collects such a learner's batches ahead just before the update)."""
 
     def __init_subclass__(cls, **kwargs):
         """A learner written for the old loss hooks is refused by name: its ``surrogate`` / ``loss`` methods

@@ -4,7 +4,7 @@ micro-batch (``LossInputs``) to its per-token policy-gradient loss and the clip 
     @register_loss("clipped")
     def clipped_loss(x: LossInputs, cfg, clip: dict) -> PolicyLoss: ...
 
-A learner names its loss (``Learner.loss = "clipped"``). The step (graftzoo.training.step) does the rest, once, for
+A learner names its loss (``Learner.loss = "clipped"``). The step (graftzoo.training.learning.step) does the rest, once, for
 every loss: the forward pass, the ratio base (theta_old), the per-sequence weights, the aggregation
 (``algo.loss_agg``), the entropy bonus and the KL term (docs/algorithms.md#loss-aggregation,
 docs/algorithms.md#kl-and-entropy). ``cfg`` is the learner's ``algo.*`` section and ``clip`` the run's one clip

@@ -1,5 +1,5 @@
 """Step time of asynchronous rollouts on CPU: ``rollout.max_staleness`` k = 0 (generate, then update) against k = 1
-(the next step's rollouts generated while this step updates, graftzoo.training.ahead), GRPO and GRAFT (online
+(the next step's rollouts generated while this step updates, graftzoo.training.learning.ahead), GRPO and GRAFT (online
 peer) co-training the micro pair, every model decoding through a vLLM engine core in a process of its own
 (``rollout.vllm.multiprocessing``: the case where the generation runs beside the update, in the trainer's
 background thread).
@@ -44,7 +44,7 @@ import torch
 from graftzoo.contract.config import load_config
 from graftzoo.envs.verifier import clear_caches, close_pool, start_pool
 from graftzoo.envs.verify_pool import pool_size, wait_ready
-from graftzoo.training.guardian import descendants
+from graftzoo.training.engines.guardian import descendants
 from graftzoo.training.trainer import Trainer
 
 ENGINE = ["rollout.engine=vllm", "rollout.vllm.multiprocessing=true", "rollout.vllm.kv_cache_gb=0.0625"]

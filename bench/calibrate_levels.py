@@ -18,7 +18,7 @@ from dataclasses import replace
 import torch
 
 from graftzoo.contract.config import find_config, model_spec, read_yaml
-from graftzoo.training.models import tiny_spec
+from graftzoo.training.planner.build import tiny_spec
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
 from graftzoo.tiny.build import build_tiny
 from graftzoo.tiny.warmup import CONTINUE_START, generate, load_or_warmup, load_tiny, max_new_tokens_for, sft_train

@@ -22,7 +22,7 @@ import yaml
 from graftzoo.contract.config import model_spec, packaged_configs
 from graftzoo.envs.arithmetic import generate_prompts, is_correct
 from graftzoo.tiny.warmup import generate, load_tiny, max_new_tokens_for, warmup_info, warmup_pair
-from graftzoo.training.models import tiny_spec
+from graftzoo.training.planner.build import tiny_spec
 
 
 

@@ -13,7 +13,7 @@ optimizer step (AdamW, lr 1e-5, clip 1.0), beta = 0.
          ``on_step_begin`` to ``on_step_end`` as in docs/scaling.md.
   ours   graftzoo's real components: Policy, HFEngine, the registry's ``grpo`` Learner and its
          collect / advantages / exchange / build_batch / schedule / minibatch, the step's loss of a micro-batch
-         (``graftzoo.training.loss.micro_batch_loss``), Policy.zero_grad / accumulate / apply_gradients.
+         (``graftzoo.training.models.loss.micro_batch_loss``), Policy.zero_grad / accumulate / apply_gradients.
   floor  plain ``model.generate`` + one plain forward / log-softmax gather / advantage-weighted
          mean / backward / clip / AdamW on the same batch.
 
@@ -49,9 +49,9 @@ from transformers.trainer_callback import PrinterCallback
 
 from graftzoo.algos.base import StepContext
 from graftzoo.contract.config import LearnerFacts, OptimSection
-from graftzoo.training.engine import HFEngine
-from graftzoo.training.loss import micro_batch_loss
-from graftzoo.training.policy import Policy
+from graftzoo.training.engines.engine import HFEngine
+from graftzoo.training.models.loss import micro_batch_loss
+from graftzoo.training.models.policy import Policy
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import Prompt
 from graftzoo.envs.templates import TEMPLATES, register_template
@@ -143,7 +143,7 @@ class Ours:
 
     def step(self, problems) -> int:
         """One training step through the Learner hooks and the step's loss and optimizer step (as
-        graftzoo.training.step does, the ratio base the rows arrived with); returns response tokens."""
+        graftzoo.training.learning.step does, the ratio base the rows arrived with); returns response tokens."""
         prompts = [Prompt(id=f"p{self.step_no}-{i}", text=t, gold=a) for i, (t, a) in enumerate(problems)]
         ctx, learner, pol = self.make_ctx(self.step_no), self.learner, self.policy
         t0 = clock()

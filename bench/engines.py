@@ -21,9 +21,9 @@ import time
 import torch
 
 from graftzoo.contract.config import load_config
-from graftzoo.training.engine import HFEngine
-from graftzoo.training.models import build_policy
-from graftzoo.training.policy import Policy
+from graftzoo.training.engines.engine import HFEngine
+from graftzoo.training.planner.build import build_policy
+from graftzoo.training.models.policy import Policy
 from graftzoo.contract.types import Prompt
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
 
@@ -57,7 +57,7 @@ def tokens_per_s(engine, prompts, n: int) -> float:
 
 
 def measure(pol: Policy, args) -> dict:
-    from graftzoo.training.vllm_engine import VLLMEngine
+    from graftzoo.training.engines.vllm_engine import VLLMEngine
     prompts = [Prompt(id=str(i), text=f"{17 * i + 3}+{29 * i % 97}") for i in range(args.prompts)]
     hf = HFEngine(pol, temperature=1.0, max_new_tokens=args.tokens)
     t = time.perf_counter()

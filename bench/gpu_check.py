@@ -16,7 +16,7 @@ SKIP with its figures, all in one JSON file (``--out``), rewritten after every s
    from. Per model and phase it reports:
    - wall seconds (the meter synchronises the device at each phase's ends);
    - the peaks of allocated and reserved GPU memory, with plan's estimate of the allocated beside them
-     (graftzoo.training.memory.gpu_layout; within +-25 %, else FAIL);
+     (graftzoo.training.planner.memory.gpu_layout; within +-25 %, else FAIL);
    - the rates, and plan's seconds for the θ_old pass and the update of the measured tokens;
    - the update's MFU (``memory.train_flops`` without the recompute, attention included) against the data
      sheet's peak and against the matrix product measured here, and its HFU (with the recompute) against the
@@ -36,7 +36,7 @@ SKIP with its figures, all in one JSON file (``--out``), rewritten after every s
    one optimizer step, a torch.distributed.checkpoint save and load (seconds and GB/s), and a bitwise check of
    every parameter and AdamW moment after the load.
 7. ``vllm``: SKIP where vllm is not importable. Otherwise the smaller model's vLLM engine
-   (graftzoo.training.vllm_engine): its tokens/s and its decode steps' bandwidth fraction,
+   (graftzoo.training.engines.vllm_engine): its tokens/s and its decode steps' bandwidth fraction,
    ``calibration.vllm_decode_bw_fraction``.
 
 Top level of the JSON:
@@ -62,7 +62,7 @@ python-dateutil, pyyaml, cloudpickle and sympy, which the check imports besides.
 helpers (graftzoo.contract.config; pydantic 2.14 needs typing_extensions >= 4.16, which is carried too), no
 gymnasium (graftzoo.envs), and no math-verify with its two dependencies: graftzoo.envs.verifier reads its version at
 import, and the verifier's worker processes import it. wandb is not needed: tracking is off (``run.track=false``),
-and graftzoo.training.tracking imports wandb only when tracking is on. The wheels (``WHEELS``; Python 3.12,
+and graftzoo.training.run.tracking imports wandb only when tracking is on. The wheels (``WHEELS``; Python 3.12,
 x86-64), 3.70 MB in all:
 
     pydantic 2.14.4 (0.50 MB), pydantic-core 2.50.5 (2.27 MB, cp312 manylinux), annotated-types 0.8.0 (0.01 MB),
@@ -261,10 +261,10 @@ def fetch_wheels(folder: str, python: str = "3.12") -> int:
 
 
 def chip_of(name: str):
-    """The key of plan's table of chips (graftzoo.training.memory.CHIPS: SXM parts, dense bf16 FLOP/s and memory
+    """The key of plan's table of chips (graftzoo.training.planner.memory.CHIPS: SXM parts, dense bf16 FLOP/s and memory
     bandwidth from the data sheets) that the device's ``name`` names, else None (PCIe and NVL parts have other
     figures: measured)."""
-    from graftzoo.training.memory import CHIPS
+    from graftzoo.training.planner.memory import CHIPS
     low = name.lower()
     if "pcie" in low or "nvl" in low:
         return None
@@ -324,13 +324,13 @@ def describe_device(torch, device: str) -> dict:
     out["copy_tb_s_measured"] = measured_copy_tbs(torch, device)
     chip = chip_of(out["name"]) if device == "cuda" else None
     if chip:
-        from graftzoo.training.memory import CHIPS
+        from graftzoo.training.planner.memory import CHIPS
         out.update(chip=chip, peak_bf16_tflops=CHIPS[chip].bf16_flops / 1e12,
                    bandwidth_tb_s=CHIPS[chip].hbm_bytes_per_s / 1e12,
-                   peak_source="graftzoo.training.memory.CHIPS (data sheet)")
+                   peak_source="graftzoo.training.planner.memory.CHIPS (data sheet)")
     else:
         out.update(peak_bf16_tflops=out["matmul_tflops_measured"], bandwidth_tb_s=out["copy_tb_s_measured"],
-                   peak_source="measured here (a matrix product, a copy): not in graftzoo.training.memory.CHIPS")
+                   peak_source="measured here (a matrix product, a copy): not in graftzoo.training.planner.memory.CHIPS")
     return out
 
 
@@ -432,8 +432,8 @@ def stage_models(ctx) -> dict:
     torch = ctx.torch
     from transformers import AutoModelForCausalLM
     from graftzoo.contract.config import model_spec
-    from graftzoo.training.models import check_hf_model, hf_tokenizer
-    from graftzoo.training.memory import architecture, param_count
+    from graftzoo.training.planner.build import check_hf_model, hf_tokenizer
+    from graftzoo.training.planner.memory import architecture, param_count
     models, ok = {}, True
     for mid, arch in ctx.sizes.arch.items():
         t = time.perf_counter()
@@ -562,7 +562,7 @@ def decode_figures(ctx, engine, arch, dtype_bytes: int, padded: bool) -> dict:
     (``memory.decode_bytes``: the weights at ``dtype_bytes`` a parameter and every sequence's KV cache, over the
     longest prompt where the engine pads every row to it, ``padded``, else the mean one) against the GPU's memory
     bandwidth (``memory.bw_fraction``)."""
-    from graftzoo.training import memory
+    from graftzoo.training.planner import memory
     s = ctx.sizes
     prompts = check_prompts(ctx, s.gen_prompts)
     engine.seed(0)
@@ -588,9 +588,9 @@ def stage_generate(ctx) -> dict:
     which the engine pads every row), over both models against the GPU's memory bandwidth:
     ``hf_decode_bw_fraction``."""
     torch = ctx.torch
-    from graftzoo.training import memory
-    from graftzoo.training.engine import HFEngine
-    from graftzoo.training.models import build_policy, resolve_precision
+    from graftzoo.training.planner import memory
+    from graftzoo.training.engines.engine import HFEngine
+    from graftzoo.training.planner.build import build_policy, resolve_precision
     cfg = run_config(ctx, "resident", "generate")
     s = ctx.sizes
     out, total_bytes, total_s = {}, 0.0, 0.0
@@ -627,19 +627,19 @@ COMPARED_PHASES = ("generate", "logprob", "update")  # phases both the trainer's
 
 def plan_layout(ctx) -> str:
     """The layout ``graftzoo plan`` picks for the step's config on this GPU (what ``run.layout: auto`` resolves to:
-    graftzoo.training.placement.choose_layout); ``resident`` on the CPU, as the trainer resolves it there."""
+    graftzoo.training.planner.placement.choose_layout); ``resident`` on the CPU, as the trainer resolves it there."""
     if ctx.device != "cuda":
         return "resident"
-    from graftzoo.training import memory
+    from graftzoo.training.planner import memory
     p = memory.gpu_layout(run_config(ctx, "auto", "plan"), 1, ctx.dev["memory_gb"])
     return p["layout"] if p["fits"] else "offload"
 
 
 def plan_phase_peaks(ctx, layout: str) -> tuple:
     """(plan's estimate of the GPU's peak in each phase of each model in ``layout``: model id -> phase -> GiB, the
-    layout's fit and error): ``graftzoo.training.memory.gpu_layout``'s ``placement[].phases_gb`` for the step's
+    layout's fit and error): ``graftzoo.training.planner.memory.gpu_layout``'s ``placement[].phases_gb`` for the step's
     config with ``run.layout`` ``layout``."""
-    from graftzoo.training import memory
+    from graftzoo.training.planner import memory
     p = memory.gpu_layout(run_config(ctx, layout, "plan"), 1, ctx.dev["memory_gb"], chip=ctx.dev.get("chip") or "h200")
     return {g["model"]: dict(g["phases_gb"]) for g in p["placement"]}, p["fits"], p.get("error")
 
@@ -668,7 +668,7 @@ def step_record(ctx, run, layout: str) -> dict:
     recompute: HFU, what ``graftzoo plan`` divides by) against the measured peak, over both models; plan's seconds
     for the θ_old pass and the update of the measured tokens at the default calibration, beside the measured."""
     from graftzoo.contract import metrics as M
-    from graftzoo.training import memory
+    from graftzoo.training.planner import memory
     sheet, measured = ctx.dev["peak_bf16_tflops"] * 1e12, ctx.dev["matmul_tflops_measured"] * 1e12
     cal = memory.calibration_of(None)
     chip_peak = memory.peak_flops(memory.CHIPS[ctx.dev.get("chip") or "h200"], cal)
@@ -715,7 +715,7 @@ def host_record(ctx, tr) -> dict:
     """Per model after a run: the bytes it moved between GPU and host memory (offload and onload, both ways) and
     their rate over its ``offload`` phase; its host buffer as allocated (``Policy.host_bytes``), the part of it
     page-locked, and plan's count of it (``memory.host_buffer_bytes``)."""
-    from graftzoo.training import memory
+    from graftzoo.training.planner import memory
     planned = {m.model: m for m in memory.model_memory(tr.cfg)}
     phases = tr.meter.summary()["models"]
     out = {}
@@ -780,7 +780,7 @@ def stage_step(ctx, layout: str) -> dict:
     rec["memory"] = {"status": "PASS" if ok else "FAIL", "tolerance": MEMORY_TOLERANCE, "plan_fits": fits,
                      "plan_error": why, "phases": rows,
                      "note": "measured: torch.cuda.max_memory_allocated (and max_memory_reserved) over each phase (the "
-                             "whole GPU), the largest of the run's calls; planned: graftzoo.training.memory."
+                             "whole GPU), the largest of the run's calls; planned: graftzoo.training.planner.memory."
                              "gpu_layout's phases_gb, against the allocated"}
     if not ok:
         rec.update(status="FAIL", error=f"a phase's peak memory is not within {MEMORY_TOLERANCE:.0%} of plan's "
@@ -827,8 +827,8 @@ def stage_fsdp(ctx) -> dict:
     """The smaller model sharded by FSDP2 over one rank, one optimizer step, a DCP save and load, bitwise checked."""
     torch = ctx.torch
     import torch.distributed as dist
-    from graftzoo.training import fsdp
-    from graftzoo.training.models import build_policy
+    from graftzoo.training.models import fsdp
+    from graftzoo.training.planner.build import build_policy
     cfg = run_config(ctx, "resident", "fsdp")
     spec = min(cfg.pair.models, key=lambda s: ctx.params[s.id])
     store = ctx.work / "fsdp"
@@ -888,8 +888,8 @@ def stage_vllm(ctx) -> dict:
     steps alone (``decode_figures``: 16-bit weights, every sequence's KV cache over its own prompt) against the
     memory bandwidth: ``vllm_decode_bw_fraction``."""
     torch = ctx.torch
-    from graftzoo.training import memory
-    from graftzoo.training.models import build_engine, build_policy
+    from graftzoo.training.planner import memory
+    from graftzoo.training.planner.build import build_engine, build_policy
     cfg = run_config(ctx, "resident", "vllm", engine="vllm")
     spec = min(cfg.pair.models, key=lambda s: ctx.params[s.id])
     pol = build_policy(spec, cfg)

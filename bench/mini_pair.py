@@ -20,7 +20,7 @@ import time
 from graftzoo.contract.config import load_config
 from graftzoo.tiny import vocab
 from graftzoo.tiny.warmup import load_or_warmup, warmup_info
-from graftzoo.training.models import tiny_spec
+from graftzoo.training.planner.build import tiny_spec
 from graftzoo.training.trainer import Trainer
 
 

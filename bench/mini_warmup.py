@@ -22,7 +22,7 @@ import yaml
 from graftzoo.contract.config import load_config
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
 from graftzoo.tiny.warmup import probe, sft_train
-from graftzoo.training.models import tiny_spec
+from graftzoo.training.planner.build import tiny_spec
 
 
 def recipe(model: str, sets: list) -> TinyModelSpec:

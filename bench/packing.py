@@ -18,7 +18,7 @@ import torch
 
 from graftzoo.contract.batch import pad_pairs
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
-from graftzoo.training.policy import Policy
+from graftzoo.training.models.policy import Policy
 
 
 def timed(pol: Policy, ids, att, R: int, repeat: int, device: str) -> float:

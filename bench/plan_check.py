@@ -1,4 +1,4 @@
-"""``graftzoo plan``'s memory formulas (graftzoo/training/memory.py) against the memory small models really take on
+"""``graftzoo plan``'s memory formulas (graftzoo/training/planner/memory.py) against the memory small models really take on
 CPU: for each case, a model of that shape (random weights; the tiny pair's two models and small Llama / SmolLM3 /
 Qwen3 bodies with a large vocabulary) runs one micro-batch of the trainer's scoring path (``Policy.logprobs`` with
 the entropies, as the loss calls it) and the peak of the memory allocated on top of what the step starts with is
@@ -20,10 +20,10 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from graftzoo.contract.config import load_config
-from graftzoo.training.memory import Arch, forward_activation_bytes, update_activation_bytes, working_copy_bytes
-from graftzoo.training.models import apply_precision, tiny_spec
-from graftzoo.training import policy as policy_mod
-from graftzoo.training.policy import Policy
+from graftzoo.training.planner.memory import Arch, forward_activation_bytes, update_activation_bytes, working_copy_bytes
+from graftzoo.training.planner.build import apply_precision, tiny_spec
+from graftzoo.training.models import policy as policy_mod
+from graftzoo.training.models.policy import Policy
 from graftzoo.tiny.build import tiny_config
 
 CHUNK = 1 << 16  # entries of the logits turned into float32 at a time (the trainer: policy.LOGIT_CHUNK, 2^24)

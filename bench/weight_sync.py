@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from graftzoo.training.vllm_engine import VLLMEngine
+from graftzoo.training.engines.vllm_engine import VLLMEngine
 from engines import SIZES, micro_policy, random_policy
 
 SETTINGS = {"kv_cache_gb": 0.0625, "multiprocessing": True, "enforce_eager": True}

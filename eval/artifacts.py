@@ -232,7 +232,7 @@ def make_summary(config: Mapping, *, models: list, peers: Mapping, status: str,
                  placement: Optional[Mapping] = None) -> dict:
     """Build a ``summary.json`` payload from the resolved config plus what the trainer knows (``error``: one line
     saying why a run failed or was interrupted; ``placement``: where each model's weights, optimizer state, engine
-    and KV cache lived, graftzoo.training.placement.describe)."""
+    and KV cache lived, graftzoo.training.planner.placement.describe)."""
     payload = {
         "name": _config_get(config, "run.name"),
         "algo": _config_get(config, "algo.name"),

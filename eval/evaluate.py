@@ -103,7 +103,7 @@ def _engine_name(engine, cfg: Optional[RunConfig]) -> str:
 def evaluate_benchmarks(policy, engine, request: dict, *, task: Optional[Task] = None, step: int = 0,
                         group_by: Optional[str] = None, log: Optional[Callable[[str], None]] = None) -> dict:
     """The eval payload of a live ``policy`` generating with ``engine`` (built with the request's
-    top-p: ``graftzoo.training.models.make_eval_engine``) under ``request`` (``eval_request``).
+    top-p: ``graftzoo.training.planner.build.make_eval_engine``) under ``request`` (``eval_request``).
 
     ``task``: the run's task (needed for ``heldout``; its rewards score every benchmark).
     ``group_by``: a prompt field; with it the one benchmark's groups of prompts are the payload's

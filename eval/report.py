@@ -1032,7 +1032,7 @@ def clip_fraction_table(runs: Sequence[RunRecord], own_key: str = M.CLIP_FRAC_OW
 
 
 TRANSFER_COLUMNS = (
-    # (header, metrics.jsonl key): what the peer exchange moved, per step (graftzoo.training.diagnostics; algos' logs)
+    # (header, metrics.jsonl key): what the peer exchange moved, per step (graftzoo.training.learning.diagnostics; algos' logs)
     ("grafted groups", M.PEER_RESCUED_GROUPS),
     ("admitted succ.", M.PEER_ADMITTED_SUCC),
     ("admitted fail.", M.PEER_ADMITTED_FAIL),

@@ -14,7 +14,7 @@ Errors are the command's: a bad config value raises ``ConfigError`` naming the k
 run that diverges returns ``status == "failed"`` with the reason in ``error``. An error or a log line that says what
 to pass says it in this API's words (``overwrite=True``, ``resume=False``, ``overrides={"run.name": NAME}``), not the
 command's options (``API_WORDS``); a key that has no effect in the run's setting is said once, a warning line at start
-(graftzoo.training.no_effect).
+(graftzoo.training.run.no_effect).
 
 Any script may call these, with or without an ``if __name__ == "__main__":`` guard, and so may ``python -m``,
 ``python -c``, a heredoc and a notebook: no process that a run starts (a vLLM engine core and its workers, the
@@ -40,9 +40,9 @@ from graftzoo.contract.config import ConfigError, RunConfig, load_config as _loa
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.distributed.backend import RayBackend
 from graftzoo.training.export import export_run
-from graftzoo.training.isolation import environment_kept
-from graftzoo.training.no_effect import no_effect_lines
-from graftzoo.training.rundir import default_run_name
+from graftzoo.training.engines.isolation import environment_kept
+from graftzoo.training.run.no_effect import no_effect_lines
+from graftzoo.training.run.rundir import default_run_name
 from graftzoo.training.trainer import register_backend, train as train_run
 from graftzoo.eval.artifacts import EVAL_DIR, METRICS, SUMMARY, eval_file_name, load_run
 from graftzoo.eval.evaluate import fmt_score

@@ -11,7 +11,7 @@ from graftzoo.apps.cli import main
 from graftzoo.contract.types import Rollout
 from graftzoo.peers.xt import score_rollouts
 from graftzoo.algos.losses import LossInputs, get_loss
-from graftzoo.training.loss import micro_batch_loss, pg_mask, ratio_base
+from graftzoo.training.models.loss import micro_batch_loss, pg_mask, ratio_base
 
 
 def scored_rollout(pol, prompt, text, correct):
@@ -26,7 +26,7 @@ def scored_rollout(pol, prompt, text, correct):
 def theta_old_base(policy, mb):
     """A micro-batch's ratio base from a separate no-grad pass of the update's forward code on the micro-batch itself
     (its rows, padding or packing) under ``policy``'s current weights: what the step's loss takes from its own
-    forward with ``base_from_forward`` (``graftzoo.training.loss.ratio_base``; a given base, ``given_old``, kept)."""
+    forward with ``base_from_forward`` (``graftzoo.training.models.loss.ratio_base``; a given base, ``given_old``, kept)."""
     with torch.no_grad():
         logp, _ = policy.logprobs(mb.input_ids, mb.attention_mask, mb.resp_len)
     return ratio_base(mb, logp, True)
@@ -35,7 +35,7 @@ def theta_old_base(policy, mb):
 def policy_loss(learner, logp, mb, update: int = 0):
     """The policy loss ``learner`` names (``get_loss(learner.loss)``, with its ``cfg`` and ``clip``) on ``mb`` alone:
     log-probs ``logp`` against the rows' ratio base, the inputs built as the step's loss builds them
-    (``graftzoo.training.loss.micro_batch_loss``), ``update`` the optimizer update within the step."""
+    (``graftzoo.training.models.loss.micro_batch_loss``), ``update`` the optimizer update within the step."""
     x = LossInputs(logp, mb.old_logp, mb.advantages, pg_mask(mb), mb.weights, mb.role, mb.loss_mask,
                    mb.origin_mean_logp, update)
     return get_loss(learner.loss)(x, learner.cfg, learner.clip)

@@ -35,11 +35,11 @@ from graftzoo.algos.base import StepContext
 from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import Group, Prompt, Rollout
-from graftzoo.training.checkpoint import list_checkpoints
-from graftzoo.training.engine import EngineError
-from graftzoo.training.loss import denominators, stale_metrics
-from graftzoo.training.models import build_policy
-from graftzoo.training.step import check_policy_version
+from graftzoo.training.run.checkpoint import list_checkpoints
+from graftzoo.training.engines.engine import EngineError
+from graftzoo.training.models.loss import denominators, stale_metrics
+from graftzoo.training.planner.build import build_policy
+from graftzoo.training.learning.step import check_policy_version
 from graftzoo.training.trainer import Trainer, train
 
 torch.set_num_threads(1)
@@ -332,7 +332,7 @@ KILL_IN_STEP_2 = """
 import os
 import signal
 
-from graftzoo.training import policy
+from graftzoo.training.models import policy
 
 optimize = policy.optimize
 

@@ -16,8 +16,8 @@ from huggingface_hub import constants as hf_constants
 
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import ConfigError, load_config
-from graftzoo.training.engine import stop_cut
-from graftzoo.training.models import build_engine, build_policy
+from graftzoo.training.engines.engine import stop_cut
+from graftzoo.training.planner.build import build_engine, build_policy
 from graftzoo.contract.names import model_slug
 from graftzoo.contract.types import Prompt
 from graftzoo.envs.task import Task

@@ -17,7 +17,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftzoo.training.eval_checkpoints import load_run_config
-from graftzoo.training.models import build_policy
+from graftzoo.training.planner.build import build_policy
 from graftzoo.contract.types import Prompt
 from graftzoo.peers.store import TrajectoryStore
 

@@ -166,7 +166,9 @@ def test_the_light_copies_agree_with_the_modules_they_stand_in_for(tmp_path):
     from graftzoo.apps.grid.load import EVAL_OPTIONS
     from graftzoo.apps.plan_command import CHIP_NAMES
     from graftzoo.eval import artifacts
-    from graftzoo.training import checkpoint, memory, rundir
+    from graftzoo.training.run import checkpoint
+    from graftzoo.training.planner import memory
+    from graftzoo.training.run import rundir
     from graftzoo.training.eval_runner import evaluate_checkpoint
     assert CHIP_NAMES == tuple(sorted(memory.CHIPS))
     assert EVAL_OPTIONS == set(inspect.signature(evaluate_checkpoint).parameters) - {"path", "out", "log", "models"}

@@ -22,7 +22,7 @@ from graftzoo.contract.types import TrainRow
 from graftzoo.eval.artifacts import load_runs, make_summary, write_config, write_eval, write_summary
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.eval.report import build_table1, to_csv, to_latex, to_markdown
-from graftzoo.training.loss import micro_batch_loss
+from graftzoo.training.models.loss import micro_batch_loss
 
 torch.set_num_threads(1)
 PEER = {"graft", "sgt", "hacpo"}

@@ -1,4 +1,4 @@
-"""Every forward pass computes in the policy's compute dtype (graftzoo.training.policy ``ComputeWeights``,
+"""Every forward pass computes in the policy's compute dtype (graftzoo.training.models.policy ``ComputeWeights``,
 docs/scaling.md#precision). Under ``bf16-mixed`` the parameters are float32 master weights; generation (the HF
 engine), the theta_old pass, the KL reference and the update each run with the attention inputs, the KV cache and the
 logits in bfloat16, for every model family of the tiny configs (qwen2, gpt2) and of the pair configs (llama, qwen3,
@@ -14,9 +14,9 @@ from graftzoo.contract.batch import pad_pairs
 from graftzoo.contract.config import load_config
 from graftzoo.contract.types import Prompt
 from graftzoo.tiny.hf import save_hf_model
-from graftzoo.training.engine import HFEngine
-from graftzoo.training.models import build_policy, make_ref
-from graftzoo.training.policy import ComputeWeights
+from graftzoo.training.engines.engine import HFEngine
+from graftzoo.training.planner.build import build_policy, make_ref
+from graftzoo.training.models.policy import ComputeWeights
 
 BF16 = torch.bfloat16
 HF_FAMILIES = ("llama", "qwen3", "smollm3")  # the pair configs' families (pair1: SmolLM3 and Qwen3)

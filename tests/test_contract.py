@@ -12,7 +12,7 @@ from graftzoo.algos.functional import agg_loss, sequence_terms_as_tokens
 from graftzoo.contract.batch import TrainBatch
 from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.contract.registry import get_algo
-from graftzoo.training.loss import micro_batch_loss
+from graftzoo.training.models.loss import micro_batch_loss
 from graftzoo.training.trainer import Trainer
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout, TrainRow
 

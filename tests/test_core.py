@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graftzoo.contract.config import ConfigError, load_config
-from graftzoo.training.tracking import METRICS
+from graftzoo.training.run.tracking import METRICS
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.training.trainer import Trainer, train
 

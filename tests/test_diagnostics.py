@@ -1,4 +1,4 @@
-"""Transfer-path diagnostics (``run.diagnostics``, graftzoo.training.diagnostics) through the real trainer on the
+"""Transfer-path diagnostics (``run.diagnostics``, graftzoo.training.learning.diagnostics) through the real trainer on the
 micro pair: the ``diag/*`` keys, the gradient split of own and peer rows, the log-prob of admitted peer successes
 before and after the update, the update bit-identical with diagnostics on or off, the ray refusal, and GRAFT's
 always-on ``peer/admitted_succ`` / ``peer/admitted_fail`` counts."""
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from graftzoo.training import diagnostics
+from graftzoo.training.learning import diagnostics
 from graftzoo.contract.config import ConfigError, load_config
-from graftzoo.training.diagnostics import grad_share
-from graftzoo.training.loss import denominators
-from graftzoo.training.loss import optimize
+from graftzoo.training.learning.diagnostics import grad_share
+from graftzoo.training.models.loss import denominators
+from graftzoo.training.models.loss import optimize
 from graftzoo.training.trainer import train
 from graftzoo.eval.artifacts import load_runs
 from graftzoo.eval.report import TRANSFER_COLUMNS, transfer_markdown, transfer_table

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graftzoo.training.engine import HFEngine
-from graftzoo.training.policy import Policy, position_ids_from_mask
+from graftzoo.training.engines.engine import HFEngine
+from graftzoo.training.models.policy import Policy, position_ids_from_mask
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
 from graftzoo.contract.types import Prompt
 

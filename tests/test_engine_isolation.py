@@ -1,4 +1,4 @@
-"""The vLLM engines keep out of the user's process (graftzoo.training.isolation,
+"""The vLLM engines keep out of the user's process (graftzoo.training.engines.isolation,
 docs/reliability.md#engines-and-their-processes): ``graftzoo.train`` called from a script without an
 ``if __name__ == "__main__":`` guard, with the engine core in a process of its own, trains to the end while the
 script's top level runs once; ``os.environ`` after each call equals ``os.environ`` before it; a start that the
@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from graftzoo.training import isolation
+from graftzoo.training.engines import isolation
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
 
@@ -34,7 +34,7 @@ with open({mark!r}, "a") as f:
     f.write("ran\\n")
 import graftzoo
 from graftzoo import train
-from graftzoo.training.engine import EngineError
+from graftzoo.training.engines.engine import EngineError
 
 report = {{}}
 for name, extra in {runs!r}:
@@ -110,7 +110,7 @@ SPAWNER = """\
 import multiprocessing, os, sys
 with open({mark!r}, "a") as f:
     f.write("ran\\n")
-from graftzoo.training.isolation import main_left_out
+from graftzoo.training.engines.isolation import main_left_out
 with main_left_out():
     child = multiprocessing.get_context("spawn").Process(target=os.getpid)
     child.start()
@@ -163,21 +163,21 @@ def test_the_cause_is_the_engine_processes_last_exception_line():
         "(EngineCore pid=7) ERROR 12-06 05:14:02 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
         "unexpectedly (exit code: None), shutting down executor.", ""])
     assert tail.cause() == "ValueError: No available memory for the cache blocks."
-    assert isolation.error_line("graftzoo.training.rundir.RunLockedError: in use") == \
-        "graftzoo.training.rundir.RunLockedError: in use"
+    assert isolation.error_line("graftzoo.training.run.rundir.RunLockedError: in use") == \
+        "graftzoo.training.run.rundir.RunLockedError: in use"
     assert isolation.error_line("/x/dispatcher.py:138: FutureWarning: deprecated") is None
 
 
 def test_vllm_finds_the_shared_memory_plugin_in_the_installed_package():
     found = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert found.get("graftzoo_shared_memory") == "graftzoo.training.isolation:register"
+    assert found.get("graftzoo_shared_memory") == "graftzoo.training.engines.isolation:register"
 
 
 CREATOR = """\
 import multiprocessing, os, signal, sys
 from multiprocessing import shared_memory
-from graftzoo.training.guardian import start_time
-from graftzoo.training.isolation import release_shared_memory
+from graftzoo.training.engines.guardian import start_time
+from graftzoo.training.engines.isolation import release_shared_memory
 
 def create(record, ready):  # what the plugin writes down for a ring buffer an engine process creates
     memory = shared_memory.SharedMemory(create=True, size=4096)

@@ -8,15 +8,15 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import load_config
-from graftzoo.training.engine import Engine
+from graftzoo.training.engines.engine import Engine
 from graftzoo.envs.datasets import BENCHMARKS, load_dataset
 from graftzoo.envs.verifier import VERIFIER_VERSION
-from graftzoo.training.checkpoint import load_weights
+from graftzoo.training.run.checkpoint import load_weights
 from graftzoo.envs.task import DEFAULT_VAL_SIZE, Task, resolve_benchmarks, validation_slice
 from graftzoo.eval import evaluate
 from graftzoo.training import selection
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config
-from graftzoo.training.models import make_eval_engine
+from graftzoo.training.planner.build import make_eval_engine
 from graftzoo.eval.artifacts import load_run, validate_eval
 from graftzoo.eval.metrics import bootstrap_ci, pass_at_k
 from graftzoo.eval.protocol import summarize

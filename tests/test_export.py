@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftzoo.apps.cli import main
 from graftzoo.training.export import EXPORT_META, export_policy, model_slug, template_jinja
-from graftzoo.training.checkpoint import load_weights
+from graftzoo.training.run.checkpoint import load_weights
 from graftzoo.envs.task import Task
 from graftzoo.envs.templates import render_prompt
 from graftzoo.eval.artifacts import load_run
@@ -116,7 +116,7 @@ def test_exported_folders_generate_in_vllm_as_in_transformers(exported):
             assert [o.outputs[0].text for o in outs] == want and any(want), m
             llm.llm_engine.engine_core.shutdown()
             del llm
-        finally:  # vLLM's CPU worker replaces torch.set_num_threads (see graftzoo.training.vllm_engine)
+        finally:  # vLLM's CPU worker replaces torch.set_num_threads (see graftzoo.training.engines.vllm_engine)
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
 

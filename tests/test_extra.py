@@ -17,8 +17,8 @@ from graftzoo.algos.extra.formulas import (most_confident_rollout, prefix_cut_po
                                            select_prefix)
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
 from graftzoo.algos.extra.embedders import HashedNgramEmbedder, make_embedder
-from graftzoo.training.loss import micro_batch_loss
-from graftzoo.training.models import build_engine, build_policy
+from graftzoo.training.models.loss import micro_batch_loss
+from graftzoo.training.planner.build import build_engine, build_policy
 from graftzoo.envs.task import Task
 from graftzoo.contract.types import Group, Prompt, Rollout
 

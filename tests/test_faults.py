@@ -19,9 +19,9 @@ import pytest
 import torch
 import yaml
 
-from graftzoo.training.checkpoint import list_checkpoints
+from graftzoo.training.run.checkpoint import list_checkpoints
 from graftzoo.contract.config import load_config
-from graftzoo.training.rundir import RunDirError
+from graftzoo.training.run.rundir import RunDirError
 from graftzoo.training.trainer import Trainer, train
 from helpers import cli_here, one_line_error, plugin_site
 

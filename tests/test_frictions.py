@@ -9,7 +9,7 @@ a model):
 - every unknown name (command, algorithm, preset, pair, peer source, named value, config key, model, benchmark)
   gets the closest known one, a name that differs in case first;
 - every key that has no effect in the run's setting says so once, one warning line at start
-  (graftzoo.training.no_effect's table, each row checked);
+  (graftzoo.training.run.no_effect's table, each row checked);
 - the Python API's errors say what to pass in its own words (``overwrite=True``, not ``--overwrite``), for every
   message of the layers below the command line that names an option;
 - the README's algorithm table lists every registered algorithm, and .gitignore every folder its quick start
@@ -30,8 +30,8 @@ from graftzoo.algos import BUILTIN
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import as_dict, defaults, load_config
 from graftzoo.eval.artifacts import write_config
-from graftzoo.training.no_effect import NO_EFFECT, no_effect_lines
-from graftzoo.training.rundir import RunDirUsageError
+from graftzoo.training.run.no_effect import NO_EFFECT, no_effect_lines
+from graftzoo.training.run.rundir import RunDirUsageError
 from helpers import cli_here, one_line_error
 
 REPO = Path(__file__).resolve().parents[1]

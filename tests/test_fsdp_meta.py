@@ -1,5 +1,5 @@
 """A worker group's model built on the meta device, each rank loading only its own shards
-(``graftzoo.training.models.build_sharded_policy``), on 2 gloo ranks in real processes.
+(``graftzoo.training.planner.build.build_sharded_policy``), on 2 gloo ranks in real processes.
 
 One script (``_RANKS``) starts two groups of 2 ranks at once, each rank a fresh process on 127.0.0.1, inside a
 loopback-only network and PID namespace where the machine allows one (tests/test_ray_backend.py's ``loopback``).
@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from graftzoo.contract.config import load_config, model_spec
 from graftzoo.contract.errors import ConfigError
 from graftzoo.tiny.hf import save_hf_model
-from graftzoo.training import fsdp
-from graftzoo.training.models import (MetaUnsupported, build_policy, build_sharded_policy, load_tokenizer_of,
+from graftzoo.training.models import fsdp
+from graftzoo.training.planner.build import (MetaUnsupported, build_policy, build_sharded_policy, load_tokenizer_of,
                                        sharded_model)
 from test_ray_backend import finish, loopback
 
@@ -36,15 +36,15 @@ def config(precision):
     return load_config(pair="micro", algo="grpo", overrides=[f"optim.precision={precision}"])
 
 def ordinary(spec, cfg, ref):
-    from graftzoo.training import fsdp
-    from graftzoo.training.models import build_policy, make_ref
+    from graftzoo.training.models import fsdp
+    from graftzoo.training.planner.build import build_policy, make_ref
     pol = build_policy(spec, cfg, seed=0)
     frozen = make_ref(pol, sharded=True) if ref else None
     fsdp.shard_policy(pol, frozen)
     return pol, frozen
 
 def meta(spec, cfg, ref):
-    from graftzoo.training.models import build_sharded_policy
+    from graftzoo.training.planner.build import build_sharded_policy
     return build_sharded_policy(spec, cfg, seed=0, ref=ref)
 
 def peak_growth(build, spec, cfg):
@@ -76,7 +76,7 @@ def facts(pol, ref):
 
 def whole_state(model, r):
     # the gathered weights and (rank 0's) buffers on rank 0 (a collective)
-    from graftzoo.training import fsdp
+    from graftzoo.training.models import fsdp
     state = fsdp.full_model_state(model)
     return {**state, **{f"buffer:{n}": b.detach().cpu() for n, b in model.named_buffers()}} if r == 0 else {}
 
@@ -110,8 +110,8 @@ def rank(mode, r, world, port, big, small, out):
     import torch
     logging.getLogger("graftzoo").addHandler(Notes())
     logging.getLogger("graftzoo").setLevel(logging.INFO)
-    import graftzoo.training.models, transformers.models.llama.modeling_llama  # code, before memory is measured
-    from graftzoo.training import fsdp
+    import graftzoo.training.planner.build, transformers.models.llama.modeling_llama  # code, before memory is measured
+    from graftzoo.training.models import fsdp
     torch.set_num_threads(1)
     fsdp.init_group(r, world, "127.0.0.1", port, "cpu", 300)  # generous: a loaded machine starts ranks slowly
     from graftzoo.contract.config import model_spec

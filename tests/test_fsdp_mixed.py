@@ -1,4 +1,4 @@
-"""FSDP2 as the worker groups use it (``graftzoo.training.fsdp.shard_policy``), on 2 gloo ranks in real processes:
+"""FSDP2 as the worker groups use it (``graftzoo.training.models.fsdp.shard_policy``), on 2 gloo ranks in real processes:
 under ``bf16-mixed`` the parameters are gathered and computed in bf16 and the gradients reduced in float32
 (``MixedPrecisionPolicy``); in float32 the group's gradient is one process's to rounding.
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from graftzoo.contract.config import load_config
-from graftzoo.training.models import build_policy
+from graftzoo.training.planner.build import build_policy
 from test_ray_backend import finish, loopback
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
@@ -27,8 +27,8 @@ _RANKS = r'''
 import json, sys, torch, torch.multiprocessing as mp
 from graftzoo.contract.config import load_config
 from graftzoo.distributed.cluster import free_port
-from graftzoo.training import fsdp
-from graftzoo.training.models import build_policy
+from graftzoo.training.models import fsdp
+from graftzoo.training.planner.build import build_policy
 
 def batch(pol):
     torch.manual_seed(1)

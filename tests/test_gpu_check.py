@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from graftzoo.training.memory import calibration_of
+from graftzoo.training.planner.memory import calibration_of
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("models", "step_resident", "step_offload", "generate", "ratio", "fsdp", "vllm")  # by value

@@ -16,7 +16,7 @@ from graftzoo.algos.functional import align_peer_logprobs, group_advantages
 from graftzoo.algos.graft import GRAFTConfig
 from graftzoo.algos.graft.learner import GRAFT
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
-from graftzoo.training.models import build_policy
+from graftzoo.training.planner.build import build_policy
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout
 
 LEARNER, PEER = "micro-qwen-char", "micro-gpt2-pair"

@@ -16,8 +16,8 @@ from graftzoo.contract.batch import TrainBatch
 from graftzoo.algos.hacpo import HACPOConfig
 from graftzoo.algos.hacpo.learner import HACPO, cross_lower
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
-from graftzoo.training.loss import micro_batch_loss
-from graftzoo.training.models import build_policy
+from graftzoo.training.models.loss import micro_batch_loss
+from graftzoo.training.planner.build import build_policy
 from graftzoo.contract.types import Group, Prompt, TrainRow
 
 torch.set_num_threads(1)

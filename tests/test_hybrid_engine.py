@@ -1,7 +1,7 @@
 """The hybrid engine of a sharded worker group: every FSDP rank holds its own vLLM engine (its engine core in its
 own process), generation is data-parallel (each rank decodes its share of the request, the groups come back in
 the request's order, the same for the same seed on any number of ranks), and after every update each rank streams
-the gathered weights to its engine in memory, one tensor at a time (graftzoo.training.weight_stream): no weight
+the gathered weights to its engine in memory, one tensor at a time (graftzoo.training.engines.weight_stream): no weight
 file is written anywhere.
 
 The Ray checks run in real processes inside a loopback-only namespace (tests/test_ray_backend.py's ``loopback``):
@@ -25,10 +25,10 @@ import torch
 from graftzoo.contract.config import load_config
 from graftzoo.distributed.backend import dp_shares
 from graftzoo.envs.task import Task
-from graftzoo.training.engine import EngineError
-from graftzoo.training.models import build_engine, build_policy
-from graftzoo.training.vllm_engine import row_seeds
-from graftzoo.training.weight_stream import WeightReceiver, WeightServer, WeightStreamError, receive_tensors
+from graftzoo.training.engines.engine import EngineError
+from graftzoo.training.planner.build import build_engine, build_policy
+from graftzoo.training.engines.vllm_engine import row_seeds
+from graftzoo.training.engines.weight_stream import WeightReceiver, WeightServer, WeightStreamError, receive_tensors
 from test_ray_backend import ENV, finish, loopback, pair_file
 
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
@@ -183,8 +183,8 @@ import graftzoo.api  # registers the Ray back end, as the CLI does
 from graftzoo.contract.config import load_config
 from graftzoo.distributed.backend import RayBackend, dp_shares
 from graftzoo.envs.task import Task
-from graftzoo.training.engine import EngineError
-from graftzoo.training.models import build_engine, build_policy
+from graftzoo.training.engines.engine import EngineError
+from graftzoo.training.planner.build import build_engine, build_policy
 from graftzoo.training.trainer import Trainer
 
 

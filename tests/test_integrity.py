@@ -23,8 +23,8 @@ import torch
 from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
-from graftzoo.training import checkpoint as C
-from graftzoo.training.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_weights,
+from graftzoo.training.run import checkpoint as C
+from graftzoo.training.run.checkpoint import (CheckpointError, list_checkpoints, load_checkpoint, load_weights,
                                       prepare_resume, save_checkpoint, verify_checkpoint)
 from graftzoo.contract.config import load_config
 from graftzoo.eval.artifacts import ArtifactError
@@ -377,7 +377,7 @@ def test_a_killed_save_leaves_a_leftover_that_resume_removes(tmp_path, caplog):
     save_checkpoint(tmp_path, 0, {"a": FakePolicy()}, {"a": FakeLearner()}, {"wandb_id": None})
     script = textwrap.dedent(f"""
         import time, torch
-        from graftzoo.training.checkpoint import save_checkpoint
+        from graftzoo.training.run.checkpoint import save_checkpoint
         class P:
             def __init__(self, slow): self.slow = slow
             def state_dict(self):

@@ -40,7 +40,18 @@ def lint(dest: Path) -> subprocess.CompletedProcess:
 def test_layers_contract_is_kept(tmp_path):
     res = lint(tmp_path)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert "1 kept, 0 broken" in res.stdout
+    assert "2 kept, 0 broken" in res.stdout
+
+
+def test_a_room_violation_is_caught(tmp_path):
+    """The rooms of graftzoo.training are a contract too: the model room importing the learning step breaks it."""
+    assemble(tmp_path)
+    bad = tmp_path / "graftzoo" / "training" / "models" / "fsdp.py"
+    bad.write_text(bad.read_text() + "\nfrom graftzoo.training.learning import step  # noqa\n")
+    res = subprocess.run([str(LINT), str(REPO / ".importlinter"), "--no-cache"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "graftzoo.training.models is not allowed to import graftzoo.training.learning" \
+        in res.stdout, res.stdout[-3000:]
 
 
 def test_a_layer_violation_is_caught(tmp_path):

@@ -17,7 +17,7 @@ from graftzoo.apps.cli import main
 from graftzoo.contract.config import load_config
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import write_config
-from graftzoo.training.sampler import PromptSampler
+from graftzoo.training.learning.sampler import PromptSampler
 from test_grid import write_grid
 from test_report import A, B, make_run
 
@@ -158,7 +158,7 @@ class _Said(logging.Handler):
 
 def test_many_passes_over_a_small_set_and_the_heldout_minimum_key(tmp_path):
     cfg = load_config(pair="micro", algo="grpo", overrides=["task.size=20", "run.steps=50"])
-    with _Said("graftzoo.training.sampler") as said:
+    with _Said("graftzoo.training.learning.sampler") as said:
         PromptSampler(cfg, list(range(20)))
         PromptSampler(load_config(pair="micro", algo="grpo", overrides=["task.size=20", "run.epochs=20"]),
                       list(range(20)))                                        # epochs: asked for

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from graftzoo.training.checkpoint import CheckpointError, load_weights
+from graftzoo.training.run.checkpoint import CheckpointError, load_weights
 from graftzoo.contract.config import ConfigError, LoraSection, load_config
 from graftzoo.contract.schema import validate_section
-from graftzoo.training.models import build_engine, build_policy, load_model, make_ref
+from graftzoo.training.planner.build import build_engine, build_policy, load_model, make_ref
 from graftzoo.training.trainer import Trainer, train
 from graftzoo.envs.task import Task
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config

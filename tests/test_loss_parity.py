@@ -1,6 +1,6 @@
 """Parity of the loss with the anchors (docs/algorithms.md#loss-aggregation, docs/algorithms.md#kl-and-entropy): for
 every ``algo.loss_agg`` mode, with a KL term (beta > 0) and an entropy bonus, the step's real loss of a micro-batch
-(``graftzoo.training.loss.micro_batch_loss``, with the policy loss the learner names) and its gradient with respect
+(``graftzoo.training.models.loss.micro_batch_loss``, with the policy loss the learner names) and its gradient with respect
 to the log-probs and the entropies, in float64, equal the reference formulas below to 1e-12, whole and split into
 micro-batches.
 
@@ -30,7 +30,7 @@ from graftzoo.contract.batch import TrainBatch
 from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import TrainRow
-from graftzoo.training.loss import denominators, micro_batch_loss
+from graftzoo.training.models.loss import denominators, micro_batch_loss
 
 L_MAX = 10                 # rollout.max_new_tokens: TRL's max_completion_length
 LENGTHS = [5, 3, 7, 2]     # response tokens of the 4 rows (padded to 7)

@@ -20,8 +20,8 @@ from helpers import Spy, loss_and_grads, scored_rollout
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import group_advantages
 from graftzoo.contract.config import LearnerFacts, load_config
-from graftzoo.training.loss import micro_batch_loss
-from graftzoo.training.models import build_policy
+from graftzoo.training.models.loss import micro_batch_loss
+from graftzoo.training.planner.build import build_policy
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import Group, Prompt
 from graftzoo.peers import StoredPeer, TrajectoryStore

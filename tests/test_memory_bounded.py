@@ -13,10 +13,10 @@ from test_loss_wiring import FAIL, LEARNER, MIXED, PEER, PROMPTS, context, group
 from graftzoo.algos.functional import agg_denominator, agg_loss
 from graftzoo.contract.batch import micro_split
 from graftzoo.contract.config import load_config, with_values
-from graftzoo.training import policy as policy_module
-from graftzoo.training.loss import denominators, micro_batch_loss
-from graftzoo.training.models import build_policy
-from graftzoo.training.policy import Policy
+from graftzoo.training.models import policy as policy_module
+from graftzoo.training.models.loss import denominators, micro_batch_loss
+from graftzoo.training.planner.build import build_policy
+from graftzoo.training.models.policy import Policy
 from graftzoo.training.trainer import Trainer
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
@@ -209,8 +209,8 @@ def test_per_model_device_and_scoring_passes_within_the_budget(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("chunk", [3 * 50, 2 * 7 * 50])  # 3 positions of one row; 2 whole rows (of 7 x 50)
 def test_token_logprobs_equal_the_full_log_softmax_in_value_and_gradient(dtype, chunk, monkeypatch):
-    from graftzoo.training import policy as policy_module
-    from graftzoo.training.policy import token_entropies, token_logprobs
+    from graftzoo.training.models import policy as policy_module
+    from graftzoo.training.models.policy import token_entropies, token_logprobs
     monkeypatch.setattr(policy_module, "LOGIT_CHUNK", chunk)
     torch.manual_seed(0)
     logits = (torch.randn(3, 7, 50) * 3).to(dtype).requires_grad_()

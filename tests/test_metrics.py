@@ -1,6 +1,6 @@
 """Metric names (graftzoo/contract/metrics.py): docs/metrics.md is the generator's text, every key a real run writes
 to metrics.jsonl is declared, the module imports without torch, and the complementarity metrics come from
-graftzoo.training.diagnostics."""
+graftzoo.training.learning.diagnostics."""
 import json
 import pickle
 import subprocess
@@ -85,7 +85,8 @@ def _group(pid, correct):
 
 
 def test_complementarity_lives_in_diagnostics():
-    from graftzoo.training import diagnostics, trainer
+    from graftzoo.training.learning import diagnostics
+    from graftzoo.training import trainer
     assert not hasattr(trainer, "complementarity")
     own = [_group("a", [0, 0]), _group("b", [0, 0]), _group("c", [1, 0]), _group("d", [0, 0])]
     peer = {"a": _group("a", [1, 1]), "b": _group("b", [1, 0]), "c": _group("c", [0, 0])}

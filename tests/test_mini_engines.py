@@ -35,13 +35,13 @@ from graftzoo.envs.datasets import DATA_DIR
 from graftzoo.envs.task import Task
 from graftzoo.envs.templates import render_prompt
 from graftzoo.tiny.vocab import build_vocab, cached_vocab_path, reference_encoder
-from graftzoo.training import memory as M
-from graftzoo.training.checkpoint import load_weights
+from graftzoo.training.planner import memory as M
+from graftzoo.training.run.checkpoint import load_weights
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config
 from graftzoo.training import export
 from graftzoo.training.export import export_policy
-from graftzoo.training.models import build_engine
-from graftzoo.training.policy import token_logprobs
+from graftzoo.training.planner.build import build_engine
+from graftzoo.training.models.policy import token_logprobs
 
 TEMP = 0.7
 TOL = 1e-4  # float32 engine vs training path (measured <= 2e-6)
@@ -146,8 +146,8 @@ def test_vllm_runs_qwen3_itself_and_smollm3_through_its_transformers_backend_lea
     from transformers.models.smollm3.modeling_smollm3 import SmolLM3Model
     from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
 
-    from graftzoo.training.engine import EngineConfigError
-    from graftzoo.training.vllm_engine import _Backend, config_beside_tokenizer, vllm_implementation
+    from graftzoo.training.engines.engine import EngineConfigError
+    from graftzoo.training.engines.vllm_engine import _Backend, config_beside_tokenizer, vllm_implementation
     models, prompts = engines
     assert config_beside_tokenizer("qwen3") and config_beside_tokenizer("smollm3")
     assert not config_beside_tokenizer("qwen2")  # transformers would load its own Qwen2Tokenizer instead
@@ -293,7 +293,7 @@ def test_exported_folders_load_in_vllm_as_they_are(exported, monkeypatch):
     from transformers.models.smollm3.modeling_smollm3 import SmolLM3Model
     from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
 
-    from graftzoo.training.vllm_engine import classes_kept
+    from graftzoo.training.engines.vllm_engine import classes_kept
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     out, pols, _ = exported
     problems = ("12+34", "What is $7 \\times 8$?")
@@ -309,7 +309,7 @@ def test_exported_folders_load_in_vllm_as_they_are(exported, monkeypatch):
             outs = llm.generate(texts, vllm.SamplingParams(temperature=0.0, max_tokens=8, logprobs=0), use_tqdm=False)
             llm.llm_engine.engine_core.shutdown()
             del llm
-        finally:  # vLLM's CPU worker replaces torch.set_num_threads (graftzoo.training.vllm_engine)
+        finally:  # vLLM's CPU worker replaces torch.set_num_threads (graftzoo.training.engines.vllm_engine)
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
         for p, text, o in zip(problems, texts, outs):

@@ -28,8 +28,8 @@ import yaml
 
 import graftzoo
 from graftzoo.contract.config import load_config
-from graftzoo.training.checkpoint import load_weights
-from graftzoo.training.models import build_policy
+from graftzoo.training.run.checkpoint import load_weights
+from graftzoo.training.planner.build import build_policy
 from helpers import cli_here
 from mini import QWEN, SMOL, untrained_pair
 from mini_task import stop_at

@@ -1,4 +1,4 @@
-"""run.layout offload (graftzoo.training.placement.Residency, Policy.offload / onload): the idle model's training
+"""run.layout offload (graftzoo.training.planner.placement.Residency, Policy.offload / onload): the idle model's training
 state (parameters, buffers, AdamW's moments) leaves for host memory and comes back bit for bit, a pass over an
 offloaded model is refused, gradients are freed after every optimizer step, and a co-trained run in the offload
 layout is the resident run, metric for metric and weight for weight. The host side is one buffer per model, every
@@ -16,8 +16,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from graftzoo.contract.config import load_config
-from graftzoo.training import memory as M
-from graftzoo.training.policy import Policy
+from graftzoo.training.planner import memory as M
+from graftzoo.training.models.policy import Policy
 from graftzoo.training.trainer import Trainer
 
 PAIR = ["micro-qwen-char", "micro-gpt2-pair"]

@@ -15,9 +15,9 @@ from test_graft import STRONG_PAIR
 from helpers import one_run
 
 from graftzoo.contract.config import ConfigError, load_config, with_values
-from graftzoo.training.engine import Engine, HFEngine
-from graftzoo.training import loss as loss_mod
-from graftzoo.training.step import old_logp_source
+from graftzoo.training.engines.engine import Engine, HFEngine
+from graftzoo.training.models import loss as loss_mod
+from graftzoo.training.learning.step import old_logp_source
 from graftzoo.training.trainer import Trainer, train
 
 LEARNER = "micro-qwen-char"

@@ -15,7 +15,8 @@ from test_graft import STRONG_PAIR
 
 from graftzoo.contract.batch import micro_split
 from graftzoo.contract.config import load_config
-from graftzoo.training import loss as loss_mod, policy as policy_mod
+from graftzoo.training.models import loss as loss_mod
+from graftzoo.training.models import policy as policy_mod
 from graftzoo.training.trainer import Trainer
 
 LEARNER = "micro-qwen-char"
@@ -68,7 +69,7 @@ def peer_trainer(algo):
 
 def watch_losses(monkeypatch) -> list:
     """The probes (``StepProbe``) that the step's losses are reported to: the step's ``micro_batch_loss`` and the
-    ratio base it takes (``graftzoo.training.loss.ratio_base``) spied once per test. Each loss call reports its
+    ratio base it takes (``graftzoo.training.models.loss.ratio_base``) spied once per test. Each loss call reports its
     minibatch index, metrics, micro-batch, the base its rows arrived with and the base the loss used; it leaves the
     rows' base as it found it and takes its base once, from its forward exactly when ``base_from_forward``."""
     probes = getattr(loss_mod.micro_batch_loss, "probes", None)

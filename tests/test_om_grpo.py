@@ -14,10 +14,10 @@ import graftzoo.algos.om_grpo.learner as om
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.om_grpo import OMGRPOConfig
 from graftzoo.algos.om_grpo.learner import OMGRPO
-from graftzoo.training.policy import Policy
+from graftzoo.training.models.policy import Policy
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config, with_values
-from graftzoo.training.loss import micro_batch_loss
-from graftzoo.training.models import build_policy
+from graftzoo.training.models.loss import micro_batch_loss
+from graftzoo.training.planner.build import build_policy
 from graftzoo.contract.types import Group, Prompt, Rollout
 
 

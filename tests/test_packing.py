@@ -25,11 +25,11 @@ from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.registry import get_algo
 from graftzoo.contract.types import TrainRow
-from graftzoo.training.loss import micro_batch_loss, ratio_base
+from graftzoo.training.models.loss import micro_batch_loss, ratio_base
 from graftzoo.tiny.hf import save_hf_model
-from graftzoo.training import policy as policy_mod
-from graftzoo.training.models import load_model
-from graftzoo.training.policy import (BLOCK_SKIPPING_ATTENTION, Policy, adamw_kwargs, attention_of, pack_rows,
+from graftzoo.training.models import policy as policy_mod
+from graftzoo.training.planner.build import load_model
+from graftzoo.training.models.policy import (BLOCK_SKIPPING_ATTENTION, Policy, adamw_kwargs, attention_of, pack_rows,
                                       packing_fault, position_ids_from_mask, skips_masked_blocks, use_packing)
 from graftzoo.training.trainer import Trainer
 from transformers import AutoModelForCausalLM, masking_utils

@@ -1,4 +1,4 @@
-"""Device placement that cannot surprise (graftzoo.training.placement): run.device auto, the refusal of a
+"""Device placement that cannot surprise (graftzoo.training.planner.placement): run.device auto, the refusal of a
 GPU-sized config on the CPU unless run.device=cpu is given, one vLLM engine per process where two would share a
 GPU, run.layout auto picking plan's layout, and the placement record printed before the first step and kept in
 summary.json."""
@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import ConfigError, load_config
-from graftzoo.training import placement
+from graftzoo.training.planner import placement
 from graftzoo.training.trainer import Trainer
 
 PAIR1 = "configs/pairs/pair1.yaml"
@@ -115,7 +115,7 @@ def test_models_sharing_a_gpu_collect_at_once_only_where_it_cannot_change_the_ro
 
 @pytest.mark.parametrize("gpu_gb", [141, 80])
 def test_the_update_is_sized_by_the_plan_where_the_config_leaves_it_open(monkeypatch, gpu_gb):
-    from graftzoo.training import memory
+    from graftzoo.training.planner import memory
     cfg = placement.resolve(gpu_pair(monkeypatch, gpu_gb, "optim.max_tokens_per_micro=null",
                                      "model.gradient_checkpointing=false"))
     tokens, ckpt = cfg.optim.max_tokens_per_micro, cfg.model.gradient_checkpointing
@@ -135,7 +135,7 @@ def test_the_update_is_sized_by_the_plan_where_the_config_leaves_it_open(monkeyp
 
 def test_plans_choice_brings_the_engine_settings_it_was_planned_with(monkeypatch):
     cfg = placement.resolve(gpu_pair(monkeypatch, 141))  # pair1: kv_cache_gb null, sleep_level not given
-    from graftzoo.training import memory
+    from graftzoo.training.planner import memory
     planned = memory.gpu_layout(gpu_pair(monkeypatch, 141), 1, 141)["settings"]
     assert cfg.rollout.vllm.kv_cache_gb == planned["rollout.vllm.kv_cache_gb"] > 0
     assert cfg.rollout.vllm.sleep_level == planned["rollout.vllm.sleep_level"]

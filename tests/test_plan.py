@@ -1,4 +1,4 @@
-"""``graftzoo plan`` and its model (graftzoo.training.memory): parameter counts equal the real models'; the activation
+"""``graftzoo plan`` and its model (graftzoo.training.planner.memory): parameter counts equal the real models'; the activation
 formulas are within a stated error of the peaks small models really allocate on CPU (bench/plan_check.py); the
 memory parts follow the settings (micro-batch budget, gradient checkpointing, KL reference, sleep level); every
 phase's peak is printed; the GPU count is the smallest that fits; ``--gpus N`` places the models (separate groups,
@@ -21,9 +21,9 @@ from graftzoo.apps import plan as plan_app
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import load_config
 from graftzoo.tiny.build import build_tiny
-from graftzoo.training import memory as M
-from graftzoo.training import policy as policy_mod
-from graftzoo.training.models import tiny_spec
+from graftzoo.training.planner import memory as M
+from graftzoo.training.models import policy as policy_mod
+from graftzoo.training.planner.build import tiny_spec
 
 GIB = M.GIB
 SMOL, QWEN = "HuggingFaceTB/SmolLM3-3B-Base", "Qwen/Qwen3-1.7B-Base"
@@ -131,7 +131,7 @@ def test_the_kl_reference_is_counted_when_the_coefficient_is_positive():
     for phase in M.PHASES:  # sharded over 2 ranks: the float32 masters' copy, in every phase
         extra = (sum(M.phase_parts(kl, phase, 2, 0.0).values()) - sum(M.phase_parts(plain, phase, 2, 0.0).values()))
         assert extra == pytest.approx(4 * kl.params / 2)
-        # in one process, a bf16 copy (graftzoo.training.models.ref_of: a frozen model needs no float32 masters)
+        # in one process, a bf16 copy (graftzoo.training.planner.build.ref_of: a frozen model needs no float32 masters)
         extra = (sum(M.phase_parts(kl, phase, 1, 0.0).values()) - sum(M.phase_parts(plain, phase, 1, 0.0).values()))
         assert extra == pytest.approx(2 * kl.params)
     assert M.ref_bytes(1000, "model", True, 1) == 2000  # a 16-bit model trained in its dtype: a 16-bit copy
@@ -418,7 +418,7 @@ def test_the_host_bytes_of_a_rollout_bound_what_python_allocates():
     import tracemalloc
     from types import SimpleNamespace
 
-    from graftzoo.training.engine import rollout_from_tokens  # the engines' rollout builder, for this test only
+    from graftzoo.training.engines.engine import rollout_from_tokens  # the engines' rollout builder, for this test only
     pol = SimpleNamespace(eos_ids=[0], eos_id=0, stop_strings=[], model_id="m", tokenizer_id="t",
                           decode=lambda ids: "abcd" * len(ids))
     groups, n, prompt, response = 4, 8, 300, 500

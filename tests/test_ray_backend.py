@@ -25,9 +25,9 @@ import pytest
 import torch
 import yaml
 
-from graftzoo.training.checkpoint import latest_checkpoint, load_weights
+from graftzoo.training.run.checkpoint import latest_checkpoint, load_weights
 from graftzoo.contract.config import load_config, packaged_configs
-from graftzoo.training.models import build_policy
+from graftzoo.training.planner.build import build_policy
 from graftzoo.api import train_run as train
 from graftzoo.training.eval_runner import evaluate_checkpoint
 from helpers import plugin_site

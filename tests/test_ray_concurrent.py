@@ -17,7 +17,7 @@ from graftzoo.contract.config import load_config
 from graftzoo.distributed.errors import WorkerError
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.training import trainer as trainer_mod
-from graftzoo.training.models import InProcess
+from graftzoo.training.planner.build import InProcess
 from graftzoo.training.trainer import Trainer
 from test_ray_backend import SKIP_KEYS
 

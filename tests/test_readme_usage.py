@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import as_dict, load_config, packaged_configs, read_yaml
-from graftzoo.training.rundir import RunDirUsageError, check_resume_config, default_run_name
+from graftzoo.training.run.rundir import RunDirUsageError, check_resume_config, default_run_name
 from graftzoo.eval.artifacts import write_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"

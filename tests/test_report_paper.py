@@ -27,7 +27,7 @@ from graftzoo.contract.config import MODEL_RUN_KEYS, packaged_configs, read_yaml
 from graftzoo.eval.artifacts import load_runs, write_config
 from graftzoo.eval.report import (HOSTING_MODEL_KEYS, LATEX_PACKAGES, TRAJECTORY_FREE, _MODEL_RUN_KEYS, build_table1,
                                   compare_settings, short_heading, to_latex, to_markdown)
-from graftzoo.training import rundir
+from graftzoo.training.run import rundir
 from test_like_for_like import _run as run_with_settings
 from test_report import A, B, make_run
 

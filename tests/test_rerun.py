@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from graftzoo.contract.config import defaults, load_config
-from graftzoo.training.checkpoint import list_checkpoints
-from graftzoo.training.rundir import RERUN_KEYS, RunDirUsageError, flatten, rerun_plan
+from graftzoo.training.run.checkpoint import list_checkpoints
+from graftzoo.training.run.rundir import RERUN_KEYS, RunDirUsageError, flatten, rerun_plan
 from helpers import cli_here, one_line_error
 
 UNSEEDED = ("time/", "perf/")

@@ -14,11 +14,11 @@ import torch
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import ConfigError, load_config
 from graftzoo.contract.types import Prompt
-from graftzoo.training.engine import EngineError, HFEngine, PromptTooLongError
-from graftzoo.training.models import build_engine, build_policy
-from graftzoo.training.policy import Policy
+from graftzoo.training.engines.engine import EngineError, HFEngine, PromptTooLongError
+from graftzoo.training.planner.build import build_engine, build_policy
+from graftzoo.training.models.policy import Policy
 from graftzoo.training.trainer import train
-from graftzoo.training.vllm_engine import eager_mode, model_len
+from graftzoo.training.engines.vllm_engine import eager_mode, model_len
 from graftzoo.tiny.build import TinyModelSpec, build_tiny
 
 A, B = "micro-qwen-char", "micro-gpt2-pair"

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from graftzoo.apps.cli import main
 from graftzoo.contract.config import load_config
-from graftzoo.training.rundir import default_run_name
+from graftzoo.training.run.rundir import default_run_name
 
 HASH = re.compile(r"[0-9a-f]{8}")
 NOTE = "(set beyond the pair and preset; --set run.name=NAME to choose one)"
@@ -146,7 +146,7 @@ def test_the_hash_is_the_same_in_every_process(sweep):
     assert default_run_name(load_config(pair="micro", algo="grpo", overrides=[
         f"run.out_dir={out}", "run.steps=1", "run.eval_at_end=false", "run.progress=false", "run.track=false",
         "optim.lr=3e-4"])) == want
-    script = ("from graftzoo.contract.config import load_config\nfrom graftzoo.training.rundir import default_run_name\n"
+    script = ("from graftzoo.contract.config import load_config\nfrom graftzoo.training.run.rundir import default_run_name\n"
               "print(default_run_name(load_config(pair='micro', algo='grpo', overrides=['optim.lr=3e-4'])))")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     got = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)

@@ -30,8 +30,8 @@ from graftzoo.algos import BUILTIN
 from graftzoo.contract.config import SECTIONS, ModelSpec, load_config
 from graftzoo.contract.registry import get_config
 from graftzoo.contract.schema import _unwrap, bounds_of
-from graftzoo.training.checkpoint import list_checkpoints
-from graftzoo.training.rundir import default_run_name
+from graftzoo.training.run.checkpoint import list_checkpoints
+from graftzoo.training.run.rundir import default_run_name
 from graftzoo.training.trainer import train
 from helpers import cli_here, one_line_error
 
@@ -83,7 +83,7 @@ def test_rerunning_a_finished_run_rewrites_nothing_and_builds_no_model(base, tmp
     changed, so that a report read meanwhile (a second grid on the same folder) never sees it "running". More
     steps or another final evaluation make it a run to resume, and an unfinished run resumes as before."""
     from graftzoo.training import trainer
-    from graftzoo.training.rundir import rerun_plan
+    from graftzoo.training.run.rundir import rerun_plan
     run = copy_run(base, tmp_path)
     before = snapshot(run)
     stamps = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
@@ -273,7 +273,7 @@ def test_wandb_with_an_api_key_and_no_server_logs_offline_at_once(tmp_path):
 
 
 def test_the_wandb_mode_of_a_run(monkeypatch):
-    from graftzoo.training.tracking import wandb_mode
+    from graftzoo.training.run.tracking import wandb_mode
     run = SimpleNamespace(wandb_mode=None)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

@@ -14,8 +14,8 @@ from graftzoo.algos.functional import sequence_mean_logp
 from graftzoo.algos.sgt import SGTConfig
 from graftzoo.algos.sgt.learner import SGT
 from graftzoo.contract.config import ConfigError, LearnerFacts, load_config
-from graftzoo.training.loss import micro_batch_loss
-from graftzoo.training.models import build_policy
+from graftzoo.training.models.loss import micro_batch_loss
+from graftzoo.training.planner.build import build_policy
 from graftzoo.contract.types import Group, Prompt
 
 torch.set_num_threads(1)

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from graftzoo.contract.config import load_config
 from graftzoo.tiny import rebuild, shipped, warmup
-from graftzoo.training.models import build_policy, tiny_spec
+from graftzoo.training.planner.build import build_policy, tiny_spec
 from helpers import cli_here, one_line_error
 
 SHIPPED = ("tiny-qwen-char", "tiny-gpt2-pair")

@@ -190,7 +190,7 @@ def test_a_huge_problem_is_dropped_cheaply_and_counted(tmp_path):
 
 
 def test_a_text_that_cannot_fit_is_never_tokenized():
-    from graftzoo.training.engine import fitting_prompts
+    from graftzoo.training.engines.engine import fitting_prompts
     seen = []
 
     class CharTokenizer:  # records what it is asked to tokenize

@@ -14,7 +14,7 @@ from graftzoo.apps.cli import main
 from graftzoo.contract.config import ConfigError, load_config
 from graftzoo.training.eval_checkpoints import load_run_config
 from graftzoo.training.trainer import Trainer
-from graftzoo.training.sampler import PromptSampler
+from graftzoo.training.learning.sampler import PromptSampler
 from graftzoo.envs.arithmetic import is_heldout
 from graftzoo.envs.datasets import load_dataset
 from graftzoo.envs.env import ArithmeticEnv

@@ -11,9 +11,9 @@ from helpers import wandb_records
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import load_config
-from graftzoo.training.checkpoint import latest_checkpoint
+from graftzoo.training.run.checkpoint import latest_checkpoint
 from graftzoo.training.eval_checkpoints import load_run_config
-from graftzoo.training.tracking import COMPLETION_COLUMNS, Tracker, completion_rows, wandb_step
+from graftzoo.training.run.tracking import COMPLETION_COLUMNS, Tracker, completion_rows, wandb_step
 from graftzoo.training.trainer import train
 from graftzoo.contract.types import Group, Origin, Prompt, Rollout
 

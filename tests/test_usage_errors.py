@@ -13,7 +13,7 @@ import yaml
 
 from graftzoo.contract.config import load_config, packaged_configs
 from graftzoo.contract.errors import ConfigError
-from graftzoo.training.models import usable_device
+from graftzoo.training.planner.build import usable_device
 from graftzoo.training.trainer import train
 from helpers import cli_here, one_line_error
 

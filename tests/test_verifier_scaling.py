@@ -20,7 +20,7 @@ from graftzoo.envs import verify_pool as P
 from graftzoo.envs.datasets import MathDataset
 from graftzoo.envs.env import UNVERIFIED, MathReasoningEnv
 from graftzoo.envs.task import Task, UnverifiedError, judge_unverified
-from graftzoo.training.step import outcome_metrics
+from graftzoo.training.learning.step import outcome_metrics
 
 # math-verify hangs on these (a tower of powers); with the soft timer off only the hard kill or the budget stops them
 HUNG = ("\\boxed{9^{9^{9^9}}}", "\\boxed{8^{8^{8^8}}}")

@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from transformers.generation import TopPLogitsWarper
 
 from graftzoo.contract.config import ConfigError, as_dict, load_config
-from graftzoo.training.engine import EngineError, HFEngine
-from graftzoo.training.models import build_engine, build_policy
-from graftzoo.training.step import old_logp_source
+from graftzoo.training.engines.engine import EngineError, HFEngine
+from graftzoo.training.planner.build import build_engine, build_policy
+from graftzoo.training.learning.step import old_logp_source
 from graftzoo.training.trainer import Trainer, train
-from graftzoo.training import placement
+from graftzoo.training.planner import placement
 from graftzoo.envs.task import Task
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini
@@ -197,8 +197,8 @@ def test_settings_that_cannot_work_are_refused_before_any_engine_starts():
 
 
 def test_a_head_size_that_vllm_cannot_run_on_cpu_is_refused_at_start_naming_the_model():
-    from graftzoo.training.policy import Policy
-    from graftzoo.training.vllm_engine import VLLMEngine
+    from graftzoo.training.models.policy import Policy
+    from graftzoo.training.engines.vllm_engine import VLLMEngine
     from graftzoo.tiny.build import TinyModelSpec, build_tiny
     spec = TinyModelSpec(id="h24", family="gpt2", tokenizer="digit_pair", hidden=96, layers=1, heads=4, ffn=64,
                          warmup={"steps": 0})
@@ -208,7 +208,7 @@ def test_a_head_size_that_vllm_cannot_run_on_cpu_is_refused_at_start_naming_the_
 
 
 def test_a_run_saved_before_the_vllm_keys_existed_resumes_and_their_hosting_keys_are_free_to_change():
-    from graftzoo.training.rundir import config_changes
+    from graftzoo.training.run.rundir import config_changes
     raw = as_dict(micro_cfg())  # the plain data of config.yaml
     old = copy.deepcopy(raw)
     del old["rollout"]["vllm"]  # a run directory written by an earlier release
@@ -227,7 +227,7 @@ def test_an_engine_call_that_fails_because_its_core_died_names_the_death(dies, m
     gives the death a moment to show and names it, as a call that was still waiting would; a call that failed on its
     own raises its own error."""
     from types import SimpleNamespace
-    import graftzoo.training.vllm_engine as VE
+    import graftzoo.training.engines.vllm_engine as VE
     backend = object.__new__(VE._Backend)
     backend.procs, backend.policy = {123: (1, "VLLM::EngineCore")}, SimpleNamespace(model_id="m")
     answers = iter([None, None, "its process VLLM::EngineCore (pid 123) was killed by SIGKILL" if dies else None])

@@ -1,4 +1,4 @@
-"""``rollout.vllm.poll_sleep_us`` (graftzoo.training.vllm_poll): the setting's meaning per device, the environment
+"""``rollout.vllm.poll_sleep_us`` (graftzoo.training.engines.vllm_poll): the setting's meaning per device, the environment
 the engine's processes inherit, and the vLLM plugin that makes their message queue sleep between polls. That an
 engine in its own process then stays idle between calls is checked on a real run in tests/test_vllm_runs.py."""
 import logging
@@ -10,8 +10,8 @@ import pytest
 
 from graftzoo.contract.config import load_config
 from graftzoo.contract.errors import ConfigError
-from graftzoo.training import vllm_poll
-from graftzoo.training.vllm_poll import CPU_POLL_SLEEP_US, ENV, poll_sleep_us, register, started_with
+from graftzoo.training.engines import vllm_poll
+from graftzoo.training.engines.vllm_poll import CPU_POLL_SLEEP_US, ENV, poll_sleep_us, register, started_with
 
 shm_broadcast = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
 
@@ -75,4 +75,4 @@ def test_a_vllm_whose_queue_polls_otherwise_gets_a_warning_not_an_error(monkeypa
 
 def test_vllm_finds_the_plugin_in_the_installed_package():
     found = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert found.get("graftzoo_poll_sleep") == "graftzoo.training.vllm_poll:register"
+    assert found.get("graftzoo_poll_sleep") == "graftzoo.training.engines.vllm_poll:register"

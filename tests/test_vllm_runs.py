@@ -1,5 +1,5 @@
 """Runs with the vLLM engine core in its own process (rollout.vllm.multiprocessing=true, weights streamed to it in
-memory, graftzoo.training.weight_stream), driven as a researcher drives them from Python: the run trains to the
+memory, graftzoo.training.engines.weight_stream), driven as a researcher drives them from Python: the run trains to the
 end with the engine's log-probs following the updates, no weight file is written (``weight_sync: disk``, the
 fallback, is the one that writes one, and says so), and no engine process outlives a run that ends, fails or is
 interrupted: the processes are counted while the run holds its engine and again once ``train`` has returned or
@@ -23,10 +23,10 @@ from transformers import PreTrainedModel
 
 from graftzoo.contract.config import load_config
 from graftzoo.contract.errors import NonFiniteError
-from graftzoo.training.preemption import Interrupted
+from graftzoo.training.run.preemption import Interrupted
 from graftzoo.contract.registry import get_algo
-from graftzoo.training import models as models_module
-from graftzoo.training import step as step_module
+from graftzoo.training.planner import build as models_module
+from graftzoo.training.learning import step as step_module
 from graftzoo.training.trainer import Trainer, train
 
 pytestmark = pytest.mark.slow  # real processes: see pytest.ini

@@ -14,7 +14,7 @@ from graftzoo.contract.config import load_config
 from graftzoo.contract.types import Group
 from graftzoo.peers import StoredPeer, TrajectoryStore
 from graftzoo.peers.xt import XTOverflowError
-from graftzoo.training.loss import micro_batch_loss
+from graftzoo.training.models.loss import micro_batch_loss
 from graftzoo.training.trainer import Trainer
 
 MAX = 40  # micro-qwen-char's max response (rollout.max_new_tokens of the micro pair); one character = one token

@@ -24,8 +24,8 @@ from graftzoo.algos.graft.learner import GRAFT
 from graftzoo.contract.config import LearnerFacts, load_config
 from graftzoo.contract.types import Group, Prompt
 from graftzoo.envs.task import Task
-from graftzoo.training.engine import rollout_from_tokens
-from graftzoo.training.models import build_policy
+from graftzoo.training.engines.engine import rollout_from_tokens
+from graftzoo.training.planner.build import build_policy
 
 PROMPT = Prompt(id="p0", text="12+34", gold="46")
 DIRECTIONS = [pytest.param(SMOL, QWEN, id="smollm3->qwen3"), pytest.param(QWEN, SMOL, id="qwen3->smollm3")]

@@ -22,20 +22,20 @@ from graftzoo.contract import output
 from graftzoo.contract.config import ALIASES, algo_presets, as_dict, config_keys, load_config
 from graftzoo.contract.errors import did_you_mean
 from graftzoo.contract.registry import get_config
-from graftzoo.training.no_effect import say_no_effect
+from graftzoo.training.run.no_effect import say_no_effect
 
 # Anticipated errors: one line ``Error: ...`` naming the culprit, no traceback (``graftzoo --debug`` shows it).
 # Usage and config errors exit 2, runtime errors (data, files, disk, a diverged run) exit 1, a signal 128 + signal.
 # (module, class): a class counts once its module is imported (an error cannot come from a module never imported).
 USAGE_ERRORS = (("graftzoo.contract.errors", "ConfigError"), ("graftzoo.contract.registry", "RegistryError"),
                 ("graftzoo.apps.options", "PeerOptionError"), ("graftzoo.apps.grid.model", "GridError"),
-                ("graftzoo.training.rundir", "RunDirUsageError"), ("graftzoo.training.selection", "SelectionError"),
-                ("graftzoo.peers.store", "StoreMismatchError"), ("graftzoo.training.engine", "EngineConfigError"))
+                ("graftzoo.training.run.rundir", "RunDirUsageError"), ("graftzoo.training.selection", "SelectionError"),
+                ("graftzoo.peers.store", "StoreMismatchError"), ("graftzoo.training.engines.engine", "EngineConfigError"))
 RUNTIME_ERRORS = (("graftzoo.envs.datasets", "DatasetError"), ("graftzoo.peers.store", "StoreError"),
                   ("graftzoo.eval.artifacts", "ArtifactError"), ("graftzoo.peers.xt", "XTOverflowError"),
-                  ("graftzoo.training.checkpoint", "CheckpointError"), ("graftzoo.training.rundir", "RunDirError"),
-                  ("graftzoo.contract.errors", "NonFiniteError"), ("graftzoo.training.tracking", "MetricsFileError"),
-                  ("graftzoo.training.engine", "EngineError"), ("graftzoo.distributed.errors", "WorkerError"),
+                  ("graftzoo.training.run.checkpoint", "CheckpointError"), ("graftzoo.training.run.rundir", "RunDirError"),
+                  ("graftzoo.contract.errors", "NonFiniteError"), ("graftzoo.training.run.tracking", "MetricsFileError"),
+                  ("graftzoo.training.engines.engine", "EngineError"), ("graftzoo.distributed.errors", "WorkerError"),
                   ("graftzoo.training.export", "ExportError"),
                   ("graftzoo.distributed.errors", "RayStartError"), ("graftzoo.envs.task", "UnverifiedError"),
                   ("graftzoo.tiny.shipped", "ShippedWeightsError"),
@@ -84,7 +84,7 @@ class Main(Group):
             click.echo(f"Error: {e}" if code else "Error: interrupted", err=True)
             ctx.exit(code or 130)
         except Exception as e:
-            interrupted = anticipated([("graftzoo.training.preemption", "Interrupted")])
+            interrupted = anticipated([("graftzoo.training.run.preemption", "Interrupted")])
             if interrupted and isinstance(e, interrupted):
                 click.echo(f"Error: {e}", err=True)
                 ctx.exit(e.exit_code)

@@ -118,7 +118,7 @@ def quiet_libraries(debug: bool = False):
 def measure_complementarity(pair: str, n: int = 8, size: int = 128, seed: int = 0) -> dict:
     """Per model: fraction of its all-fail held-out prompts that the peer solves / where the peer's group is mixed."""
     import torch  # the demo's modules load once it runs (demo --help does not)
-    from graftzoo.training.models import build_engine, build_policy  # torch: the demo's modules load once it runs
+    from graftzoo.training.planner.build import build_engine, build_policy  # torch: the demo's modules load once it runs
     cfg = load_config(pair=pair, algo="grpo", overrides=["run.track=false"])
     env = Task(cfg).make_env("test", size=size)
     prompts = list(env.dataset)
@@ -298,7 +298,7 @@ def demo_cmd(quick, full, out, jobs, rerun_changed, debug):
 def _demo(quick, full, out, jobs, rerun_changed):
     from graftzoo.tiny.shipped import WEIGHTS_DIR, weights_hash  # torch: the demo's modules load once it runs
     from graftzoo.tiny.warmup import warmup_info, warmup_pair  # torch: the demo's modules load once it runs
-    from graftzoo.training.models import tiny_spec  # torch: the demo's modules load once it runs
+    from graftzoo.training.planner.build import tiny_spec  # torch: the demo's modules load once it runs
     console = Console()
     console.soft_wrap = not console.is_terminal  # piped output is not cut at 80 columns (a terminal: word-wrapped)
     t0 = time.time()

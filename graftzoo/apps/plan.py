@@ -1,6 +1,6 @@
 """``graftzoo plan CONFIG``: the GPU memory each model of a run needs, phase by phase (generate, logprob, update,
 sync), how many GPUs it takes and where the models go on a node, and how long a full-size step should take — so a
-run can be sized before a node is booked. The memory and step-time model is graftzoo.training.memory (its
+run can be sized before a node is booked. The memory and step-time model is graftzoo.training.planner.memory (its
 docstrings give every formula; docs/scaling.md#plan-a-run-graftzoo-plan); this module prints it, imported (with
 torch and transformers) by the command once its config and files are checked (graftzoo.apps.plan_command).
 """
@@ -11,7 +11,7 @@ import json
 import click
 
 from graftzoo.apps.options import UsageLine
-from graftzoo.training.memory import (GIB, MARGIN, PART_NAMES, PCIE_BYTES_PER_S, PHASES, USABLE,
+from graftzoo.training.planner.memory import (GIB, MARGIN, PART_NAMES, PCIE_BYTES_PER_S, PHASES, USABLE,
                                       calibration_of, gpu_layout, gpu_of, margin_bytes, plan)
 
 LAYOUT_NAMES = {"separate": "separate groups", "colocated": "colocated, the models sharing each GPU",
@@ -57,7 +57,7 @@ def engine_text(g: dict, prompts: int) -> str:
 def ahead_line(k: int, host_gb: float, overlap: bool, models: int = 1) -> str:
     """The rollouts collected ahead of their steps (``rollout.max_staleness`` k >= 1) of ``models`` models: the host
     memory of their k batches each, and whether the engines generate them while the models update, awake
-    (graftzoo.training.memory.generates_in_update; docs/scaling.md#asynchronous-rollouts)."""
+    (graftzoo.training.planner.memory.generates_in_update; docs/scaling.md#asynchronous-rollouts)."""
     each = " of each model" if models > 1 else ""
     engines = ("the engines generate them during the updates" if models > 1
                else "its engine generates them during the update")

@@ -1,5 +1,5 @@
 """``graftzoo plan CONFIG``: the command, its options and the checks of its config and files, before the memory
-model (graftzoo.training.memory, which imports torch and transformers) and the printing (graftzoo.apps.plan) are
+model (graftzoo.training.planner.memory, which imports torch and transformers) and the printing (graftzoo.apps.plan) are
 imported: ``--help``, a missing pair file, model folder or calibration file, or a broken one, answer at once."""
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from graftzoo.apps.options import UsageLine, plugin_option
 from graftzoo.contract.config import RunConfig, load_config, looks_like_folder, trained_ids
 from graftzoo.contract.errors import ConfigError
 
-CHIP_NAMES = ("a100", "h100", "h200")  # graftzoo.training.memory.CHIPS (a test checks they agree)
+CHIP_NAMES = ("a100", "h100", "h200")  # graftzoo.training.planner.memory.CHIPS (a test checks they agree)
 
 
 def read_calibration(path: str | None):
     """The data of ``--calibration FILE`` (None without one); a file that is not JSON is one usage line naming it.
-    What it holds is checked by graftzoo.training.memory.calibration_of."""
+    What it holds is checked by graftzoo.training.planner.memory.calibration_of."""
     if path is None:
         return None
     try:
@@ -28,7 +28,7 @@ def read_calibration(path: str | None):
 
 def check_model_configs(cfg: RunConfig) -> None:
     """Every trained ``kind: hf`` model that plan reads from a local folder (no ``arch`` given) has its
-    ``config.json`` there (graftzoo.training.memory.architecture reads it; a hub id is looked up there)."""
+    ``config.json`` there (graftzoo.training.planner.memory.architecture reads it; a hub id is looked up there)."""
     train = trained_ids(cfg)
     for spec in cfg.pair.models:
         src = str(spec.path or spec.id)

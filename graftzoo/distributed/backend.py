@@ -6,7 +6,7 @@ On the driver a model is a ``RemotePolicy`` (its tokenizer and template, for the
 passes — scoring, hidden states, the update — run in the group) and a ``RemoteEngine`` (generate runs in the group).
 No algorithm code knows about Ray: the learners get these in place of a ``Policy`` and an ``Engine``.
 
-A group of ``pair.models[i].num_workers`` ranks trains with FSDP2 (graftzoo.training.fsdp): each rank gets its share of
+A group of ``pair.models[i].num_workers`` ranks trains with FSDP2 (graftzoo.training.models.fsdp): each rank gets its share of
 every minibatch's micro-batches (round-robin; a stand-in of scale 0 where it holds fewer), and the ranks' gradients
 are summed, so the update is the one-process update. A rank that dies or fails ends the run with an error naming the
 model and the rank (``WorkerError``); the rest of its group is killed, nothing hangs.
@@ -24,9 +24,9 @@ import torch
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import ModelSpec, RunConfig
-from graftzoo.training.engine import Engine
-from graftzoo.training.models import check_context, load_tokenizer_of, model_stop, model_template, resolve_device
-from graftzoo.training.policy import Policy
+from graftzoo.training.engines.engine import Engine
+from graftzoo.training.planner.build import check_context, load_tokenizer_of, model_stop, model_template, resolve_device
+from graftzoo.training.models.policy import Policy
 from graftzoo.distributed.errors import WorkerDied, WorkerError
 from graftzoo.distributed.cluster import connect, disconnect
 from graftzoo.distributed.worker import PolicyWorker
@@ -222,7 +222,7 @@ class RemotePolicy(Policy):
 
     def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str) -> list:
         """Each rank gets its share of every minibatch's micro-batches and runs the optimizer loop on it
-        (``graftzoo.training.loss.optimize``, as ``Policy.update`` does in one process); returns per minibatch the
+        (``graftzoo.training.models.loss.optimize``, as ``Policy.update`` does in one process); returns per minibatch the
         ranks' parts (the step merges them as one process computes its metrics: loss the sum, the others means
         weighted by rows, the group's grad norm)."""
         W = self.group.world

@@ -18,11 +18,11 @@ import torch.distributed as dist
 
 from graftzoo.contract.config import LearnerFacts, ModelSpec, RunConfig, with_values
 from graftzoo.algos.base import StepContext
-from graftzoo.training.models import (ENGINES, build_engine, build_policy, build_sharded_policy, make_ref, resolve_device,
+from graftzoo.training.planner.build import (ENGINES, build_engine, build_policy, build_sharded_policy, make_ref, resolve_device,
                                       wants_ref)
 from graftzoo.contract.registry import get_algo
-from graftzoo.training.loss import optimize
-from graftzoo.training import fsdp
+from graftzoo.training.models.loss import optimize
+from graftzoo.training.models import fsdp
 from graftzoo.distributed.cluster import free_port
 from graftzoo.eval.compute import ComputeMeter
 
@@ -136,7 +136,7 @@ class PolicyWorker:
                base_from_forward: bool, where: str) -> dict:
         """This rank's share of every minibatch (``mbs``: one list of micro-batches per minibatch; a stand-in of
         scale 0 where it holds fewer than the others): per minibatch the gradients and one optimizer step, the
-        optimizer loop (``graftzoo.training.loss.optimize``; FSDP2 sums the ranks' gradients). Returns per minibatch the loss sum and the metrics of the
+        optimizer loop (``graftzoo.training.models.loss.optimize``; FSDP2 sums the ranks' gradients). Returns per minibatch the loss sum and the metrics of the
         micro-batches it trained, the gradient norm, the learning rate and the time of each phase."""
         pol, learner = self.policy, self.learner
         learner.load_state_dict(learner_state)

@@ -1,6 +1,6 @@
 """Run directories and checkpoints as evaluation targets: the run's config, the target a path
 names, the trained models' specs and fresh policies for them (the checkpoint layout itself, and
-loading weights, are ``graftzoo.training.checkpoint``'s)."""
+loading weights, are ``graftzoo.training.run.checkpoint``'s)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,8 +8,8 @@ from typing import Optional, Sequence
 
 from graftzoo.contract.config import RunConfig, read_yaml, validate
 from graftzoo.contract.errors import ConfigError, did_you_mean
-from graftzoo.training.checkpoint import MANIFEST, TRAINER_FILE, is_checkpoint
-from graftzoo.training.models import build_policy
+from graftzoo.training.run.checkpoint import MANIFEST, TRAINER_FILE, is_checkpoint
+from graftzoo.training.planner.build import build_policy
 from graftzoo.eval.artifacts import CONFIG, ArtifactError
 
 

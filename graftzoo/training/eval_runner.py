@@ -12,7 +12,7 @@ trainer evaluates on: ``Task.heldout``).
 Protocol (``graftzoo.eval.protocol``): ``seeds`` evaluation runs of k samples per problem, every
 sample under its own seed; avg@k with sd and a 95% t-interval over the runs (over the k sample
 seeds when there is one run), unbiased pass@k; optionally a greedy pass. The policy is rebuilt
-from the run's ``config.yaml`` (``graftzoo.training.models.build_policy`` with the pair's model spec) and
+from the run's ``config.yaml`` (``graftzoo.training.planner.build.build_policy`` with the pair's model spec) and
 the checkpoint's weights, and evaluated by ``graftzoo.eval.evaluate`` (the trainer's own
 evaluation goes through it too). Results are written in the ``graftzoo.eval.artifacts`` eval
 format, one file per model, by default in a folder of their own that names what was evaluated,
@@ -21,7 +21,7 @@ the step of the checkpoint evaluated), for a run directory and for an explicit c
 ``graftzoo eval`` never writes the trainer's final evaluation ``RUN/eval/<model>.json`` (what the
 report reads): ``--out`` naming ``RUN/eval`` is refused.
 
-Checkpoints are read safely (``graftzoo.training.checkpoint.load_weights``: ``torch.load(weights_only=True)``
+Checkpoints are read safely (``graftzoo.training.run.checkpoint.load_weights``: ``torch.load(weights_only=True)``
 after checking the manifest's size and sha256 of the model file): an explicitly given checkpoint that
 fails is an error naming the file; for a run directory, selection skips failing checkpoints with a
 warning (``graftzoo.training.selection``).
@@ -34,7 +34,7 @@ import re
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from graftzoo.training.checkpoint import checkpoint_step, load_weights
+from graftzoo.training.run.checkpoint import checkpoint_step, load_weights
 from graftzoo.contract.config import with_values
 from graftzoo.contract.output import wait
 from graftzoo.contract.errors import ConfigError, did_you_mean
@@ -43,8 +43,8 @@ from graftzoo.envs.task import HELDOUT, LOAD_ERRORS, Task
 from graftzoo.eval.artifacts import EVAL_DIR
 from graftzoo.training.eval_checkpoints import build_policies, load_run_config, resolve_target, trained_specs
 from graftzoo.eval.evaluate import check_writable, eval_request, evaluate_and_write
-from graftzoo.training.engine import fitting_prompts
-from graftzoo.training.models import make_eval_engine, prompt_limits
+from graftzoo.training.engines.engine import fitting_prompts
+from graftzoo.training.planner.build import make_eval_engine, prompt_limits
 from graftzoo.training.selection import select_checkpoints
 
 
@@ -89,7 +89,7 @@ def check_benchmarks(task: Task, names: Sequence[str], limit: Optional[int] = No
 def check_prompts_fit(cfg, task: Task, request: dict, models: Optional[Sequence[str]] = None) -> None:
     """Every model evaluated has, in every benchmark of ``request``, a prompt within its prompt budget (its context
     window less the response limit, at most ``rollout.max_prompt_tokens``: what ``evaluate_benchmarks`` keeps of a
-    benchmark, ``graftzoo.training.models.prompt_limits``); otherwise the whole request is refused before any model
+    benchmark, ``graftzoo.training.planner.build.prompt_limits``); otherwise the whole request is refused before any model
     is built, in one ``ConfigError`` line naming each benchmark with no such prompt (in ``score_benchmark``'s words)
     and the benchmarks that can be evaluated (the evaluation would stop at the first such benchmark, after scoring
     the ones before it)."""

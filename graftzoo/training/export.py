@@ -7,7 +7,7 @@ One folder per trained model, ``DIR/<model id, "/" -> "__">/`` (default ``DIR``:
 ``chat_template.jinja``, plus ``graftzoo_export.json`` (run, step, checkpoint, model id and spec, prompt template,
 the eval scores of that step when the run has them).
 
-- **Weights** come from the checkpoint through the loader ``graftzoo eval`` uses (``graftzoo.training.checkpoint.
+- **Weights** come from the checkpoint through the loader ``graftzoo eval`` uses (``graftzoo.training.run.checkpoint.
   load_weights``: manifest, size and sha256 checked; whole state dicts or a worker group's ``<model>.dcp/``
   shards) into a policy rebuilt from the run's config. A model trained with LoRA is saved merged, as a
   plain model (``Policy.merged_model``: a copy is merged; the policy is left as it is).
@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence
 
 from transformers import AutoTokenizer
 
-from graftzoo.training.checkpoint import (CheckpointError, check_weights, checkpoint_dir, checkpoint_step,
+from graftzoo.training.run.checkpoint import (CheckpointError, check_weights, checkpoint_dir, checkpoint_step,
                                       list_checkpoints, load_weights)
 from graftzoo.contract.errors import ConfigError
 from graftzoo.contract.names import model_slug

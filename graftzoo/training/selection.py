@@ -7,7 +7,7 @@
   raises ``SelectionError`` unless ``allow_test`` / ``eval.allow_test_selection`` says otherwise.
   Keep every checkpoint for such runs (``run.keep_checkpoints: 0``).
 
-A checkpoint that fails its check (``graftzoo.training.checkpoint.verify_checkpoint``: manifest, size and
+A checkpoint that fails its check (``graftzoo.training.run.checkpoint.verify_checkpoint``: manifest, size and
 sha256 of the evaluated models' files) is skipped with a warning naming it and the reason; the record
 lists it under ``skipped``. The run directory is not changed.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from graftzoo.contract.config import SELECT_RULES, RunConfig
-from graftzoo.training.checkpoint import CheckpointError, check_weights, checkpoint_step, list_checkpoints, load_weights
+from graftzoo.training.run.checkpoint import CheckpointError, check_weights, checkpoint_step, list_checkpoints, load_weights
 from graftzoo.envs.task import Task
 from graftzoo.eval.evaluate import fmt_score
 from graftzoo.eval.protocol import score_benchmark

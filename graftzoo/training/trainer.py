@@ -1,6 +1,6 @@
 """The trainer: the run around the step. One model, or a pair co-trained on the same prompt batches, each with its
 own learner, optimizer and tokenizer; the step itself (generate, score, theta_old, exchange, update, weight sync) is
-graftzoo.training.step, read top to bottom. Here: the run directory (its lock, identity, resume), the models and
+graftzoo.training.learning.step, read top to bottom. Here: the run directory (its lock, identity, resume), the models and
 learners built, the prompts that fit, the models' threads, evaluation, checkpoints, summaries and the mapping of a
 full disk to one error. It never branches on an algorithm's name.
 
@@ -30,30 +30,30 @@ import numpy as np
 import torch
 
 from graftzoo.algos.base import StepContext
-from graftzoo.training.ahead import Ahead, overlaps
-from graftzoo.training.checkpoint import load_checkpoint, one_line, save_checkpoint
+from graftzoo.training.learning.ahead import Ahead, overlaps
+from graftzoo.training.run.checkpoint import load_checkpoint, one_line, save_checkpoint
 from graftzoo.contract.config import LearnerFacts, RunConfig, as_dict, read_yaml, trained_ids, with_values
 from graftzoo.contract.errors import ConfigError, NonFiniteError
 from graftzoo.contract.layout import CONFIG, holds_run
-from graftzoo.training.preemption import Interrupted, StopRequest
-from graftzoo.training.rundir import (LOCK_FILE, STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
+from graftzoo.training.run.preemption import Interrupted, StopRequest
+from graftzoo.training.run.rundir import (LOCK_FILE, STORE, RunDirError, RunDirUsageError, RunLock, check_peer_path,
                                      default_run_name, keep_final_evaluation, move_aside, rerun_plan,
                                      name_note, resume_checkpoint)
 from graftzoo.envs.task import Task
 from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
 from graftzoo.eval.compute import ComputeMeter
-from graftzoo.training.engine import fitting_prompts
+from graftzoo.training.engines.engine import fitting_prompts
 from graftzoo.training.eval_runner import evaluating
-from graftzoo.training.models import InProcess, check_models, make_eval_engine, prompt_limits
-from graftzoo.training import placement
+from graftzoo.training.planner.build import InProcess, check_models, make_eval_engine, prompt_limits
+from graftzoo.training.planner import placement
 from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.contract.peer_sources import peer_source_kind, source_label
 from graftzoo.contract.registry import get_algo
-from graftzoo.training.sampler import PromptSampler
-from graftzoo.training.tracking import Tracker
-from graftzoo.training.step import StepState, train_step
+from graftzoo.training.learning.sampler import PromptSampler
+from graftzoo.training.run.tracking import Tracker
+from graftzoo.training.learning.step import StepState, train_step
 
 
 log = logging.getLogger("graftzoo")
@@ -314,7 +314,7 @@ class Trainer:
         # phase 1 also at once in this process where the models share a GPU, resident, generating through vLLM
         self.concurrent_collect = self.concurrent or placement.collect_at_once(cfg, self.model_ids)
         # rollout.max_staleness: the next batches collected during the update, in a thread of their own where every
-        # engine decodes apart from the training model and the models step in turn here (graftzoo.training.ahead)
+        # engine decodes apart from the training model and the models step in turn here (graftzoo.training.learning.ahead)
         k = int(cfg.rollout.max_staleness)
         overlap = overlaps(k, not self.concurrent, cfg.run.layout, all(e.decodes_apart for e in self.engines.values()),
                            any(lr.collect_reads_policy for lr in self.learners.values()))
@@ -322,7 +322,7 @@ class Trainer:
         # each model's phases synchronise its own device (a worker group's: its ranks measure, the driver holds CPU)
         self.meter = ComputeMeter(per_thread=self.concurrent_collect or overlap,
                                   devices={m: p.device for m, p in self.policies.items()})
-        # run.layout offload: one model's training state on the device at a time (graftzoo.training.placement)
+        # run.layout offload: one model's training state on the device at a time (graftzoo.training.planner.placement)
         self.residency = placement.Residency(self.policies, self.meter, cfg.run.layout == "offload")
         self.placement = placement.describe(cfg, self.policies)
         for line in placement.placement_lines(self.placement):
@@ -372,7 +372,7 @@ class Trainer:
         return {k: v["wall_s"] for k, v in phases.items()}
 
     def step_state(self) -> StepState:
-        """What a step reads (graftzoo.training.step.StepState), from this run."""
+        """What a step reads (graftzoo.training.learning.step.StepState), from this run."""
         return StepState(cfg=self.cfg, model_ids=self.model_ids, policies=self.policies, learners=self.learners,
                          engines=self.engines, sampler=self.sampler, peers=self.peers, task=self.task, ahead=self.ahead,
                          residency=self.residency, context=self.context, collect_each=self.collect_each,
@@ -380,14 +380,14 @@ class Trainer:
                          prompts_too_long=self.prompts_too_long)
 
     def train_step(self, step: int) -> dict:
-        """One step of every model (graftzoo.training.step); model id -> its metrics (``step_slots``: what each
+        """One step of every model (graftzoo.training.learning.step); model id -> its metrics (``step_slots``: what each
         trained on)."""
         result = train_step(self.step_state(), step)
         self.step_slots = result.slots
         return result.metrics
 
     def collect_each(self, ctxs: dict, phase: Callable, seed: bool = True, store: bool = True) -> dict:
-        """Phase 1 (``phase(ctx)``, graftzoo.training.step.rollouts) of every model, each model's groups written to
+        """Phase 1 (``phase(ctx)``, graftzoo.training.learning.step.rollouts) of every model, each model's groups written to
         the store (model order; not with ``store=False``, a collect ahead of its step). Model by model; or, with
         ``concurrent_collect``, the engines seeded in model order here, then every model's phase at once, its
         refills from the sampler in model order (``InTurn``), then the store's writes. ``seed``: the engines are

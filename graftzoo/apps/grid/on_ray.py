@@ -16,7 +16,7 @@ from graftzoo.contract.config import RaySection, RunConfig, trained_ids
 from graftzoo.apps.grid.model import Cell
 from graftzoo.apps.grid.run import run_cell_subprocess
 from graftzoo.distributed.cluster import connect, disconnect
-from graftzoo.training.placement import resolve_device
+from graftzoo.training.planner.placement import resolve_device
 
 
 def cell_resources(cfg: RunConfig) -> dict:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from graftzoo.apps.grid.model import Cell, Grid, GridError, cell_names, resolve_clips
-from graftzoo.training.checkpoint import checkpoint_step, latest_checkpoint
+from graftzoo.training.run.checkpoint import checkpoint_step, latest_checkpoint
 from graftzoo.api import train_run as train
 from graftzoo.contract.config import as_dict, read_yaml
 from graftzoo.envs.verify_worker import die_with_parent
@@ -34,7 +34,7 @@ from graftzoo.eval.report import COMPARABLE_KEYS, clip_fraction_table, log_table
 from graftzoo.training.eval_checkpoints import load_run_config, trained_specs
 from graftzoo.eval.evaluate import eval_request
 from graftzoo.training.eval_runner import evaluate_checkpoint
-from graftzoo.training.rundir import config_changes, flatten
+from graftzoo.training.run.rundir import config_changes, flatten
 
 logger = logging.getLogger("graftzoo")
 
@@ -73,7 +73,7 @@ def cell_status(cell: Cell, eval_options: Optional[dict]) -> str:
 
 def config_drift(cell: Cell) -> dict:
     """key -> (old, new): where a trained cell's stored config differs from what the grid would run now: the keys a
-    resume may not change (``graftzoo.training.rundir.config_changes``) and the ones a report compares
+    resume may not change (``graftzoo.training.run.rundir.config_changes``) and the ones a report compares
     (``COMPARABLE_KEYS``: run length, eval k and set)."""
     path = cell.run_dir / CONFIG
     if not path.is_file():
@@ -349,7 +349,7 @@ def log_report_to_wandb(grid: Grid, finished: list, table, runs: list, out: Path
     if cfg is None or not cfg.run.track:
         return None
     import wandb
-    from graftzoo.training.tracking import init_wandb   # imports torch: kept off the grid's import (--help)
+    from graftzoo.training.run.tracking import init_wandb   # imports torch: kept off the grid's import (--help)
     try:
         run = init_wandb(out, cfg, name=f"{grid.name}-report", job_type="report",
                          group=cfg.run.wandb_group or grid.name, tags=["report"],

@@ -22,12 +22,12 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask, flex_attention_mask
 
-from graftzoo.training import lora as lora_mod
+from graftzoo.training.models import lora as lora_mod
 from graftzoo.contract.batch import micro_split, pad_pairs
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.contract.types import Prompt
-from graftzoo.training.fsdp import full_model_state, load_full, load_sharded, save_sharded
-from graftzoo.training.loss import optimize
+from graftzoo.training.models.fsdp import full_model_state, load_full, load_sharded, save_sharded
+from graftzoo.training.models.loss import optimize
 from graftzoo.envs.templates import render_prompt
 
 log = logging.getLogger("graftzoo")
@@ -212,9 +212,9 @@ class ComputeWeights:
 
     Under ``bf16-mixed`` the parameters are float32 master weights. Inside this context every float32 parameter's
     ``.data`` is a bfloat16 copy (the "working copy", 2 bytes per parameter, which the plan counts in every phase
-    that runs a forward: graftzoo.training.memory ``working_copy_bytes``), so the whole forward computes in
+    that runs a forward: graftzoo.training.planner.memory ``working_copy_bytes``), so the whole forward computes in
     bfloat16: the residual stream, the attention inputs, the KV cache and the logits, as FSDP2's
-    ``MixedPrecisionPolicy(param_dtype=bf16)`` computes a sharded model (graftzoo.training.fsdp). Autocast over the
+    ``MixedPrecisionPolicy(param_dtype=bf16)`` computes a sharded model (graftzoo.training.models.fsdp). Autocast over the
     float32 weights would not: the residual stream, RoPE's keys and with them the KV cache stay float32, SDPA then
     has no bfloat16 kernel to pick for grouped-query attention, and autocast keeps a cached cast of every weight,
     also without gradients. Buffers (the rotary tables) keep their dtype.
@@ -297,7 +297,7 @@ def literal_backend(spec: str) -> Tokenizer:
 
 
 class Policy:
-    stop_strings: tuple = ()  # a rollout ends at the token that completes one (rollout.stop, graftzoo.training.models)
+    stop_strings: tuple = ()  # a rollout ends at the token that completes one (rollout.stop, graftzoo.training.planner.build)
 
     def __init__(self, model_id: str, model, tokenizer, template: str = "compact", optim=None,
                  temperature: float = 1.0, max_prompt_tokens: int = 2048, tokenizer_id: str | None = None):
@@ -317,7 +317,7 @@ class Policy:
         self.optimizer = None
         self.scheduler = None
         self.grad_clip = None
-        # a rank of a worker group whose parameters FSDP2 shards (graftzoo.training.fsdp): its state is saved and
+        # a rank of a worker group whose parameters FSDP2 shards (graftzoo.training.models.fsdp): its state is saved and
         # loaded through torch.distributed.checkpoint, every pass over the model is a collective of the group
         self.sharded = False
         self._gathered = None  # (version, whole weights on rank 0) of a sharded policy, see full_state_dict
@@ -408,7 +408,7 @@ class Policy:
 
     def update(self, ctx, learner, mbs: list, base_from_forward: bool, where: str) -> list:
         """Train on a step's minibatches, each given as its micro-batches, here, by the optimizer loop
-        (``graftzoo.training.loss.optimize``); returns per minibatch its parts, one per process that trained it
+        (``graftzoo.training.models.loss.optimize``); returns per minibatch its parts, one per process that trained it
         (here: one). A worker group's policy on the driver sends them to its ranks instead, each of which runs the
         same loop on its share."""
         return [[part] for part in optimize(ctx, self, learner, mbs, base_from_forward, where)]
@@ -545,7 +545,7 @@ class Policy:
                 and any(p.requires_grad for p in self.model.parameters())):
             raise RuntimeError(f"model {self.model_id!r}: a forward with gradients under bf16-mixed runs inside "
                                f"Policy.compute_weights(), which sums the gradients onto the float32 master weights "
-                               f"(graftzoo.training.loss.optimize enters it for each minibatch)")
+                               f"(graftzoo.training.models.loss.optimize enters it for each minibatch)")
         with weights:
             return self._logprobs(input_ids, attention_mask, resp_len, with_entropy, entropy_grad)
 
@@ -685,7 +685,7 @@ class Policy:
     # ---- state -----------------------------------------------------------------------------
     @property
     def lora(self) -> bool:
-        """Whether the model trains LoRA adapters only (``model.lora``; graftzoo.training.lora)."""
+        """Whether the model trains LoRA adapters only (``model.lora``; graftzoo.training.models.lora)."""
         return lora_mod.is_lora(self.model)
 
     def state_dict(self) -> dict:
@@ -736,7 +736,7 @@ class Policy:
                 value = _full(value).detach()
                 yield name, value.to(dtype) if dtype is not None else value
 
-    # ---- offload (run.layout offload, graftzoo.training.placement.Residency) ---------------------------------
+    # ---- offload (run.layout offload, graftzoo.training.planner.placement.Residency) ---------------------------------
     @property
     def offloaded(self) -> bool:
         """Whether the training state is in host memory (``offload``)."""
@@ -886,7 +886,7 @@ class Policy:
 
     def load_state_dict(self, state: dict, folder=None):
         """Restore ``state_dict()``'s state; a sharded checkpoint's (``{"sharded": dir, ...}``, written by a worker
-        group) is read from ``folder / dir`` through ``torch.distributed.checkpoint`` (graftzoo.training.fsdp)."""
+        group) is read from ``folder / dir`` through ``torch.distributed.checkpoint`` (graftzoo.training.models.fsdp)."""
         if state.get("sharded") or self.sharded:
             load_sharded(self, state, folder) if state.get("sharded") else load_full(self, state)
             return

@@ -20,7 +20,7 @@ each file's size and, by default, its sha256 (``hash_files=False`` checks sizes 
 read of every file, for very large checkpoints). ``prepare_resume`` removes the temp folders of
 killed saves and returns the newest checkpoint that passes; one that fails is renamed aside
 (``step_000020.corrupt``, never deleted) with a warning naming it and the reason (when none passes, the run
-directory refuses to resume: ``graftzoo.training.rundir.resume_checkpoint``). Every error about
+directory refuses to resume: ``graftzoo.training.run.rundir.resume_checkpoint``). Every error about
 a checkpoint is a ``CheckpointError`` whose one-line message names the file.
 
 A checkpoint of an older graftzoo (``trainer.pt`` without ``manifest.json``) holds pickled numpy
@@ -45,7 +45,7 @@ import torch
 
 from graftzoo.contract.layout import AHEAD_FILE, CHECKPOINTS, MANIFEST, TRAINER_FILE
 from graftzoo.contract.names import model_slug
-from graftzoo.training.fsdp import load_sharded
+from graftzoo.training.models.fsdp import load_sharded
 
 log = logging.getLogger("graftzoo")
 
@@ -410,7 +410,7 @@ def save_checkpoint(run_dir, step: int, policies: dict, learners: dict, extra: d
                     ahead: Optional[dict] = None) -> Path:
     """Write ``RUN/checkpoints/step_N`` atomically (manifest last, then one rename) and prune to ``keep``
     (0 = keep all). ``extra``: plain JSON data (string keys), returned by ``load_checkpoint``. ``ahead``: the
-    rollouts collected ahead of their steps (graftzoo.training.ahead, plain data), in a file of their own
+    rollouts collected ahead of their steps (graftzoo.training.learning.ahead, plain data), in a file of their own
     (``AHEAD_FILE``), returned as ``"ahead"``."""
     extra = dict(extra)
     _check_json(extra, "extra")

@@ -38,7 +38,7 @@ import torch
 from graftzoo.algos.functional import compatibility_score
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import RunConfig, as_dict
-from graftzoo.training.checkpoint import one_line
+from graftzoo.training.run.checkpoint import one_line
 
 METRICS = list(M.EVERY_RECORD)  # the fixed vocabulary (graftzoo.contract.metrics: names, units, meanings)
 

@@ -5,7 +5,7 @@ steps after t up to t + k that are not yet in; the weights reach an engine at st
 batches ahead are in. So the rollouts of step s are decoded by policy version max(0, s - k), always: the schedule
 is fixed by the step index, not by timing, and a seeded run repeats exactly. What runs ahead is a learner's
 ``collect`` (allocate, generate, score) of the step's own prompts, with the step's context and seeds; theta_old,
-advantages, the store, the peer exchange and the update wait for the step itself (graftzoo.training.step).
+advantages, the store, the peer exchange and the update wait for the step itself (graftzoo.training.learning.step).
 
 Where the generation runs: in a background thread of this process while the update runs (``overlap``) when every
 engine decodes apart from the training model (a vLLM engine core in a process of its own) and the models step in
@@ -48,7 +48,7 @@ def overlaps(k: int, models_in_process: bool, layout: str, engines_apart: bool, 
     """Whether the batches ahead are collected while the models update (module docstring): k >= 1, the models stepping
     in turn in the trainer's process, not the offload layout, every engine decoding in a process of its own and no
     learner's collect running the training model. The trainer asks it of the built run, ``graftzoo plan`` of the config
-    (graftzoo.training.memory)."""
+    (graftzoo.training.planner.memory)."""
     return k >= 1 and models_in_process and layout != "offload" and engines_apart and not collect_reads_policy
 
 

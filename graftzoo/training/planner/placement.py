@@ -28,8 +28,8 @@ from typing import Optional
 import torch
 
 from graftzoo.contract.config import ConfigError, ModelSpec, RunConfig, trained_ids, with_values
-from graftzoo.training import memory
-from graftzoo.training.models import device_of, resolve_device, usable_device
+from graftzoo.training.planner import memory
+from graftzoo.training.planner.build import device_of, resolve_device, usable_device
 
 log = logging.getLogger("graftzoo")
 

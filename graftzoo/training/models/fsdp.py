@@ -12,7 +12,7 @@ DCP reshards on load, so a checkpoint resumes on any number of ranks, or in one 
 process group).
 
 Loading a model onto a group without the whole model on any rank (``materialize``, used by
-``graftzoo.training.models.build_sharded_policy``): the model is built on the meta device, sharded, given empty
+``graftzoo.training.planner.build.build_sharded_policy``): the model is built on the meta device, sharded, given empty
 storage on its device (``to_empty``), and each rank reads only its rows of every tensor from the model's safetensors
 files (``safe_open(...).get_slice``), cast through the dtype the whole model would have been loaded in.
 """

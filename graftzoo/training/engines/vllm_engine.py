@@ -10,13 +10,13 @@ What it guarantees, and how:
   model's generation config); the rest of the model's ``generation_config`` is not applied. A policy with stop
   strings (``rollout.stop``) is the one exception: vLLM matches stop strings on text, so it then gets the policy's
   tokenizer (saved beside the config) to detokenize and end a sequence early; the rollout is still cut by
-  ``graftzoo.training.engine.stop_cut`` on the policy's own decoding, exactly as the HF engine cuts it.
+  ``graftzoo.training.engines.engine.stop_cut`` on the policy's own decoding, exactly as the HF engine cuts it.
 - **The engine's weights are the policy's weights.** vLLM starts from the model's config alone
   (``load_format="dummy"``) and ``sync_weights`` loads the training model's parameters at start-up and after every
   update (a LoRA policy's merged ones, ``W + scale * B @ A`` under the base model's names), one tensor at a time,
   whole (a sharded policy's gathered by ``full_tensor()``) and cast to the engine's dtype (``Policy.iter_weights``):
   in-process by reference (``reload_weights(weights_iterator=…)``); with the engine core in its own process
-  streamed over a loopback socket into the same in-place reload (graftzoo.training.weight_stream); no file is
+  streamed over a loopback socket into the same in-place reload (graftzoo.training.engines.weight_stream); no file is
   written either way. ``weight_sync: disk`` (a ``save_pretrained`` folder) stays as a fallback that says so when
   used. Then the prefix cache is reset. Every rollout carries the ``policy_version`` of the weights that decoded
   it; the trainer refuses to train own rollouts whose version is not the policy's (a missed sync).
@@ -40,13 +40,13 @@ What it guarantees, and how:
 - **Memory and shutdown.** ``rollout.vllm.kv_cache_gb`` bounds the KV cache (vLLM otherwise reserves most of the
   memory); ``sleep_level`` 1 / 2 frees the engine's GPU memory during the update (vLLM's sleep mode; GPU only);
   ``close`` shuts the engine core down (no engine process outlives a run that ends, fails or is interrupted).
-- **Out of the caller's process** (graftzoo.training.isolation). The engine's processes never run or import the
+- **Out of the caller's process** (graftzoo.training.engines.isolation). The engine's processes never run or import the
   caller's main module (any script may train: unguarded, ``python -m``, ``python -c``, a heredoc, a notebook); a
   start that fails in them names their own error; ``close`` removes the shared memory they made and puts back
   what the start set in ``os.environ`` (``VLLM_*``, ``LD_PRELOAD``, ``LOCAL_WORLD_SIZE``, ...).
 
 Settings (``rollout.vllm.*``, graftzoo.contract.config): dtype, kv_cache_gb, gpu_memory_utilization, enforce_eager,
-multiprocessing, weight_sync, sleep_level, max_num_seqs, prefix_caching, poll_sleep_us (graftzoo.training.vllm_poll:
+multiprocessing, weight_sync, sleep_level, max_num_seqs, prefix_caching, poll_sleep_us (graftzoo.training.engines.vllm_poll:
 how the engine's processes wait for their next message).
 """
 from __future__ import annotations
@@ -74,12 +74,12 @@ except ImportError:
     _FORCED_TOKENIZER_TYPES = None
 
 from graftzoo.contract.config import VLLM_INSTALL, VllmSection
-from graftzoo.training.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
-from graftzoo.training.guardian import descendants, guard, process_name, start_time
-from graftzoo.training.isolation import (OutputTail, hold_environment, main_left_out, note_environment,
+from graftzoo.training.engines.engine import Engine, EngineConfigError, EngineError, expand_requests, rollout_from_tokens
+from graftzoo.training.engines.guardian import descendants, guard, process_name, start_time
+from graftzoo.training.engines.isolation import (OutputTail, hold_environment, main_left_out, note_environment,
                                          recording_shared_memory, release_environment, release_shared_memory)
-from graftzoo.training.vllm_poll import poll_sleep_us, started_with
-from graftzoo.training.weight_stream import WeightReceiver, WeightServer
+from graftzoo.training.engines.vllm_poll import poll_sleep_us, started_with
+from graftzoo.training.engines.weight_stream import WeightReceiver, WeightServer
 
 _SET_NUM_THREADS = torch.set_num_threads
 log = logging.getLogger("graftzoo")
@@ -119,7 +119,7 @@ _IMPORT_ENV: dict = {}  # what importing vllm set in os.environ, when graftzoo i
 
 def _import_vllm(multiprocessing: bool):
     """``vllm`` with this process's settings: quiet, no usage reports, the engine core in-process unless asked. An
-    engine puts these and whatever vLLM sets back when it closes (graftzoo.training.isolation); so that the next
+    engine puts these and whatever vLLM sets back when it closes (graftzoo.training.engines.isolation); so that the next
     engine starts as the first did, the variables vLLM's import set (its ``env_override``:
     ``TORCHINDUCTOR_COMPILE_THREADS``, ...) are set again, and vLLM's cache of the environment, which an in-process
     engine core freezes, is dropped."""
@@ -246,7 +246,7 @@ class _Backend:
     def _start(self, seed: int):
         """Start vLLM's ``LLM`` for the policy. Whatever the start sets in ``os.environ`` is noted, to be put back at
         close; with the engine core in a process of its own, the processes vLLM starts never import the caller's
-        main module, and a failed start names what failed in them (graftzoo.training.isolation)."""
+        main module, and a failed start names what failed in them (graftzoo.training.engines.isolation)."""
         before = dict(os.environ)
         try:
             return self._start_llm(seed)
@@ -518,7 +518,7 @@ class VLLMEngine(Engine):
     def seed(self, seed: int) -> None:
         """Seed torch's generator (``Engine.seed``) and the engine's own, which each sequence's seed is then drawn
         from (the same values torch's would give): a generate running in a thread of its own
-        (graftzoo.training.ahead) draws the same seeds whatever the trainer's thread draws meanwhile."""
+        (graftzoo.training.learning.ahead) draws the same seeds whatever the trainer's thread draws meanwhile."""
         super().seed(seed)
         self._seeds = torch.Generator().manual_seed(int(seed))
 

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 from graftzoo.contract.config import RunConfig, as_dict, defaults, value_at
 from graftzoo.contract.peer_sources import peer_source_kind
-from graftzoo.training.ahead import overlaps
+from graftzoo.training.learning.ahead import overlaps
 
 log = logging.getLogger("graftzoo")
 
@@ -52,7 +52,7 @@ def _peer_source_ignores(key: Optional[str]):
 
 def _no_overlap(cfg: RunConfig) -> Optional[str]:
     """Why the batches ahead (``rollout.max_staleness`` >= 1) cannot be generated while the models update, from the
-    config alone (``graftzoo.training.ahead.overlaps``, the trainer's rule); None where they may. The learners'
+    config alone (``graftzoo.training.learning.ahead.overlaps``, the trainer's rule); None where they may. The learners'
     ``collect_reads_policy`` and ``multiprocessing: auto`` on GPUs are decided once the run is built: not said."""
     r = cfg.rollout
     mp = r.vllm.multiprocessing

@@ -33,7 +33,7 @@ import time
 from pathlib import Path, PurePath
 from typing import Iterable, Optional
 
-from graftzoo.training.checkpoint import CHECKPOINTS, list_checkpoints, prepare_resume, set_aside_checkpoints
+from graftzoo.training.run.checkpoint import CHECKPOINTS, list_checkpoints, prepare_resume, set_aside_checkpoints
 from graftzoo.contract.config import (FREE_TO_CHANGE, HOSTING_MODEL_KEYS, MAX_RUN_NAME, RunConfig, as_dict,
                                       defaults, read_yaml)
 from graftzoo.contract.layout import STORE

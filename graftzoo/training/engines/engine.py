@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from transformers.generation import TopKLogitsWarper, TopPLogitsWarper
 
-from graftzoo.training.policy import Policy, position_ids_from_mask
+from graftzoo.training.models.policy import Policy, position_ids_from_mask
 from graftzoo.contract.types import Group, Prompt, Rollout
 from graftzoo.envs.templates import render_prompt
 

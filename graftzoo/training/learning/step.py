@@ -1,4 +1,4 @@
-"""One training step, top to bottom (docs/architecture.md#one-training-step). With graftzoo.training.loss (the loss
+"""One training step, top to bottom (docs/architecture.md#one-training-step). With graftzoo.training.models.loss (the loss
 of a micro-batch) it is all of the learning path; the trainer around it holds the run (its directory and lock,
 resume, threads, evaluation, summaries).
 
@@ -6,7 +6,7 @@ resume, threads, evaluation, summaries).
                    through the training path (``theta_old_pass``), advantages; the store records the groups
     2. exchange    every learner with its peer source (all decisions under theta_old); rows for the loss
     3. update      per minibatch (``learner.schedule``): per micro-batch forward, loss and backward, then one
-                   optimizer step (``Policy.update`` runs ``graftzoo.training.loss.optimize`` where the model lives:
+                   optimizer step (``Policy.update`` runs ``graftzoo.training.models.loss.optimize`` where the model lives:
                    here, or on each rank of its worker group)
     4. sync        the engine decodes the next step with the updated weights
 
@@ -26,10 +26,10 @@ from typing import Any, Callable, Optional
 from graftzoo.contract import metrics as M
 from graftzoo.contract.errors import NonFiniteError
 from graftzoo.envs.task import UNVERIFIED
-from graftzoo.training import diagnostics
-from graftzoo.training.ahead import Collected, steps_ahead
-from graftzoo.training.engine import EngineError
-from graftzoo.training.loss import denominators, mean_metrics, minibatch_metrics, stale_metrics
+from graftzoo.training.learning import diagnostics
+from graftzoo.training.learning.ahead import Collected, steps_ahead
+from graftzoo.training.engines.engine import EngineError
+from graftzoo.training.models.loss import denominators, mean_metrics, minibatch_metrics, stale_metrics
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,8 @@ class StepState:
     sampler: Any                  # PromptSampler: the step's prompts and epoch
     peers: Any                    # the peer source (graftzoo.peers.sources), or None
     task: Any                     # envs.task.Task: its check of the verifier's undecided answers
-    ahead: Any                    # graftzoo.training.ahead.Ahead: batches collected ahead (rollout.max_staleness)
-    residency: Any                # graftzoo.training.placement.Residency: which model's state is on the device
+    ahead: Any                    # graftzoo.training.learning.ahead.Ahead: batches collected ahead (rollout.max_staleness)
+    residency: Any                # graftzoo.training.planner.placement.Residency: which model's state is on the device
     context: Callable             # (step, epoch, model id, model index) -> the model's StepContext
     collect_each: Callable        # phase 1 of every model (seeded engines, the store's records)
     each_model: Callable          # phase 3 of every model, one by one or at once
@@ -118,7 +118,7 @@ def train_step(run: StepState, step: int) -> StepResult:
 
 
 def collect_ahead(run, step: int, finished) -> Collected:
-    """Phase 1's collect (generate, score) of step ``step``'s prompts, run ahead of its turn (graftzoo.training.ahead):
+    """Phase 1's collect (generate, score) of step ``step``'s prompts, run ahead of its turn (graftzoo.training.learning.ahead):
     the step's sampler draws, contexts and engine seeds, as its own turn would make them; ``finished(m)`` once model
     ``m``'s groups are in."""
     run.sampler.start_step(step)
@@ -165,7 +165,7 @@ def theta_old_pass(policy, groups: list, source: str) -> tuple[list, Optional[fl
     are the behaviour policy's, not theta_old), each such rollout a copy carrying them as ``Rollout.theta_old``
     (given prefix tokens keep the engine's) and its ``staleness``, so the ratio base, the peer's l_P and the store's
     log-prob sums all read theta_old as the update computes it (``Rollout.old_logprobs``). It is the step's only
-    theta_old pass over these rows; the update adds none (graftzoo.training.loss)."""
+    theta_old pass over these rows; the update adds none (graftzoo.training.models.loss)."""
     rolls = [r for g in groups for r in g.rollouts
              if r.role == "own" and r.origin is None and len(r.token_ids) > r.prefix_len]
     if not rolls:

@@ -33,14 +33,14 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 from transformers.utils import logging as hf_logging
 
-from graftzoo.training import fsdp
-from graftzoo.training import lora as lora_mod
-from graftzoo.training.engine import HFEngine
-from graftzoo.training.policy import Policy, context_of
+from graftzoo.training.models import fsdp
+from graftzoo.training.models import lora as lora_mod
+from graftzoo.training.engines.engine import HFEngine
+from graftzoo.training.models.policy import Policy, context_of
 from graftzoo.contract.config import TINY_KEYS, ModelSpec, RunConfig, model_folder, trained_ids, with_values
 from graftzoo.contract.output import libraries_shown, wait
 from graftzoo.contract.errors import ConfigError
-from graftzoo.training.vllm_engine import VLLMEngine
+from graftzoo.training.engines.vllm_engine import VLLMEngine
 from graftzoo.envs.templates import resolve_stop, resolve_template
 from graftzoo.eval.evaluate import eval_top_p
 from graftzoo.tiny.build import TinyModelSpec, warmup_template
@@ -258,7 +258,7 @@ def build_policy(spec: ModelSpec, cfg: RunConfig, seed: int = 0, progress=None) 
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     lora = spec.lora
-    if lora is not None:  # only the adapters train (graftzoo.training.lora)
+    if lora is not None:  # only the adapters train (graftzoo.training.models.lora)
         model = lora_mod.wrap(model, lora.model_dump(), spec.key_of("lora"))
     model.to(usable_device(*device_of(spec))).train()
     pol = policy_of(spec, cfg, model, tok, tok_id, autocast, lora_mod.count_parameters(model))
@@ -493,7 +493,7 @@ def wants_ref(cfg: RunConfig) -> bool:
 def prompt_limits(spec: ModelSpec, cfg: RunConfig) -> tuple:
     """(tokenizer, template, prompt budget) of a pair.models entry, without building its model: the budget is the
     prompt tokens that leave room for the model's max_new_tokens in its context window, at most
-    ``rollout.max_prompt_tokens`` (graftzoo.training.engine.fitting_prompts)."""
+    ``rollout.max_prompt_tokens`` (graftzoo.training.engines.engine.fitting_prompts)."""
     tok, _ = load_tokenizer_of(spec)
     if spec.kind == "tiny":
         context = int(tiny_spec(spec).max_positions)

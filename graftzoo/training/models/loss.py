@@ -1,4 +1,4 @@
-"""The loss of one micro-batch, as the step (graftzoo.training.step) takes it: the forward pass, the ratio base
+"""The loss of one micro-batch, as the step (graftzoo.training.learning.step) takes it: the forward pass, the ratio base
 (theta_old), the learner's policy loss (a registered pure function, graftzoo.algos.losses), then, the same for
 every algorithm, the per-sequence weights, the aggregation (``algo.loss_agg``), the entropy bonus and the k3 KL,
 all divided by the policy term's one denominator (docs/algorithms.md#loss-aggregation,

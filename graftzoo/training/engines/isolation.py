@@ -43,7 +43,7 @@ from contextlib import contextmanager
 from multiprocessing import resource_tracker, shared_memory, spawn
 from typing import Mapping, Optional
 
-from graftzoo.training.guardian import end_processes, start_time
+from graftzoo.training.engines.guardian import end_processes, start_time
 
 SHM_ENV = "GRAFTZOO_VLLM_SHM_RECORD"  # the file an engine's processes write their ring buffers' names to
 

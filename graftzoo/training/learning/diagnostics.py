@@ -6,7 +6,7 @@ its rollout's correctness), never the algorithm's name.
 Per model and step (keys ``diag/*`` of ``metrics.jsonl``, absent when off):
 
 - ``grad_norm_own`` / ``grad_norm_peer`` / ``grad_share_peer``: the norms of the gradients of the learner's own loss
-  (``graftzoo.training.loss.micro_batch_loss``: the same loss, weights and denominators as the update) at theta_old over the step's whole
+  (``graftzoo.training.models.loss.micro_batch_loss``: the same loss, weights and denominators as the update) at theta_old over the step's whole
   batch, split into the own rows' part and the peer-source rows' part, and ``||g_peer|| / (||g_own|| + ||g_peer||)``
   (``grad_norm_split``).
 - ``peer_succ_logp_before`` / ``_after`` / ``_delta``: the learner's mean per-token log-prob of the admitted peer-source
@@ -32,7 +32,7 @@ import torch
 
 from graftzoo.contract import metrics as M
 from graftzoo.contract.batch import TrainBatch
-from graftzoo.training.loss import denominators, micro_batch_loss
+from graftzoo.training.models.loss import denominators, micro_batch_loss
 
 SOURCES = ("own", "peer")
 
@@ -46,8 +46,8 @@ def row_source(row) -> str:
 def split_by_source(ctx, learner, batch: TrainBatch, schedule: list, budget, device) -> dict:
     """The step's minibatches (``schedule``: row indices of each) cut into micro-batches of the own rows and of the
     peer-source rows with non-zero weight: ``{source: [(minibatch index, micro-batches)]}``. Every micro-batch carries
-    its whole minibatch's loss denominators (``graftzoo.training.loss.denominators``), as ``optim.max_tokens_per_micro`` micro-batches do,
-    so the gradients of the two parts add up to the minibatch's gradient (``graftzoo.training.loss.optimize``)."""
+    its whole minibatch's loss denominators (``graftzoo.training.models.loss.denominators``), as ``optim.max_tokens_per_micro`` micro-batches do,
+    so the gradients of the two parts add up to the minibatch's gradient (``graftzoo.training.models.loss.optimize``)."""
     out = {s: [] for s in SOURCES}
     for u, idx in enumerate(schedule):
         norm = denominators(ctx, learner, batch.minibatch(idx))

@@ -37,9 +37,9 @@ from typing import Optional
 from transformers import AutoConfig
 
 from graftzoo.contract.config import ConfigError, ModelSpec, RunConfig, trained_ids
-from graftzoo.training.ahead import overlaps
-from graftzoo.training.models import resolve_precision, tiny_spec, wants_ref
-from graftzoo.training import policy
+from graftzoo.training.learning.ahead import overlaps
+from graftzoo.training.planner.build import resolve_precision, tiny_spec, wants_ref
+from graftzoo.training.models import policy
 from graftzoo.tiny.build import tiny_config
 
 GIB = 1 << 30
@@ -58,7 +58,7 @@ LAYOUTS_ONE_GPU = ("resident", "offload")  # run.layout values for models sharin
 OFFLOAD_SWITCHES = 3  # times per step the offload layout makes each model active: phase 1, the exchange, the update
 KV_MIN_SEQUENCES = 1  # an engine's KV cache holds at least this many sequences at full length (vLLM's own minimum)
 # the phases during which the batches ahead (rollout.max_staleness) are generated: launched after the exchange, waited
-# for before each model's weight sync and at the step's end (graftzoo.training.step)
+# for before each model's weight sync and at the step's end (graftzoo.training.learning.step)
 AHEAD_PHASES = ("update", "sync")
 # host bytes of a rollout held as Python lists (graftzoo.contract.types.Rollout), per token: a response token's id (an
 # int object and its list slot, 28 + 8), log-prob (a float and its slot, 24 + 8) and its share of the decoded text,
@@ -186,7 +186,7 @@ def train_state_bytes(n: int, precision: str, shards: int, low: bool = True) -> 
 def ref_bytes(n: int, precision: str, low: bool, shards: int) -> float:
     """The frozen KL reference (``algo.beta_kl`` > 0): a copy of the trained model's parameters, in the compute
     dtype in one process (float32 under ``fp32``; bfloat16 under ``bf16-mixed``, which has no use for frozen
-    float32 masters: graftzoo.training.models ``ref_of``; 16-bit under ``model``), as trained when sharded."""
+    float32 masters: graftzoo.training.planner.build ``ref_of``; 16-bit under ``model``), as trained when sharded."""
     if shards == 1:
         return compute_bytes(precision, low) * n
     return state_per_param(precision, low)[0] * n / shards
@@ -383,13 +383,13 @@ def engine_in_own_process(cfg: RunConfig, shared_gpu: bool) -> bool:
     """Whether each vLLM engine of ``cfg`` runs its engine core in a process of its own:
     ``rollout.vllm.multiprocessing`` true, or ``auto`` where two models share a GPU (``shared_gpu``: one process
     would hold two engines there, and vLLM's sleep mode and memory accounting work for one engine per process;
-    graftzoo.training.placement resolves ``auto`` by this rule)."""
+    graftzoo.training.planner.placement resolves ``auto`` by this rule)."""
     mp = cfg.rollout.vllm.multiprocessing
     return cfg.rollout.engine == "vllm" and (mp is True or (mp == "auto" and shared_gpu))
 
 
 def ahead_overlap(cfg: RunConfig, shared_gpu: bool) -> bool:
-    """Whether the engines of ``cfg`` generate the batches ahead while the models update (graftzoo.training.ahead's
+    """Whether the engines of ``cfg`` generate the batches ahead while the models update (graftzoo.training.learning.ahead's
     ``overlap``; docs/scaling.md#asynchronous-rollouts): ``rollout.max_staleness`` >= 1, the models in the trainer's
     process (``run.backend`` inprocess: Ray worker groups take one call at a time), not ``run.layout`` offload, and
     every engine a vLLM engine core in a process of its own (``engine_in_own_process``). Otherwise the batches ahead
@@ -461,7 +461,7 @@ def rollout_host_bytes(m: ModelMemory) -> float:
 
 def ahead_host_bytes(m: ModelMemory) -> float:
     """The ``rollout.max_staleness`` batches of model ``m`` collected ahead of their steps and held in host memory
-    until then (graftzoo.training.ahead), beside the step's own batch: ``staleness`` x ``rollout_host_bytes``.
+    until then (graftzoo.training.learning.ahead), beside the step's own batch: ``staleness`` x ``rollout_host_bytes``.
     docs/scaling.md#asynchronous-rollouts."""
     return m.staleness * rollout_host_bytes(m)
 
@@ -660,7 +660,7 @@ def state_tensor_bytes(m: ModelMemory) -> list[int]:
 
 def movable_bytes(m: ModelMemory) -> float:
     """What the offload layout moves of model ``m``: its training state (``state_tensor_bytes``: the weights, buffers
-    and AdamW's state; graftzoo.training.policy's ``offload``; the KL reference stays on the GPU, gradients hold
+    and AdamW's state; graftzoo.training.models.policy's ``offload``; the KL reference stays on the GPU, gradients hold
     nothing between updates)."""
     return float(sum(state_tensor_bytes(m)))
 
