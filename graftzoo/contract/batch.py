@@ -1,7 +1,7 @@
 """Tensors for the update: a learner's TrainRows padded into minibatches (built where the model lives).
 
 Layout: [left-padded prompt | right-padded response], so every row's response occupies the last
-``R`` columns (``graftzoo.training.policy`` computes positions as ``cumsum(mask) - 1``).
+``R`` columns (``graftzoo.training.models.policy`` computes positions as ``cumsum(mask) - 1``).
 """
 from __future__ import annotations
 
@@ -76,13 +76,13 @@ class MiniBatch(ByRole):
     given_old: torch.Tensor         # [B] bool: old_logp is a given ratio base, not theta_old
     rows: list
     # a micro-batch's share of its minibatch: the denominators of the minibatch's aggregated loss terms
-    # (graftzoo.training.loss.denominators), so that the micro-batch losses add up to the minibatch loss; None for a whole minibatch
+    # (graftzoo.training.models.loss.denominators), so that the micro-batch losses add up to the minibatch loss; None for a whole minibatch
     norm: Optional[dict] = None
     # the loss's factor: 0 for the stand-in pass of a worker rank holding fewer micro-batches than the others
     # (it runs the forward and backward the group's collectives need, and adds nothing)
     scale: float = 1.0
     # rows decoded by an older policy than theta_old (rollout.max_staleness): [B, R] their behaviour log-probs and [B]
-    # bool which rows they are (graftzoo.training.loss weighs their tokens); None when the minibatch has none
+    # bool which rows they are (graftzoo.training.models.loss weighs their tokens); None when the minibatch has none
     behaviour_logp: Optional[torch.Tensor] = None
     stale: Optional[torch.Tensor] = None
 
@@ -114,7 +114,7 @@ class TrainBatch:
 
     def micro_batches(self, idx, budget, norms: Optional[Callable[[MiniBatch], dict]] = None) -> list:
         """The minibatch of rows ``idx`` as micro-batches of at most ``budget`` padded tokens (``micro_split``), each
-        carrying ``norms(minibatch)``: the whole minibatch's loss denominators (graftzoo.training.loss), so that their
+        carrying ``norms(minibatch)``: the whole minibatch's loss denominators (graftzoo.training.models.loss), so that their
         losses add up to the minibatch's. The minibatch itself when it fits."""
         whole = self.minibatch(idx)
         groups = micro_split([len(self.rows[i].prompt_ids) + len(self.rows[i].response_ids) for i in idx], budget)

@@ -65,7 +65,7 @@ MAX_WAIT_S = 7 * 24 * 3600.0  # timeouts, in seconds
 MAX_RUN_NAME = 200            # characters; RUN.replaced-<time> must still fit a file name (255)
 
 # keys that do not change what a run trains (the others are its trajectory keys): a resume may change them
-# (graftzoo.training.rundir), a report does not count them as a setting its rows differ in (graftzoo.eval.report)
+# (graftzoo.training.run.rundir), a report does not count them as a setting its rows differ in (graftzoo.eval.report)
 FREE_TO_CHANGE = (
     "run.name", "run.out_dir", "run.steps", "run.epochs", "run.save_every", "run.keep_checkpoints",
     "run.eval_every", "run.eval_at_start", "run.eval_at_end", "run.track", "run.wandb_*", "run.tags", "tracking.*",
@@ -1117,7 +1117,7 @@ def looks_like_folder(src: str) -> bool:
 def model_folder(spec: ModelSpec) -> Optional[str]:
     """The local folder a ``kind: hf`` model loads from (its ``path``, or an ``id`` that is a folder), checked with
     the file system only: it holds a ``config.json``, weights and tokenizer files; None for a hub id (resolved in the
-    Hugging Face cache or on the hub by ``graftzoo.training.models.check_hf_model``). Anything else is one
+    Hugging Face cache or on the hub by ``graftzoo.training.planner.build.check_hf_model``). Anything else is one
     ``ConfigError`` naming the model and what is wrong (docs/guide.md#bring-your-own-model)."""
     mid = spec.id
     src = str(spec.path or mid)
@@ -1137,7 +1137,7 @@ def model_folder(spec: ModelSpec) -> Optional[str]:
 
 def check_model_folders(cfg: RunConfig) -> None:
     """``model_folder`` of every trained ``kind: hf`` model: what ``graftzoo train`` checks of the models before it
-    imports torch (the hub ids are resolved later, by ``graftzoo.training.models.check_models``)."""
+    imports torch (the hub ids are resolved later, by ``graftzoo.training.planner.build.check_models``)."""
     train = trained_ids(cfg)
     for spec in cfg.pair.models:
         if spec.kind == "hf" and spec.id in train:

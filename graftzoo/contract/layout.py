@@ -1,5 +1,5 @@
-"""A run directory's file names, in one light module: the trainer writes them (graftzoo.training.checkpoint,
-graftzoo.training.rundir), the reports read them (graftzoo.eval.artifacts), and the command line checks them before
+"""A run directory's file names, in one light module: the trainer writes them (graftzoo.training.run.checkpoint,
+graftzoo.training.run.rundir), the reports read them (graftzoo.eval.artifacts), and the command line checks them before
 it imports torch (graftzoo.apps.checks). docs/guide.md#run-directories describes the layout."""
 from pathlib import Path
 
