@@ -122,9 +122,10 @@ PRESENT = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hu
 # tests/test_gpu_check.py holds them to PRESENT, WHEELS and these
 IMAGE_ALSO = ("PIL", "accelerate", "anyio", "filelock", "fsspec", "google", "h11", "huggingface_hub", "idna", "jinja2",
               "markupsafe", "mpmath", "packaging", "psutil", "regex", "sentencepiece", "tqdm")
-# imported here only by this machine's own versions of torch and huggingface_hub, each optionally (torchgen ships
-# inside torch's wheel, cython_runtime is a compiled extension's)
-OPTIONAL_HERE = ("cython_runtime", "dill", "httpcore2", "httpx2", "sniffio", "torchgen", "truststore")
+# imported here only by this machine's own versions of torch, huggingface_hub and pandas, each optionally (torchgen
+# ships inside torch's wheel, cython_runtime is a compiled extension's; pandas takes pytz where installed: the tasks
+# extra's reasoning-gym brings it)
+OPTIONAL_HERE = ("cython_runtime", "dill", "httpcore2", "httpx2", "pytz", "sniffio", "torchgen", "truststore")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 MEMORY_TOLERANCE = 0.25  # a phase's measured peak within +-25 % of plan's estimate

@@ -129,7 +129,8 @@ def test_a_call_out_of_its_own_time_is_a_timeout_not_unverified(monkeypatch):
     env.verifier_timeout = 0.5
     rollout = Rollout(prompt_id="p0", model_id="m", policy_version=0, text=HUNG[0])
     groups = env.score_groups([Group(prompt=env.dataset[0], model_id="m", rollouts=[rollout])])
-    assert rollout.status == "timeout" and not rollout.correct
+    (scored,) = groups[0].rollouts
+    assert scored.status == "timeout" and not scored.correct
     met = outcome_metrics(groups)
     assert met[M.VERIFIER_TIMEOUTS] == 1 and met[M.VERIFIER_UNVERIFIED] == 0
 

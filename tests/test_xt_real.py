@@ -77,8 +77,7 @@ def exchange(mini, learner, group, *overrides):
                       rng=random.Random(0))
     wrong = [rollout_from_tokens(pol, pol.encode_prompt(PROMPT), [], says(pol, f"12+34={40 + i}"), [-1.0] * 9, 0)
              for i in range(4)]
-    own = Group(PROMPT, learner, wrong, [0.0] * 4)
-    mini.env.score_groups([own])
+    own = replace(mini.env.score_groups([Group(PROMPT, learner, wrong)])[0], advantages=[0.0] * 4)
     algo = GRAFT(cfg.algo, LearnerFacts.of(cfg))
     slots = algo.exchange(ctx, [own], {PROMPT.id: group})
     batch = algo.build_batch(ctx, slots)
