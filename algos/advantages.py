@@ -12,11 +12,11 @@ of its own, as ExTra adds its novelty scores) and returns the groups with the es
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from graftzoo.algos.functional import group_advantages, rloo_advantages
+from graftzoo.contract.registry import FunctionRegistry
 
 
 @dataclass(frozen=True)
@@ -29,28 +29,10 @@ class AdvantageInputs:
     extra: dict = field(default_factory=dict)   # name -> [N] tensor a learner adds (ExTra: "novelty", "ema")
 
 
-ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {}
-
-
-def register_estimator(name: str):
-    """Function decorator registering an advantage estimator under ``name``; a second function under a taken name is
-    an error naming both."""
-
-    def deco(fn):
-        old = ESTIMATORS.get(name)
-        if old is not None and old is not fn:
-            raise ValueError(f"advantage estimator name clash: {name!r} from {fn.__module__} is already registered "
-                             f"by {old.__module__}")
-        ESTIMATORS[name] = fn
-        return fn
-
-    return deco
-
-
-def get_estimator(name: str) -> Callable[..., torch.Tensor]:
-    if name not in ESTIMATORS:
-        raise KeyError(f"unknown advantage estimator {name!r}; registered: {sorted(ESTIMATORS)}")
-    return ESTIMATORS[name]
+ESTIMATORS = FunctionRegistry("advantage estimator")
+register_estimator = ESTIMATORS.register
+"""``@register_estimator(name)``: register a advantage estimator under ``name`` (a taken name is an error naming both)."""
+get_estimator = ESTIMATORS.lookup
 
 
 @register_estimator("grpo")

@@ -13,12 +13,13 @@ docs/algorithms.md#kl-and-entropy). ``cfg`` is the learner's ``algo.*`` section 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from graftzoo.algos.functional import clipped_surrogate
 from graftzoo.contract.batch import ByRole
+from graftzoo.contract.registry import FunctionRegistry
 
 
 @dataclass(frozen=True)
@@ -59,28 +60,10 @@ class PolicyLoss:
         return cls(token_loss, info["ratio"], info["clipped_low"], info["clipped_high"], info["dual_clipped"], **kw)
 
 
-LOSSES: dict[str, Callable[..., PolicyLoss]] = {}
-
-
-def register_loss(name: str):
-    """Function decorator registering a policy loss under ``name``; a second function under a taken name is an
-    error naming both."""
-
-    def deco(fn):
-        old = LOSSES.get(name)
-        if old is not None and old is not fn:
-            raise ValueError(f"policy loss name clash: {name!r} from {fn.__module__} is already registered by "
-                             f"{old.__module__}")
-        LOSSES[name] = fn
-        return fn
-
-    return deco
-
-
-def get_loss(name: str) -> Callable[..., PolicyLoss]:
-    if name not in LOSSES:
-        raise KeyError(f"unknown policy loss {name!r}; registered: {sorted(LOSSES)}")
-    return LOSSES[name]
+LOSSES = FunctionRegistry("policy loss")
+register_loss = LOSSES.register
+"""``@register_loss(name)``: register a policy loss under ``name`` (a taken name is an error naming both)."""
+get_loss = LOSSES.lookup
 
 
 @register_loss("clipped")

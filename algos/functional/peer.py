@@ -5,14 +5,13 @@ docs/algorithms.md#peer-exchange). GRAFT's, HACPO's and SGT's own formulas are i
 """
 from __future__ import annotations
 
-import math
 import random
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from .core import _as_float, group_advantages, group_stats
+from .core import _as_float, group_advantages
 
 WEIGHT_MODES = ("min_s_1", "one")
 

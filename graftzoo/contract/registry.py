@@ -56,6 +56,31 @@ _LOADED = False
 _current_source: str | None = None
 
 
+class FunctionRegistry(dict):
+    """Pure functions registered by name (policy losses, advantage estimators): ``register(name)`` is the function
+    decorator, a second function under a taken name is an error naming both; ``lookup(name)`` the function, an
+    unknown name a ``KeyError`` listing the registered ones."""
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def register(self, name: str):
+        def deco(fn):
+            old = self.get(name)
+            if old is not None and old is not fn:
+                raise ValueError(f"{self.what} name clash: {name!r} from {fn.__module__} is already registered by "
+                                 f"{old.__module__}")
+            self[name] = fn
+            return fn
+        return deco
+
+    def lookup(self, name: str):
+        if name not in self:
+            raise KeyError(f"unknown {self.what} {name!r}; registered: {sorted(self)}")
+        return self[name]
+
+
 def register_algo(name: str):
     """Class decorator registering a Learner subclass under ``name``."""
 
