@@ -30,7 +30,7 @@ from graftzoo.contract.batch import TrainBatch
 from graftzoo.algos.config import LearnerConfig
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.types import Group, Rollout, TrainRow
-from graftzoo.peers.xt import localize_groups
+from graftzoo.peers.xt import Carried, localize_groups
 
 
 # ------------------------------------------------------------------------------------------------
@@ -53,6 +53,7 @@ class StepContext:
         self.model_index = model_index
         self.update = 0
         self.metrics: dict = {}
+        self.carried = Carried()  # what this step's localize calls re-tokenized (xt/*)
         self.n = run.n
         self.max_response = int(getattr(engine, "max_new_tokens", run.max_new_tokens))
 
@@ -101,8 +102,9 @@ class StepContext:
         """
         rescore = None if self.env is None else self.env.score_batch
         with self.phase("logprob"):
-            out, stats = localize_groups(self.policy, groups, self.run, rescore=rescore)
-        for k, v in stats.items():
+            out, carried = localize_groups(self.policy, groups, self.run, rescore=rescore)
+        self.carried = self.carried + carried  # the step's xt/* cover every call (a population's choice scores first)
+        for k, v in self.carried.stats().items():
             self.log(k, v)
         return out
 

@@ -5,6 +5,7 @@ group augmentation SGT and GRAFT's `select: sgt_rescue` share (docs/algorithms.m
 from __future__ import annotations
 
 import statistics
+from typing import Optional
 
 import torch
 
@@ -29,6 +30,26 @@ class PeerLearner(Learner):
         return list(loss_mask)
 
 
+def peer_groups(peer) -> dict:
+    """What a learner's ``exchange`` is handed, as {peer model id: {prompt id: Group}} in population order (the
+    step hands it so; docs/algorithms.md#populations). A plain {prompt id: Group} is one peer's groups, named by
+    their model; None stays None (no peer source)."""
+    if not peer:
+        return peer
+    first = next(iter(peer.values()))
+    return {first.model_id: dict(peer)} if isinstance(first, Group) else dict(peer)
+
+
+def pooled_group(groups: list) -> Optional[Group]:
+    """The groups several peers gave one prompt as one group (their responses and advantages in population order;
+    SGT's union of the peers' successes, docs/algorithms.md#populations); None without any."""
+    groups = [g for g in groups if g is not None]
+    if len(groups) <= 1:
+        return groups[0] if groups else None
+    return Group(groups[0].prompt, groups[0].model_id, [r for g in groups for r in g.rollouts],
+                 [a for g in groups for a in (g.advantages or [0.0] * g.n)], "peer")
+
+
 def require_peer(name: str, run: LearnerFacts, peer=()):
     """The error for a peer-exchange learner that meets no peer at exchange time (``peer`` None); a run
     config without a peer source is refused at load (``needs_peer``, graftzoo.contract.config)."""
@@ -43,6 +64,30 @@ def log_compatibility(ctx: StepContext, rollouts):
         s = compatibility_score(torch.tensor([r.mean_logp for r in rollouts], dtype=torch.float64),
                                 torch.tensor([r.origin.mean_logp for r in rollouts], dtype=torch.float64))
         log_s_stats(ctx, s.tolist())
+
+
+def log_by_peer(ctx: StepContext, peers: dict, admitted: list, rescued: Optional[list] = None):
+    """With two or more peers (docs/algorithms.md#populations): the admitted peer responses by the model that
+    generated them (``peer/admitted/<P>``) and, given ``rescued`` (the localized peer groups that took or joined an
+    own slot), the own groups each peer's responses reached (``peer/rescued_groups/<P>``)."""
+    if not peers or len(peers) < 2:
+        return
+    for p in peers:
+        ctx.log(M.PEER_ADMITTED_FROM.of(peer=p), sum(1 for r in admitted if r.origin is not None and r.origin.model_id == p))
+        if rescued is not None:
+            ctx.log(M.PEER_RESCUED_FROM.of(peer=p), sum(1 for g in rescued
+                                                        if any(r.origin is not None and r.origin.model_id == p for r in g.rollouts)))
+
+
+def group_compatibility(g: Group) -> Optional[float]:
+    """The mean compatibility ``s = exp(l_L - l_P)`` under theta_old of a localized peer group's carried responses
+    (``peer_choice: compatible``, docs/algorithms.md#populations); None when none was carried."""
+    kept = [r for r in g.rollouts if not r.dropped]
+    if not kept:
+        return None
+    s = compatibility_score(torch.tensor([r.mean_logp for r in kept], dtype=torch.float64),
+                            torch.tensor([r.origin.mean_logp for r in kept], dtype=torch.float64))
+    return float(s.mean())
 
 
 def log_s_stats(ctx: StepContext, s: list):

@@ -52,8 +52,8 @@ half-written file. Scores are fractions in [0, 1]; tables show them x100.
          "peer_source": "live", "rollout_n": 8, "status": "done",
          "compute": <ComputeMeter.summary()>, "peer_run_compute": null}
 
-    ``peers[m]`` is the model whose rollouts ``m`` learned from, or null for single-model
-    methods (these are the baselines of the report). ``peer_source`` is "live" (co-trained),
+    ``peers[m]`` is the model whose rollouts ``m`` learned from (the list of them in a population), or null for
+    single-model methods (these are the baselines of the report). ``peer_source`` is "live" (co-trained),
     "stored" (peer logs of an earlier run), "mixed" (live with stored fallback), a plugin source's name, or null.
     ``rollout_n`` is the rollout budget: rollouts per prompt per model. ``compute`` is ``graftzoo.eval.compute.ComputeMeter.summary()``;
     ``peer_run_compute`` (stored/mixed mode, optional) is the original peer run's compute total
@@ -153,10 +153,11 @@ def validate_summary(payload: Mapping, where: str) -> None:
     peers = payload.get("peers")
     if not isinstance(peers, Mapping) or set(peers) != set(models):
         raise ArtifactError(f"{where}: key 'peers' must map every model in 'models' to a peer "
-                            f"model id or null (models={models})")
+                            f"model id, a list of them (a population) or null (models={models})")
     for m, p in peers.items():
-        if p is not None and not isinstance(p, str):
-            raise ArtifactError(f"{where}: peers.{m} must be a model id or null")
+        if p is not None and not isinstance(p, str) and not (
+                isinstance(p, list) and p and all(isinstance(x, str) for x in p)):
+            raise ArtifactError(f"{where}: peers.{m} must be a model id, a list of model ids or null")
     if payload.get("status") not in STATUSES:
         raise ArtifactError(f"{where}: key 'status' must be one of {STATUSES}, "
                             f"got {payload.get('status')!r}")
@@ -281,7 +282,8 @@ class RunRecord:
 
     @property
     def peers(self) -> dict:
-        return self.summary["peers"]
+        """model -> its peer (None for none); a population's several peers as one label, ``A + B``."""
+        return {m: " + ".join(p) if isinstance(p, list) else p for m, p in self.summary["peers"].items()}
 
     @property
     def rollout_n(self) -> int:

@@ -196,7 +196,10 @@ def joint_charge(summary: Mapping, exclude=("eval",)) -> dict:
             out[m] = {"charged": own, "amortized": None, "rule": "own"}
             continue
         live = pays_for_peer(source)  # the source's registered kind (graftzoo.contract.peer_sources)
-        charged = _add(own, model_total(compute, peer, exclude)) if live else own
+        charged = own
+        if live:  # the whole joint run: every live peer of a population too (docs/algorithms.md#populations)
+            for p in ([peer] if isinstance(peer, str) else peer):
+                charged = _add(charged, model_total(compute, p, exclude))
         out[m] = {"charged": charged, "amortized": None if extra is None else _add(charged, extra),
                   "rule": "joint" if live else "stored"}
     return out

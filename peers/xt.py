@@ -136,7 +136,8 @@ def check_verdicts(done: list, rescore: Optional[Callable]) -> tuple[list, set]:
 
 
 def localize_groups(policy, groups: list, run: LearnerFacts, rescore: Optional[Callable] = None):
-    """Localize every rollout of ``groups`` for ``policy``; returns (groups, stats).
+    """Localize every rollout of ``groups`` for ``policy``; returns (groups, ``Carried``: what it re-tokenized, for
+    the step's ``xt/*`` statistics).
 
     A rollout already in the learner's model and tokenizer keeps its ids and log-probs (it only takes
     the role "peer"); every other one is re-tokenized (``localize_rollout``), verified again where its text changed
@@ -172,10 +173,30 @@ def localize_groups(policy, groups: list, run: LearnerFacts, rescore: Optional[C
         done[k] = (*done[k][:2], lr, done[k][3])
     for (gi, j), (_, _, lr, _) in zip(where, done):
         out[gi].rollouts[j] = lr
-    stats = xt_stats(done, held)
-    if same_tok:
-        stats[M.XT_ID_MISMATCH_RATE] = mismatch / same_tok
-    return out, stats
+    return out, Carried(done, list(held), same_tok, mismatch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """What localize calls re-tokenized (``localize_groups``), added up over a learner's step: (prompt, peer
+    rollout, localized rollout, lossy reason) of each response, whether each carried response kept its verdict,
+    and of the responses already in the learner's tokenizer, how many and how many re-encode to other ids."""
+
+    done: list = dataclasses.field(default_factory=list)
+    held: list = dataclasses.field(default_factory=list)
+    same_tok: int = 0
+    mismatch: int = 0
+
+    def __add__(self, other: "Carried") -> "Carried":
+        return Carried(self.done + other.done, self.held + other.held, self.same_tok + other.same_tok,
+                       self.mismatch + other.mismatch)
+
+    def stats(self) -> dict:
+        """The ``xt/*`` metrics of everything carried (``xt_stats``)."""
+        stats = xt_stats(self.done, self.held)
+        if self.same_tok:
+            stats[M.XT_ID_MISMATCH_RATE] = self.mismatch / self.same_tok
+        return stats
 
 
 def xt_stats(done: list, held: list) -> dict:

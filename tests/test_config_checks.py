@@ -417,7 +417,7 @@ def test_the_messages_say_why():
         micro("grpo", "run.steps=[1,2")
     with pytest.raises(ConfigError, match=r"'peer.path' is required with peer.source=stored"):
         micro("graft", "peer.source=stored")
-    with pytest.raises(ConfigError, match=r"'peer.source' = online co-trains two models, but 1 are trained"):
+    with pytest.raises(ConfigError, match=r"'peer.source' = online co-trains two or more models, but 1 is trained"):
         micro("graft", "peer.source=online", "pair.train=[micro-qwen-char]")
 
 

@@ -90,9 +90,9 @@ def test_complementarity_lives_in_diagnostics():
     assert not hasattr(trainer, "complementarity")
     own = [_group("a", [0, 0]), _group("b", [0, 0]), _group("c", [1, 0]), _group("d", [0, 0])]
     peer = {"a": _group("a", [1, 1]), "b": _group("b", [1, 0]), "c": _group("c", [0, 0])}
-    out = diagnostics.complementarity(own, peer)
+    out = diagnostics.complementarity(own, {"B": peer})
     assert out == {M.PEER_SOLVED_ALL_FAIL_FRAC: 2 / 3, M.PEER_MIXED_ON_ALL_FAIL_FRAC: 1 / 3,
                    M.PEER_ALL_FAIL_COUNT: 3}
-    assert diagnostics.complementarity([own[2]], peer) == {M.PEER_SOLVED_ALL_FAIL_FRAC: None,
+    assert diagnostics.complementarity([own[2]], {"B": peer}) == {M.PEER_SOLVED_ALL_FAIL_FRAC: None,
                                                            M.PEER_MIXED_ON_ALL_FAIL_FRAC: None,
                                                            M.PEER_ALL_FAIL_COUNT: 0}

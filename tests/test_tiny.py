@@ -157,7 +157,7 @@ def test_spec_from_config_dict_checks_keys():
     with pytest.raises(ValueError, match="stepz"):
         TinyModelSpec.from_dict({**d, "warmup": {"stepz": 5}})
     with pytest.raises(ValueError, match="family"):
-        TinyModelSpec.from_dict({**d, "family": "llama"})
+        TinyModelSpec.from_dict({**d, "family": "mamba"})
 
 
 def test_then_continues_the_first_phase_checkpoint(tmp_path):

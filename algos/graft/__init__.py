@@ -31,6 +31,10 @@ Per step, for each learner (all decisions under theta_old, before any update):
 
 ``xt.append_eos_if_stopped`` and ``xt.overflow`` (docs/algorithms.md#graft-edge-cases) and ``xt.lossy``
 (docs/algorithms.md#exchange-rules-for-real-vocabularies) act inside ``ctx.localize``.
+
+In a population (two or more peers, docs/algorithms.md#populations) each all-fail prompt takes one informative peer
+group, the one ``peer_choice`` picks (``compatible``: the highest mean compatibility under theta_old); the grafted
+groups of all peers together go last.
 """
 from __future__ import annotations
 
@@ -70,6 +74,9 @@ class GRAFTConfig(LearnerConfig):
     peer_minibatches: Literal["replace_slots", "separate"] = key("replace_slots", "grafted groups in slots | apart")
     renorm_adv_after_gate: bool = key(False, "recompute advantages over the admitted responses")
     k_inj: Int = key(1, "select=sgt_rescue: SGT's k_inj, peer successes per rescued prompt, at most", ge=1, le=MAX_N)
+    peer_choice: Literal["compatible", "informative", "random"] = key(
+        "compatible", "a population (two or more peers): which informative peer group an all-fail prompt takes: the "
+                      "highest mean compatibility s | the largest p(1-p) | at random (docs/algorithms.md#populations)")
 
     def group_needed(self, run: LearnerFacts) -> Optional[str]:
         """A stored peer's groups may be larger and keep their advantages; an online peer samples as the learner.

@@ -39,6 +39,37 @@ def graft_candidates(learner_correct: Sequence[int], peer_correct: Sequence[Opti
     return out
 
 
+PEER_CHOICES = ("compatible", "informative", "random")
+
+
+def choose_peer(peer_correct: Sequence[Optional[int]], G_peer: Sequence[int], s_mean: Sequence[Optional[float]],
+                rule: str, rng: random.Random, mixed_only: bool = True) -> Optional[int]:
+    """Which peer's group a learner of a population grafts on one candidate prompt (docs/algorithms.md#populations,
+    ``algo.peer_choice``). Eligible: the peers whose group is informative, ``0 < c_P < G_P`` (``mixed_only=False``:
+    any group with a success, ``c_P > 0``); ``peer_correct[j] = None`` means peer ``j`` has no group.
+    ``compatible``: the eligible group with the highest mean compatibility ``s_mean[j]`` (None, nothing scored,
+    ranks last); ``informative``: the largest ``p(1 - p)``, ``p = c_P/G_P``; ties of both go to the lower index.
+    ``random``: uniform among the eligible, one draw of ``rng`` (none with a single eligible peer).
+    Returns the peer's index, None when no peer is eligible.
+
+    Worked example: ``G = 4``, peers A (c = 2, s = 0.91), B (c = 1, s = 0.97), C (c = 4, all success):
+    ``compatible`` -> B (1), ``informative`` -> A (0: 0.25 > 0.1875), C is never chosen."""
+    if rule not in PEER_CHOICES:
+        raise ValueError(f"choose_peer: rule={rule!r}; expected one of {PEER_CHOICES}")
+    _check_lengths("choose_peer", peer_correct=peer_correct, G_peer=G_peer, s_mean=s_mean)
+    ok = [j for j, (c, G) in enumerate(zip(peer_correct, G_peer))
+          if c is not None and (0 < c < G if mixed_only else 0 < c <= G)]
+    if len(ok) <= 1:
+        return ok[0] if ok else None
+    if rule == "random":
+        return ok[rng.randrange(len(ok))]
+    if rule == "informative":
+        key = [round((c / G) * (1 - c / G), 12) for c, G in ((peer_correct[j], G_peer[j]) for j in ok)]
+    else:
+        key = [-math.inf if s_mean[j] is None else float(s_mean[j]) for j in ok]
+    return ok[max(range(len(ok)), key=lambda i: (key[i], -i))]
+
+
 def graft_cap(batch_size: int, max_peer_frac: float = 0.25) -> int:
     """Balanced-exchange cap ``floor(rho_max * |B_t|)`` (docs/algorithms.md#graft-which-groups; rho_max DERIVED 0.25)."""
     if not 0.0 <= max_peer_frac <= 1.0:

@@ -11,12 +11,13 @@ import torch
 from graftzoo.algos.base import StepContext, TrainBatch
 from graftzoo.algos.functional import (align_peer_logprobs, compatibility_weights, group_advantages,
                                       ratio_surrogate, sgt_rescue)
-from graftzoo.algos.graft.formulas import (graft_balance, graft_cap, graft_candidates, peer_order,
+from graftzoo.algos.graft.formulas import (choose_peer, graft_balance, graft_cap, graft_candidates, peer_order,
                                            random_count_matched_admission, random_count_matched_prompts,
                                            separate_minibatches, symmetric_cap)
 from graftzoo.algos.graft import GRAFTConfig, token_ratio_error
 from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
-from graftzoo.algos.peer import PeerLearner, augment_group, log_s_stats, require_peer
+from graftzoo.algos.peer import (PeerLearner, augment_group, group_compatibility, log_by_peer, log_s_stats,
+                                peer_groups, require_peer)
 from graftzoo.contract import metrics as M
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group, Rollout
@@ -43,12 +44,20 @@ class GRAFT(PeerLearner):
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
         require_peer(self.name, ctx.run, peer)
         c = self.cfg
-        pgs = [peer.get(g.prompt.id) for g in groups]
+        peers = peer_groups(peer)
+        pgs, scored = self._peer_choice(ctx, groups, peers)  # one peer group per slot; those the choice localized
         plans = self._select(ctx, groups, pgs)        # {slot: (peer rollout indices, "replace" | "augment")}
         picked = {x: Group(pgs[x].prompt, pgs[x].model_id, [pgs[x].rollouts[i] for i in idx],
                            [(pgs[x].advantages or [0.0] * pgs[x].n)[i] for i in idx], "peer")
                   for x, (idx, _) in plans.items()}
-        local = dict(zip(plans, ctx.localize(list(picked.values())))) if plans else {}
+        todo = [x for x in plans if x not in scored]
+        local = dict(zip(todo, ctx.localize([picked[x] for x in todo]))) if todo else {}
+        for x, (idx, _) in plans.items():
+            if x in scored:  # localized (and scored) once, by the choice: the chosen responses of it
+                lg = scored[x]
+                local[x] = replace(lg, rollouts=[lg.rollouts[i] for i in idx],
+                                   advantages=[(lg.advantages or [0.0] * lg.n)[i] for i in idx], source="peer")
+        local = {x: local[x] for x in plans}
 
         # compatibility, admission and weights over all grafted responses of the step
         flat = [(x, j, r) for x in plans for j, r in enumerate(local[x].rollouts)]
@@ -81,7 +90,43 @@ class GRAFT(PeerLearner):
             else:
                 slots[x] = self._replace(lg, wx, ax)
         self._log(ctx, flat, s, admit, live, slots, plans)
+        log_by_peer(ctx, peers, [r for (_, _, r), a in zip(flat, admit) if a],
+                    [local[x] for x in plans if slots[x].source != "own"])
         return self._order(ctx, slots)
+
+    def _peer_choice(self, ctx: StepContext, groups, peers: dict) -> tuple[list, dict]:
+        """The one peer group per slot that the rest of the exchange works on (docs/algorithms.md#populations), and
+        {slot: the chosen group localized} for the slots whose choice localized its candidates. One peer: its
+        group of each prompt. Several: where the learner's group is all-fail, the eligible group (informative;
+        with ``select: sgt_rescue``, one with a success) that ``algo.peer_choice`` picks (``choose_peer``;
+        ``compatible`` scores every eligible group of those prompts under theta_old first, one ``localize``);
+        elsewhere the first peer's group in population order."""
+        maps = list(peers.values())
+        if len(maps) <= 1:
+            return [(maps[0] if maps else {}).get(g.prompt.id) for g in groups], {}
+        c = self.cfg
+        mixed_only = c.select != "sgt_rescue"
+        offered = [[p.get(g.prompt.id) for p in maps] for g in groups]
+        pgs = [next((q for q in row if q is not None), None) for row in offered]
+        dead = [x for x, g in enumerate(groups) if g.all_fail]
+
+        def eligible(q) -> bool:
+            return q is not None and (q.mixed if mixed_only else q.num_correct > 0)
+        local: dict = {}
+        if c.peer_choice == "compatible":
+            want = [(x, j) for x in dead for j, q in enumerate(offered[x]) if eligible(q)]
+            local = dict(zip(want, ctx.localize([offered[x][j] for x, j in want]))) if want else {}
+        scored = {}
+        for x in dead:
+            s_mean = [group_compatibility(local[(x, j)]) if (x, j) in local else None for j in range(len(maps))]
+            j = choose_peer([q.num_correct if q is not None else None for q in offered[x]],
+                            [q.n if q is not None else 0 for q in offered[x]], s_mean, c.peer_choice, ctx.rng,
+                            mixed_only)
+            if j is not None:
+                pgs[x] = offered[x][j]
+                if (x, j) in local:
+                    scored[x] = local[(x, j)]
+        return pgs, scored
 
     def _select(self, ctx: StepContext, groups, pgs) -> dict:
         """Slots that receive peer data: {slot: (indices of the peer responses to transfer, how)}."""

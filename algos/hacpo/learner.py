@@ -15,13 +15,14 @@ from graftzoo.algos.hacpo import (HACPOConfig, HACPO_CAPABILITY_PEER, HACPO_CAPA
                                   HACPO_OMEGA)
 from graftzoo.algos.gspo.learner import gspo_loss
 from graftzoo.algos.losses import LossInputs, PolicyLoss, register_loss
-from graftzoo.algos.peer import PeerLearner, log_compatibility, require_peer
+from graftzoo.algos.peer import PeerLearner, log_by_peer, log_compatibility, peer_groups, require_peer
 from graftzoo.contract import metrics as M
 from graftzoo.contract.config import LearnerFacts
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
 
-SELF, PEER = 0, 1  # source ids in the pooled group (docs/algorithms.md#hacpo-capability-aware-advantage: agent k = the learner, j = the peer)
+SELF, PEER = 0, 1  # source ids in the pooled group (docs/algorithms.md#hacpo-capability-aware-advantage: agent k = the learner, j = the peer;
+# a population's peers are PEER, PEER + 1, ... in population order)
 
 
 def accuracy(groups) -> Optional[float]:
@@ -49,34 +50,49 @@ class HACPO(PeerLearner):
     # ---- capability ------------------------------------------------------------------------
     def _push(self, key: str, acc: Optional[float]):
         if acc is not None:
-            self.history[key] = (self.history[key] + [acc])[-int(self.cfg.capability_window):]
+            self.history[key] = (self.history.get(key, []) + [acc])[-int(self.cfg.capability_window):]
 
-    def capabilities(self) -> tuple[float, float]:
-        """(P^_self, P^_peer): window means including the current step (docs/algorithms.md#hacpo-capability-aware-advantage)."""
+    def capabilities(self, n_peers: int = 1) -> tuple:
+        """(P^_self, [P^_peer of each peer]): window means including the current step
+        (docs/algorithms.md#hacpo-capability-aware-advantage); a pair's ``capabilities()`` is (P^_self, P^_peer)."""
         k = int(self.cfg.capability_window)
-        return capability_estimate(self.history["self"], k), capability_estimate(self.history["peer"], k)
+        peers = [capability_estimate(self.history.get(peer_key(j), []), k) for j in range(n_peers)]
+        return capability_estimate(self.history["self"], k), (peers[0] if n_peers == 1 else peers)
 
     # ---- exchange: pooled groups, capability-aware advantages, self first then cross --------
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
+        """The pooled group of each prompt holds the learner's responses and every peer's (agent 0 the learner,
+        agents 1.. its peers in population order: docs/algorithms.md#populations); cross responses follow the own
+        ones, peer by peer."""
         require_peer(self.name, ctx.run, peer)
         c = self.cfg
-        peer_groups = [peer[g.prompt.id] for g in groups if g.prompt.id in peer]
+        peers = list(peer_groups(peer).values())
+        offered = [[p[g.prompt.id] for g in groups if g.prompt.id in p] for p in peers]
         self._push("self", accuracy(groups))
-        self._push("peer", accuracy(peer_groups))
-        p_self, p_peer = self.capabilities()
-        base_w, grad_coef = hacpo_omegas([p_self, p_peer], SELF, tuple(c.ratio_clamp))
+        for j, gs in enumerate(offered):
+            self._push(peer_key(j), accuracy(gs))
+        p_self, p_peer = self.capabilities(len(peers))
+        p_peers = [p_peer] if len(peers) == 1 else p_peer
+        base_w, grad_coef = hacpo_omegas([p_self, *p_peers], SELF, tuple(c.ratio_clamp))
         if c.select == "graft_which" and groups:  # only GRAFT's prompts are pooled; capabilities see every group
-            pgs = [peer.get(g.prompt.id) for g in groups]
-            pc, pn = zip(*[(None, 0) if p is None else (p.num_correct, p.n) for p in pgs])
-            peer_groups = [pgs[x] for x in graft_candidates([g.num_correct for g in groups], pc,
-                                                             [g.n for g in groups], pn)]
-        cross = {g.prompt.id: g for g in ctx.localize(peer_groups)}
+            offered = []
+            for p in peers:
+                pgs = [p.get(g.prompt.id) for g in groups]
+                pc, pn = zip(*[(None, 0) if q is None else (q.num_correct, q.n) for q in pgs])
+                offered.append([pgs[x] for x in graft_candidates([g.num_correct for g in groups], pc,
+                                                                  [g.n for g in groups], pn)])
+        flat = ctx.localize([g for gs in offered for g in gs])
+        cross, pos = [], 0  # per peer: prompt id -> its localized group
+        for gs in offered:
+            cross.append({g.prompt.id: g for g in flat[pos:pos + len(gs)]})
+            pos += len(gs)
 
         rewards, index, source = [], [], []
         for gi, g in enumerate(groups):
             pooled = [(r.reward, SELF) for r in g.rollouts]
-            if g.prompt.id in cross:
-                pooled += [(r.reward, PEER) for r in cross[g.prompt.id].rollouts]
+            for j, cj in enumerate(cross):
+                if g.prompt.id in cj:
+                    pooled += [(r.reward, PEER + j) for r in cj[g.prompt.id].rollouts]
             rewards += [x for x, _ in pooled]
             source += [s for _, s in pooled]
             index += [gi] * len(pooled)
@@ -86,16 +102,21 @@ class HACPO(PeerLearner):
                                binary_baseline_guard=c.binary_baseline_guard)
         adv = hacpo_discrepancy(adv, src, SELF, grad_coef).tolist()
 
-        own, grafted, pos = [], [], 0
+        own, grafted, pos = [], [[] for _ in cross], 0
         for g in groups:
             own.append(Group(g.prompt, g.model_id, g.rollouts, adv[pos:pos + g.n], g.source, g.weights))
             pos += g.n
-            if g.prompt.id in cross:
-                pg = cross[g.prompt.id]
-                rolls = [replace(r, loss_mask=content_mask(r)) for r in pg.rollouts]
-                grafted.append(Group(pg.prompt, pg.model_id, rolls, adv[pos:pos + pg.n], "peer", [1.0] * pg.n))
-                pos += pg.n
-        self._log_exchange(ctx, own, grafted, p_self, p_peer, float(grad_coef[PEER]))
+            for j, cj in enumerate(cross):
+                if g.prompt.id in cj:
+                    pg = cj[g.prompt.id]
+                    rolls = [replace(r, loss_mask=content_mask(r)) for r in pg.rollouts]
+                    grafted[j].append(Group(pg.prompt, pg.model_id, rolls, adv[pos:pos + pg.n], "peer",
+                                            [1.0] * pg.n))
+                    pos += pg.n
+        grafted = [g for gs in grafted for g in gs]  # self first, then each peer's cross samples in model order
+        omega = float(grad_coef[PEER:].mean())
+        self._log_exchange(ctx, own, grafted, p_self, sum(p_peers) / len(p_peers), omega)
+        log_by_peer(ctx, peer_groups(peer), [r for g in grafted for r in g.rollouts if not r.dropped])
         return own + grafted
 
     @staticmethod
@@ -116,7 +137,12 @@ class HACPO(PeerLearner):
 
     def load_state_dict(self, state: dict):
         hist = state.get("history", {})
-        self.history = {k: list(hist.get(k, [])) for k in ("self", "peer")}
+        self.history = {"self": [], "peer": [], **{k: list(v) for k, v in hist.items()}}
+
+
+def peer_key(j: int) -> str:
+    """The capability history's key of the learner's ``j``-th peer (population order): ``peer``, ``peer2``, ..."""
+    return "peer" if j == 0 else f"peer{j + 1}"
 
 
 def cross_lower(cfg: HACPOConfig, update: int) -> float:

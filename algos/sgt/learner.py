@@ -9,7 +9,8 @@ from graftzoo.algos.sgt import SGTConfig
 from graftzoo.algos.functional import aux_nll_loss, sequence_mean_logp
 from graftzoo.algos.functional import sgt_rescue
 from graftzoo.algos.losses import LossInputs, PolicyLoss, clipped_loss, register_loss
-from graftzoo.algos.peer import PeerLearner, augment_group, log_compatibility, require_peer
+from graftzoo.algos.peer import (PeerLearner, augment_group, log_compatibility, log_by_peer, peer_groups,
+                                pooled_group, require_peer)
 from graftzoo.contract import metrics as M
 from graftzoo.contract.registry import register_algo
 from graftzoo.contract.types import Group
@@ -22,15 +23,14 @@ class SGT(PeerLearner):
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
         require_peer(self.name, ctx.run, peer)
         c = self.cfg
-        successes = []
-        for g in groups:
-            pg = peer.get(g.prompt.id)
-            successes.append(None if pg is None else [i for i, r in enumerate(pg.rollouts) if r.correct])
+        # the union of every peer's responses to the prompt (docs/algorithms.md#populations; one peer: its group)
+        pooled = [pooled_group([p.get(g.prompt.id) for p in peer_groups(peer).values()]) for g in groups]
+        successes = [None if pg is None else [i for i, r in enumerate(pg.rollouts) if r.correct] for pg in pooled]
         rescue = sgt_rescue([g.num_correct for g in groups], [g.n for g in groups], successes, ctx.rng,
                             int(c.k_inj), c.gate, float(c.tau))
         picked = []
         for x, idx in rescue.items():
-            pg = peer[groups[x].prompt.id]
+            pg = pooled[x]
             picked.append(Group(pg.prompt, pg.model_id, [pg.rollouts[i] for i in idx], source="peer"))
         local = ctx.localize(picked)
 
@@ -54,6 +54,7 @@ class SGT(PeerLearner):
             out[x].append(Group(lg.prompt, lg.model_id, inj, [0.0] * len(inj), "peer",
                                 [float(c.lam) / len(rescue_set)] * len(inj)))
         log_compatibility(ctx, rescue_set)
+        log_by_peer(ctx, peer_groups(peer), rescue_set)
         ctx.log(M.PEER_RESCUED_GROUPS, rescued)
         ctx.log(M.PEER_ADMITTED, len(rescue_set))
         ctx.log(M.PEER_ADMITTED_SUCC, len(rescue_set))  # SGT transfers verified successes only

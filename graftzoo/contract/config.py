@@ -517,6 +517,9 @@ class PeerSection(Section):
                               "registers (docs/architecture.md#where-to-add-a-peer-source)")
     path: Optional[str] = key(None, "run dir or store dir for stored / mixed")
     model: Optional[str] = key(None, "which stored model id to read (default: the only / other one)")
+    stores: Optional[dict[str, str]] = key(
+        None, "a population: one store per peer model, model id -> its run or store dir (in place of path and model; "
+              "docs/algorithms.md#populations)")
     align: Literal["same_step", "latest"] = key("same_step", "which stored step a learner step reads")
     mix_ratio: Optional[float] = key(None, "mixed: probability of the stored group when both exist (null: fallback "
                                            "only)", ge=0, le=1)
@@ -970,7 +973,8 @@ def validate(raw: dict) -> RunConfig:
             raise ConfigError(f"unknown config key 'algo.{k}' for algorithm '{name}'"
                               f"{did_you_mean(k, known, 'algo.') or ';'} known: {known}")
     if not (raw.get("pair") or {}).get("models"):
-        raise ConfigError("no models: give --pair NAME (configs/pairs/NAME.yaml) or pair.models")
+        raise ConfigError("config key 'pair.models' holds no models (a run trains one or more): give --pair NAME "
+                          "(configs/pairs/NAME.yaml) or list them in pair.models")
     core = {}
     for section, model in SECTIONS.items():
         if section in raw:
@@ -1057,13 +1061,32 @@ def check_run(cfg: RunConfig) -> None:
     peer = cfg.peer
     trained = [m for m in ids if m in (cfg.pair.train or ids)]
     kind = peer_source_kind(peer.source)  # an unknown source: one line naming the key and the registered ones
-    if kind is not None and kind.live and len(trained) != 2:
-        raise ConfigError(f"config key 'peer.source' = {peer.source} co-trains two models, but "
-                          f"{len(trained)} are trained ({', '.join(trained)}; pair.train): train both models of the "
-                          f"pair, or read a peer's stored run with --peer stored:RUN")
-    if kind is not None and kind.reads_run and not (peer.path or "").strip():
+    if kind is not None and kind.live and len(trained) < 2:
+        raise ConfigError(f"config key 'peer.source' = {peer.source} co-trains two or more models, but "
+                          f"{len(trained)} is trained ({', '.join(trained)}; pair.train): train two or more models "
+                          f"of the pair, or read a peer's stored run with --peer stored:RUN")
+    check_stores(cfg, ids, trained, kind)
+
+
+def check_stores(cfg: RunConfig, ids: list, trained: list, kind) -> None:
+    """``peer.path`` or ``peer.stores`` (not both) where the source reads an earlier run; each stored peer a model of
+    the population (``pair.models``), and with ``stored`` not one this run trains (docs/algorithms.md#populations)."""
+    peer = cfg.peer
+    if peer.stores and (peer.path or peer.model):
+        raise ConfigError("config key 'peer.stores' (one store per peer model) replaces peer.path and peer.model: "
+                          "give one or the other")
+    if kind is not None and kind.reads_run and not (peer.path or "").strip() and not peer.stores:
         raise ConfigError(f"config key 'peer.path' is required with peer.source={peer.source}: the run or store "
-                          f"directory to read (--peer {peer.source}:PATH)")
+                          f"directory to read (--peer {peer.source}:PATH), or peer.stores")
+    for m, path in (peer.stores or {}).items():
+        if m not in ids:
+            raise ConfigError(f"config key 'peer.stores' names model {m!r}, which is not in the population"
+                              f"{did_you_mean(m, ids) or ';'} pair.models: {ids}")
+        if not str(path or "").strip():
+            raise ConfigError(f"config key 'peer.stores.{m}' must be a run or store directory, got {path!r}")
+        if kind is not None and not kind.live and m in trained:
+            raise ConfigError(f"config key 'peer.stores' names model {m!r}, which this run trains (pair.train): a "
+                              f"stored peer stands in for a model the run does not train")
 
 
 # ------------------------------------------------------------------------------------------------

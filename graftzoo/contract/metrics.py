@@ -173,6 +173,12 @@ PEER_SOLVED_ALL_FAIL_FRAC = Metric("peer/solved_all_fail_frac", "fraction",
 PEER_MIXED_ON_ALL_FAIL_FRAC = Metric("peer/mixed_on_all_fail_frac", "fraction",
                                      "the learner's all-fail prompts where the peer's group is mixed", _PAIRS)
 PEER_ALL_FAIL_COUNT = Metric("peer/all_fail_count", "count", "the learner's all-fail prompts of the step", _PAIRS)
+PEER_COMP = Family("peer/comp/{peer}", "fraction", "comp(L, P): the learner's all-fail prompts where peer P's group "
+                   "is mixed (docs/algorithms.md#populations; logged with two or more peers)", _PAIRS)
+PEER_ADMITTED_FROM = Family("peer/admitted/{peer}", "count", "peer responses admitted from peer P (logged with two "
+                            "or more peers)", _PEER_LEARNERS)
+PEER_RESCUED_FROM = Family("peer/rescued_groups/{peer}", "count", "own groups that received peer P's responses "
+                           "(logged with two or more peers)", _PEER_LEARNERS)
 PEER_RESCUED_GROUPS = Metric("peer/rescued_groups", "count", "own groups that received peer responses",
                              _PEER_LEARNERS)
 PEER_ADMITTED = Metric("peer/admitted", "count", "peer responses admitted into the batch", _PEER_LEARNERS)

@@ -7,7 +7,10 @@ Two families that differ in every part a cross-tokenizer method cares about
   ``char`` tokenizer (one token per character);
 - ``gpt2``: ``GPT2LMHeadModel`` (learned absolute positions, LayerNorm, GELU), usually with the
   ``digit_pair`` tokenizer (digit runs split into 2-digit chunks from the left, ``2082`` ->
-  ``20``, ``82``; one token per other character).
+  ``20``, ``82``; one token per other character);
+- ``llama``: ``LlamaForCausalLM`` (RoPE, GQA, RMSNorm, SwiGLU, an untied head), the third family of the CPU
+  population, usually with the ``digit_triple`` tokenizer (digit runs in chunks of up to three from the left, as
+  Llama-3 splits numbers: ``20823`` -> ``208``, ``23``).
 
 Both tokenizers are real Hugging Face fast tokenizers (a ``tokenizers`` WordLevel model with a
 regex Split pre-tokenizer and a Fuse decoder), so ``save_pretrained`` / ``AutoTokenizer``,
@@ -32,7 +35,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import (GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Qwen2Config,
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                          Qwen2Config,
                           Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, SmolLM3Config, SmolLM3ForCausalLM)
 
 from graftzoo.envs.arithmetic import SKILLS
@@ -54,8 +58,8 @@ CHAT_TEMPLATE = (
 # The paper's families in miniature (docs/guide.md#the-papers-families-in-miniature): the real tokenizers
 # (graftzoo.tiny.vocab) with the published models' embedding rows (Qwen3 pads its 151,669 tokens to 151,936).
 REAL_VOCABS = {"qwen3": 151936, "smollm3": 128256}
-TOKENIZERS = ("char", "digit_pair", *REAL_VOCABS)
-FAMILIES = ("qwen2", "gpt2", "qwen3", "smollm3")
+TOKENIZERS = ("char", "digit_pair", "digit_triple", *REAL_VOCABS)
+FAMILIES = ("qwen2", "gpt2", "llama", "qwen3", "smollm3")
 
 
 def compact_prompt(question: str) -> str:
@@ -91,6 +95,9 @@ def build_tokenizer(kind: str) -> PreTrainedTokenizerFast:
     elif kind == "digit_pair":
         pieces = [f"{i:02d}" for i in range(100)] + list(CHARS)
         pattern = r"\d\d|[\s\S]"
+    elif kind == "digit_triple":  # as Llama-3 splits numbers: runs of up to three digits from the left
+        pieces = [f"{i:03d}" for i in range(1000)] + [f"{i:02d}" for i in range(100)] + list(CHARS)
+        pattern = r"\d{1,3}|[\s\S]"
     else:
         raise ValueError(f"tiny: unknown tokenizer {kind!r}; expected one of {TOKENIZERS}")
     vocab = {tok: i for i, tok in enumerate(list(SPECIALS) + pieces)}
@@ -195,8 +202,8 @@ class TinyModelSpec:
     """Architecture of one tiny model plus its warm-up recipe (configs/pairs/tiny.yaml ``models:``)."""
 
     id: str
-    family: str  # "qwen2" | "gpt2"
-    tokenizer: str  # "char" | "digit_pair"
+    family: str  # one of FAMILIES
+    tokenizer: str  # one of TOKENIZERS
     hidden: int
     layers: int
     heads: int
@@ -269,6 +276,11 @@ def tiny_config(spec: TinyModelSpec, tok: Optional[PreTrainedTokenizerFast] = No
                              max_position_embeddings=spec.max_positions, tie_word_embeddings=True,
                              attention_dropout=0.0, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
                              **ids)
+    if spec.family == "llama":  # RoPE, GQA, RMSNorm, SwiGLU, untied head (a third family of the CPU population)
+        return LlamaConfig(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
+                           num_attention_heads=spec.heads, num_key_value_heads=kv,
+                           max_position_embeddings=spec.max_positions, tie_word_embeddings=False,
+                           attention_dropout=0.0, **ids)
     if spec.family == "qwen2":
         return Qwen2Config(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
                            num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads or spec.heads,
@@ -290,7 +302,8 @@ def build_tiny(spec: TinyModelSpec, seed: int) -> tuple[torch.nn.Module, PreTrai
     return model, tok
 
 
-MODEL_CLASSES = {"qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel, "qwen3": Qwen3ForCausalLM,
+MODEL_CLASSES = {"qwen2": Qwen2ForCausalLM, "gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM,
+                 "qwen3": Qwen3ForCausalLM,
                  "smollm3": SmolLM3ForCausalLM}
 
 

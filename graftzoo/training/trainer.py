@@ -47,7 +47,7 @@ from graftzoo.training.engines.engine import fitting_prompts
 from graftzoo.training.eval_runner import evaluating
 from graftzoo.training.planner.build import InProcess, check_models, make_eval_engine, prompt_limits
 from graftzoo.training.planner import placement
-from graftzoo.peers.sources import make_peer_source
+from graftzoo.peers.sources import StoredPeers, make_peer_source
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.contract.peer_sources import peer_source_kind, source_label
 from graftzoo.contract.registry import get_algo
@@ -81,6 +81,12 @@ def warn_frozen(cfg: RunConfig, model_ids: list) -> None:
         if spec.id in model_ids and float(spec.lr) == 0:
             log.warning("model %r: %s is 0: its weights never change, this run trains nothing for it", spec.id,
                         spec.key_of("lr"))
+
+
+def summary_peers(peers: list):
+    """A model's entry of the summary's ``peers``: None without a peer, the peer's id for one, the list of them for
+    a population's several (docs/algorithms.md#populations)."""
+    return None if not peers else peers[0] if len(peers) == 1 else list(peers)
 
 
 def derive_seed(*parts) -> int:
@@ -457,13 +463,16 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------
     def summary(self, status: str, error: Optional[str] = None) -> dict:
-        peers = {m: (self.peers.peer_of(m) if self.peers is not None else None) for m in self.model_ids}
+        peers = {m: summary_peers(self.peers.peers_of(m)) if self.peers is not None else None
+                 for m in self.model_ids}
         kind = peer_source_kind(self.cfg.peer.source)
         src = None if kind is None else kind.summary_name
         prc = None
-        if kind is not None and kind.reads_run and not kind.live:  # an earlier run's compute, amortized
+        if kind is not None and kind.reads_run and not kind.live:  # the earlier runs' compute, amortized
             try:
-                prc = stored_peer_cost(self.cfg.peer.path, self.peers.peer_of(self.model_ids[0]))
+                read = ([(st.path, st.model) for st in self.peers.stores] if isinstance(self.peers, StoredPeers)
+                        else [(self.cfg.peer.path, self.peers.peer_of(self.model_ids[0]))])
+                prc = sum(stored_peer_cost(path, model) for path, model in read)
             except Exception:  # the original peer run's compute is optional (amortized charge only)
                 prc = None
         out = make_summary(as_dict(self.cfg), models=self.model_ids, peers=peers, status=status,

@@ -5,8 +5,9 @@ registered by name (graftzoo.contract.peer_sources; docs/architecture.md#where-t
 - ``stored``: the TrajectoryStore of an earlier run, aligned by step or by epoch;
 - ``mixed``: online with a stored fallback, or a mixing ratio.
 
-``PeerSource.groups(prompts, step, epoch, learner_id) -> {prompt_id: Group}`` returns, for the step's prompts, the
-peer's groups: text, rewards, peer advantages, peer log-prob stats and policy versions.
+``PeerSource.groups_by_peer(prompts, step, epoch, learner_id) -> {peer id: {prompt_id: Group}}`` returns, for the
+step's prompts, each peer's groups: text, rewards, peer advantages, peer log-prob stats and policy versions (a
+source with one peer per learner implements ``groups``, that peer's ``{prompt_id: Group}``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from graftzoo.contract.config import RunConfig
 from graftzoo.contract.peer_sources import peer_source_kind
 from graftzoo.peers.sources.base import PeerSource  # noqa: F401
 from graftzoo.peers.sources.online import OnlinePeer  # noqa: F401
-from graftzoo.peers.sources.stored import StoredPeer, check_coverage, step_ranges  # noqa: F401
+from graftzoo.peers.sources.stored import StoredPeer, StoredPeers, check_coverage, step_ranges  # noqa: F401
 from graftzoo.peers.sources.mixed import MixedPeer  # noqa: F401
 
 

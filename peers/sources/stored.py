@@ -21,7 +21,7 @@ from graftzoo.contract.peer_sources import PeerSourceKind, register_peer_source
 from graftzoo.peers.sources.base import PeerSource
 
 log = logging.getLogger("graftzoo")
-STORE_KEYS = ("path", "model", "align", "missing")
+STORE_KEYS = ("path", "model", "stores", "align", "missing")
 
 
 def _store_dir(path) -> Path:
@@ -168,37 +168,70 @@ def check_coverage(stored: StoredPeer, plan: list, missing: str = "refuse") -> N
 
 
 
-def build(cfg, trained_ids, dataset_id=None, prompt_ids=None, plan=None) -> StoredPeer:
-    """The store at ``peer.path`` (a learner trained alone reads the other model's groups), checked to cover ``plan``
-    (``check_coverage``, ``peer.missing``)."""
+class StoredPeers(PeerSource):
+    """Several stores at once, one per peer model (``peer.stores``; docs/algorithms.md#populations): a learner's
+    peers are the stored models other than itself, in population order."""
+
+    def __init__(self, stores: list):
+        self.stores = list(stores)
+
+    def peers_of(self, learner_id):
+        return [s.model for s in self.stores if s.model != learner_id]
+
+    def groups_by_peer(self, prompts, step, epoch, learner_id):
+        return {s.model: s.groups(prompts, step, epoch, learner_id) for s in self.stores if s.model != learner_id}
+
+    def step_metrics(self, step, learner_id):
+        return {M.PEER_STORED_MISSING: int(any(int(step) in s.missing_steps for s in self.stores
+                                               if s.model != learner_id))}
+
+
+def store_paths(cfg, trained_ids) -> dict:
+    """peer model id -> the run or store directory it is read from: ``peer.stores`` as given (population order), else
+    ``peer.path`` for ``peer.model`` (None: the store's only model, or the one this run does not train)."""
     pc = cfg.peer
+    if pc.stores:
+        order = [s.id for s in cfg.pair.models]
+        return {m: pc.stores[m] for m in sorted(pc.stores, key=order.index)}
     if not pc.path:
-        raise ValueError(f"peer.source={pc.source} needs peer.path (a run dir or store dir)")
+        raise ValueError(f"peer.source={pc.source} needs peer.path (a run dir or store dir) or peer.stores")
+    return {pc.model: pc.path}
+
+
+def build(cfg, trained_ids, dataset_id=None, prompt_ids=None, plan=None):
+    """The store at ``peer.path`` (a learner trained alone reads the other model's groups), or one store per peer
+    model (``peer.stores``: a ``StoredPeers``), each checked to cover ``plan`` (``check_coverage``, ``peer.missing``)."""
+    pc = cfg.peer
+    plan = None if plan is None else list(plan)
     exclude = trained_ids[0] if len(trained_ids) == 1 else None
-    stored = StoredPeer(pc.path, model=pc.model, align=pc.align, dataset=dataset_id, prompt_ids=prompt_ids,
-                        exclude=exclude)
-    if plan is not None:
-        check_coverage(stored, plan, pc.missing)
-    return stored
+    stores = []
+    for model, path in store_paths(cfg, trained_ids).items():
+        stored = StoredPeer(path, model=model, align=pc.align, dataset=dataset_id, prompt_ids=prompt_ids,
+                            exclude=exclude)
+        if plan is not None:
+            check_coverage(stored, plan, pc.missing)
+        stores.append(stored)
+    return StoredPeers(stores) if pc.stores else stores[0]
 
 
 def check_store(cfg) -> None:
-    """``peer.path`` holds a trajectory store (``STORE_META``), and the store holds the model ``peer.model`` names,
-    when it names one."""
-    path = cfg.peer.path
-    if not path:
-        return
-    metas = [Path(path) / m for m in STORE_META if (Path(path) / m).exists()]
-    if not metas:
-        raise ConfigError(f"peer store {path}: no trajectory store here (expected meta.json or store/meta.json)")
-    try:
-        models = sorted(json.loads(metas[0].read_text(encoding="utf-8")).get("models") or {})
-    except (OSError, ValueError, AttributeError):  # a broken store: the trainer names what is wrong with it
-        return
-    model = cfg.peer.model
-    if model is not None and models and model not in models:
-        raise ConfigError(f"config key 'peer.model': the peer store {path} has no model {model!r}"
-                          f"{did_you_mean(model, models) or ';'} it has {models}")
+    """``peer.path`` (or each path of ``peer.stores``) holds a trajectory store (``STORE_META``), and the store holds
+    the model ``peer.model`` (the model ``peer.stores`` reads from it) names, when it names one."""
+    pc = cfg.peer
+    wanted = [(pc.model, pc.path, "peer.model")] if pc.path else []
+    wanted += [(m, path, f"peer.stores.{m}") for m, path in (pc.stores or {}).items()]
+    for model, path, key in wanted:
+        metas = [Path(path) / m for m in STORE_META if (Path(path) / m).exists()]
+        if not metas:
+            raise ConfigError(f"peer store {path}: no trajectory store here (expected meta.json or "
+                              f"store/meta.json)" + (f" (config key '{key}')" if pc.stores else ""))
+        try:
+            models = sorted(json.loads(metas[0].read_text(encoding="utf-8")).get("models") or {})
+        except (OSError, ValueError, AttributeError):  # a broken store: the trainer names what is wrong with it
+            continue
+        if model is not None and models and model not in models:
+            raise ConfigError(f"config key '{key}': the peer store {path} has no model {model!r}"
+                              f"{did_you_mean(model, models) or ';'} it has {models}")
 
 
 KIND = register_peer_source(PeerSourceKind(

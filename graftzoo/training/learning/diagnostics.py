@@ -158,15 +158,22 @@ def after_update(policy, batch: TrainBatch, before: dict) -> dict:
     return out
 
 
-def complementarity(groups, peer: dict) -> dict:
-    """What the peer knows of the learner's all-fail prompts (Fig. 1 right): among ``groups`` (the learner's own
-    groups of the step) those with no correct response, the fraction whose prompt the peer solved at least once
-    (``peer``: prompt id -> the peer's Group) and the fraction where the peer's group is mixed, and their count;
-    the fractions are None without all-fail groups. Pure: reads the groups, changes nothing."""
+def complementarity(groups, peers: dict) -> dict:
+    """What the peers know of the learner's all-fail prompts (Fig. 1 right; docs/algorithms.md#populations): among
+    ``groups`` (the learner's own groups of the step) those with no correct response, the fraction whose prompt some
+    peer solved at least once and the fraction where some peer's group is mixed (``comp(L, *)``), and their count;
+    with two or more peers also each peer's own fraction, ``comp(L, P)`` (``peer/comp/<P>``). ``peers``: peer model
+    id -> {prompt id: that peer's Group}. The fractions are None without all-fail groups. Pure: reads the groups,
+    changes nothing."""
     dead = [g for g in groups if g.all_fail]
-    if not dead:
-        return {M.PEER_SOLVED_ALL_FAIL_FRAC: None, M.PEER_MIXED_ON_ALL_FAIL_FRAC: None, M.PEER_ALL_FAIL_COUNT: 0}
-    solved = sum(1 for g in dead if g.prompt.id in peer and peer[g.prompt.id].num_correct > 0)
-    mixed = sum(1 for g in dead if g.prompt.id in peer and peer[g.prompt.id].mixed)
-    return {M.PEER_SOLVED_ALL_FAIL_FRAC: solved / len(dead), M.PEER_MIXED_ON_ALL_FAIL_FRAC: mixed / len(dead),
-            M.PEER_ALL_FAIL_COUNT: len(dead)}
+    out = {M.PEER_ALL_FAIL_COUNT: len(dead)}
+    maps = list(peers.values())
+
+    def frac(hit) -> Optional[float]:
+        return sum(1 for g in dead if hit(g.prompt.id)) / len(dead) if dead else None
+    out[M.PEER_SOLVED_ALL_FAIL_FRAC] = frac(lambda pid: any(pid in p and p[pid].num_correct > 0 for p in maps))
+    out[M.PEER_MIXED_ON_ALL_FAIL_FRAC] = frac(lambda pid: any(pid in p and p[pid].mixed for p in maps))
+    if len(peers) >= 2:
+        for peer, p in peers.items():
+            out[M.PEER_COMP.of(peer=peer)] = frac(lambda pid: pid in p and p[pid].mixed)
+    return out

@@ -4,7 +4,8 @@ resume, threads, evaluation, summaries).
 
     1. rollouts    every model on the step's prompts: generate and score (``learner.collect``), theta_old
                    through the training path (``theta_old_pass``), advantages; the store records the groups
-    2. exchange    every learner with its peer source (all decisions under theta_old); rows for the loss
+    2. exchange    every learner with its peer source, the groups of each of its peers (all decisions under
+                   theta_old); rows for the loss
     3. update      per minibatch (``learner.schedule``): per micro-batch forward, loss and backward, then one
                    optimizer step (``Policy.update`` runs ``graftzoo.training.models.loss.optimize`` where the model lives:
                    here, or on each rank of its worker group)
@@ -90,17 +91,17 @@ def train_step(run: StepState, step: int) -> StepResult:
     if run.peers is not None:
         run.peers.observe(groups)
 
-    # 2. exchange: every learner with its peer's groups of these prompts; its rows for the loss
+    # 2. exchange: every learner with its peers' groups of these prompts; its rows for the loss
     batches, xtime, slots = {}, {}, {}
     for m in models:
         t, ctx = time.perf_counter(), ctxs[m]
-        peer = run.peers.groups(prompts, step, epoch, m) if run.peers is not None else None
+        peer = run.peers.groups_by_peer(prompts, step, epoch, m) if run.peers is not None else None
         if peer is not None:
             ctx.metrics.update(diagnostics.complementarity(groups[m], peer))
             ctx.metrics.update(run.peers.step_metrics(step, m))
-        elif len(models) == 2:  # co-trained without exchange: still measure complementarity (Fig. 1 right)
-            other = groups[models[1 - models.index(m)]]
-            ctx.metrics.update(diagnostics.complementarity(groups[m], {g.prompt.id: g for g in other}))
+        elif len(models) >= 2:  # co-trained without exchange: still measure complementarity (Fig. 1 right)
+            ctx.metrics.update(diagnostics.complementarity(groups[m], {o: {g.prompt.id: g for g in groups[o]}
+                                                                       for o in models if o != m}))
         with run.residency.active(m):  # the exchange may score the peer's responses under this model
             slots[m] = run.learners[m].exchange(ctx, groups[m], peer)
             batches[m] = run.learners[m].build_batch(ctx, slots[m])
