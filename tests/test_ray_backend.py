@@ -40,7 +40,7 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1", WANDB_MODE="offline", HF_HUB_OFFLIN
            PYTHONFAULTHANDLER="1", GLOO_SOCKET_IFNAME="lo")
 SETS = ["task.difficulty=1", "rollout.n=8", "optim.max_tokens_per_micro=200", "run.steps=3", "run.save_every=1",
         "eval.size=4", "run.keep_checkpoints=3"]
-A, B = "micro-qwen-char", "micro-gpt2-pair"
+A, B, C = "micro-qwen-char", "micro-gpt2-pair", "micro-llama-triple"
 # the resumed run's algorithm: HACPO with a KL reference, its models one after the other
 HACPO = ["algo.beta_kl=0.05", "ray.concurrent_models=false", "run.eval_at_end=false"]
 # the shared run's schedule: each step's rollouts collected one step ahead, before the update (a group's calls queue
@@ -49,17 +49,19 @@ AHEAD = ["rollout.max_staleness=1"]
 SKIP_KEYS = ("time/", "perf/")   # wall-clock figures differ from run to run
 
 
-def pair_file(tmp: Path, workers: int = 2) -> Path:
-    """The micro pair with B's group of ``workers`` ranks."""
-    pair = yaml.safe_load((packaged_configs() / "pairs" / "micro.yaml").read_text())
-    pair["models"][1]["num_workers"] = workers
-    f = tmp / f"pair_ray_{workers}.yaml"
-    f.write_text(yaml.safe_dump({"pair": {"models": pair["models"]}}))
+def pair_file(tmp: Path, workers: int = 2, pair: str = "micro") -> Path:
+    """The micro pair (or ``micro3``, the population of three) with B's group of ``workers`` ranks."""
+    models = yaml.safe_load((packaged_configs() / "pairs" / f"{pair}.yaml").read_text())["models"]
+    models[1]["num_workers"] = workers
+    f = tmp / f"{pair}_ray_{workers}.yaml"
+    f.write_text(yaml.safe_dump({"pair": {"models": models}}))
     return f
 
 
 def train_cmd(out: Path, pair: Path, *extra) -> list:
-    args = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "graft", "--pair", "micro", "--peer",
+    """``graftzoo train`` of GRAFT on Ray, the models of ``pair`` (a ``pair_file``, whose name says its pair)."""
+    args = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "graft", "--pair", pair.name.split("_ray_")[0],
+            "--peer",
             "online", "--no-track", "--backend", "ray", "-c", str(pair), "--set", f"run.out_dir={out}",
             "--set", "run.name=r", "--set", "run.progress=false"]
     for s in [*SETS, *extra]:
@@ -106,33 +108,36 @@ def assert_same(got: dict, want: dict, rel: float, what: str):
 
 @pytest.fixture(scope="module")
 def ray_run(tmp_path_factory):
-    """One uninterrupted Ray run with rollouts one step ahead (``rollout.max_staleness=1``; its wall time is
-    printed)."""
+    """One uninterrupted Ray run of a population of three (``micro3``: 3 worker groups, A and C of 1 rank, B of 2)
+    with rollouts one step ahead (``rollout.max_staleness=1``; its wall time is printed)."""
     tmp = tmp_path_factory.mktemp("ray")
-    pair = pair_file(tmp)
+    pair = pair_file(tmp, pair="micro3")
     t = time.perf_counter()
     code, log = finish(loopback(train_cmd(tmp / "full", pair, *AHEAD)))
     assert code == 0, log[-4000:]
-    print(f"\nRay run: 3 steps of a co-trained pair (1 + 2 workers) in {time.perf_counter() - t:.1f} s")
+    print(f"\nRay run: 3 steps of a co-trained population of three (1 + 2 + 1 workers) in "
+          f"{time.perf_counter() - t:.1f} s")
     return tmp, pair, tmp / "full" / "r"
 
 
 def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
-    """The same seeded metrics as one process with the same schedule (``rollout.max_staleness=1``: every step's own
-    rollouts one version old after step 0), for a model in a group of 1 (to 1e-6: the same floating-point operations
-    in another process) and a model sharded by FSDP2 over 2 gloo ranks (loss to 1e-5: the ranks' gradients are
-    summed in another order)."""
+    """A GRAFT population of three, 3 worker groups: the same seeded metrics as one process with the same schedule
+    (``rollout.max_staleness=1``: every step's own rollouts one version old after step 0), for the models in a group
+    of 1 (to 1e-6: the same floating-point operations in another process) and a model sharded by FSDP2 over 2 gloo
+    ranks (loss to 1e-5: the ranks' gradients are summed in another order)."""
     _, _, run = ray_run
-    cfg = load_config(pair="micro", algo="graft", overrides=[
+    cfg = load_config(pair="micro3", algo="graft", overrides=[
         "peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp_path}", "run.name=r", *SETS,
         *AHEAD])
     ref_dir = train(cfg)
     ref, got = metrics(ref_dir), metrics(run)
-    assert sorted(got) == sorted(ref) and len(ref) == 6
+    assert sorted(got) == sorted(ref) and len(ref) == 9
     assert [ref[(s, A)]["async/staleness_max"] for s in range(3)] == [0, 1, 1]
     assert [got[(s, B)]["async/staleness_max"] for s in range(3)] == [0, 1, 1]
     assert any(r.get("async/is_weight_mean", 1.0) != 1.0 for r in ref.values())   # the weights moved
-    assert_same({k: v for k, v in got.items() if k[1] == A}, {k: v for k, v in ref.items() if k[1] == A}, 1e-6, A)
+    assert all(sum(k.startswith("peer/comp/") for k in r) == 2 for r in got.values())   # each learner: 2 peers
+    for m in (A, C):
+        assert_same({k: v for k, v in got.items() if k[1] == m}, {k: v for k, v in ref.items() if k[1] == m}, 1e-6, m)
     for key, row in ref.items():
         if key[1] == B:
             assert got[key]["loss"] == pytest.approx(row["loss"], rel=1e-5, abs=1e-8), key
@@ -156,14 +161,15 @@ def test_ray_backend_trains_like_the_in_process_trainer(ray_run, tmp_path):
     fresh = build_policy(spec, cfg).model.state_dict()
     assert any(not torch.equal(ws[n], v) for n, v in fresh.items())   # it trained
     out = evaluate_checkpoint(run, benchmarks=["heldout"], k=1, limit=2)
-    assert sorted(Path(p).name for p in out) == sorted(f"{m}.json" for m in (A, B))
+    assert sorted(Path(p).name for p in out) == sorted(f"{m}.json" for m in (A, B, C))
 
 
 def test_hacpo_killed_with_kill_9_resumes_on_ray_like_in_process_with_the_models_one_after_the_other(ray_run):
-    """HACPO with a KL reference, the models stepped one after the other (``ray.concurrent_models=false``; the shared
-    run steps them at once): the driver killed (SIGKILL) after its step-1 checkpoint takes every process of the run
-    along; the same command resumes from that checkpoint (the sharded model through DCP, HACPO's history through the
-    learner state sent with each update) and the run's metrics are one process's: a model in a group of 1 to 1e-6,
+    """A HACPO population of three with a KL reference, the models stepped one after the other
+    (``ray.concurrent_models=false``; the shared run steps them at once): the driver killed (SIGKILL) after its step-1
+    checkpoint takes every process of the run along; the same command resumes from that checkpoint (the sharded model
+    through DCP, HACPO's history of every peer through the learner state sent with each update) and the run's metrics
+    are one process's: the models in a group of 1 to 1e-6,
     the sharded one to 1e-5 (the ranks' gradients summed in another order). Along the way the parts of a step that
     live in the workers for other algorithms: cross-tokenizer scoring of the peer's rollouts (``score_sequences``
     in the group), sequence-level cross terms, and the KL reference policy held by every rank of a sharded group."""
@@ -187,12 +193,13 @@ def test_hacpo_killed_with_kill_9_resumes_on_ray_like_in_process_with_the_models
     code, log = finish(loopback(cmd))
     assert code == 0, log[-4000:]
     assert re.search(r"resuming from step_00000[12] \([23] of 3 steps done\)", log), log[-3000:]
-    cfg = load_config(pair="micro", algo="hacpo", overrides=[
+    cfg = load_config(pair="micro3", algo="hacpo", overrides=[
         "peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp}", "run.name=ref",
         *SETS, *HACPO])
     ref, got = metrics(train(cfg)), metrics(out / "r")
-    assert sorted(got) == sorted(ref) and len(ref) == 6
-    assert_same({k: v for k, v in got.items() if k[1] == A}, {k: v for k, v in ref.items() if k[1] == A}, 1e-6, A)
+    assert sorted(got) == sorted(ref) and len(ref) == 9
+    for m in (A, C):
+        assert_same({k: v for k, v in got.items() if k[1] == m}, {k: v for k, v in ref.items() if k[1] == m}, 1e-6, m)
     for key, row in ref.items():
         for k in ("loss", "grad_norm", "kl", "hacpo/cross_lower", "reward/mean"):
             assert got[key][k] == pytest.approx(row[k], rel=1e-5, abs=1e-8), (key, k)
