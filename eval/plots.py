@@ -7,6 +7,8 @@
 - ``plot_fractions``: Figure 1 (right). Per training step, the fraction of all-fail groups and
   the fraction of all-fail prompts that the peer solved, one line per (row, model, peer),
   averaged over seeds at each step, smoothed (``smooth``, an EMA) over the raw trace drawn faint.
+- the complementarity heat map (``complementarity.png``): for each row and population, comp(L, P) of every ordered
+  pair of co-trained models, the paper's Figure 1 for N models (docs/algorithms.md#populations).
 - ``plot_learning_curve``: reward and held-out score (x100, as Table 1) against the training step, one column per
   model and quantity, one line per row: the mean over seeds with a ± sd band, and each run (seed) of a row with two or
   more as a thin line of its own (a shade of the row's colour, a dash per seed, named in the legend). Held-out
@@ -58,7 +60,7 @@ AXIS_LABELS = {
     M.REWARD_ACC: "reward accuracy (fraction correct)",
     M.EVAL_AVG: "held-out score (avg@k x100)",
 }
-FIGURES = ("score_vs_compute.png", "fractions.png", "learning_curve.png")
+FIGURES = ("score_vs_compute.png", "fractions.png", "learning_curve.png", "complementarity.png")
 SIDECARS = ("figures.md", "figures.json")   # what ``draw_figures`` writes beside the images: captions and legends
 SCORE_SCALE = 100.0   # held-out scores are drawn x100, as Table 1 shows them (points)
 
@@ -452,6 +454,52 @@ def plot_fractions(runs: Sequence[RunRecord], out_png, all_fail_key: str = M.GRO
                  captions_in_images)
 
 
+def complementarity_matrices(runs: Sequence[RunRecord], labels: dict) -> dict:
+    """(row label, models) -> {(learner, peer): mean comp(L, P) over the steps and runs} of the co-trained runs of
+    two or more models (docs/algorithms.md#populations): ``peer/comp/<P>`` where a learner has several peers,
+    ``peer/mixed_on_all_fail_frac`` where it has one; a pair never logged is left out."""
+    values: dict = {}
+    for run in runs:
+        if run.status == "failed" or len(run.models) < 2:
+            continue
+        cells = values.setdefault((labels[(str(run.path), run.models[0])], tuple(run.models)), {})
+        for learner in run.models:
+            peers = [p for p in run.models if p != learner]
+            for peer in peers:
+                key = M.PEER_COMP.of(peer=peer) if len(peers) >= 2 else M.PEER_MIXED_ON_ALL_FAIL_FRAC
+                cells.setdefault((learner, peer), []).extend(run.series(learner, key)[1])
+    return {k: {pair: math.fsum(v) / len(v) for pair, v in cells.items() if v} for k, cells in values.items()}
+
+
+def _complementarity(runs: Sequence[RunRecord], table: Optional[Table]) -> Drawn:
+    labels = run_labels(runs, _table_or_none(runs) if table is None else table)
+    mats = {k: m for k, m in complementarity_matrices(runs, labels).items() if m}
+    if not mats:
+        raise ValueError("no co-trained run of two or more models logs peer/comp/* or peer/mixed_on_all_fail_frac")
+    fig, axes = plt.subplots(1, len(mats) + 1, figsize=(3.6 * len(mats) + 0.8, 3.6), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.0] * len(mats) + [0.06]})
+    for ax, ((label, models), cells) in zip(axes[0][:-1], sorted(mats.items())):
+        grid = [[cells.get((l, p), math.nan) for p in models] for l in models]
+        im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                if not math.isnan(v):
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8,
+                            color="white" if v < 0.5 else "black")
+        ax.set_xticks(range(len(models)), [m.split("/")[-1] for m in models], rotation=30, ha="right", fontsize=7)
+        ax.set_yticks(range(len(models)), [m.split("/")[-1] for m in models], fontsize=7)
+        ax.set_xlabel("peer P", fontsize=8)
+        ax.set_ylabel("learner L", fontsize=8)
+        ax.set_title(f"{label}: {len(models)} models", fontsize=9)
+    fig.colorbar(im, cax=axes[0][-1], label="comp(L, P)")
+    caption = ("For each ordered pair of co-trained models, comp(L, P): the fraction of the learner's all-fail "
+               "prompts where the peer's group is mixed, the mean over every training step and seed of a row "
+               "(the paper's Figure 1 for N models, docs/algorithms.md#populations); the diagonal is empty.")
+    series = [{"label": label, "model": f"{l} <- {p}", "seed": None, "value": v}
+              for (label, _), cells in sorted(mats.items()) for (l, p), v in cells.items()]
+    return Drawn(fig, caption, sorted({label for label, _ in mats}), series)
+
+
 def _curve(per_run: list) -> tuple:
     """(steps, mean, sd, n) over runs of {step: value} dicts: n runs have the step; sd over them (n − 1), 0 where
     one run has the step."""
@@ -692,7 +740,7 @@ def plot_learning_curve(runs: Sequence[RunRecord], out_png, reward_key: str = M.
 
 
 TITLES = {"score_vs_compute.png": "Score against compute", "fractions.png": "All-fail groups and the peer's help",
-          "learning_curve.png": "Learning curves"}
+          "learning_curve.png": "Learning curves", "complementarity.png": "Complementarity of each ordered pair"}
 
 
 def draw_figures(runs: Sequence[RunRecord], out_dir, baseline: Optional[str] = "GRPO (n=8)", echo=print,
@@ -708,7 +756,8 @@ def draw_figures(runs: Sequence[RunRecord], out_dir, baseline: Optional[str] = "
     builders = {"score_vs_compute.png": lambda: _score_vs_compute(runs, baseline, None, table),
                 "fractions.png": lambda: _fractions(runs, M.GROUPS_ALL_FAIL, M.PEER_SOLVED_ALL_FAIL_FRAC, None, 0.6,
                                                     baseline, table),
-                "learning_curve.png": lambda: _learning_curve(runs, M.REWARD_MEAN, baseline, table)}
+                "learning_curve.png": lambda: _learning_curve(runs, M.REWARD_MEAN, baseline, table),
+                "complementarity.png": lambda: _complementarity(runs, table)}
     written = []
     for name in FIGURES:
         try:

@@ -228,14 +228,14 @@ def test_every_algorithm_that_runs_on_two_runs_on_three(algo, tmp_path):
 
 @pytest.fixture(scope="module")
 def stored_runs(tmp_path_factory):
-    """A GRPO run of the population, its trajectory store holding every model's groups."""
+    """A GRAFT run of the population to its end (evaluated), its trajectory store holding every model's groups."""
     tmp = tmp_path_factory.mktemp("stores")
     (tmp / "strong.yaml").write_text(STRONG)
-    cfg = load_config(pair="micro3", algo="grpo", files=[str(tmp / "strong.yaml")], overrides=[
-        f"run.out_dir={tmp}", "run.name=grpo", "run.steps=2"])
-    tr = Trainer(cfg)
-    tr.run()
-    return tmp, tmp / "grpo"
+    cfg = load_config(pair="micro3", algo="graft", files=[str(tmp / "strong.yaml")], overrides=[
+        f"run.out_dir={tmp}", "run.name=graft", "run.steps=2", "peer.source=online", "run.eval_at_end=true",
+        "eval.size=4", "eval.k=1"])
+    Trainer(cfg).run()
+    return tmp, tmp / "graft"
 
 
 def test_one_learner_reads_several_stores_at_once(stored_runs, tmp_path):
@@ -275,3 +275,25 @@ def test_bad_population_input_is_one_line_naming_the_key(sets, key, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("Error:") and f"'{key}" in lines[0], res.output
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(pair="micro3", algo="graft", overrides=sets)
+
+
+# ---- the report: a block per model with its peers, the complementarity heat map -----------------------------------
+
+def test_the_report_shows_each_models_peers_and_the_complementarity_matrix(stored_runs):
+    from graftzoo.eval.artifacts import load_run
+    from graftzoo.eval.plots import complementarity_matrices, draw_figures, run_labels
+    from graftzoo.eval.report import build_table1
+    tmp, run_dir = stored_runs
+    run = load_run(run_dir)
+    assert run.summary["peers"] == {L: [A, B], A: [L, B], B: [L, A]}
+    labels = run_labels([run])
+    (key, cells), = complementarity_matrices([run], labels).items()
+    assert key[1] == (L, A, B) and len(cells) == 6             # every ordered pair of the three
+    for (learner, peer), v in cells.items():
+        _, vals = run.series(learner, M.PEER_COMP.of(peer=peer))
+        assert v == pytest.approx(sum(vals) / len(vals))
+    figs = draw_figures([run], tmp / "report", echo=lambda *_: None)
+    assert "complementarity.png" in [f.path.name for f in figs]
+    table = build_table1([run], baseline=None)
+    assert {(b.model, b.peer) for b in table.blocks} == {(L, f"{A} + {B}"), (A, f"{L} + {B}"), (B, f"{L} + {A}")}
+    assert any(b.title.startswith(f"{L} (peer: {A} + {B})") for b in table.blocks), [b.title for b in table.blocks]

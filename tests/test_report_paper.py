@@ -162,7 +162,8 @@ def test_quick_start_figures_name_the_table_rows_in_its_units(quick_report):
     assert [f.name for f in folders] == ["steps-1", "steps-2"]
     for folder in folders:
         figures = json.loads((folder / "figures.json").read_text())
-        assert [f["path"] for f in figures] == ["score_vs_compute.png", "fractions.png", "learning_curve.png"]
+        assert [f["path"] for f in figures] == ["score_vs_compute.png", "fractions.png", "learning_curve.png",
+                                                "complementarity.png"]
         for f in figures:
             assert f["labels"] and set(f["labels"]) <= table_labels, (folder.name, f["path"], f["labels"])
             assert f"![{f['title']}]({folder.name}/{f['path']})" in report and f["caption"] in report
@@ -170,6 +171,8 @@ def test_quick_start_figures_name_the_table_rows_in_its_units(quick_report):
             assert not fig.texts   # the caption is beside the image, not in it
             legend = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
             legend += [t.get_text() for lg in fig.legends for t in lg.get_texts()]
+            if f["path"] == "complementarity.png":  # a heat map per row: the row's label is its panel's title
+                legend = [ax.get_title() for ax in fig.axes if ax.get_title()]
             assert {x.split(": ")[0] for x in legend if not x.startswith("run of seed")} == set(f["labels"])
         curve = next(f for f in figures if f["path"] == "learning_curve.png")
         fig = saved[f"{folder.name}/learning_curve.png"]
