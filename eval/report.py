@@ -86,7 +86,7 @@ from graftzoo.contract.peer_sources import source_label
 from graftzoo.contract.registry import get_config, own_clip_keys
 from graftzoo.eval.artifacts import RunRecord
 from graftzoo.eval.compute import FIELDS, joint_charge
-from graftzoo.eval.metrics import SIGNIFICANCE, mean_sd_ci, seed_test
+from graftzoo.eval.metrics import SIGNIFICANCE, SeedTest, mean_sd_ci, seed_test
 
 DASH = "–"
 MARKS = ("†", "‡")
@@ -1075,6 +1075,60 @@ def transfer_markdown(table: TransferTable) -> str:
     note = ("Per step, mean over the run's steps, then mean ± sd over seeds. Log-probs: the learner's mean per-token "
             "log-prob of the admitted correct peer responses (peer) and of its own correct responses with a positive "
             "advantage (own), before the step's update; Δ: after − before. Columns diag/* need run.diagnostics.")
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+@dataclass
+class PopulationRow:
+    """One model's method trained in a pair and in a larger population (docs/algorithms.md#populations): its Avg
+    with N = ``small`` and N = ``large`` models, and ``seed_test`` of the difference (large - small)."""
+
+    model: str
+    method: str
+    task: str
+    small: int
+    large: int
+    avg_small: Stat
+    avg_large: Stat
+    test: Optional[SeedTest]
+
+
+def population_rows(table: Table) -> list:
+    """Does another peer help each model? For every model, task and method that Table 1 holds with two population
+    sizes (a block's peers: ``A`` for a pair, ``A + B`` for three), the smallest size's row against each larger
+    one's, tested over the seeds as Table 1's marks are (``seed_test``: paired over the seeds both have). Single-model
+    (baseline) rows have no peers and are left out."""
+    sizes: dict = {}
+    for block in table.blocks:
+        if block.peer is None:
+            continue
+        n = len(block.peer.split(" + ")) + 1
+        for row in block.rows:
+            if not row.baseline and row.same_as is None:
+                sizes.setdefault((block.model, block.task, row.label), {})[n] = row
+    out = []
+    for (model, task, method), by_n in sorted(sizes.items()):
+        ns = sorted(by_n)
+        for n in ns[1:]:
+            small, large = by_n[ns[0]], by_n[n]
+            out.append(PopulationRow(model, method, task, ns[0], n, small.avg, large.avg,
+                                     seed_test(small.per_seed, large.per_seed)))
+    return out
+
+
+def population_markdown(rows: list, digits: int = 1) -> str:
+    """``population_rows`` as Markdown: Avg x100, mean ± sd over seeds, Δ = large - small, the test's p."""
+    header = ["Model", "Method", "N", "Avg (N small)", "N", "Avg (N large)", "Δ", "p", "seeds"]
+    lines = [_md_row(header), _md_row(["---"] * len(header))]
+    for r in rows:
+        t = r.test
+        lines.append(_md_row([r.model, r.method, str(r.small), _fmt(r.avg_small, digits), str(r.large),
+                              _fmt(r.avg_large, digits), DASH if t is None else _fmt_delta(t.diff, digits),
+                              DASH if t is None else f"{t.p:.2f}",
+                              DASH if t is None else f"{t.n}{'' if t.paired else ' (unpaired)'}"]))
+    note = ("Each model's method with N models against the same method in the smallest population it trained in "
+            "(docs/algorithms.md#populations): held-out Avg x100, mean ± sd over seeds; Δ and p from the paired "
+            "t-test over the seeds both have (Welch's test when fewer than two are shared), as Table 1's marks.")
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 

@@ -297,3 +297,27 @@ def test_the_report_shows_each_models_peers_and_the_complementarity_matrix(store
     table = build_table1([run], baseline=None)
     assert {(b.model, b.peer) for b in table.blocks} == {(L, f"{A} + {B}"), (A, f"{L} + {B}"), (B, f"{L} + {A}")}
     assert any(b.title.startswith(f"{L} (peer: {A} + {B})") for b in table.blocks), [b.title for b in table.blocks]
+
+
+def test_the_populations_table_sets_each_models_larger_population_against_its_pair():
+    """Table 1's rows of one model and method with one peer and with two: the difference and the paired test over
+    the seeds both have, as Table 1's marks (``seed_test``); single-model rows are left out."""
+    from graftzoo.eval.metrics import seed_test
+    from graftzoo.eval.report import Block, Row, Stat, Table, population_markdown, population_rows
+
+    def row(method, per_seed, baseline=False):
+        vals = list(per_seed.values())
+        return Row(method=method, budget=8, baseline=baseline, seeds=list(per_seed), runs=[], scores={},
+                   avg=Stat(sum(vals) / len(vals), 0.0, len(vals)), per_seed=per_seed)
+    two = {0: 0.40, 1: 0.42, 2: 0.38}
+    three = {0: 0.47, 1: 0.50, 2: 0.44}
+    grpo = row("GRPO (n=8)", {0: 0.3, 1: 0.3, 2: 0.3}, baseline=True)
+    blocks = [Block(model=L, peer=A, rows=[grpo, row("GRAFT", two), row("SGT", {0: 0.3})]),
+              Block(model=L, peer=f"{A} + {B}", rows=[grpo, row("GRAFT", three)])]
+    rows = population_rows(Table(benchmarks=[], blocks=blocks, baseline="GRPO (n=8)", budgets=(16, 32)))
+    assert [(r.model, r.method, r.small, r.large) for r in rows] == [(L, "GRAFT", 2, 3)]
+    want = seed_test(two, three)
+    assert rows[0].test.diff == pytest.approx(want.diff) and rows[0].test.p == pytest.approx(want.p)
+    assert rows[0].test.paired and rows[0].test.diff == pytest.approx(0.07)
+    md = population_markdown(rows)
+    assert f"| {L} | GRAFT | 2 | 40.0 ± 0.0 | 3 | 47.0 ± 0.0 | +7.0 | {want.p:.2f} | 3 |" in md

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import click
 
@@ -10,8 +11,9 @@ from graftzoo.algos import BUILTIN
 from graftzoo.contract.errors import did_you_mean
 from graftzoo.eval.artifacts import ArtifactError, load_runs
 from graftzoo.eval.report import (COMPARABLE_KEYS, baseline_runs, build_table1, clip_fraction_table, few,
-                                  is_report_baseline, log_table_to_wandb, method_labels, method_of, resolve_label,
-                                  row_labels, to_csv, to_latex, to_markdown, transfer_markdown, transfer_table)
+                                  is_report_baseline, log_table_to_wandb, method_labels, method_of,
+                                  population_markdown, population_rows, resolve_label, row_labels, to_csv, to_latex,
+                                  to_markdown, transfer_markdown, transfer_table)
 
 MIXABLE = COMPARABLE_KEYS  # the settings --allow-mixed merges groups on
 
@@ -145,18 +147,25 @@ def _write(records, table, out: Path, captions_in_images: bool = False) -> tuple
     if transfers:  # runs with a peer: what the exchange moved
         (out / "transfer.md").write_text(_sections([(g, transfer_markdown(t)) for g, t in transfers]),
                                          encoding="utf-8")
+    population = population_rows(table)
+    if population:  # a method trained with two population sizes: does another peer help?
+        (out / "population.md").write_text(population_markdown(population, table.digits), encoding="utf-8")
     drawn = []
     for group, folder in _figure_folders(table, out):
         said = "" if folder == out else f"{group.label}: "
         drawn.append((group, draw_figures(group.runs, folder, group.baseline, table=table,
                                           captions_in_images=captions_in_images,
                                           echo=lambda m, said=said: click.echo(said + m, err=True))))
-    (out / "report.md").write_text(report_markdown(md, drawn, out, transfer=bool(transfers)), encoding="utf-8")
+    (out / "report.md").write_text(report_markdown(md, drawn, out, transfer=bool(transfers),
+                                                   population=population_markdown(population, table.digits)
+                                                   if population else None), encoding="utf-8")
     return md, [c for _, c in clips], [f.path for _, figures in drawn for f in figures]
 
 
-def report_markdown(table_md: str, drawn: list, out: Path, transfer: bool = False) -> str:
-    """report.md: Table 1 with its legend, then each group's figures (image, then caption) and the other tables'
+def report_markdown(table_md: str, drawn: list, out: Path, transfer: bool = False,
+                    population: Optional[str] = None) -> str:
+    """report.md: Table 1 with its legend, the populations table (``population``: its Markdown, where a method
+    trained with two population sizes), then each group's figures (image, then caption) and the other tables'
     files. ``drawn``: (group, its ``FigureInfo``s) per group of the table."""
     from graftzoo.eval.plots import figures_markdown  # matplotlib: only when a report is written
 
@@ -164,6 +173,8 @@ def report_markdown(table_md: str, drawn: list, out: Path, transfer: bool = Fals
              "LaTeX: [table1.tex](table1.tex) (a complete document); CSV: [table1.csv](table1.csv); clipped tokens: "
              "[clip_table.md](clip_table.md)" + ("; what the peer exchange moved: [transfer.md](transfer.md)"
                                                  if transfer else "") + ".", ""]
+    if population:
+        lines += ["## Does another peer help?", "", population.rstrip("\n"), ""]
     several = len(drawn) > 1
     for group, figures in drawn:
         if not figures:

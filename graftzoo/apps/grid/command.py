@@ -32,7 +32,8 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print,
     from graftzoo.eval.plots import write_figures  # matplotlib, torch: only once a report is written
     from graftzoo.eval.regime import write_regime_map  # matplotlib, torch: only once a report is written
     from graftzoo.eval.report import (build_table1, clip_fraction_table, design_keys,  # torch: a report only
-                                      to_csv, to_latex, to_markdown, transfer_markdown, transfer_table)
+                                      population_markdown, population_rows, to_csv, to_latex, to_markdown,
+                                      transfer_markdown, transfer_table)
     finished = [c for c in cells if summary_status(c.run_dir) == "done"]
     if not finished:
         echo("report skipped: no finished cell")
@@ -65,8 +66,13 @@ def write_report(grid: Grid, cells: list, echo: Callable[[str], None] = print,
     transfer = transfer_table(runs)
     if transfer.rows:  # runs with a peer: what the exchange moved
         (out / "transfer.md").write_text(transfer_markdown(transfer), encoding="utf-8")
+    population = population_rows(table)
+    if population:  # a method trained with two population sizes: does another peer help?
+        (out / "population.md").write_text(population_markdown(population, table.digits), encoding="utf-8")
     write_figures(runs, out, table.baseline, echo=echo)
     echo(md)
+    if population:
+        echo(population_markdown(population, table.digits))
     echo(f"report: {out}")
     log_report_to_wandb(grid, finished, table, runs, out, echo=echo)   # report.wandb: false keeps it off wandb
     return out

@@ -1,0 +1,74 @@
+"""What a third peer costs (docs/results.md#a-third-peer): the step time of GRAFT (online peers) on the tiny pair
+(N = 2) against the tiny population of three (N = 3: the pair and tiny-llama-triple), at the same prompts per step,
+n and task, every model training every step, steps taken alternately on one process; the first ``--skip`` left out.
+Also the third model's first-use warm-up, as its cached ``warmup.json`` records it (run any tiny3 command once
+first, or this warms it up and the time is the warm-up's).
+
+Run: python bench/population.py [--steps 6 --skip 1 --set task.prompts_per_step=16 ...] [--out FILE.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+from graftzoo.contract.config import load_config
+from graftzoo.tiny.warmup import load_or_warmup, warmup_info
+from graftzoo.training.planner.build import tiny_spec
+from graftzoo.training.trainer import Trainer
+
+PAIRS = {"tiny": 2, "tiny3": 3}
+SAME_TASK = ['task.mix={"add": 1, "sub": 1, "mul": 1}', "task.difficulty=3"]
+
+
+def third_warmup() -> dict:
+    spec = load_config(pair="tiny3", algo="grpo").pair.models[2]
+    info = warmup_info(load_or_warmup(tiny_spec(spec)))
+    return {"model": spec.id, **{k: info.get(k) for k in ("steps", "max_steps", "train_s", "probe_greedy")}}
+
+
+def step_times(steps: int, skip: int, extra: list) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        runs = {}
+        for pair in PAIRS:
+            cfg = load_config(pair=pair, algo="graft", overrides=[
+                "run.track=false", "run.progress=false", f"run.out_dir={out}", f"run.name={pair}",
+                f"run.steps={steps}", "peer.source=online", *SAME_TASK, *extra])
+            runs[pair] = Trainer(cfg, resume=False)
+        times = {p: [] for p in runs}
+        for step in range(steps):
+            for pair, tr in runs.items():
+                t0 = time.perf_counter()
+                tr.train_step(step)
+                times[pair].append(time.perf_counter() - t0)
+        cfg = runs["tiny"].cfg
+        for tr in runs.values():
+            tr.close()
+    med = {p: statistics.median(t[skip:]) for p, t in times.items()}
+    return {"prompts_per_step": cfg.task.prompts_per_step, "n": cfg.rollout.n, "timed_steps": steps - skip,
+            **{f"N={PAIRS[p]} ({p})": {"median_s": round(med[p], 2), "all_s": [round(x, 2) for x in times[p]]}
+               for p in runs},
+            "ratio_3_over_2": round(med["tiny3"] / med["tiny"], 2)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--skip", type=int, default=1)
+    ap.add_argument("--set", dest="overrides", action="append", default=["task.prompts_per_step=16"],
+                    metavar="KEY=VALUE", help="config override applied to both populations")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    args = ap.parse_args()
+    res = {"cpus": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()[0], "warmup": third_warmup(),
+           "step": step_times(args.steps, args.skip, args.overrides), "load_after": os.getloadavg()[0]}
+    print(json.dumps(res, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
