@@ -36,7 +36,10 @@ class OnlinePeer(PeerSource):
         return self._of(self.peer_of(learner_id), prompts)
 
     def groups_by_peer(self, prompts, step, epoch, learner_id):
-        return {m: self._of(m, prompts) for m in self.peers_of(learner_id)}
+        peers = self.peers_of(learner_id)
+        if len(peers) == 1:  # a pair: ``groups``, which a subclass may refine
+            return {peers[0]: self.groups(prompts, step, epoch, learner_id)}
+        return {m: self._of(m, prompts) for m in peers}
 
 
 def build(cfg, trained_ids, dataset_id=None, prompt_ids=None, plan=None) -> OnlinePeer:
