@@ -1,5 +1,5 @@
 """What a third peer costs (docs/results.md#a-third-peer): the step time of GRAFT (online peers) on the tiny pair
-(N = 2) against the tiny population of three (N = 3: the pair and tiny-llama-triple), at the same prompts per step,
+(N = 2) against the tiny population of three (N = 3: the pair and tiny-llama-rpair), at the same prompts per step,
 n and task, every model training every step, steps taken alternately on one process; the first ``--skip`` left out.
 Also the third model's first-use warm-up, as its cached ``warmup.json`` records it (run any tiny3 command once
 first, or this warms it up and the time is the warm-up's).

@@ -30,7 +30,7 @@ def scratchpad_texts():
             (make_problem(s, d, rng) for d in (1, 3, 4))]
 
 
-@pytest.mark.parametrize("kind", ["char", "digit_pair"])
+@pytest.mark.parametrize("kind", ["char", "digit_pair", "digit_rpair", "digit_triple"])
 def test_tokenizer_round_trips_and_reloads(kind, tmp_path):
     tok = build_tokenizer(kind)
     for text in scratchpad_texts() + ["Q:(12+3)*4\n 0"]:
@@ -51,6 +51,16 @@ def test_digit_pair_chunks_from_the_left():
     tok = build_tokenizer("digit_pair")
     assert tok.tokenize("2082+347") == ["20", "82", "+", "34", "7"]
     assert build_tokenizer("char").tokenize("2082") == ["2", "0", "8", "2"]
+
+
+def test_the_third_families_tokenizers_split_numbers_their_own_way():
+    """digit_rpair: pairs aligned to place value from the right; digit_triple: up to three digits from the left (as
+    Llama-3); each its own ids for the same pieces."""
+    rpair, triple = build_tokenizer("digit_rpair"), build_tokenizer("digit_triple")
+    assert rpair.tokenize("2082+347-5") == ["20", "82", "+", "3", "47", "-", "5"]
+    assert triple.tokenize("20823+347") == ["208", "23", "+", "347"]
+    assert rpair.convert_tokens_to_ids("20") != build_tokenizer("digit_pair").convert_tokens_to_ids("20")
+    assert len(rpair) == 124 and len(triple) == 1124
 
 
 def test_families_differ_in_architecture_and_vocab():

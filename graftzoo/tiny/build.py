@@ -9,8 +9,10 @@ Two families that differ in every part a cross-tokenizer method cares about
   ``digit_pair`` tokenizer (digit runs split into 2-digit chunks from the left, ``2082`` ->
   ``20``, ``82``; one token per other character);
 - ``llama``: ``LlamaForCausalLM`` (RoPE, GQA, RMSNorm, SwiGLU, an untied head), the third family of the CPU
-  population, usually with the ``digit_triple`` tokenizer (digit runs in chunks of up to three from the left, as
-  Llama-3 splits numbers: ``20823`` -> ``208``, ``23``).
+  populations, with the ``digit_triple`` tokenizer (digit runs in chunks of up to three from the left, as Llama-3
+  splits numbers: ``20823`` -> ``208``, ``23``; ``micro3``) or ``digit_rpair`` (pairs aligned to place value from
+  the right, ``208`` -> ``2``, ``08``; ``tiny3``: a 96-wide model learns little arithmetic from a thousand
+  three-digit tokens in a warm-up, as the SmolLM3 miniature does not at 64 wide).
 
 Both tokenizers are real Hugging Face fast tokenizers (a ``tokenizers`` WordLevel model with a
 regex Split pre-tokenizer and a Fuse decoder), so ``save_pretrained`` / ``AutoTokenizer``,
@@ -58,7 +60,7 @@ CHAT_TEMPLATE = (
 # The paper's families in miniature (docs/guide.md#the-papers-families-in-miniature): the real tokenizers
 # (graftzoo.tiny.vocab) with the published models' embedding rows (Qwen3 pads its 151,669 tokens to 151,936).
 REAL_VOCABS = {"qwen3": 151936, "smollm3": 128256}
-TOKENIZERS = ("char", "digit_pair", "digit_triple", *REAL_VOCABS)
+TOKENIZERS = ("char", "digit_pair", "digit_rpair", "digit_triple", *REAL_VOCABS)
 FAMILIES = ("qwen2", "gpt2", "llama", "qwen3", "smollm3")
 
 
@@ -95,6 +97,9 @@ def build_tokenizer(kind: str) -> PreTrainedTokenizerFast:
     elif kind == "digit_pair":
         pieces = [f"{i:02d}" for i in range(100)] + list(CHARS)
         pattern = r"\d\d|[\s\S]"
+    elif kind == "digit_rpair":  # pairs aligned to place value, from the right: 208 -> 2, 08 (its own ids)
+        pieces = list(CHARS) + [f"{i:02d}" for i in range(100)]
+        pattern = r"\d{1,2}(?=(?:\d\d)*(?!\d))|[\s\S]"
     elif kind == "digit_triple":  # as Llama-3 splits numbers: runs of up to three digits from the left
         pieces = [f"{i:03d}" for i in range(1000)] + [f"{i:02d}" for i in range(100)] + list(CHARS)
         pattern = r"\d{1,3}|[\s\S]"
