@@ -693,14 +693,20 @@ def _identity(run: RunRecord) -> str:
 def row_tags(members: list) -> dict:
     """str(run path) -> the tag that tells apart rows of one label in one block (None or absent: one row), for
     ``members`` (run, model) of one label, model, peer, task and group. Runs of one method are one row, their
-    settings joined where they differ (the Differs column says so), unless a seed repeats: then a row per folder
-    (``repeat_tags``). Runs of one label but of different methods (another ``algo.*`` setting, say, under the
+    settings joined where they differ (the Differs column says so), unless a seed repeats: then a row per pair file
+    where the runs of each pair file have a seed each (a single-model method run with a pair and with a larger
+    population: "pair tiny3"), else a row per folder (``repeat_tags``). Runs of one label but of different methods (another ``algo.*`` setting, say, under the
     trainer's default label) are never one row: a row per folder (``parent_tags``) where each folder holds runs of one
     method and seed, else a row per method, tagged with the keys in which they differ ("algo.delta 0"), and its folder
     too where a seed repeats in it."""
     runs = [run for run, _ in members]
     ident = {str(run.path): _identity(run) for run in runs}
     if len(set(ident.values())) == 1:
+        pairs = {str(run.path): str(run.summary.get("pair")) for run in runs}
+        if len(set(pairs.values())) > 1 and all(  # the model trained in pairs or populations of other names
+                len({r.seed for r in runs if pairs[str(r.path)] == p}) == sum(v == p for v in pairs.values())
+                for p in set(pairs.values())):
+            return {path: f"pair {p}" for path, p in pairs.items()}
         return repeat_tags(runs, [run.seed for run in runs])
     folders = parent_tags(runs)
     per_folder: dict = {}
