@@ -117,6 +117,15 @@ def model_len(context: int, max_prompt_tokens: int, max_new_tokens: int) -> int:
 _IMPORT_ENV: dict = {}  # what importing vllm set in os.environ, when graftzoo imported it: set again for each start
 
 
+def uniproc_executor():
+    """vLLM's single-process executor, as a class: with the engine core in a process of its own on a CPU, its one
+    worker runs in that process as it does on a GPU. Named by its string ``uni``, vLLM's CPU platform would start a
+    second process for the worker (its multiprocessing executor, whose only gain is binding OpenMP threads to
+    cores), importing vLLM and torch once more: 8-9 s of each engine start on 2 cores."""
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor  # vllm: imported once an engine starts
+    return UniProcExecutor
+
+
 def _import_vllm(multiprocessing: bool):
     """``vllm`` with this process's settings: quiet, no usage reports, the engine core in-process unless asked. An
     engine puts these and whatever vLLM sets back when it closes (graftzoo.training.engines.isolation); so that the next
@@ -284,6 +293,8 @@ class _Backend:
             kw["gpu_memory_utilization"] = float(s["gpu_memory_utilization"])
         if not self.multiprocessing:
             kw["distributed_executor_backend"] = "uni"
+        elif current_platform.device_type == "cpu":
+            kw["distributed_executor_backend"] = uniproc_executor()
         if self.mode == "stream":
             kw["worker_extension_cls"] = f"{WeightReceiver.__module__}.{WeightReceiver.__qualname__}"
         threads = torch.get_num_threads()

@@ -1,6 +1,8 @@
 """How vLLM's engine processes wait for their next message (``rollout.vllm.poll_sleep_us``).
 
-An engine core in a process of its own talks to its worker process through a shared-memory queue. After each message
+An engine core in a process of its own talks to its worker processes (where it has any: several GPUs; on one device
+the worker runs in the engine core's process, graftzoo.training.engines.vllm_engine.uniproc_executor) through a
+shared-memory queue. After each message
 it reads, a reader polls the queue in a loop of ``sched_yield`` for a second (vLLM's ``SpinCondition``), so that it
 sees the next one at once. That loop is a core's worth of CPU: the worker spins for a second after every generate and
 weight sync, the engine core while it waits for each decode step's result. On a GPU machine the core is a spare one;
