@@ -321,3 +321,21 @@ def test_the_populations_table_sets_each_models_larger_population_against_its_pa
     assert rows[0].test.paired and rows[0].test.diff == pytest.approx(0.07)
     md = population_markdown(rows)
     assert f"| {L} | GRAFT | 2 | 40.0 ± 0.0 | 3 | 47.0 ± 0.0 | +7.0 | {want.p:.2f} | 3 |" in md
+
+
+def test_plan_places_a_population_on_a_node_or_says_what_does_not_fit():
+    """graftzoo plan with the GPU population (pair1 and OLMo-2-1B): each model on GPUs of its own, the GPUs split by
+    parameters; on too few GPUs, one line naming what does not fit."""
+    from graftzoo.training.planner import memory
+    ids = ["HuggingFaceTB/SmolLM3-3B-Base", "Qwen/Qwen3-1.7B-Base", "allenai/OLMo-2-0425-1B"]
+    res = CliRunner().invoke(main, ["plan", "configs/pairs/population1.yaml", "--gpus", "8", "--json",
+                                    "--set", "peer.source=online", "--algo", "graft"])
+    assert res.exit_code == 0, res.output
+    plan = json.loads(res.output)
+    ranks = {g["model"]: g["ranks"] for g in plan["placement"]}
+    assert list(ranks) == ids and sorted(r for rs in ranks.values() for r in rs) == list(range(8))
+    assert len(ranks[ids[0]]) > len(ranks[ids[2]])     # SmolLM3's 3.1 B parameters take the most GPUs
+    counted = {m.model: m.params for m in memory.model_memory(load_config(pair="population1", algo="grpo"))}
+    assert counted[ids[2]] == pytest.approx(1.485e9, rel=2e-3)
+    res = CliRunner().invoke(main, ["plan", "configs/pairs/population1.yaml", "--gpus", "2"])
+    assert res.exit_code == 1 and "no placement of population1 fits 2 x 80 GiB GPU(s)" in res.output
