@@ -9,7 +9,9 @@ import random
 import pytest
 import torch
 from click.testing import CliRunner
+import yaml
 from helpers import scored_rollout
+from test_graft import STRONG_PAIR  # the micro pair warmed up to have mixed groups
 
 from graftzoo.algos.base import StepContext
 from graftzoo.algos.functional import compatibility_score
@@ -30,24 +32,16 @@ torch.set_num_threads(1)
 L, A, B = "micro-qwen-char", "micro-gpt2-pair", "micro-llama-triple"
 G = 4
 P = Prompt("p0", "2+3", gold="5")
-# the population warmed up a little longer, on one-digit problems, so that groups are mixed and peers rescue groups
-STRONG = """
-pair:
-  models:
-    - {id: micro-qwen-char, kind: tiny, family: qwen2, tokenizer: char, hidden: 64, layers: 2, heads: 4, kv_heads: 2,
-       ffn: 128, max_new_tokens: 40,
-       warmup: {steps: 150, batch: 32, lr: 3.0e-3, mix: {add: 0.7, mul: 0.3}, difficulty: 1, probe_per_skill: 8}}
-    - {id: micro-gpt2-pair, kind: tiny, family: gpt2, tokenizer: digit_pair, hidden: 64, layers: 2, heads: 4, ffn: 128,
-       max_new_tokens: 32,
-       warmup: {steps: 150, batch: 32, lr: 3.0e-3, mix: {add: 0.3, mul: 0.7}, difficulty: 1, probe_per_skill: 8}}
-    - {id: micro-llama-triple, kind: tiny, family: llama, tokenizer: digit_triple, hidden: 64, layers: 2, heads: 2,
-       kv_heads: 1, ffn: 128, max_new_tokens: 32,
-       warmup: {steps: 150, batch: 32, lr: 3.0e-3, mix: {add: 0.3, sub: 0.4, mul: 0.3}, difficulty: 1,
-                probe_per_skill: 8}}
-task: {difficulty: 1, prompts_per_step: 8, mix: {add: 1, sub: 1, mul: 1}}
-rollout: {n: 8}
-run: {eval_at_end: false, eval_at_start: false, save_every: 0, track: false}
-"""
+# the micro pair warmed up a little longer on one-digit problems (test_graft's), and the third model the same way,
+# so that groups are mixed and peers rescue groups
+STRONG = yaml.safe_dump({**yaml.safe_load(STRONG_PAIR), "pair": {"models": [
+    *yaml.safe_load(STRONG_PAIR)["pair"]["models"],
+    {"id": B, "kind": "tiny", "family": "llama", "tokenizer": "digit_triple", "hidden": 64, "layers": 2, "heads": 2,
+     "kv_heads": 1, "ffn": 128, "max_new_tokens": 32,
+     "warmup": {"steps": 150, "batch": 32, "lr": 3.0e-3, "mix": {"add": 0.3, "sub": 0.4, "mul": 0.3},
+                "difficulty": 1, "probe_per_skill": 8}}]},
+    "task": {**yaml.safe_load(STRONG_PAIR)["task"], "mix": {"add": 1, "sub": 1, "mul": 1}},
+    "run": {**yaml.safe_load(STRONG_PAIR)["run"], "eval_at_start": False, "track": False}})
 
 
 # ---- the rules on their worked examples -------------------------------------------------------------------------
