@@ -26,8 +26,8 @@ class PeerSourceKind:
 
     ``build(cfg, trained_ids, dataset_id, prompt_ids, plan)`` makes the source for a run (``plan``: (step, epoch,
     prompts) of every step, to check a store covers them; ``prompt_ids``: the prompts of the first steps).
-    ``live``: it hands a learner the groups its partner in this run generates (needs exactly two trained models; the
-    partner's compute is charged with the learner's). ``reads_run``: it reads an earlier run at ``peer.path``
+    ``live``: it hands a learner the groups its partners in this run generate (needs two or more trained models;
+    the partners' compute is charged with the learner's). ``reads_run``: it reads an earlier run at ``peer.path``
     (required; named in the run directory's name; with ``live`` false its compute is sunk, not charged).
     ``keys``: the other ``peer.*`` keys it reads (one it does not read, set, is said to have no effect).
     ``check(cfg)``: a pre-flight check before any heavy import (``graftzoo train``), raising ``ConfigError``.
