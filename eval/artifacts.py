@@ -75,7 +75,7 @@ import yaml
 from graftzoo.contract import metrics as M
 from graftzoo.contract.layout import CONFIG, METRICS, SUMMARY
 from graftzoo.contract.names import model_slug
-from graftzoo.eval.compute import joint_charge
+from graftzoo.eval.compute import FIELDS, joint_charge
 
 log = logging.getLogger("graftzoo")
 
@@ -407,6 +407,13 @@ def stored_peer_cost(path, model_id: str) -> dict:
     if model_id not in summary["peers"]:
         raise ArtifactError(f"{root / SUMMARY}: model {model_id!r} not in {summary['models']}")
     return joint_charge(summary)[model_id]["charged"]
+
+
+def stored_peers_cost(runs: Iterable) -> dict:
+    """``peer_run_compute`` of a source that reads several earlier runs (one store per peer model,
+    docs/algorithms.md#populations): ``stored_peer_cost`` of each (path, model), added up."""
+    costs = [stored_peer_cost(path, model) for path, model in runs]
+    return {k: math.fsum(float(c.get(k) or 0.0) for c in costs) for k in FIELDS}
 
 
 def load_runs(paths: Iterable) -> list:

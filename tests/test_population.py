@@ -333,3 +333,19 @@ def test_plan_places_a_population_on_a_node_or_says_what_does_not_fit():
     assert counted[ids[2]] == pytest.approx(1.485e9, rel=2e-3)
     res = CliRunner().invoke(main, ["plan", "configs/pairs/population1.yaml", "--gpus", "2"])
     assert res.exit_code == 1 and "no placement of population1 fits 2 x 80 GiB GPU(s)" in res.output
+
+
+def test_a_stored_peer_run_is_charged_the_compute_of_every_store_it_reads(stored_runs, tmp_path):
+    """The summary's ``peer_run_compute`` (the amortized charge): the earlier run's charged cost of each stored
+    model, added up over the stores (``peer.stores``), or of the one model ``peer.path`` stands for."""
+    from graftzoo.eval.artifacts import stored_peer_cost
+    _, run = stored_runs
+    (tmp_path / "strong.yaml").write_text(STRONG)
+    for name, sets, read in (("two", [f"peer.stores={{{A}: {run}, {B}: {run}}}"], [A, B]),
+                             ("one", [f"peer.path={run}", f"peer.model={A}"], [A])):
+        Trainer(load_config(pair="micro3", algo="graft", files=[str(tmp_path / "strong.yaml")], overrides=[
+            f"run.out_dir={tmp_path}", f"run.name={name}", "run.steps=1", "peer.source=stored",
+            f"pair.train=[{L}]", *sets])).run()
+        got = json.loads((tmp_path / name / "summary.json").read_text())["peer_run_compute"]
+        want = [stored_peer_cost(run, m) for m in read]
+        assert got == pytest.approx({k: sum(c[k] for c in want) for k in got}) and got["wall_s"] > 0

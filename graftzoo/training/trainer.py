@@ -40,14 +40,14 @@ from graftzoo.training.run.rundir import (LOCK_FILE, STORE, RunDirError, RunDirU
                                      default_run_name, keep_final_evaluation, move_aside, rerun_plan,
                                      name_note, resume_checkpoint)
 from graftzoo.envs.task import Task
-from graftzoo.eval.artifacts import make_summary, stored_peer_cost, write_config, write_summary
+from graftzoo.eval.artifacts import make_summary, stored_peers_cost, write_config, write_summary
 from graftzoo.eval.evaluate import eval_metrics, evaluate_and_write, evaluate_benchmarks, heldout_request
 from graftzoo.eval.compute import ComputeMeter
 from graftzoo.training.engines.engine import fitting_prompts
 from graftzoo.training.eval_runner import evaluating
 from graftzoo.training.planner.build import InProcess, check_models, make_eval_engine, prompt_limits
 from graftzoo.training.planner import placement
-from graftzoo.peers.sources import StoredPeers, make_peer_source
+from graftzoo.peers.sources import make_peer_source
 from graftzoo.peers.store import TrajectoryStore
 from graftzoo.contract.peer_sources import peer_source_kind, source_label
 from graftzoo.contract.registry import get_algo
@@ -470,9 +470,8 @@ class Trainer:
         prc = None
         if kind is not None and kind.reads_run and not kind.live:  # the earlier runs' compute, amortized
             try:
-                read = ([(st.path, st.model) for st in self.peers.stores] if isinstance(self.peers, StoredPeers)
-                        else [(self.cfg.peer.path, self.peers.peer_of(self.model_ids[0]))])
-                prc = sum(stored_peer_cost(path, model) for path, model in read)
+                read = self.peers.stored_runs() or [(self.cfg.peer.path, self.peers.peer_of(self.model_ids[0]))]
+                prc = stored_peers_cost(read)
             except Exception:  # the original peer run's compute is optional (amortized charge only)
                 prc = None
         out = make_summary(as_dict(self.cfg), models=self.model_ids, peers=peers, status=status,

@@ -27,6 +27,10 @@ class PeerSource:
         ``peer_of``, "peer" when the source does not name it)."""
         return {self.peer_of(learner_id) or "peer": self.groups(prompts, step, epoch, learner_id)}
 
+    def stored_runs(self) -> list:
+        """(path, model) of each earlier run the source reads (its compute is amortized in the summary)."""
+        return []
+
     def observe(self, groups_by_model: dict):
         """Every trained model's groups of this step, before any update (a no-op unless a source needs them)."""
 

@@ -28,6 +28,9 @@ class MixedPeer(PeerSource):
         live = self.online.peers_of(learner_id)
         return live + [m for m in self.stores if m not in live and m != learner_id]
 
+    def stored_runs(self):
+        return [run for s in self.stores.values() for run in s.stored_runs()]
+
     def observe(self, groups_by_model):
         self.online.observe(groups_by_model)
 

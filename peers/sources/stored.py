@@ -66,6 +66,9 @@ class StoredPeer(PeerSource):
     def peer_of(self, learner_id):
         return self.model
 
+    def stored_runs(self):
+        return [(self.path, self.model)]
+
     def step_metrics(self, step, learner_id):
         return {M.PEER_STORED_MISSING: int(int(step) in self.missing_steps)}
 
@@ -180,6 +183,9 @@ class StoredPeers(PeerSource):
 
     def groups_by_peer(self, prompts, step, epoch, learner_id):
         return {s.model: s.groups(prompts, step, epoch, learner_id) for s in self.stores if s.model != learner_id}
+
+    def stored_runs(self):
+        return [run for s in self.stores for run in s.stored_runs()]
 
     def step_metrics(self, step, learner_id):
         return {M.PEER_STORED_MISSING: int(any(int(step) in s.missing_steps for s in self.stores
