@@ -58,6 +58,8 @@ def step_times(pairs: list, steps: int, skip: int, extra: list) -> dict:
                 tr.train_step(step)
                 times[pair].append(time.perf_counter() - t0)
         cfg = runs[pairs[0]].cfg
+        for tr in runs.values():
+            tr.close()
     kept = {p: t[skip:] for p, t in times.items()}
     return {"prompts_per_step": cfg.task.prompts_per_step, "n": cfg.rollout.n, "timed_steps": steps - skip,
             **{p: {"median_s": round(statistics.median(t), 2), "all_s": [round(x, 2) for x in times[p]]}

@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import tempfile
-import time
 
+import mini_pair  # bench/: the step-time measurement of the miniature pair
 from graftzoo.contract.config import load_config
 from graftzoo.tiny.warmup import load_or_warmup, warmup_info
 from graftzoo.training.planner.build import tiny_spec
-from graftzoo.training.trainer import Trainer
 
 PAIRS = {"tiny": 2, "tiny3": 3}
 SAME_TASK = ['task.mix={"add": 1, "sub": 1, "mul": 1}', "task.difficulty=3"]
@@ -31,27 +28,12 @@ def third_warmup() -> dict:
 
 
 def step_times(steps: int, skip: int, extra: list) -> dict:
-    with tempfile.TemporaryDirectory() as out:
-        runs = {}
-        for pair in PAIRS:
-            cfg = load_config(pair=pair, algo="graft", overrides=[
-                "run.track=false", "run.progress=false", f"run.out_dir={out}", f"run.name={pair}",
-                f"run.steps={steps}", "peer.source=online", *SAME_TASK, *extra])
-            runs[pair] = Trainer(cfg, resume=False)
-        times = {p: [] for p in runs}
-        for step in range(steps):
-            for pair, tr in runs.items():
-                t0 = time.perf_counter()
-                tr.train_step(step)
-                times[pair].append(time.perf_counter() - t0)
-        cfg = runs["tiny"].cfg
-        for tr in runs.values():
-            tr.close()
-    med = {p: statistics.median(t[skip:]) for p, t in times.items()}
-    return {"prompts_per_step": cfg.task.prompts_per_step, "n": cfg.rollout.n, "timed_steps": steps - skip,
-            **{f"N={PAIRS[p]} ({p})": {"median_s": round(med[p], 2), "all_s": [round(x, 2) for x in times[p]]}
-               for p in runs},
-            "ratio_3_over_2": round(med["tiny3"] / med["tiny"], 2)}
+    """``bench/mini_pair.py``'s measurement, on the tiny pair and tiny3 with the same task."""
+    res = mini_pair.step_times(list(PAIRS), steps, skip, [*SAME_TASK, *extra])
+    out = {k: v for k, v in res.items() if k not in PAIRS}
+    out.update({f"N={n} ({p})": res[p] for p, n in PAIRS.items()})
+    out["ratio_3_over_2"] = round(res["tiny3"]["median_s"] / res["tiny"]["median_s"], 2)
+    return out
 
 
 def main():

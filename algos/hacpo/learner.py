@@ -66,7 +66,8 @@ class HACPO(PeerLearner):
         ones, peer by peer."""
         require_peer(self.name, ctx.run, peer)
         c = self.cfg
-        peers = list(peer_groups(peer).values())
+        by_peer = peer_groups(peer)
+        peers = list(by_peer.values())
         offered = [[p[g.prompt.id] for g in groups if g.prompt.id in p] for p in peers]
         self._push("self", accuracy(groups))
         for j, gs in enumerate(offered):
@@ -116,7 +117,7 @@ class HACPO(PeerLearner):
         grafted = [g for gs in grafted for g in gs]  # self first, then each peer's cross samples in model order
         omega = float(grad_coef[PEER:].mean())
         self._log_exchange(ctx, own, grafted, p_self, sum(p_peers) / len(p_peers), omega)
-        log_by_peer(ctx, peer_groups(peer), [r for g in grafted for r in g.rollouts if not r.dropped])
+        log_by_peer(ctx, by_peer, [r for g in grafted for r in g.rollouts if not r.dropped])
         return own + grafted
 
     @staticmethod

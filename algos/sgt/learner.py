@@ -23,8 +23,9 @@ class SGT(PeerLearner):
     def exchange(self, ctx: StepContext, groups, peer: Optional[dict]) -> list:
         require_peer(self.name, ctx.run, peer)
         c = self.cfg
+        peers = peer_groups(peer)
         # the union of every peer's responses to the prompt (docs/algorithms.md#populations; one peer: its group)
-        pooled = [pooled_group([p.get(g.prompt.id) for p in peer_groups(peer).values()]) for g in groups]
+        pooled = [pooled_group([p.get(g.prompt.id) for p in peers.values()]) for g in groups]
         successes = [None if pg is None else [i for i, r in enumerate(pg.rollouts) if r.correct] for pg in pooled]
         rescue = sgt_rescue([g.num_correct for g in groups], [g.n for g in groups], successes, ctx.rng,
                             int(c.k_inj), c.gate, float(c.tau))
@@ -54,7 +55,7 @@ class SGT(PeerLearner):
             out[x].append(Group(lg.prompt, lg.model_id, inj, [0.0] * len(inj), "peer",
                                 [float(c.lam) / len(rescue_set)] * len(inj)))
         log_compatibility(ctx, rescue_set)
-        log_by_peer(ctx, peer_groups(peer), rescue_set)
+        log_by_peer(ctx, peers, rescue_set)
         ctx.log(M.PEER_RESCUED_GROUPS, rescued)
         ctx.log(M.PEER_ADMITTED, len(rescue_set))
         ctx.log(M.PEER_ADMITTED_SUCC, len(rescue_set))  # SGT transfers verified successes only
