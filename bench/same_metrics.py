@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-CLOCK = ("time/", "perf/")
+CLOCK = ("time/", "perf/", "async/overlap_s")
 
 
 def records(run: Path) -> list:

@@ -67,7 +67,7 @@ def weights(ck: Path) -> dict:
 
 def metric_rows(run_dir):
     rows = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/", "async/overlap_s"))} for r in rows]
 
 
 def reseal(ck: Path, name: str):
@@ -232,6 +232,22 @@ def test_save_refuses_state_that_would_not_load_safely(tmp_path):
         save_checkpoint(tmp_path, 0, {"micro": FakePolicy()}, {"micro": FakeLearner()},
                         {"peers": {"cursor": np.zeros(2)}})
     assert list((tmp_path / "checkpoints").iterdir()) == []   # nothing half-written left behind
+
+
+def test_a_shard_the_driver_cannot_see_fails_the_save_naming_the_model_and_the_file(tmp_path):
+    """A worker group's shard written on a node that does not share the run directory: the save stops with one
+    line naming the model and the file, and no checkpoint lists a shard the driver cannot read."""
+    class ShardedElsewhere(FakePolicy):
+        def checkpoint_state(self, folder, stem):
+            (Path(folder) / f"{stem}.dcp").mkdir()
+            (Path(folder) / f"{stem}.dcp" / "__0_0.distcp").write_bytes(b"rank 0")   # rank 0: here
+            return {"sharded": True}, [f"{stem}.dcp/__0_0.distcp", f"{stem}.dcp/__1_0.distcp"]  # rank 1: elsewhere
+
+    with pytest.raises(CheckpointError, match=r"model 'micro': its worker wrote the checkpoint file "
+                                              r"micro\.dcp/__1_0\.distcp, but this process does not find it") as e:
+        save_checkpoint(tmp_path, 0, {"micro": ShardedElsewhere()}, {"micro": FakeLearner()}, {})
+    assert "not shared" in str(e.value) and "\n" not in str(e.value)
+    assert list((tmp_path / "checkpoints").iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ SECTIONS = {"task": {"env": "mini/Scripts-v0", "size": 64, "mix": {}, "difficult
 # responses of up to 16 tokens, each model's ending at its first symbol of the kind it writes (tests/mini_task.py)
 MODEL_KEYS = {SMOL: {"max_new_tokens": 16, "stop": stop_at("digit")},
               QWEN: {"max_new_tokens": 16, "stop": stop_at("hebrew")}}
-SKIP = ("time/", "perf/")  # wall-clock figures differ from run to run
+SKIP = ("time/", "perf/", "async/overlap_s")  # wall-clock figures differ from run to run
 
 
 @pytest.fixture(scope="module")

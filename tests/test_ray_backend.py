@@ -46,7 +46,7 @@ HACPO = ["algo.beta_kl=0.05", "ray.concurrent_models=false", "run.eval_at_end=fa
 # the shared run's schedule: each step's rollouts collected one step ahead, before the update (a group's calls queue
 # one at a time on Ray, so nothing overlaps), decoded by the weights one version old after step 0
 AHEAD = ["rollout.max_staleness=1"]
-SKIP_KEYS = ("time/", "perf/")   # wall-clock figures differ from run to run
+SKIP_KEYS = ("time/", "perf/", "async/overlap_s")   # wall-clock figures differ from run to run
 
 
 def pair_file(tmp: Path, workers: int = 2, pair: str = "micro") -> Path:
@@ -225,7 +225,8 @@ def test_a_dead_worker_fails_the_run_naming_model_and_rank(ray_run):
     t = time.perf_counter()
     code, log = finish(p, 180)
     assert code == 1, log[-3000:]
-    assert re.search(r"Error: model 'micro-[a-z0-9-]+': worker rank \d \(pid \d+\) died", log), log[-3000:]
+    assert re.search(r"Error: model 'micro-[a-z0-9-]+': worker rank \d \(pid \d+, node 127\.0\.0\.1:\d+\) died",
+                     log), log[-3000:]
     assert time.perf_counter() - t < 120
     summary = json.loads((out / "r" / "summary.json").read_text())
     assert summary["status"] == "failed" and "worker rank" in summary["error"]
@@ -264,9 +265,10 @@ def test_a_rank_failing_in_a_collective_is_reported_after_the_rank_that_died(mon
     monkeypatch.setattr(ray, "get", get)
     group = WorkerGroup.__new__(WorkerGroup)
     group.model_id, group.world, group.pids, group.broken = "m", 2, [11, 22], False
+    group.nodes, group.rollouts, group.rollout_pids, group.rollout_nodes = ["n0", "n1"], [], [], []
     group.actors = [Actor(0), Actor(1)]
     if other == "died":
-        with pytest.raises(WorkerDied, match=r"model 'm': worker rank 1 \(pid 22\) died during step"):
+        with pytest.raises(WorkerDied, match=r"model 'm': worker rank 1 \(pid 22, node n1\) died during step"):
             group.call("step")
     else:
         with pytest.raises(RuntimeError, match=r"Connection reset by peer \[model 'm', worker rank 0\]"):
@@ -287,40 +289,6 @@ def test_a_plugin_learner_resolves_in_the_workers_and_its_failure_comes_back_who
     assert code == 1, log[-3000:]
     assert f"Error: non-finite loss (nan) at model '{A}', step 0, minibatch 0" in log, log[-3000:]
     assert "worker rank 0" in log
-
-
-def test_grid_cells_as_ray_tasks_with_dependencies_then_skipped(tmp_path):
-    """``graftzoo grid FILE --ray``: every cell a Ray task holding what it needs (a ``--backend ray`` cell nothing: its
-    worker groups join the grid's cluster; an in-process cell 1 CPU); the stored-peer cell starts after the cell it
-    reads; finished cells then show as done (a rerun skips them)."""
-    grid = {"name": "g", "pairs": ["micro"], "seeds": [0],
-            "set": {"run.steps": 1, "run.track": False, "run.progress": False, "task.prompts_per_step": 2,
-                    "eval": {"size": 4, "k": 1}},
-            "algorithms": [],
-            "variants": [{"label": "RLOO on ray", "algo": "rloo", "set": {"run.backend": "ray", "pair.train": [B]}},
-                         {"label": "GRPO (stored peer)", "algo": "grpo", "peer": "stored:{cell:RLOO on ray}",
-                          "set": {"pair.train": [A], "peer.model": B}}]}
-    spec = tmp_path / "g.yaml"
-    spec.write_text(yaml.safe_dump(grid, sort_keys=False))
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "grid", str(spec), "--out", str(out), "--ray"]
-    code, log = finish(loopback(cmd))
-    assert code == 0, log[-4000:]
-    names = ["rloo-on-ray-micro-s0", "grpo-stored-peer-micro-s0"]
-    lines = log.splitlines()
-    for name in names:
-        assert f"[done] {name}" in log, log[-4000:]
-        assert json.loads((out / name / "summary.json").read_text())["status"] == "done"
-    first_done = next(i for i, x in enumerate(lines) if x.startswith(f"[done] {names[0]}"))
-    assert next(i for i, x in enumerate(lines) if x.startswith(f"[new] {names[1]}")) > first_done
-    raw = yaml.safe_load((out / names[0] / "config.yaml").read_text())
-    assert raw["run"]["backend"] == "ray" and raw["ray"]["address"].startswith("127.0.0.1:")
-    stored = json.loads((out / names[1] / "summary.json").read_text())
-    assert stored["peer_source"] == "stored"
-    assert yaml.safe_load((out / names[1] / "config.yaml").read_text())["run"]["backend"] == "inprocess"
-    plan = subprocess.run([*cmd, "--dry-run"], env=ENV, capture_output=True, text=True, timeout=120)
-    assert plan.returncode == 0, plan.stdout + plan.stderr
-    assert all(f"[done] {n}" in plan.stdout for n in names), plan.stdout   # a rerun skips them
 
 
 def test_a_group_that_cannot_be_placed_fails_in_time(tmp_path):

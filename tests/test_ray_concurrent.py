@@ -39,7 +39,7 @@ class SleepyBackend(InProcess):
         self.calls, self.fail, self.lock = [], {}, threading.Lock()
         self.rng: dict = {}
 
-    def build(self, cfg, specs, train_ids, seed):
+    def build(self, cfg, specs, train_ids, seed, run_dir=None):
         policies, engines, refs = super().build(cfg, specs, train_ids, seed)
         for m in policies:
             self.rng[m] = torch.get_rng_state()

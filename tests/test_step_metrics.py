@@ -17,7 +17,7 @@ from graftzoo.training.trainer import Trainer
 
 FIGURES = Path(__file__).parent / "data" / "step_metrics.json"
 PEER = {"hacpo", "sgt", "graft"}
-UNSEEDED = ("time/", "perf/")
+UNSEEDED = ("time/", "perf/", "async/overlap_s")
 # easy prompts, so that groups are mixed and peers rescue groups; two minibatches (theta_old, the clip), micro-batches
 # (their shared denominators), a KL and an entropy bonus: every part of the loss moves the numbers
 SETTINGS = ["run.track=false", "run.steps=2", "run.eval_at_end=false", "run.eval_at_start=false",

@@ -37,7 +37,8 @@ RUNTIME_ERRORS = (("graftzoo.envs.datasets", "DatasetError"), ("graftzoo.peers.s
                   ("graftzoo.contract.errors", "NonFiniteError"), ("graftzoo.training.run.tracking", "MetricsFileError"),
                   ("graftzoo.training.engines.engine", "EngineError"), ("graftzoo.distributed.errors", "WorkerError"),
                   ("graftzoo.training.export", "ExportError"),
-                  ("graftzoo.distributed.errors", "RayStartError"), ("graftzoo.envs.task", "UnverifiedError"),
+                  ("graftzoo.distributed.errors", "RayStartError"), ("graftzoo.distributed.errors", "StorageError"),
+                  ("graftzoo.envs.task", "UnverifiedError"),
                   ("graftzoo.tiny.shipped", "ShippedWeightsError"),
                   ("builtins", "OSError"))
 

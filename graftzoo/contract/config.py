@@ -180,6 +180,14 @@ class RaySection(Section):
     concurrent_models: bool = key(True, "the models' generate/score/theta_old and update/weight sync run at "
                                         "once, one driver thread per model (the same seeded metrics); false: one "
                                         "model after the other")
+    model_placement: Literal["any", "pack", "spread"] = key(
+        "any", "where the models go on a cluster of several nodes: any (each model's group placed on its own, by "
+               "ray.placement), pack (every model on one node) or spread (each model on a node no other model uses); "
+               "pack and spread keep a model's workers together on its node")
+    rollout_workers: Int = key(0, "rollout workers of each model apart from its training workers (processes, and on "
+                                  "GPUs devices, of their own): they decode its requests and take its weights over a "
+                                  "collective after each update, so rollouts ahead (rollout.max_staleness >= 1) "
+                                  "decode during the update; 0: the training ranks decode", ge=0, le=MAX_WORKERS)
 
 
 class LoraSection(Section):
@@ -1015,6 +1023,10 @@ def check_run(cfg: RunConfig) -> None:
     if cfg.run.diagnostics and cfg.run.backend == "ray":
         raise ConfigError("config key 'run.diagnostics' needs run.backend=inprocess: with ray the models live in their "
                           "worker ranks, where the diagnostics' extra passes do not run")
+    if cfg.run.backend == "ray" and cfg.ray.model_placement != "any" and cfg.ray.placement == "STRICT_SPREAD":
+        raise ConfigError(f"config key 'ray.model_placement' = {cfg.ray.model_placement} keeps each model's workers "
+                          f"on one node, but ray.placement = STRICT_SPREAD puts them on different nodes: set one of "
+                          f"them (ray.model_placement=any to spread a model's ranks)")
     if cfg.run.backend == "ray":
         for spec in models:
             if spec.num_workers > 1 and spec.lora is not None:

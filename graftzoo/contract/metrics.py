@@ -165,6 +165,9 @@ ASYNC_IS_WEIGHT_MAX = Metric("async/is_weight_max", "ratio", "the largest such w
                              "all (rollout.max_staleness > 0)")
 ASYNC_IS_CAPPED = Metric("async/is_capped_frac", "fraction", "trained tokens of stale rollouts whose weight is at "
                          "the cap rollout.tis_cap", "all (rollout.max_staleness > 0)")
+ASYNC_OVERLAP_S = Metric("async/overlap_s", "s", "seconds of this model's update during which its rollouts ahead "
+                         "(rollout.max_staleness >= 1) were being generated; 0 where nothing overlaps (k = 0, or the "
+                         "batches ahead generated before the update); a wall-clock figure")
 BATCH_TOKENS = Metric("batch/tokens", "tokens", "prompt + response tokens of the step's training rows")
 
 # ---- complementarity and peer exchange ------------------------------------------------------------------------------
@@ -327,7 +330,7 @@ EVERY_RECORD: tuple = (
     VERIFIER_TIMEOUTS, VERIFIER_UNVERIFIED, VERIFIER_UNVERIFIED_SHARE,
     # responses and throughput
     RESPONSE_LEN_MEAN, RESPONSE_TRUNC_RATE, PERF_TOKENS_PER_S, ROLLOUTS_GENERATED,
-    TIME_GENERATE, TIME_SCORE, TIME_LOGPROB, TIME_EXCHANGE, TIME_UPDATE, TIME_STEP,
+    TIME_GENERATE, TIME_SCORE, TIME_LOGPROB, TIME_EXCHANGE, TIME_UPDATE, TIME_STEP, ASYNC_OVERLAP_S,
 )
 """The fixed vocabulary: present in every metrics.jsonl record, None where it does not apply."""
 

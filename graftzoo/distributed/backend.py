@@ -28,78 +28,138 @@ from graftzoo.training.engines.engine import Engine
 from graftzoo.training.planner.build import check_context, load_tokenizer_of, model_stop, model_template, resolve_device
 from graftzoo.training.models.policy import Policy
 from graftzoo.distributed.errors import WorkerDied, WorkerError
-from graftzoo.distributed.cluster import connect, disconnect
-from graftzoo.distributed.worker import PolicyWorker
+from graftzoo.distributed.cluster import alive_nodes, check_shared_dir, connect, disconnect, node_names
+from graftzoo.distributed.worker import PolicyWorker, RolloutWorker
 
 log = logging.getLogger("graftzoo")
 
 
 class WorkerGroup:
-    """The Ray actors (ranks) of one model, in a placement group of their own."""
+    """The Ray actors of one model: its training ranks and, with ``ray.rollout_workers``, its rollout workers, in a
+    placement group of their own (``ray.model_placement`` any) or in their bundle of the run's (pack, spread)."""
 
-    def __init__(self, model_id: str, spec: ModelSpec, cfg: RunConfig, seed: int):
+    def __init__(self, model_id: str, spec: ModelSpec, cfg: RunConfig, seed: int, shared=None):
         from ray.util.placement_group import placement_group
 
-        self.model_id, self.actors, self.pids, self.pg = model_id, [], [], None
+        self.model_id, self.actors, self.rollouts, self.pg, self.shared = model_id, [], [], None, shared
+        self.pids, self.nodes, self.rollout_pids, self.rollout_nodes = [], [], [], []
         self.broken = False  # a call failed: the others may wait in a collective, so close() ends them at once
         self.world = int(spec.num_workers)  # its own num_workers, else ray.num_workers
+        self.apart = int(cfg.ray.rollout_workers)  # rollout workers apart from the training ranks
         self.split_hf = self.world > 1 and bool(cfg.ray.hf_split_generate)  # HF ranks decode their own shares
-        device = resolve_device(spec.device)
-        r = cfg.ray
-        gpus = float(r.gpus_per_worker) if device.startswith("cuda") else 0
-        bundle = {"CPU": float(r.cpus_per_worker), **({"GPU": gpus} if gpus else {})}
-        self.gpus = gpus * self.world  # GPUs the group holds, for the compute accounting
-        self.pg = placement_group([dict(bundle) for _ in range(self.world)], strategy=r.placement,
-                                  name=f"graftzoo-{model_id}-{os.getpid()}")
+        self.bundle, gpus = worker_bundle(spec, cfg)
+        self.gpus = gpus * (self.world + self.apart)  # GPUs the group holds, for the compute accounting
+        if shared is None:
+            self.pg = placement_group([dict(self.bundle) for _ in range(self.world + self.apart)],
+                                      strategy=cfg.ray.placement, name=f"graftzoo-{model_id}-{os.getpid()}")
         try:
-            self._start(spec, cfg, seed, bundle, gpus)
+            self._start(spec, cfg, seed, gpus)
         except BaseException:  # a group that cannot start leaves no actor or reservation behind
             self.broken = True
             self.close()
             raise
 
-    def _start(self, spec: ModelSpec, cfg: RunConfig, seed: int, bundle: dict, gpus: float) -> None:
+    def _where(self, i: int):
+        """The placement group and bundle of the group's i-th actor (training ranks first, then rollout workers)."""
+        if self.shared is not None:
+            return self.shared
+        return self.pg, i
+
+    def _start(self, spec: ModelSpec, cfg: RunConfig, seed: int, gpus: float) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        model_id, r = self.model_id, cfg.ray
-        ready, _ = ray.wait([self.pg.ready()], timeout=float(r.ready_timeout_s))
+        model_id, r, bundle = self.model_id, cfg.ray, self.bundle
+        pg = self._where(0)[0]
+        ready, _ = ray.wait([pg.ready()], timeout=float(r.ready_timeout_s))
         if not ready:
-            raise WorkerError(f"model {model_id!r}: its placement group ({self.world} x {bundle}, "
-                              f"{r.placement}) was not ready after {r.ready_timeout_s} s; the cluster has "
-                              f"{ray.cluster_resources()} (STRICT_SPREAD needs a node per worker)")
+            where = (f"{self.world + self.apart} x {bundle}, {r.placement}" if self.shared is None else
+                     f"one node per model, ray.model_placement={r.model_placement}")
+            raise WorkerError(f"model {model_id!r}: its placement group ({where}) was not ready after "
+                              f"{r.ready_timeout_s} s; the cluster has {ray.cluster_resources()} over "
+                              f"{len(alive_nodes())} node(s) (STRICT_SPREAD and ray.model_placement=spread need a "
+                              f"node per worker or per model)")
         env = {"OMP_NUM_THREADS": str(cfg.run.threads), "TOKENIZERS_PARALLELISM": "false"}
-        cls = ray.remote(PolicyWorker)
+
+        def options(i: int):
+            pg_i, idx = self._where(i)
+            strategy = PlacementGroupSchedulingStrategy(placement_group=pg_i, placement_group_bundle_index=idx)
+            return dict(num_cpus=bundle["CPU"], num_gpus=gpus, scheduling_strategy=strategy,
+                        runtime_env={"env_vars": env}, name=None, max_restarts=0)
+
+        cls, decoders = ray.remote(PolicyWorker), ray.remote(RolloutWorker)
         for rank in range(self.world):
-            strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=rank)
-            self.actors.append(cls.options(num_cpus=bundle["CPU"], num_gpus=gpus, scheduling_strategy=strategy,
-                                           runtime_env={"env_vars": env}, name=None, max_restarts=0)
-                               .remote(spec, cfg, rank, self.world, os.getcwd()))
+            self.actors.append(cls.options(**options(rank)).remote(spec, cfg, rank, self.world, os.getcwd(),
+                                                                    decodes=not self.apart))
+        for i in range(self.apart):
+            self.rollouts.append(decoders.options(**options(self.world + i)).remote(spec, cfg, i, os.getcwd()))
         addr, port = self.call("address", ranks=[0])[0] if self.world > 1 else ("127.0.0.1", 0)
-        self.infos = self.call("setup", addr, port, seed, timeout=float(r.ready_timeout_s) + 600.0)
-        self.pids = [i["pid"] for i in self.infos]
-        self.info = self.infos[0]
+        wait = float(r.ready_timeout_s) + 600.0
+        self.infos, outs = self.call_both(("setup", (addr, port, seed)), ("setup", (seed,)), timeout=wait)
+        self.pids, self.nodes = [i["pid"] for i in self.infos], [i["node_id"] for i in self.infos]
+        self.rollout_pids, self.rollout_nodes = [o["pid"] for o in outs], [o["node_id"] for o in outs]
+        self.info = dict(self.infos[0])
+        if self.apart:
+            if {o["signature"] for o in outs} != {self.info["signature"]}:
+                raise WorkerError(f"model {model_id!r}: its rollout workers built weights of another layout than its "
+                                  f"training ranks (names, shapes, dtypes), so the weights cannot be sent to them")
+            self.info["engine"] = outs[0]["engine"]
+            host, tport = self.call("address", ranks=[0])[0]
+            world, timeout = 1 + self.apart, float(r.collective_timeout_s)
+            self.call_both(("open_transfer", (host, tport, world, timeout)),
+                           ("open_transfer", (host, tport, world, timeout)), timeout=wait)
+
+    def placement_lines(self) -> list:
+        """Where the group's actors run: one line per kind, naming each node by its address."""
+        names = node_names()
+        ranks = ", ".join(f"{i}: {names.get(n, n[:12])}" for i, n in enumerate(self.nodes))
+        lines = [f"model {self.model_id}: training ranks on nodes ({ranks})"]
+        if self.rollouts:
+            where = ", ".join(f"{i}: {names.get(n, n[:12])}" for i, n in enumerate(self.rollout_nodes))
+            lines.append(f"model {self.model_id}: rollout workers on nodes ({where})")
+        return lines
 
     # ---- calls -------------------------------------------------------------------------------
-    def call(self, method: str, *args, ranks=None, per_rank=None, timeout: Optional[float] = None, **kwargs) -> list:
-        """Call ``method`` on the ranks (all by default) at once and wait for all of them; ``per_rank[i]``: keyword
-        arguments of rank i's call only. The first failure ends the wait: a dead rank raises ``WorkerError`` naming
-        it; an error raised in a rank is re-raised as itself (its message gains the model and rank)."""
+    def call(self, method: str, *args, ranks=None, per_rank=None, timeout: Optional[float] = None,
+             rollout: bool = False, **kwargs) -> list:
+        """Call ``method`` on the training ranks (all by default; ``rollout``: on the rollout workers) at once and
+        wait for all of them; ``per_rank[i]``: keyword arguments of the i-th call only. The first failure ends the
+        wait: a dead actor raises ``WorkerDied`` naming it (model, rank, pid, node); an error raised in an actor is
+        re-raised as itself (its message gains the model and rank)."""
+        refs, where = self._issue(method, args, kwargs, ranks, per_rank, rollout)
+        self._wait(refs, where, method, timeout)
         import ray
-        ranks = list(range(self.world)) if ranks is None else list(ranks)
+        return ray.get(refs)
+
+    def call_both(self, train: tuple, rollout: tuple, timeout: Optional[float] = None) -> tuple[list, list]:
+        """``(method, args)`` on every training rank and ``(method, args)`` on every rollout worker, all at once (a
+        collective between them), waited for together; returns both lists of answers."""
+        a, wa = self._issue(train[0], train[1], {}, None, None, False)
+        b, wb = self._issue(rollout[0], rollout[1], {}, None, None, True)
+        self._wait(a + b, {**wa, **wb}, f"{train[0]}", timeout)
+        import ray
+        return ray.get(a), ray.get(b)
+
+    def _issue(self, method, args, kwargs, ranks, per_rank, rollout) -> tuple[list, dict]:
+        import ray
+        actors = self.rollouts if rollout else self.actors
+        ranks = list(range(len(actors))) if ranks is None else list(ranks)
         shared = [ray.put(a) if _large(a) else a for a in args]
         refs = []
         for i, rank in enumerate(ranks):
             own = per_rank[i] if per_rank is not None else {}
-            refs.append(getattr(self.actors[rank], method).remote(*shared, **kwargs, **own))
-        where = {ref: rank for ref, rank in zip(refs, ranks)}
+            refs.append(getattr(actors[rank], method).remote(*shared, **kwargs, **own))
+        return refs, {ref: (rollout, rank) for ref, rank in zip(refs, ranks)}
+
+    def _wait(self, refs: list, where: dict, method: str, timeout: Optional[float]) -> None:
+        import ray
         pending, t0 = list(refs), time.monotonic()
         while pending:
             left = None if timeout is None else max(0.0, timeout - (time.monotonic() - t0))
             done, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not done:
                 self.broken = True
-                raise WorkerError(f"model {self.model_id!r}: rank(s) {sorted(where[p] for p in pending)} did not "
-                                  f"answer {method} within {timeout:.0f} s")
+                late = ", ".join(self._who(*where[p]) for p in pending)
+                raise WorkerError(f"model {self.model_id!r}: {late} did not answer {method} within {timeout:.0f} s")
             try:
                 self._check(done[0], where[done[0]], method)
             except BaseException as e:
@@ -107,7 +167,16 @@ class WorkerGroup:
                 if isinstance(e, Exception) and not isinstance(e, WorkerDied):
                     self._name_a_dead_rank(pending, where, method)
                 raise
-        return ray.get(refs)
+
+    def _who(self, rollout: bool, rank: int, node: bool = False) -> str:
+        """An actor of the group in words: ``worker rank 1`` / ``rollout worker 0``, with its pid and node."""
+        kind, pids, nodes = ("rollout worker", self.rollout_pids, self.rollout_nodes) if rollout else \
+            ("worker rank", self.pids, self.nodes)
+        if not node:
+            return f"{kind} {rank}"
+        pid = pids[rank] if rank < len(pids) else "?"
+        at = node_names().get(nodes[rank], nodes[rank][:12]) if rank < len(nodes) else "?"
+        return f"{kind} {rank} (pid {pid}, node {at})"
 
     def _name_a_dead_rank(self, pending: list, where: dict, method: str, grace: float = 5.0) -> None:
         """A rank's error in a collective is often the echo of another rank's death (gloo: "connection reset by
@@ -127,43 +196,53 @@ class WorkerGroup:
             except Exception:  # noqa: BLE001 - another rank's own error: the first one is reported
                 pass
 
-    def _check(self, ref, rank: int, method: str) -> None:
+    def _check(self, ref, who: tuple, method: str) -> None:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
         try:
             ray.get(ref)
         except RayActorError as e:
-            pid = self.pids[rank] if rank < len(self.pids) else "?"
-            raise WorkerDied(f"model {self.model_id!r}: worker rank {rank} (pid {pid}) died during {method}: "
-                              f"{_first_line(e)}; rerun the command to resume from the last checkpoint") from None
+            rollout, rank = who
+            nodes = self.rollout_nodes if rollout else self.nodes
+            gone = rank < len(nodes) and nodes[rank] not in {n["NodeID"] for n in alive_nodes()}
+            why = "its node is gone from the cluster" if gone else _first_line(e)
+            raise WorkerDied(f"model {self.model_id!r}: {self._who(rollout, rank, node=True)} died during {method}: "
+                              f"{why}; rerun the command to resume from the last checkpoint") from None
         except RayTaskError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, BaseException) and not isinstance(cause, RayTaskError):
                 if cause.args and isinstance(cause.args[0], str):
-                    cause.args = (f"{cause.args[0]} [model {self.model_id!r}, worker rank {rank}]",
-                                  *cause.args[1:])
+                    cause.args = (f"{cause.args[0]} [model {self.model_id!r}, {self._who(*who)}]", *cause.args[1:])
                 raise cause from None
-            raise WorkerError(f"model {self.model_id!r}: worker rank {rank} failed in {method}: "
+            raise WorkerError(f"model {self.model_id!r}: {self._who(*who, node=True)} failed in {method}: "
                               f"{_first_line(e)}") from None
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the engines and leave the process group (bounded wait; skipped after a failed call, when a rank may
-        be waiting in a collective), then end the actors and free the placement group."""
+        be waiting in a collective), then end the actors and free the placement group (its own only)."""
         import ray
         from ray.util.placement_group import remove_placement_group
         try:
-            if self.actors and self.pids and not self.broken:
-                refs = [a.close.remote() for a in self.actors]
+            if (self.actors or self.rollouts) and self.pids and not self.broken:
+                refs = [a.close.remote() for a in self.actors + self.rollouts]
                 ray.wait(refs, num_returns=len(refs), timeout=timeout)
         except Exception as e:  # noqa: BLE001 - a dead group is ended below all the same
             log.debug("closing model %s's workers: %s", self.model_id, e)
         finally:
-            for a in self.actors:
+            for a in self.actors + self.rollouts:
                 ray.kill(a, no_restart=True)
-            self.actors = []
+            self.actors, self.rollouts = [], []
             if self.pg is not None:
                 remove_placement_group(self.pg)
                 self.pg = None
+
+
+def worker_bundle(spec: ModelSpec, cfg: RunConfig) -> tuple[dict, float]:
+    """What each worker of a model reserves (``ray.cpus_per_worker``; ``ray.gpus_per_worker`` on a cuda device) and
+    its GPUs."""
+    r = cfg.ray
+    gpus = float(r.gpus_per_worker) if resolve_device(spec.device).startswith("cuda") else 0
+    return {"CPU": float(r.cpus_per_worker), **({"GPU": gpus} if gpus else {})}, gpus
 
 
 def _large(x) -> bool:
@@ -300,12 +379,20 @@ class RemoteEngine(Engine):
     from the generator the trainer seeds per step and model, so a seeded request gives the same rollouts on any
     number of ranks. The HF engine decodes with the sharded training model: every rank runs the whole request in
     lockstep (the in-process run's rollouts), or its own share with ``ray.hf_split_generate`` (each rank seeded
-    apart, every rank running as many forward passes as the busiest)."""
+    apart, every rank running as many forward passes as the busiest).
+
+    With rollout workers apart (``ray.rollout_workers``) the requests go to them instead (each decoding its share,
+    seeded per prompt by a vLLM engine, the whole request by one HF engine's worker), and a weight sync sends the
+    updated weights from the training ranks to them over their collective (graftzoo.distributed.transfer): the
+    engine decodes apart from the update, so rollouts ahead overlap it (``decodes_apart``)."""
 
     def __init__(self, group: WorkerGroup, policy: RemotePolicy):
         info = group.info["engine"]
         self.group, self.policy = group, policy
-        self.uses_training_model = info["uses_training_model"]
+        self.apart = bool(group.rollouts)
+        self.decodes_apart = self.apart
+        # a rollout worker's HF engine decodes with its own copy of the weights, not the training model
+        self.uses_training_model = info["uses_training_model"] and not self.apart
         self.temperature, self.top_p, self.top_k = info["temperature"], info["top_p"], info["top_k"]
         self.max_new_tokens, self.min_new_tokens = info["max_new_tokens"], info["min_new_tokens"]
         self.sampling: dict = {}
@@ -313,31 +400,43 @@ class RemoteEngine(Engine):
         self.lockstep = self.uses_training_model and not group.split_hf  # HF: every rank decodes the whole request
 
     def generate(self, prompts, n, prefixes=None, greedy=False, temperature=None, max_new_tokens=None) -> list:
-        prompts, W = list(prompts), self.group.world
+        prompts = list(prompts)
+        W = len(self.group.rollouts) if self.apart else self.group.world
         n = [int(n)] * len(prompts) if isinstance(n, int) else [int(k) for k in n]
         shared = (greedy, temperature, max_new_tokens, self.policy.max_prompt_tokens, self.sampling)
         if self.lockstep:  # rank 0's answer
             return self.group.call("generate", *shared, prompts=prompts, n=n, prefixes=prefixes)[0]
-        seeds = None if self.uses_training_model else torch.randint(0, 2**63 - 1, (len(prompts),),
-                                                                     generator=self.seeds).tolist()
+        hf = self.group.info["engine"]["uses_training_model"]  # an HF engine seeds its worker, not each prompt
+        seeds = None if hf else torch.randint(0, 2**63 - 1, (len(prompts),), generator=self.seeds).tolist()
         spans = dp_shares(n, W)
         per_rank = [{"prompts": prompts[a:b], "n": n[a:b], "prefixes": None if prefixes is None else prefixes[a:b],
                      "prompt_seeds": None if seeds is None else seeds[a:b]} for a, b in spans]
-        parts = self.group.call("generate", *shared, per_rank=per_rank)
+        parts = self.group.call("generate", *shared, per_rank=per_rank, rollout=self.apart)
         return [g for part in parts for g in part]
 
     def seed(self, seed: int) -> None:
         """Seed the group's sampling, and this model's own generator of prompt seeds (drawn from apart from the
-        driver's global generators, which the two models' steps would share when they run at once)."""
-        torch.manual_seed(seed)
+        driver's global generators, which the two models' steps would share when they run at once). Rollout workers
+        apart are seeded alone: the driver's global generator is left as it is, since their seeding may run while
+        another model's phase runs (rollouts ahead)."""
+        if not self.apart:
+            torch.manual_seed(seed)
         self.seeds = torch.Generator().manual_seed(int(seed))
-        self.group.call("seed", seed)
+        self.group.call("seed", seed, rollout=self.apart)
 
     def release_memory(self) -> None:
-        self.group.call("release_memory")
+        """Rollout workers apart keep their engines awake: they hold memory and devices of their own."""
+        if not self.apart:
+            self.group.call("release_memory")
 
     def sync_weights(self) -> float:
-        return float(self.group.call("sync_weights")[0])
+        """The updated weights into the engines: each rank's engine takes them in memory, or the training ranks send
+        them to the rollout workers apart over their collective; seconds taken."""
+        if not self.apart:
+            return float(self.group.call("sync_weights")[0])
+        t = time.perf_counter()
+        self.group.call_both(("send_weights", ()), ("receive_weights", (int(self.policy.version),)))
+        return time.perf_counter() - t
 
     def with_sampling(self, **settings) -> "RemoteEngine":
         view = copy.copy(self)
@@ -356,34 +455,67 @@ class RayBackend:
     ``concurrent_models``: the models share nothing between their groups, so the trainer may run their phases at
     once, one driver thread per model (``ray.concurrent_models``, on by default). A thread whose group fails raises
     as the sequential step does; a group still busy when the run ends is closed like the others (its workers are
-    killed after ``WorkerGroup.close``'s bounded wait), which ends its thread's call."""
+    killed after ``WorkerGroup.close``'s bounded wait), which ends its thread's call.
+
+    On a cluster of several nodes the run directory must be one every node reads and writes (a shared file system):
+    it is checked before any group starts (``check_shared_dir``). ``ray.model_placement`` pack or spread puts every
+    model in one placement group, a bundle per model (STRICT_PACK: one node; STRICT_SPREAD: a node each)."""
 
     concurrent_models = True
 
     def __init__(self):
         self.groups: dict = {}
         self.started = False
+        self.pg = None  # the run's placement group (ray.model_placement pack or spread)
 
-    def build(self, cfg: RunConfig, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
+    def build(self, cfg: RunConfig, specs: list, train_ids: list, seed: int,
+              run_dir: Optional[Path] = None) -> tuple[dict, dict, dict]:
         self.concurrent_models = bool(cfg.ray.concurrent_models)
         specs = [s for s in specs if s.id in train_ids]
         toks = {s.id: load_tokenizer_of(s) for s in specs}  # a tiny model is warmed up here, once
-        workers = sum(s.num_workers for s in specs)
+        workers = sum(s.num_workers + cfg.ray.rollout_workers for s in specs)
         self.started = connect(cfg.ray, workers)
+        if run_dir is not None:
+            check_shared_dir(Path(run_dir))
+        shared = self._models_pg(cfg, specs)
         policies, engines = {}, {}
-        for s in specs:  # one at a time: close() ends the groups built when a later one fails
-            self.groups[s.id] = group = WorkerGroup(s.id, s, cfg, seed)
+        for i, s in enumerate(specs):  # one at a time: close() ends the groups built when a later one fails
+            self.groups[s.id] = group = WorkerGroup(s.id, s, cfg, seed, shared=None if shared is None else
+                                                    (shared, i))
+            for line in group.placement_lines():
+                log.info("%s", line)
             tok, tok_id = toks[s.id]
             policies[s.id] = pol = RemotePolicy(group, s, cfg, tok, tok_id)
             engines[s.id] = RemoteEngine(group, pol)
+            if group.rollouts:  # the rollout workers decode with the training ranks' very weights from the start
+                engines[s.id].sync_weights()
         check_context(cfg, policies)
         return policies, engines, {}  # a KL reference lives in its model's group
+
+    def _models_pg(self, cfg: RunConfig, specs: list):
+        """The run's placement group for ``ray.model_placement`` pack or spread: a bundle per model holding all its
+        workers (None for ``any``)."""
+        if cfg.ray.model_placement == "any":
+            return None
+        from ray.util.placement_group import placement_group
+        bundles = []
+        for s in specs:
+            one, _ = worker_bundle(s, cfg)
+            count = s.num_workers + cfg.ray.rollout_workers
+            bundles.append({k: v * count for k, v in one.items()})
+        strategy = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}[cfg.ray.model_placement]
+        self.pg = placement_group(bundles, strategy=strategy, name=f"graftzoo-models-{os.getpid()}")
+        return self.pg
 
     def close(self) -> None:
         groups, self.groups = self.groups, {}
         try:
             for g in groups.values():
                 g.close()
+            if self.pg is not None:
+                from ray.util.placement_group import remove_placement_group
+                remove_placement_group(self.pg)
         finally:
+            self.pg = None
             disconnect(self.started)
             self.started = False

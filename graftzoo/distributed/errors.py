@@ -12,3 +12,7 @@ class WorkerDied(WorkerError):
 
 class RayStartError(RuntimeError):
     """Ray could not be started or reached."""
+
+
+class StorageError(RuntimeError):
+    """The run directory is not one every node of the cluster reads and writes; the message names the node."""

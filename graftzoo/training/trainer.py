@@ -308,7 +308,8 @@ class Trainer:
 
     def _build(self, cfg: RunConfig, specs: list, train_ids: list):
         self.backend = make_backend(cfg)
-        self.policies, self.engines, self.refs = self.backend.build(cfg, specs, train_ids, self.seed)
+        self.policies, self.engines, self.refs = self.backend.build(cfg, specs, train_ids, self.seed,
+                                                                    run_dir=self.run_dir)
         algo_cls = get_algo(cfg.algo.name)
         facts = LearnerFacts.of(cfg)  # the learner's own section was checked once, by load_config
         self.learners = {m: algo_cls(cfg.algo, facts) for m in self.model_ids}
@@ -320,9 +321,9 @@ class Trainer:
         # phase 1 also at once in this process where the models share a GPU, resident, generating through vLLM
         self.concurrent_collect = self.concurrent or placement.collect_at_once(cfg, self.model_ids)
         # rollout.max_staleness: the next batches collected during the update, in a thread of their own where every
-        # engine decodes apart from the training model and the models step in turn here (graftzoo.training.learning.ahead)
+        # engine decodes apart from the training model (graftzoo.training.learning.ahead)
         k = int(cfg.rollout.max_staleness)
-        overlap = overlaps(k, not self.concurrent, cfg.run.layout, all(e.decodes_apart for e in self.engines.values()),
+        overlap = overlaps(k, cfg.run.layout, all(e.decodes_apart for e in self.engines.values()),
                            any(lr.collect_reads_policy for lr in self.learners.values()))
         self.ahead = Ahead(k, overlap)
         # each model's phases synchronise its own device (a worker group's: its ranks measure, the driver holds CPU)

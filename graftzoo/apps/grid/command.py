@@ -150,7 +150,7 @@ def grid_cmd(grid_file, dry_run, out, only, jobs, in_process, no_report, rerun_c
         raise click.UsageError("--ray runs cells as Ray tasks; drop --in-process")
     if ray_address:
         from graftzoo.apps.grid.on_ray import RayCells  # ray: only for --ray
-        ray_cells = RayCells(None if ray_address == "local" else ray_address, cells)
+        ray_cells = RayCells(None if ray_address == "local" else ray_address, cells, grid.root, echo=click.echo)
         try:
             result = run_grid(grid, cells, jobs=max(1, len(cells)), echo=click.echo, runner=ray_cells,
                               rerun_changed=rerun_changed)

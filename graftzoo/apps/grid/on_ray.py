@@ -5,7 +5,8 @@ in the other runners (``run_grid`` decides what runs when; Ray decides where).
 A cell trained in-process reserves ``run.threads`` CPUs and a GPU per trained model placed on ``cuda``; a cell trained
 with ``--backend ray`` reserves nothing for its launcher (its worker groups reserve their own through placement
 groups) and joins the same cluster (``ray.address``). The grid folder must be visible to every node (one machine, or
-a shared file system).
+a shared file system): it is checked when the grid starts (every node leaves a mark there and reads the driver's).
+Cells are spread over the nodes (Ray's SPREAD strategy); the grid says on which node each cell ran.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Optional
 from graftzoo.contract.config import RaySection, RunConfig, trained_ids
 from graftzoo.apps.grid.model import Cell
 from graftzoo.apps.grid.run import run_cell_subprocess
-from graftzoo.distributed.cluster import connect, disconnect
+from graftzoo.distributed.cluster import check_shared_dir, connect, disconnect, node_names
 from graftzoo.training.planner.placement import resolve_device
 
 
@@ -36,16 +37,27 @@ def cluster_workers(cfg: RunConfig) -> int:
     return sum(s.num_workers for s in cfg.pair.models if s.id in train)
 
 
+def run_cell_on_node(cell: Cell, status: str, eval_options: Optional[dict], logs: Path) -> tuple:
+    """``run_cell_subprocess`` on the node Ray chose; (that node's id, its answer)."""
+    import ray
+    return ray.get_runtime_context().get_node_id(), run_cell_subprocess(cell, status, eval_options, logs)
+
+
 class RayCells:
     """The runner of ``run_grid`` on Ray: ``runner(cell, status, eval_options, logs)`` submits the cell and waits."""
 
-    def __init__(self, address: Optional[str], cells: list):
+    def __init__(self, address: Optional[str], cells: list, out: Path, echo=print):
         cfgs = [c.config() for c in cells]
-        self.address = address
+        self.address, self.echo = address, echo
         need = max([1, *(cell_resources(c)["num_cpus"] + cluster_workers(c) for c in cfgs)])
         self.started = connect(RaySection(address=address), need)
         import ray
         self.gcs = ray.get_runtime_context().gcs_address
+        try:
+            check_shared_dir(Path(out), what="grid folder", key="the grid's --out")
+        except BaseException:
+            self.close()
+            raise
 
     def command(self, cell: Cell) -> Cell:
         """A cell trained with ``--backend ray`` joins this grid's cluster instead of starting its own."""
@@ -59,12 +71,15 @@ class RayCells:
         import ray
 
         res = cell_resources(cell.config())
-        task = ray.remote(run_cell_subprocess).options(num_cpus=res["num_cpus"], num_gpus=res["num_gpus"],
-                                                        max_retries=0, name=f"graftzoo-cell-{cell.name}")
+        task = ray.remote(run_cell_on_node).options(num_cpus=res["num_cpus"], num_gpus=res["num_gpus"],
+                                                     max_retries=0, name=f"graftzoo-cell-{cell.name}",
+                                                     scheduling_strategy="SPREAD")
         try:
-            return ray.get(task.remote(self.command(cell), status, eval_options, logs))
+            node, error = ray.get(task.remote(self.command(cell), status, eval_options, logs))
         except Exception as e:  # noqa: BLE001 - the cell fails by name; the grid goes on
             return f"its Ray task failed: {type(e).__name__}: {' '.join(str(e).split())[:400]}"
+        self.echo(f"  {cell.name} ran on node {node_names().get(node, node)}")
+        return error
 
     def close(self) -> None:
         disconnect(self.started)

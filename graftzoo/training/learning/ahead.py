@@ -8,11 +8,12 @@ is fixed by the step index, not by timing, and a seeded run repeats exactly. Wha
 advantages, the store, the peer exchange and the update wait for the step itself (graftzoo.training.learning.step).
 
 Where the generation runs: in a background thread of this process while the update runs (``overlap``) when every
-engine decodes apart from the training model (a vLLM engine core in a process of its own) and the models step in
-turn in this process; otherwise (an engine that decodes with the training model itself, models on Ray workers
-whose calls queue one at a time, a learner whose collect runs the training model: ``Learner.collect_reads_policy``,
-the offload layout, which moves the models between devices) just before the update. Both give the same rollouts;
-only the wall time differs.
+engine decodes apart from the training model (a vLLM engine core in a process of its own; on Ray, rollout workers
+apart from the training ranks, ``ray.rollout_workers``); otherwise (an engine that decodes with the training model
+itself, Ray worker groups whose ranks decode and train and take one call at a time, a learner whose collect runs
+the training model: ``Learner.collect_reads_policy``, the offload layout, which moves the models between devices)
+just before the update. Both give the same rollouts; only the wall time differs. How long the generation overlapped
+each model's update is logged per step (``async/overlap_s``: ``Ahead.overlap_s``).
 
 A checkpoint holds the batches ahead as plain data (``state_dict``): a kill and a resume continue with the very
 rollouts the interrupted run would have trained on, which no weights the checkpoint holds could decode again. The
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
@@ -44,12 +46,11 @@ class Collected:
     groups: dict
 
 
-def overlaps(k: int, models_in_process: bool, layout: str, engines_apart: bool, collect_reads_policy: bool) -> bool:
-    """Whether the batches ahead are collected while the models update (module docstring): k >= 1, the models stepping
-    in turn in the trainer's process, not the offload layout, every engine decoding in a process of its own and no
-    learner's collect running the training model. The trainer asks it of the built run, ``graftzoo plan`` of the config
-    (graftzoo.training.planner.memory)."""
-    return k >= 1 and models_in_process and layout != "offload" and engines_apart and not collect_reads_policy
+def overlaps(k: int, layout: str, engines_apart: bool, collect_reads_policy: bool) -> bool:
+    """Whether the batches ahead are collected while the models update (module docstring): k >= 1, not the offload
+    layout, every engine decoding in a process the update does not use and no learner's collect running the training
+    model. The trainer asks it of the built run, ``graftzoo plan`` of the config (graftzoo.training.planner.memory)."""
+    return k >= 1 and layout != "offload" and engines_apart and not collect_reads_policy
 
 
 def steps_ahead(step: int, k: int, ready) -> list:
@@ -68,6 +69,7 @@ class Ahead:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[BaseException] = None
         self._done: dict = {}
+        self._spans: dict = {}  # model -> (start, end) of the last launch's collect of its rollouts
 
     def take(self, step: int) -> Optional[Collected]:
         return self.ready.pop(step, None)
@@ -77,8 +79,11 @@ class Ahead:
         now; ``collect`` calls ``finished(m)`` once model ``m``'s rollouts of its step are in (``wait(m)``)."""
         self._done = {m: threading.Event() for m in models}
         last = steps[-1] if steps else None
+        started = time.perf_counter()
+        self._spans = {}
 
         def finished_last(m: str):
+            self._spans[m] = (started, time.perf_counter())
             self._done[m].set()
 
         def body():
@@ -98,6 +103,14 @@ class Ahead:
         # a daemon: a collect blocked in an engine the run has closed never keeps the process alive
         self._thread = threading.Thread(target=body, name="graftzoo-ahead", daemon=True)
         self._thread.start()
+
+    def overlap_s(self, model: str, start: float, end: float) -> float:
+        """Seconds of ``[start, end]`` (``time.perf_counter``: a model's update) during which the last launch was
+        collecting ``model``'s rollouts ahead: 0 where the collect ran before the update."""
+        span = self._spans.get(model)
+        if span is None:
+            return 0.0
+        return max(0.0, min(span[1], end) - max(span[0], start))
 
     def wait(self, model: Optional[str] = None) -> None:
         """Until model ``model``'s rollouts ahead are in (every model's: None); a failure of the collect is raised

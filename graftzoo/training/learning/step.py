@@ -206,6 +206,7 @@ def update(run, ctx, batch, groups: list, source: str, before: dict, xtime: floa
         if run.cfg.run.diagnostics:  # opt-in transfer-path measurements; the update is unchanged
             with ctx.phase("diagnostics"):
                 diag = diagnostics.before_update(ctx, pol, learner, batch, schedule, budget, from_forward)
+        u0 = time.perf_counter()
         try:
             parts = pol.update(ctx, learner, mbs, from_forward, where=f"model {m!r}, step {step}")
         except NonFiniteError as e:  # stopped before the optimizer step: the run fails, nothing saved
@@ -214,8 +215,10 @@ def update(run, ctx, batch, groups: list, source: str, before: dict, xtime: floa
         if diag is not None:
             with ctx.phase("diagnostics"):
                 diag = diagnostics.after_update(pol, batch, diag)
+        u1 = time.perf_counter()
         pol.version += 1
         run.ahead.wait(m)  # the rollouts ahead are decoded by the weights they began with, at step boundaries only
+        ctx.log(M.ASYNC_OVERLAP_S, run.ahead.overlap_s(m, u0, u1))
         sync_s = run.engines[m].sync_weights()  # the next generate decodes with the updated weights
         return step_metrics(run, ctx, groups, batch, parts, diag, before, xtime, sync_s, t0)
 

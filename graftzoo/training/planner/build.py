@@ -464,9 +464,9 @@ def ref_of(policy: Policy, model) -> Policy:
 class InProcess:
     """``run.backend: inprocess``: every model, its optimizer and its rollout engine in the trainer's process."""
 
-    def build(self, cfg: RunConfig, specs: list, train_ids: list, seed: int) -> tuple[dict, dict, dict]:
+    def build(self, cfg: RunConfig, specs: list, train_ids: list, seed: int, run_dir=None) -> tuple[dict, dict, dict]:
         """(policies, engines, KL references) of the trained models; engines built one at a time, so that
-        ``close`` ends those built when a later one fails."""
+        ``close`` ends those built when a later one fails. ``run_dir``: unused (one process, one view of it)."""
         torch.manual_seed(seed)
         self.engines: dict = {}
         policies = {s.id: build_policy(s, cfg, seed) for s in specs if s.id in train_ids}

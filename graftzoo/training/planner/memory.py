@@ -390,14 +390,21 @@ def engine_in_own_process(cfg: RunConfig, shared_gpu: bool) -> bool:
 
 def ahead_overlap(cfg: RunConfig, shared_gpu: bool) -> bool:
     """Whether the engines of ``cfg`` generate the batches ahead while the models update (graftzoo.training.learning.ahead's
-    ``overlap``; docs/scaling.md#asynchronous-rollouts): ``rollout.max_staleness`` >= 1, the models in the trainer's
-    process (``run.backend`` inprocess: Ray worker groups take one call at a time), not ``run.layout`` offload, and
-    every engine a vLLM engine core in a process of its own (``engine_in_own_process``). Otherwise the batches ahead
-    are generated just before the update, the engines asleep during it as their sleep level says. The trainer's rule
+    ``overlap``; docs/scaling.md#asynchronous-rollouts): ``rollout.max_staleness`` >= 1, not ``run.layout`` offload,
+    and every engine decoding apart from the update (``decodes_apart``). Otherwise the batches ahead are generated
+    just before the update, the engines asleep during it as their sleep level says. The trainer's rule
     (``ahead.overlaps``) also asks the built learners (``Learner.collect_reads_policy``), which the config alone
     does not tell: the plan counts the overlap then, an upper bound."""
-    return overlaps(int(cfg.rollout.max_staleness), cfg.run.backend == "inprocess", cfg.run.layout,
-                    engine_in_own_process(cfg, shared_gpu), False)
+    return overlaps(int(cfg.rollout.max_staleness), cfg.run.layout, decodes_apart(cfg, shared_gpu), False)
+
+
+def decodes_apart(cfg: RunConfig, shared_gpu: bool) -> bool:
+    """Whether every engine of ``cfg`` decodes in processes the update does not use: on Ray, rollout workers apart
+    (``ray.rollout_workers`` >= 1; a group's own ranks take one call at a time); in the trainer's process, a vLLM
+    engine core in a process of its own (``engine_in_own_process``)."""
+    if cfg.run.backend == "ray":
+        return int(cfg.ray.rollout_workers) >= 1
+    return engine_in_own_process(cfg, shared_gpu)
 
 
 def model_memory(cfg: RunConfig) -> list[ModelMemory]:

@@ -210,6 +210,9 @@ def describe(cfg: RunConfig, policies: dict) -> dict:
         else:
             engine = f"hf on {dev}, decoding with the training weights"
             kv = f"{dev}, allocated per generate call and freed after it"
+        if cfg.run.backend == "ray" and cfg.ray.rollout_workers:
+            engine = (f"{cfg.rollout.engine} on {cfg.ray.rollout_workers} rollout worker(s) apart from the training "
+                      f"ranks, each with a copy of the weights (sent over a collective after each update)")
         out[m] = {"device": dev, "weights": f"{str(pol.param_dtype).replace('torch.', '')} on {dev}",
                   "optimizer_state": state, "engine": engine, "kv_cache": kv, "layout": cfg.run.layout}
     return out

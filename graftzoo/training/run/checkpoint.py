@@ -428,6 +428,11 @@ def save_checkpoint(run_dir, step: int, policies: dict, learners: dict, extra: d
             f = weights_file(tmp, mid)
             state, beside = pol.checkpoint_state(tmp, f.stem)  # a worker group's sharded policy writes its shards
             for rel in beside:
+                if not (tmp / rel).is_file():  # written on a node that does not share the run directory
+                    raise CheckpointError(f"model {mid!r}: its worker wrote the checkpoint file {rel}, but this "
+                                          f"process does not find it under {tmp}: the run directory is not shared "
+                                          f"with that worker's node (a run on several nodes needs a shared "
+                                          f"run.out_dir); no checkpoint is written")
                 files[rel] = _record(tmp / rel)
             files[f.name] = _save_pt({"policy": state, "learner": learners[mid].state_dict()}, f)
             models[mid] = f.name

@@ -57,15 +57,19 @@ def _no_overlap(cfg: RunConfig) -> Optional[str]:
     r = cfg.rollout
     mp = r.vllm.multiprocessing
     cpus = all(str(spec.device).startswith("cpu") for spec in cfg.pair.models)  # resolved: the run's device too
-    apart = r.engine == "vllm" and mp is not False and not (mp == "auto" and cpus)
-    if overlaps(int(r.max_staleness), cfg.run.backend == "inprocess", cfg.run.layout, apart, False):
+    if cfg.run.backend == "ray":
+        apart = cfg.ray.rollout_workers >= 1
+    else:
+        apart = r.engine == "vllm" and mp is not False and not (mp == "auto" and cpus)
+    if overlaps(int(r.max_staleness), cfg.run.layout, apart, False):
         return None
-    if r.engine != "vllm":
-        return f"rollout.engine is {r.engine}, which decodes with the training model itself"
-    if cfg.run.backend != "inprocess":
-        return f"run.backend is {cfg.run.backend}, whose worker groups take one call at a time"
     if cfg.run.layout == "offload":
         return "run.layout is offload, which moves the models between devices"
+    if cfg.run.backend == "ray":
+        return ("ray.rollout_workers is 0: each model's training ranks decode too, and a worker takes one call at a "
+                "time")
+    if r.engine != "vllm":
+        return f"rollout.engine is {r.engine}, which decodes with the training model itself"
     if mp is False:
         return "rollout.vllm.multiprocessing is false: the engine core runs in the trainer's process"
     return "rollout.vllm.multiprocessing is auto, which keeps the engine core in the trainer's process on CPUs"
@@ -74,8 +78,8 @@ def _no_overlap(cfg: RunConfig) -> Optional[str]:
 NO_EFFECT = (
     NoEffect("rollout.max_staleness", lambda c: _no_overlap(c) if c.rollout.max_staleness else None,
              "the batches ahead are generated just before each update, so the run is no faster and trains on stale "
-             "rollouts; set it to 0, or decode apart (rollout.engine=vllm, rollout.vllm.multiprocessing=true; "
-             "docs/scaling.md#asynchronous-rollouts)", effect="nothing overlaps"),
+             "rollouts; set it to 0, or decode apart (rollout.engine=vllm, rollout.vllm.multiprocessing=true; on "
+             "Ray ray.rollout_workers >= 1; docs/scaling.md#asynchronous-rollouts)", effect="nothing overlaps"),
     NoEffect("rollout.tis_cap", lambda c: None if c.rollout.max_staleness else "rollout.max_staleness is 0",
              "it caps the importance weight of stale rollouts, which rollout.max_staleness >= 1 makes"),
     NoEffect("rollout.vllm.*", _unless("rollout.engine", "vllm"), "vLLM engine settings (rollout.engine=vllm)"),
