@@ -14,10 +14,10 @@ spin, a core per worker for a second after each message: then pass ``--pause 1.2
 not fall in the other's step). A k = 1 step ends once the next step's rollouts are in, so its wall time is the
 steady state's; the runs are one step longer than the steps taken, so that the last step taken also generates ahead.
 Reported per arm: the median and IQR of the step's wall time; the medians of the step's phases from its metrics
-(time/generate, time/score, time/logprob, time/update, time/weight_sync and async/overlap_s, summed over the models;
-at k = 1 generate and score are the next step's, in the background) and of the CPU seconds of the trainer's process and of its
-children (the engines' processes, the verifier's workers); the ratio k1/k0 of the median step times (goal <= 0.7)
-and the best ratio the overlap allows, (k0 - min(generate + score, update)) / k0.
+(time/generate, time/score, time/logprob, time/update, time/weight_sync and async/overlap_s, summed over the
+models; at k = 1 generate and score are the next step's, in the background) and of the CPU seconds of the trainer's
+process and of its children (the engines' processes, the verifier's workers); the ratio k1/k0 of the median step
+times (goal <= 0.7 in one process, <= 0.8 on Ray) and the best ratio the overlap allows, (k0 - min(generate + score, update)) / k0.
 
 ``SETTINGS`` make the update about as long as generate and score on the micro pair (8 prompts x 8 rollouts of at
 most 24 tokens; 4 minibatches, 8 epochs) and have the engines poll every millisecond, stated in the output. The
@@ -191,6 +191,7 @@ def main():
     settings = SETTINGS + args.overrides
     engine, started = ENGINE, False
     if args.backend == "ray":  # one cluster for both arms: 2 arms x 2 models x (training + rollout worker)
+        import graftzoo.api  # noqa: F401 - registers run.backend=ray
         from graftzoo.contract.config import RaySection
         from graftzoo.distributed.cluster import connect
         engine, started = RAY_ENGINE, connect(RaySection(num_cpus=8), 8)
@@ -232,7 +233,8 @@ def main():
         disconnect(True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"backend": args.backend, "engine": engine, "machine": info, "load_before": load_before, "load_after": load_after, "settings": settings,
+            json.dump({"backend": args.backend, "engine": engine, "machine": info, "load_before": load_before,
+                       "load_after": load_after, "settings": settings,
                        "steps": args.steps, "warmup": args.warmup, "pause_s": args.pause, "results": results}, f,
                       indent=1)
 

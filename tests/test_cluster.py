@@ -42,8 +42,8 @@ def pair_file(tmp) -> str:
 
 
 def train_cmd(c: LoopbackCluster, pair: str, out, *extra) -> list:
-    args = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "graft", "--pair", "micro", "--peer", "online",
-            "--no-track", "--backend", "ray", "-c", pair, "--set", f"ray.address={c.address}",
+    args = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "graft", "--pair", "micro",
+            "--peer", "online", "--no-track", "--backend", "ray", "-c", pair, "--set", f"ray.address={c.address}",
             "--set", f"run.out_dir={out}", "--set", "run.name=r", "--set", "run.progress=false"]
     for s in [*SETS, *extra]:
         args += ["--set", s]
@@ -134,14 +134,16 @@ def test_graft_with_its_models_on_two_nodes_and_rollout_workers_apart_trains_lik
 
 def test_grid_cells_run_on_both_nodes_with_dependencies_then_skipped(cluster):
     """``graftzoo grid FILE --ray ADDRESS`` on the cluster: each cell a Ray task spread over the nodes (a ``--backend
-    ray`` cell's worker groups join the cluster); the stored-peer cell starts after the cell it reads and reads its
-    store wherever it ran; the grid says where each cell ran; a rerun skips the finished cells."""
+    ray`` cell's worker groups, here with a rollout worker apart and k = 0, join the cluster); the stored-peer cell
+    starts after the cell it reads and reads its store wherever it ran; the grid says where each cell ran; a rerun
+    skips the finished cells."""
     c, base = cluster
     grid = {"name": "g", "pairs": ["micro"], "seeds": [0],
             "set": {"run.steps": 1, "run.track": False, "run.progress": False, "task.prompts_per_step": 2,
                     "eval": {"size": 4, "k": 1}},
             "algorithms": [],
-            "variants": [{"label": "RLOO on ray", "algo": "rloo", "set": {"run.backend": "ray", "pair.train": [B]}},
+            "variants": [{"label": "RLOO on ray", "algo": "rloo",
+                          "set": {"run.backend": "ray", "pair.train": [B], "ray.rollout_workers": 1}},
                          {"label": "GRPO (stored peer)", "algo": "grpo", "peer": "stored:{cell:RLOO on ray}",
                           "set": {"pair.train": [A], "peer.model": B}}]}
     spec = base / "g.yaml"

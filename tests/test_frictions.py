@@ -199,6 +199,19 @@ def test_the_shipped_pairs_and_presets_say_nothing():
             assert no_effect_lines(load_config(pair=pair, algo="graft", overrides=["peer.source=online"])) == []
 
 
+def test_rollouts_ahead_on_ray_overlap_only_with_rollout_workers_apart():
+    """On Ray a model's ranks that decode and train take one call at a time: k >= 1 overlaps nothing there, said
+    naming ray.rollout_workers; with rollout workers apart it overlaps (nothing said); rollout workers in one process
+    have no effect."""
+    ray = ["run.backend=ray", "rollout.max_staleness=1"]
+    said = no_effect_lines(load_config(pair="micro", algo="grpo", overrides=ray))
+    assert len(said) == 1 and "nothing overlaps here (ray.rollout_workers is 0" in said[0], said
+    assert "ray.rollout_workers >= 1" in said[0]
+    assert no_effect_lines(load_config(pair="micro", algo="grpo", overrides=[*ray, "ray.rollout_workers=1"])) == []
+    alone = no_effect_lines(load_config(pair="micro", algo="grpo", overrides=["ray.rollout_workers=1"]))
+    assert len(alone) == 1 and alone[0].startswith("ray.rollout_workers=1: ") and "run.backend" in alone[0], alone
+
+
 class Started(Exception):
     """Raised by the stand-in trainer: the run would start here."""
 

@@ -326,6 +326,44 @@ def test_pair1_on_8_gpus_covers_every_rank_once_within_the_gpu_memory():
     assert st["step_s"] == pytest.approx(max(sum(t.values()) for t in st["per_model_s"].values()))
 
 
+def test_rollout_workers_apart_get_gpus_of_their_own_and_the_plan_states_their_cost():
+    """``ray.rollout_workers=1``: the training groups share the GPUs the rollout workers leave and hold no engine; each
+    model's rollout worker holds a copy of its weights and its engine on a GPU of its own; the weights sent per step,
+    the overlap with the update (k = 1) and the step without rollout workers are stated; too few GPUs is one line."""
+    args = ["configs/pairs/pair1.yaml", "--gpus", "8", "--set", "run.backend=ray", "--set", "ray.rollout_workers=1",
+            "--set", "rollout.max_staleness=1"]
+    res, p = run_plan(*args), placed(*args)
+    assert res.exit_code == 0 and p["fits"], res.output
+    train = sorted(r for g in p["placement"] for r in g["ranks"])
+    roll = {r["model"]: r for r in p["rollout_workers"]}
+    assert train == list(range(6)) and sorted(r for x in roll.values() for r in x["ranks"]) == [6, 7]
+    assert [r["rank"] for r in p["per_gpu"]] == list(range(8))
+    for g in p["placement"]:
+        assert g["engine_per_rank"] is None and "no engine: its rollout workers apart decode" in res.output
+        assert not {"engine_weights", "kv_cache"} & set(g["parts"])
+    for m, r in roll.items():
+        n = next(g["params"] for g in p["placement"] if g["model"] == m)
+        assert r["parts"]["weights"] == pytest.approx(4 * n / GIB)            # the fp32 copy the transfer fills
+        assert r["parts"]["engine_weights"] == pytest.approx(2 * n / GIB)     # vLLM's bf16 weights
+        assert r["peak_gb"] == pytest.approx(sum(r["parts"].values())) and r["peak_gb"] <= 72.0
+        assert r["sync_gb"] == pytest.approx(4 * n / GIB) and r["prompts_per_worker"] == [128]
+        assert f"rollout worker of {m}, a vllm engine each generating 128 of the step's prompts" in res.output
+    assert p["settings"]["ray.rollout_workers"] == 1
+    st = p["step_time"]
+    assert st["overlap"] and st["step_s"] == pytest.approx(max(
+        max(t["generate"], t["update"]) + t["logprob"] + t["sync"] for t in st["per_model_s"].values()))
+    alt = p["without_rollout_workers"]
+    assert alt["fits"] and alt["step_s"] > 0 and f"without rollout workers (the training ranks decode" in res.output
+    assert "per step the training ranks send the weights through host memory" in res.output
+    assert "the next batch decodes on the rollout workers during the update" in res.output
+    k0 = placed(*args[:-2], "--set", "rollout.max_staleness=0")["step_time"]
+    assert k0["step_s"] == pytest.approx(max(sum(t.values()) for t in k0["per_model_s"].values()))
+    assert k0["step_s"] > st["step_s"]
+    few = run_plan("configs/pairs/pair1.yaml", "--gpus", "2", "--set", "run.backend=ray",
+                   "--set", "ray.rollout_workers=1")
+    assert few.exit_code == 1 and "ray.rollout_workers 1 per model take 2 GPUs, none left to train" in few.output
+
+
 def test_explicit_num_workers_are_honoured(tmp_path):
     p = placed(pair_file(tmp_path, **{QWEN: 6}), "--gpus", "8")  # SmolLM3 gets what is left
     assert [(g["model"], g["ranks"], g["num_workers_from_config"]) for g in p["placement"]] == [

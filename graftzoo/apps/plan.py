@@ -42,6 +42,8 @@ def phases_text(phases: dict) -> str:
 def engine_text(g: dict, prompts: int) -> str:
     """What runs the rollouts of a group entry."""
     per = "-".join(str(x) for x in g["prompts_per_rank"])
+    if g["engine_per_rank"] is None:
+        return "no engine: its rollout workers apart decode (below)"
     if g["num_workers"] == 1:
         return (f"its {g['engine_per_rank']} engine generating the step's {prompts} prompts"
                 + (", asleep during the model's update" if g["engine_sleeps"] else "")
@@ -147,7 +149,8 @@ def placement_lines(p: dict) -> list:
         out.append(f"    per GPU by phase: {phases_text(g['phases_gb'])}")
         out.append(f"    peak in {g['peak_phase']}: {parts_text(q)} ({g['state_dtype']} state, 1/{k} each) = "
                    f"{g['per_gpu_peak_gb']:.2f} GiB peak of {usable:.1f}")
-    if p["max_staleness"]:
+    out += rollout_lines(p.get("rollout_workers", []), usable, p["max_staleness"])
+    if p["max_staleness"] and not p.get("rollout_workers"):
         out.append(ahead_line(p["max_staleness"], p["ahead_host_gb"],
                               any(g["engine_generates_in_update"] for g in p["placement"]), len(p["placement"])))
     if p["layout"] == "colocated" and p["per_gpu"]:
@@ -166,12 +169,40 @@ def placement_lines(p: dict) -> list:
     return out
 
 
+def rollout_lines(rows: list, usable: float, k: int) -> list:
+    """The rollout workers apart (``ray.rollout_workers``) of ``gpu_layout``'s answer: per model its GPUs, engine
+    and peak, then what they cost (GPUs, the weights sent per step) and whether they decode during the update."""
+    out = []
+    for r in rows:
+        per = "-".join(str(x) for x in r["prompts_per_worker"])
+        out.append(f"  rank{'s' if len(r['ranks']) > 1 else ''} {rank_span(r['ranks'])}: rollout worker"
+                   f"{'s' if len(r['ranks']) > 1 else ''} of {r['model']}, a {r['engine']} engine each generating "
+                   f"{per} of the step's prompts")
+        out.append(f"    peak in generate: {parts_text(r['parts'])} = {r['peak_gb']:.2f} GiB of {usable:.1f}")
+    if rows:
+        gpus = sum(len(r["ranks"]) for r in rows)
+        sent = " + ".join(f"{r['sync_gb'] * len(r['ranks']):.2f} GiB ({r['model']})" for r in rows)
+        out.append(f"  rollout workers apart: {gpus} GPU(s) that do not train; each holds a copy of its model's "
+                   f"weights beside its engine's; per step the training ranks send the weights through host memory "
+                   f"(a gloo broadcast): {sent}")
+        out.append(f"  rollouts ahead (rollout.max_staleness {k}): the next batch decodes on the rollout workers "
+                   f"during the update" if k else "  rollout.max_staleness 0: the rollout workers wait during the "
+                   "update (set it to 1 to decode the next batch meanwhile)")
+    return out
+
+
 def step_line(p: dict) -> str:
     """The step-time estimate of a layout (and of the other one-GPU layout) as one line."""
     st = p["step_time"]
     each = "; ".join(f"{m} " + ", ".join(f"{ph} {t[ph]:.0f}" for ph in PHASES) for m, t in st["per_model_s"].items())
     text = (f"  step time on {p['chip']} (estimate, every rollout at full length): ~{st['step_s']:.0f} s ({each} s"
             + (f"; transfers {st['transfer_s']:.0f} s" if st["transfer_s"] else "") + ")")
+    alt = p.get("without_rollout_workers")
+    if alt is not None:
+        text += ("; with the next batch decoding during the update" if st.get("overlap") else "")
+        text += (f"; without rollout workers (the training ranks decode, {alt['layout']} on all {p['gpus']} GPUs): "
+                 f"~{alt['step_s']:.0f} s" if alt["fits"] and alt["step_s"] is not None else
+                 "; without rollout workers it does not fit")
     for lay, alt in p.get("alternatives", {}).items():
         if alt["fits"]:
             faster = alt["step_time"]["step_s"] < st["step_s"]

@@ -14,6 +14,7 @@ model and the rank (``WorkerError``); the rest of its group is killed, nothing h
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ from graftzoo.distributed.cluster import alive_nodes, check_shared_dir, connect,
 from graftzoo.distributed.worker import PolicyWorker, RolloutWorker
 
 log = logging.getLogger("graftzoo")
+_PG_SERIAL = itertools.count()  # placement group names stay unique when one process builds several runs
 
 
 class WorkerGroup:
@@ -51,7 +53,8 @@ class WorkerGroup:
         self.gpus = gpus * (self.world + self.apart)  # GPUs the group holds, for the compute accounting
         if shared is None:
             self.pg = placement_group([dict(self.bundle) for _ in range(self.world + self.apart)],
-                                      strategy=cfg.ray.placement, name=f"graftzoo-{model_id}-{os.getpid()}")
+                                      strategy=cfg.ray.placement,
+                                      name=f"graftzoo-{model_id}-{os.getpid()}-{next(_PG_SERIAL)}")
         try:
             self._start(spec, cfg, seed, gpus)
         except BaseException:  # a group that cannot start leaves no actor or reservation behind
@@ -504,7 +507,8 @@ class RayBackend:
             count = s.num_workers + cfg.ray.rollout_workers
             bundles.append({k: v * count for k, v in one.items()})
         strategy = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}[cfg.ray.model_placement]
-        self.pg = placement_group(bundles, strategy=strategy, name=f"graftzoo-models-{os.getpid()}")
+        self.pg = placement_group(bundles, strategy=strategy,
+                                  name=f"graftzoo-models-{os.getpid()}-{next(_PG_SERIAL)}")
         return self.pg
 
     def close(self) -> None:

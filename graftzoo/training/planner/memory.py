@@ -19,6 +19,11 @@ decode in a process of their own beside the trainer's (``generates_in_update``):
 weights, KV cache and forward workspace are counted in the update phase beside the training state; the k batches
 wait in host memory (``ahead_host_bytes``). docs/scaling.md#asynchronous-rollouts.
 
+With rollout workers apart (``ray.rollout_workers`` R >= 1) a model's training GPUs hold no engine: R GPUs of their
+own per model hold each a copy of the weights and the engine (``rollout_worker_parts``), the weights go to them once
+per step through host memory (``apart_sync_bytes``), and with k >= 1 their generation runs during the update
+(``apart_seconds``). docs/scaling.md#rollout-workers-apart.
+
 A step's peak is the largest of its phases. Layouts on a node: each model in a group of ranks of its own
 (``separate``, training state sharded over the group by FSDP2), every model on every GPU (``colocated``), and for
 two or more models on one GPU (``LAYOUTS_ONE_GPU``) ``resident`` (every model's training state stays on the GPU) or
@@ -36,7 +41,7 @@ from typing import Optional
 
 from transformers import AutoConfig
 
-from graftzoo.contract.config import ConfigError, ModelSpec, RunConfig, trained_ids
+from graftzoo.contract.config import ConfigError, ModelSpec, RunConfig, trained_ids, with_values
 from graftzoo.training.learning.ahead import overlaps
 from graftzoo.training.planner.build import resolve_precision, tiny_spec, wants_ref
 from graftzoo.training.models import policy
@@ -354,6 +359,7 @@ class ModelMemory:
     num_workers: int | None   # ranks the config fixes (its num_workers, or ray.num_workers above 1); None: open
     staleness: int = 0        # rollout.max_staleness: batches collected ahead of their step
     overlap: bool = False     # its engine generates them while the model updates, on one rank (generates_in_update)
+    decodes: bool = True      # its training ranks hold its engine (False: rollout workers apart, ray.rollout_workers)
 
     @property
     def seq_len(self) -> int:
@@ -411,7 +417,8 @@ def model_memory(cfg: RunConfig) -> list[ModelMemory]:
     """The memory inputs of every trained model of ``cfg``, in pair order; ``overlap`` for a model on GPUs of its
     own (``ahead_overlap``; the one-GPU layouts set it for their GPU)."""
     r, o = cfg.rollout, cfg.optim
-    overlap = ahead_overlap(cfg, shared_gpu=False)
+    apart = rollout_workers(cfg) > 0  # the engines on rollout workers of their own: none on the training GPUs
+    overlap = ahead_overlap(cfg, shared_gpu=False) and not apart
     sequences = int(cfg.task.prompts_per_step) * int(r.n)
     out = []
     for spec in cfg.pair.models:
@@ -438,8 +445,13 @@ def model_memory(cfg: RunConfig) -> list[ModelMemory]:
             max_num_seqs=int(r.vllm.max_num_seqs), gen_batch_size=int(r.gen_batch_size), ref=wants_ref(cfg),
             epochs=int(o.epochs),
             num_workers=spec.num_workers if spec.sets("num_workers") or spec.num_workers > 1 else None,
-            staleness=int(r.max_staleness), overlap=overlap))
+            staleness=int(r.max_staleness), overlap=overlap, decodes=not apart))
     return out
+
+
+def rollout_workers(cfg: RunConfig) -> int:
+    """Rollout workers apart per model (``ray.rollout_workers`` on ``run.backend: ray``; 0 in one process)."""
+    return int(cfg.ray.rollout_workers) if cfg.run.backend == "ray" else 0
 
 
 def update_bytes(m: ModelMemory) -> float:
@@ -526,10 +538,19 @@ def engine_parts(m: ModelMemory, kv: float, awake: bool) -> dict:
 def phase_parts(m: ModelMemory, phase: str, ranks: int, kv: float) -> dict:
     """What one GPU holds for model ``m`` (a group of ``ranks`` ranks, KV cache ``kv`` per engine) while ``m`` is in
     ``phase`` (``PHASES``, module docstring). An engine that generates the batches ahead during the update
-    (``generates_in_update``) is awake in it with its forward workspace."""
+    (``generates_in_update``) is awake in it with its forward workspace. Without an engine (``m.decodes`` False:
+    rollout workers apart) the GPU holds the training state, and in the sync the weight sent (``apart_sync_parts``)."""
     updating = phase == "update"
     ahead = updating and generates_in_update(m, ranks)
     out = state_parts(m, ranks, updating)
+    if not m.decodes:
+        if phase == "logprob":
+            out.update(activations=forward_bytes(m), working_copy=working_copy_bytes(m.arch, m.precision, ranks))
+        elif updating:
+            out["activations"] = update_bytes(m)
+        elif phase == "sync":
+            out.update(apart_sync_parts(m))
+        return out
     out.update(engine_parts(m, kv, awake=not (updating and engine_sleeps(m, ranks))))
     if phase == "generate":
         out["engine_workspace"] = (engine_workspace_bytes(m.arch, m.max_num_seqs) if m.vllm else hf_generate_bytes(m))
@@ -545,6 +566,31 @@ def phase_parts(m: ModelMemory, phase: str, ranks: int, kv: float) -> dict:
     elif phase == "sync" and m.vllm:
         out["sync_buffer"] = 6.0 * m.arch.vocab * m.arch.hidden  # the largest tensor gathered (fp32) and cast (bf16)
     return out
+
+
+def apart_sync_parts(m: ModelMemory) -> dict:
+    """A training GPU's extra while it sends the weights to the rollout workers apart: the largest tensor gathered
+    whole (the embedding, float32) and its copy in the bucket on its way to host memory."""
+    return {"sync_buffer": 8.0 * m.arch.vocab * m.arch.hidden}
+
+
+def rollout_worker_parts(m: ModelMemory, kv: float) -> dict:
+    """One rollout worker's GPU (``ray.rollout_workers``): its copy of the weights as the training ranks hold them
+    (the transfer writes into it) and its engine: vLLM's own weights, KV cache ``kv`` and forward workspace, or the HF
+    engine's compute-dtype copy and a generate call's KV cache."""
+    w, _, _ = state_per_param(m.precision, m.low)
+    out = {"weights": w * m.params}
+    if m.vllm:
+        out.update(engine_weights=m.engine_weights, kv_cache=kv,
+                   engine_workspace=engine_workspace_bytes(m.arch, m.max_num_seqs))
+    else:
+        out.update(working_copy=working_copy_bytes(m.arch, m.precision, 1), engine_workspace=hf_generate_bytes(m))
+    return out
+
+
+def apart_sync_bytes(m: ModelMemory) -> float:
+    """The bytes a step's weight transfer moves to each rollout worker: the whole weights as trained."""
+    return float(state_per_param(m.precision, m.low)[0] * m.params)
 
 
 def idle_parts(m: ModelMemory, kv: float, resident: bool, phase: str = "") -> dict:
@@ -975,7 +1021,7 @@ def group_entry(m: ModelMemory, ranks: list, prompts: int, explicit: bool, phase
     return {"model": m.model, "params": m.params, "ranks": ranks, "num_workers": len(ranks),
             "num_workers_from_config": explicit, "precision": m.precision,
             "state_dtype": "fp32" if state_per_param(m.precision, m.low)[0] == 4 else "bf16",
-            "engine_per_rank": m.engine, "engine_sleeps": engine_sleeps(m, len(ranks)),
+            "engine_per_rank": m.engine if m.decodes else None, "engine_sleeps": engine_sleeps(m, len(ranks)),
             "engine_generates_in_update": generates_in_update(m, len(ranks)),
             "ahead_host_gb": ahead_host_bytes(m) / GIB,
             "prompts_per_rank": sorted({prompts // k, -(-prompts // k)}),
@@ -1269,26 +1315,85 @@ def gpu_layout(cfg: RunConfig, gpus: int, gpu_gb: float, chip: str = "h200", cal
     head = {"pair": cfg.pair.name, "prompts": prompts, "gpus": gpus, "gpu_gb": gpu_gb, "usable_gb": usable / GIB,
             "chip": chip, "calibration": cal, "max_staleness": int(cfg.rollout.max_staleness),
             "ahead_host_gb": sum(ahead_host_bytes(m) for m in models) / GIB}
-    if gpus == 1 and len(models) > 1:
+    apart = rollout_workers(cfg)
+    if gpus == 1 and len(models) > 1 and not apart:
         return {**head, **one_gpu_choice(cfg, models, gpu_gb, hw, cal)}
     workers = [m.num_workers for m in models]
-    split, why_not = (None, "") if gpw < 1 else separate_split(models, workers, gpus, usable, gpu_gb)
+    train_gpus = gpus - apart * len(models)  # rollout workers apart: R GPUs of their own per model, the last ranks
+    if train_gpus < 1:
+        return {**head, "layout": "separate", "why": "", "placement": [], "per_gpu": [], "fits": False,
+                "settings": {}, "error": f"no placement of {cfg.pair.name} fits {gpus} GPU(s): ray.rollout_workers "
+                                         f"{apart} per model take {apart * len(models)} GPUs, none left to train"}
+    split, why_not = (None, "") if gpw < 1 else separate_split(models, workers, train_gpus, usable, gpu_gb)
     if split is not None:
-        out, share = separate(models, split, workers, prompts, usable, gpus, gpu_gb), 1
+        out, share = separate(models, split, workers, prompts, usable, train_gpus, gpu_gb), 1
     else:
         why = "every model on ranks 0.. of the node, sharing the GPUs: " + (
             f"ray.gpus_per_worker {gpw:g} < 1 asks for shared GPUs" if gpw < 1 else
             f"separate groups do not fit ({why_not})")
-        out = colocated(models, workers, gpus, prompts, usable, gpu_gb, why)
+        out = colocated(models, workers, train_gpus, prompts, usable, gpu_gb, why)
         share = min(gpw, 1 / max(1, len(models)))
+    if apart:
+        out = with_rollout_workers(out, models, apart, train_gpus, prompts, usable, gpu_gb)
     if not out["fits"]:
         out["error"] = (f"no placement of {cfg.pair.name} fits {gpus} x {gpu_gb:g} GiB GPU(s), "
                         f"{usable / GIB:.1f} GiB available per GPU ({USABLE:.0%}): "
                         + (f"separate groups: {why_not}; " if why_not else "") + out["error"])
     out["settings"] = ray_settings(out["placement"], round(share, 3)) if out["fits"] else {}
+    if apart and out["fits"]:
+        out["settings"]["ray.rollout_workers"] = apart
     if out["placement"]:
-        out["step_time"] = layout_seconds(out, models, hw, cal, [kv_of(m, gpu_gb) for m in models])
+        kvs = [kv_of(m, gpu_gb) for m in models]
+        out["step_time"] = (apart_seconds(out, models, apart, hw, cal, kvs) if apart else
+                            layout_seconds(out, models, hw, cal, kvs))
+    if apart:  # what the rollout workers change: the same node with the training ranks decoding
+        alt = gpu_layout(with_values(cfg, {"ray.rollout_workers": 0}), gpus, gpu_gb, chip, calibration)
+        out["without_rollout_workers"] = {"fits": alt["fits"], "layout": alt["layout"],
+                                          "step_s": alt.get("step_time", {}).get("step_s")}
     return {**head, **out}
+
+
+def with_rollout_workers(out: dict, models: list, per_model: int, start: int, prompts: int, usable: float,
+                         gpu_gb: float) -> dict:
+    """Layout ``out`` of the training groups (on ranks below ``start``) with each model's ``per_model`` rollout
+    workers on GPUs of their own from rank ``start`` on (``rollout_worker_parts``, KV cache as on a GPU of its own:
+    ``kv_of``); ``rollout_workers`` per model: ranks, engine, prompts each, parts and peak, the weights sent to each
+    per step (GiB). A rollout worker over ``usable`` is an ``error``."""
+    rows, per_gpu, rank = [], list(out["per_gpu"]), start
+    for m in models:
+        parts = rollout_worker_parts(m, kv_of(m, gpu_gb))
+        peak, ranks = sum(parts.values()), list(range(rank, rank + per_model))
+        rank += per_model
+        rows.append({"model": m.model, "ranks": ranks, "engine": m.engine, "parts": gib(parts), "peak_gb": peak / GIB,
+                     "prompts_per_worker": sorted({prompts // per_model, -(-prompts // per_model)}),
+                     "sync_gb": apart_sync_bytes(m) / GIB})
+        phase = {"generate": {"peak_gb": peak / GIB, "during": m.model, "parts": gib(parts)}}
+        per_gpu += [{"rank": r, "models": [m.model], "phases": phase, "peak_phase": "generate", "peak_gb": peak / GIB}
+                    for r in ranks]
+        if peak > usable and out["fits"]:
+            out = {**out, "fits": False, "error": f"a rollout worker of {m.model} needs {peak / GIB:.1f} GiB on its "
+                                                  f"GPU ({describe_parts(parts)})"}
+    return {**out, "rollout_workers": rows, "per_gpu": per_gpu}
+
+
+def apart_seconds(p: dict, models: list, per_model: int, chip: Chip, cal: dict, kvs: list) -> dict:
+    """The step-time estimate with rollout workers apart: each model's phases on its training ranks
+    (``model_seconds``), its generation on its ``per_model`` rollout workers (each its share of the rollouts), its
+    weight sync the whole weights out of a training GPU and into each rollout worker's through host memory
+    (``PCIE_BYTES_PER_S``; the network between nodes not counted). With ``rollout.max_staleness`` >= 1 the next
+    batch decodes during the update: a model's step is the longer of the two plus its other phases; the models run at
+    once (the slowest)."""
+    ranks = {g["model"]: g["num_workers"] for g in p["placement"]}
+    per = {}
+    for m, kv in zip(models, kvs):
+        t = model_seconds(m, ranks[m.model], kv, chip, cal)
+        t["generate"] = generate_seconds(m, math.ceil(m.sequences / per_model), kv, chip, cal)
+        t["sync"] = 2.0 * apart_sync_bytes(m) / PCIE_BYTES_PER_S
+        per[m.model] = t
+    overlapped = {k: (max(t["generate"], t["update"]) + t["logprob"] + t["sync"] if m.staleness else sum(t.values()))
+                  for (k, t), m in zip(per.items(), models)}
+    return {"per_model_s": per, "transfer_s": 0.0, "step_s": max(overlapped.values()),
+            "overlap": bool(models and models[0].staleness)}
 
 
 def plan(cfg: RunConfig, gpu_gb: float = 80.0) -> list[dict]:
