@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/engines.py
 	$(BIN)/python bench/scale_overhead.py
 	$(BIN)/python bench/async.py
+	$(BIN)/python bench/async.py --backend ray
 
 # the shipped tiny models' recipes warmed up anew here, their quality compared with the shipped ones (minutes; exit 1
 # when a skill's greedy probe differs by more than 0.1); `--write` replaces the shipped copies (maintainers)

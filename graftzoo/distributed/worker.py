@@ -136,6 +136,11 @@ class RolloutWorker(Decoder):
         return {"pid": os.getpid(), "node_id": node_id(), "signature": signature(self.layout),
                 "engine": self.engine_info()}
 
+    def seed(self, seed: int) -> None:
+        """Seed this worker's sampling: one stream per rollout worker (the first one's is one process's), as each
+        decodes its own share (a vLLM engine seeds each sequence from the driver's seeds)."""
+        torch.manual_seed(seed + 1000003 * self.index)
+
     def open_transfer(self, host: str, port: int, world: int, timeout_s: float) -> None:
         self.transfer = Transfer(host, port, self.index + 1, world, timeout_s)
 
