@@ -6,8 +6,9 @@ PID and mount namespace, shared by every test of this module), driven through th
   (``rollout.max_staleness=1``) decoded while the models update: the metrics of one process;
 - a grid whose cells run on both nodes;
 - a run directory that one node sees elsewhere: one line at start naming that node;
-- a node lost mid-run (its raylet killed): one line naming its address, the model and the rank; the rerun on the
-  node that remains is exact.
+- a placement the cluster cannot give (a node per model for three models): one line after ``ray.ready_timeout_s``;
+- a node lost mid-run (its raylet killed): one line naming its address, the model and the rank (the summary says
+  it too); the rerun on the node that remains is exact.
 
 The pair: micro-qwen-char in a group of 1, micro-gpt2-pair sharded by FSDP2 over 2 ranks, each with one rollout
 worker (HF engine on CPU).
@@ -185,14 +186,29 @@ def test_a_run_directory_a_node_does_not_share_fails_at_start_naming_the_node(cl
     assert not (out / "r" / ".graftzoo-nodes").exists()
 
 
+def test_a_node_per_model_the_cluster_cannot_give_fails_in_time_naming_the_model(cluster):
+    """Three models, a node each (``ray.model_placement=spread``), on a cluster of two: the run stops after
+    ``ray.ready_timeout_s`` with one line naming the first model, what it asked for and the cluster's nodes."""
+    c, base = cluster
+    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "grpo", "--pair", "micro3", "--no-track",
+           "--backend", "ray"]
+    for x in [f"ray.address={c.address}", f"run.out_dir={base / 'unplaced'}", "run.name=s", "ray.ready_timeout_s=2",
+              "ray.model_placement=spread"]:
+        cmd += ["--set", x]
+    code, log = finish(c.popen(cmd), 200)
+    assert code == 1, log[-3000:]
+    assert re.search(rf"Error: model '{A}': its placement group \(one node per model, ray.model_placement=spread\) was "
+                     rf"not ready after 2(\.0)? s; the cluster has .* over 2 node\(s\)", log), log[-3000:]
+
+
 def test_a_node_lost_mid_run_ends_it_in_one_line_and_the_rerun_on_the_node_left_is_exact(cluster, spread_run):
     """The worker node's raylet killed after the step-0 checkpoint: the run ends within seconds with one line naming
     the node's address, the model and the rank of an actor it held; the same command, its models now packed on the
-    node that remains (``ray.model_placement`` is free to change on resume), resumes and gives the metrics of the
+    node that remains (``ray.model_placement=pack``: free to change on resume), resumes and gives the metrics of the
     uninterrupted run."""
     c, base = cluster
     out = base / "lost"
-    cmd = train_cmd(c, pair_file(base), out, *SPREAD)
+    cmd = train_cmd(c, pair_file(base), out, *SPREAD, "run.eval_at_end=false")
     p = c.popen(cmd)
     marker = out / "r" / "checkpoints" / "step_000000" / "manifest.json"
     deadline = time.time() + 300
@@ -209,7 +225,9 @@ def test_a_node_lost_mid_run_ends_it_in_one_line_and_the_rerun_on_the_node_left_
     assert re.search(rf"Error: model 'micro-[a-z0-9-]+': (worker rank|rollout worker) \d \(pid \d+, node "
                      rf"127\.0\.0\.1:{c.worker}\) died", errors[0]), errors[0]
     assert took < 60, took
-    code, log = finish(c.popen([*cmd, "--set", "ray.model_placement=any"]))
+    summary = json.loads((out / "r" / "summary.json").read_text())
+    assert summary["status"] == "failed" and f"node 127.0.0.1:{c.worker}" in summary["error"]
+    code, log = finish(c.popen([*cmd, "--set", "ray.model_placement=pack"]))
     assert code == 0, log[-4000:]
     assert re.search(r"resuming from step_00000[01] \([12] of 3 steps done\)", log), log[-3000:]
     assert set().union(*placed(log).values()) == {f"127.0.0.1:{p}" for p in c.nodes}   # the node left

@@ -206,32 +206,6 @@ def test_hacpo_killed_with_kill_9_resumes_on_ray_like_in_process_with_the_models
     assert any(r["kl"] > 0 for r in ref.values()) and any(r.get("tokens/peer_share") for r in ref.values())
 
 
-def test_a_dead_worker_fails_the_run_naming_model_and_rank(ray_run):
-    """A worker killed mid-run: the run stops with one line naming the model and the rank, and does not hang (the
-    other rank of its group may be waiting in a collective)."""
-    tmp, _, _ = ray_run
-    out = tmp / "dead"
-    p = loopback(train_cmd(out, pair_file(tmp), "run.steps=20"))   # the micro pair: 1 + 2 ranks
-    metrics_file = out / "r" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while not (metrics_file.exists() and metrics_file.read_text().strip()) and p.poll() is None \
-            and time.time() < deadline:
-        time.sleep(0.2)
-    workers = [c for c in psutil.Process(p.pid).children(recursive=True) if "PolicyWorker" in " ".join(c.cmdline())]
-    if len(workers) != 3:  # the run ends with the test
-        p.kill()
-    assert len(workers) == 3, [" ".join(c.cmdline()) for c in workers]   # 1 + 2 ranks
-    workers[-1].send_signal(signal.SIGKILL)
-    t = time.perf_counter()
-    code, log = finish(p, 180)
-    assert code == 1, log[-3000:]
-    assert re.search(r"Error: model 'micro-[a-z0-9-]+': worker rank \d \(pid \d+, node 127\.0\.0\.1:\d+\) died",
-                     log), log[-3000:]
-    assert time.perf_counter() - t < 120
-    summary = json.loads((out / "r" / "summary.json").read_text())
-    assert summary["status"] == "failed" and "worker rank" in summary["error"]
-
-
 class _Ref:
     def __init__(self, rank, outcome):
         self.rank, self.outcome = rank, outcome
@@ -291,13 +265,26 @@ def test_a_plugin_learner_resolves_in_the_workers_and_its_failure_comes_back_who
     assert "worker rank 0" in log
 
 
-def test_a_group_that_cannot_be_placed_fails_in_time(tmp_path):
-    """STRICT_SPREAD of 2 workers on this one node never becomes ready (measured in the scale-out note): the run
-    stops after ``ray.ready_timeout_s`` with one line naming the model and what it asked for."""
-    cmd = [sys.executable, "-m", "graftzoo.apps.cli", "train", "--algo", "grpo", "--pair", "micro", "--no-track",
-           "--backend", "ray", "--set", f"run.out_dir={tmp_path}", "--set", "run.name=s", "--set", f"pair.train=[{A}]",
-           "--set", "ray.num_workers=2", "--set", "ray.placement=STRICT_SPREAD", "--set", "ray.ready_timeout_s=3"]
-    code, log = finish(loopback(cmd), 120)
-    assert code == 1, log[-3000:]
-    assert re.search(rf"Error: model '{A}': its placement group \(2 x .*STRICT_SPREAD\) was not ready after 3(\.0)? s",
-                     log), log[-3000:]
+def test_a_group_that_cannot_be_placed_fails_in_time_naming_the_model_and_what_it_asked(monkeypatch):
+    """A placement group that never becomes ready (STRICT_SPREAD of 2 workers on one node stays pending, measured in
+    the scale-out note; a cluster of several nodes runs it for real: tests/test_cluster.py) ends the start after
+    ``ray.ready_timeout_s`` with one line naming the model, its bundles and strategy, and the cluster's nodes."""
+    import ray
+    from graftzoo.distributed import backend
+    from graftzoo.distributed.backend import WorkerGroup
+    from graftzoo.distributed.errors import WorkerError
+
+    waited = []
+    monkeypatch.setattr(ray, "wait", lambda refs, timeout=None, **kw: (waited.append(timeout), ([], refs))[1])
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    monkeypatch.setattr(backend, "alive_nodes", lambda: [{"NodeID": "n0"}])
+    cfg = load_config(pair="micro", algo="grpo", overrides=["ray.num_workers=2", "ray.placement=STRICT_SPREAD",
+                                                            "ray.ready_timeout_s=3"])
+    group = WorkerGroup.__new__(WorkerGroup)
+    group.model_id, group.world, group.apart, group.shared = A, 2, 0, None
+    group.bundle, group.pg = {"CPU": 1.0}, type("PG", (), {"ready": lambda self: "ref"})()
+    with pytest.raises(WorkerError, match=rf"model '{A}': its placement group \(2 x \{{'CPU': 1.0\}}, STRICT_SPREAD\) was "
+                                          r"not ready after 3.0 s; the cluster has \{'CPU': 4.0\} over 1 node\(s\)"):
+        group._start(cfg.pair.models[0], cfg, 0, 0.0)
+    assert waited == [3.0]
+
