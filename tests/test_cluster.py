@@ -25,7 +25,7 @@ from graftzoo.api import train_run as train
 from graftzoo.contract.config import load_config, packaged_configs
 from graftzoo.training.run.no_effect import no_effect_lines
 from cluster import LoopbackCluster, can_make
-from test_ray_backend import A, B, ENV, SETS, assert_same, metrics
+from test_ray_backend import A, B, ENV, SETS, assert_same, finish, metrics
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not can_make(), reason="a cluster in namespaces needs root, unshare and nsenter")]
@@ -49,16 +49,6 @@ def train_cmd(c: LoopbackCluster, pair: str, out, *extra) -> list:
     for s in [*SETS, *extra]:
         args += ["--set", s]
     return args
-
-
-def finish(p, timeout: float = 400) -> tuple:
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except Exception:  # noqa: BLE001 - a hung run fails the test with its log
-        p.kill()
-        out, err = p.communicate()
-        pytest.fail(f"the command did not finish within {timeout} s:\n{err[-3000:]}")
-    return p.returncode, out + err
 
 
 def placed(log: str) -> dict:
