@@ -7,11 +7,11 @@ PID and mount namespace, shared by every test of this module), driven through th
 - a grid whose cells run on both nodes;
 - a run directory that one node sees elsewhere: one line at start naming that node;
 - a placement the cluster cannot give (a node per model for three models): one line after ``ray.ready_timeout_s``;
-- a node lost mid-run (its raylet killed): one line naming its address, the model and the rank (the summary says
-  it too); the rerun on the node that remains is exact.
+- a node lost mid-run (its raylet killed), k = 0: one line naming its address, the model and the rank (the summary
+  says it too); the rerun on the node that remains is exact.
 
-The pair: micro-qwen-char in a group of 1, micro-gpt2-pair sharded by FSDP2 over 2 ranks, each with one rollout
-worker (HF engine on CPU).
+The pair: micro-qwen-char in a group of 1, micro-gpt2-pair sharded by FSDP2 over 2 ranks (1 in the lost node's
+run), each with one rollout worker (HF engine on CPU).
 """
 import json
 import re
@@ -34,10 +34,11 @@ pytestmark = [pytest.mark.slow,
 SPREAD = ["ray.model_placement=spread", "ray.rollout_workers=1", "rollout.max_staleness=1"]
 
 
-def pair_file(tmp) -> str:
+def pair_file(tmp, workers: int = 2) -> str:
+    """The micro pair with B's group of ``workers`` ranks."""
     models = yaml.safe_load((packaged_configs() / "pairs" / "micro.yaml").read_text())["models"]
-    models[1]["num_workers"] = 2
-    f = tmp / "micro_2.yaml"
+    models[1]["num_workers"] = workers
+    f = tmp / f"micro_{workers}.yaml"
     f.write_text(yaml.safe_dump({"pair": {"models": models}}))
     return str(f)
 
@@ -74,6 +75,15 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The same GRAFT runs in one process: k = 1 (its run directory) and k = 0 (its metrics)."""
+    tmp = tmp_path_factory.mktemp("one")
+    base = ["peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp}", *SETS]
+    k1 = load_config(pair="micro", algo="graft", overrides=[*base, "run.name=k1", "rollout.max_staleness=1"])
+    return k1, train(k1), metrics(train(load_config(pair="micro", algo="graft", overrides=[*base, "run.name=k0"])))
+
+
+@pytest.fixture(scope="module")
 def spread_run(cluster):
     """The GRAFT run of the micro pair, each model on its own node with its rollout worker (3 steps)."""
     c, base = cluster
@@ -84,14 +94,13 @@ def spread_run(cluster):
     return base / "spread" / "r", log
 
 
-def test_graft_with_its_models_on_two_nodes_and_rollout_workers_apart_trains_like_one_process(cluster, spread_run,
-                                                                                            tmp_path):
+def test_graft_with_its_models_on_two_nodes_and_rollout_workers_apart_trains_like_one_process(spread_run,
+                                                                                            one_process):
     """Each model's training ranks and rollout worker on one node, the two models on different nodes; the rollouts
     ahead decoded while the models update (``async/overlap_s`` > 0), the weights sent to the rollout workers after
     each update: the same seeded metrics as one process with the same schedule (the sharded model's loss to 1e-5).
     One process decodes with the training model, so nothing overlaps there: 0 s, and said once at start. Step 0 is
     also the step 0 of a run with k = 0 (both decoded by the initial weights)."""
-    c, _ = cluster
     run, log = spread_run
     where = placed(log)
     assert where[(A, "training ranks")] == where[(A, "rollout workers")]
@@ -100,10 +109,8 @@ def test_graft_with_its_models_on_two_nodes_and_rollout_workers_apart_trains_lik
     got = metrics(run)
     overlap = [json.loads(x).get("async/overlap_s") for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert any(v and v > 0 for v in overlap)
-    base = ["peer.source=online", "run.track=false", "run.progress=false", f"run.out_dir={tmp_path}", *SETS]
-    cfg = load_config(pair="micro", algo="graft", overrides=[*base, "run.name=k1", "rollout.max_staleness=1"])
+    cfg, ref_dir, k0 = one_process
     assert any("rollout.max_staleness=1: nothing overlaps here" in line for line in no_effect_lines(cfg))
-    ref_dir = train(cfg)
     ref = metrics(ref_dir)
     assert sorted(got) == sorted(ref) and len(ref) == 6
     rows = [json.loads(x) for x in (ref_dir / "metrics.jsonl").read_text().splitlines()]
@@ -114,7 +121,6 @@ def test_graft_with_its_models_on_two_nodes_and_rollout_workers_apart_trains_lik
             assert got[key]["loss"] == pytest.approx(row["loss"], rel=1e-5, abs=1e-8), key
             assert got[key]["reward/mean"] == row["reward/mean"], key   # the same rollouts
     assert [got[(s, A)]["async/staleness_max"] for s in range(3)] == [0, 1, 1]
-    k0 = metrics(train(load_config(pair="micro", algo="graft", overrides=[*base, "run.name=k0"])))
     for m in (A, B):
         row = {k: v for k, v in ref[(0, m)].items() if not k.startswith("async/")}
         assert_same({(0, m): got[(0, m)]}, {(0, m): row}, 1e-5, f"step 0 of {m} against k = 0")
@@ -125,16 +131,15 @@ def test_graft_with_its_models_on_two_nodes_and_rollout_workers_apart_trains_lik
 
 def test_grid_cells_run_on_both_nodes_with_dependencies_then_skipped(cluster):
     """``graftzoo grid FILE --ray ADDRESS`` on the cluster: each cell a Ray task spread over the nodes (a ``--backend
-    ray`` cell's worker groups, here with a rollout worker apart and k = 0, join the cluster); the stored-peer cell
-    starts after the cell it reads and reads its store wherever it ran; the grid says where each cell ran; a rerun
-    skips the finished cells."""
+    ray`` cell's worker groups join the cluster); the stored-peer cell starts after the cell it reads and reads its
+    store wherever it ran; the grid says where each cell ran; a rerun skips the finished cells."""
     c, base = cluster
     grid = {"name": "g", "pairs": ["micro"], "seeds": [0],
             "set": {"run.steps": 1, "run.track": False, "run.progress": False, "task.prompts_per_step": 2,
                     "eval": {"size": 4, "k": 1}},
             "algorithms": [],
             "variants": [{"label": "RLOO on ray", "algo": "rloo",
-                          "set": {"run.backend": "ray", "pair.train": [B], "ray.rollout_workers": 1}},
+                          "set": {"run.backend": "ray", "pair.train": [B]}},
                          {"label": "GRPO (stored peer)", "algo": "grpo", "peer": "stored:{cell:RLOO on ray}",
                           "set": {"pair.train": [A], "peer.model": B}}]}
     spec = base / "g.yaml"
@@ -191,14 +196,16 @@ def test_a_node_per_model_the_cluster_cannot_give_fails_in_time_naming_the_model
                      rf"not ready after 2(\.0)? s; the cluster has .* over 2 node\(s\)", log), log[-3000:]
 
 
-def test_a_node_lost_mid_run_ends_it_in_one_line_and_the_rerun_on_the_node_left_is_exact(cluster, spread_run):
-    """The worker node's raylet killed after the step-0 checkpoint: the run ends within seconds with one line naming
-    the node's address, the model and the rank of an actor it held; the same command, its models now packed on the
-    node that remains (``ray.model_placement=pack``: free to change on resume), resumes and gives the metrics of the
-    uninterrupted run."""
+def test_a_node_lost_mid_run_ends_it_in_one_line_and_the_rerun_on_the_node_left_is_exact(cluster, one_process):
+    """A model on each node with a rollout worker apart, k = 0 (each model's group of one rank): the worker node's
+    raylet killed after the step-0 checkpoint ends the run within seconds with one line naming the node's address,
+    the model and the rank of an actor it held; the same command, its models now packed on the node that remains
+    (``ray.model_placement=pack``: free to change on resume; the rollout workers take the checkpoint's weights over
+    their collective), resumes and gives the metrics of one process."""
     c, base = cluster
     out = base / "lost"
-    cmd = train_cmd(c, pair_file(base), out, *SPREAD, "run.eval_at_end=false")
+    cmd = train_cmd(c, pair_file(base, workers=1), out, "ray.model_placement=spread", "ray.rollout_workers=1",
+                    "run.eval_at_end=false")
     p = c.popen(cmd)
     marker = out / "r" / "checkpoints" / "step_000000" / "manifest.json"
     deadline = time.time() + 300
@@ -221,8 +228,12 @@ def test_a_node_lost_mid_run_ends_it_in_one_line_and_the_rerun_on_the_node_left_
     assert code == 0, log[-4000:]
     assert re.search(r"resuming from step_00000[01] \([12] of 3 steps done\)", log), log[-3000:]
     assert set().union(*placed(log).values()) == {f"127.0.0.1:{p}" for p in c.nodes}   # the node left
-    ref, got = metrics(spread_run[0]), metrics(out / "r")
-    assert sorted(got) == sorted(ref)
-    assert_same({k: v for k, v in got.items() if k[1] == A}, {k: v for k, v in ref.items() if k[1] == A}, 1e-5, A)
-    for key, row in ref.items():
-        assert got[key]["loss"] == pytest.approx(row["loss"], rel=1e-5, abs=1e-8), key
+    ref, got = one_process[2], metrics(out / "r")
+    assert sorted(got) == sorted(ref) and len(ref) == 6
+    # the engine/trainer gap is float noise of the forward each side decodes with (one process: the training model; a
+    # rollout worker: its copy), ~1e-6 either way; every other number is one process's
+    noise = "rollout/logp_diff_max"
+    assert all(r[noise] < 1e-4 for r in [*got.values(), *ref.values()])
+    assert_same({k: {x: v for x, v in r.items() if x != noise} for k, r in got.items()},
+                {k: {x: v for x, v in r.items() if x != noise} for k, r in ref.items()}, 1e-5,
+                "the resumed run against one process")
