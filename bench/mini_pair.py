@@ -66,22 +66,32 @@ def step_times(pairs: list, steps: int, skip: int, extra: list) -> dict:
                for p, t in kept.items()}}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def step_args(description: str, prompts_per_step: int, what: str) -> argparse.Namespace:
+    """The command line of a step-time bench: --steps, --skip, --set (after ``task.prompts_per_step``), --out."""
+    ap = argparse.ArgumentParser(description=description.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--skip", type=int, default=1)
-    ap.add_argument("--set", dest="overrides", action="append", default=["task.prompts_per_step=8"],
-                    metavar="KEY=VALUE", help="config override applied to both pairs")
+    ap.add_argument("--set", dest="overrides", action="append", default=[f"task.prompts_per_step={prompts_per_step}"],
+                    metavar="KEY=VALUE", help=f"config override applied to {what}")
     ap.add_argument("--out", help="write the figures as JSON here")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def report(res: dict, out) -> None:
+    """The figures on stdout, and as JSON in ``out`` where given."""
+    print(json.dumps(res, indent=1))
+    if out:
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def main():
+    args = step_args(__doc__, 8, "both pairs")
     res = {"cpus": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()[0],
            "tokenizers": tokenizer_builds(), "warmup": warmups("pair1-mini"),
            "step": step_times(["pair1-mini", "tiny"], args.steps, args.skip, args.overrides),
            "load_after": os.getloadavg()[0]}
-    print(json.dumps(res, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    report(res, args.out)
 
 
 if __name__ == "__main__":

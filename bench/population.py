@@ -8,8 +8,6 @@ Run: python bench/population.py [--steps 6 --skip 1 --set task.prompts_per_step=
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
 import mini_pair  # bench/: the step-time measurement of the miniature pair
@@ -37,19 +35,10 @@ def step_times(steps: int, skip: int, extra: list) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--skip", type=int, default=1)
-    ap.add_argument("--set", dest="overrides", action="append", default=["task.prompts_per_step=16"],
-                    metavar="KEY=VALUE", help="config override applied to both populations")
-    ap.add_argument("--out", help="write the figures as JSON here")
-    args = ap.parse_args()
+    args = mini_pair.step_args(__doc__, 16, "both populations")
     res = {"cpus": len(os.sched_getaffinity(0)), "load_before": os.getloadavg()[0], "warmup": third_warmup(),
            "step": step_times(args.steps, args.skip, args.overrides), "load_after": os.getloadavg()[0]}
-    print(json.dumps(res, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    mini_pair.report(res, args.out)
 
 
 if __name__ == "__main__":

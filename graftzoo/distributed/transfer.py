@@ -12,6 +12,7 @@ through host memory (gloo).
 from __future__ import annotations
 
 import hashlib
+import math
 from datetime import timedelta
 from typing import Iterable, Optional
 
@@ -31,12 +32,14 @@ def signature(layout: list) -> str:
     return hashlib.sha256(repr(layout).encode()).hexdigest()[:16]
 
 
+def numel(entry: tuple) -> int:
+    """Elements of a layout entry's tensor."""
+    return math.prod(int(d) for d in entry[1])
+
+
 def nbytes(entry: tuple) -> int:
-    _, shape, dtype = entry
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    """Bytes of a layout entry's tensor."""
+    return numel(entry) * getattr(torch, entry[2]).itemsize
 
 
 def buckets(layout: list, limit: int = BUCKET_BYTES) -> list:
@@ -87,8 +90,7 @@ class Transfer:
         total = 0
         with torch.no_grad():
             for idx in buckets(layout, limit):
-                sizes = [nbytes(layout[i]) // torch.empty((), dtype=getattr(torch, layout[i][2])).element_size()
-                         for i in idx]
+                sizes = [numel(layout[i]) for i in idx]
                 flat = torch.empty(sum(sizes), dtype=getattr(torch, layout[idx[0]][2]))
                 self.group.broadcast(flat, 0).wait()
                 for i, part in zip(idx, torch.split(flat, sizes)):

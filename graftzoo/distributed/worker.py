@@ -189,7 +189,7 @@ class PolicyWorker(Decoder):
                 "max_response_tokens": pol.max_response_tokens, "max_tokens_per_micro": pol.max_tokens_per_micro,
                 "hidden_size": int(pol.model.config.hidden_size), "engine": None}
         if not self.decodes:  # rollout workers apart decode: this rank sends them its weights (``send_weights``)
-            self.layout = layout_of((n, t) for n, t in self._weights())
+            self.layout = layout_of(self._weights())
             return {**info, "signature": signature(self.layout)}
         # every rank holds a rollout engine: one that decodes with the training model itself runs in lockstep (FSDP's
         # collectives); one with its own copy of the weights (vLLM) decodes this rank's share of the prompts
